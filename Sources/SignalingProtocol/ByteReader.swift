@@ -1,0 +1,98 @@
+/// Reads the field types of ByteWriter from a frame body, checking every length against
+/// the bytes actually present, so a hostile length can never cause a large allocation or
+/// an out-of-bounds read.
+public struct ByteReader {
+    @usableFromInline let base: UnsafeRawBufferPointer
+    @usableFromInline var offset: Int
+    /// The frame being read, for error messages.
+    @usableFromInline let context: FrameType
+
+    public init(_ base: UnsafeRawBufferPointer, context: FrameType) {
+        self.base = base
+        self.offset = 0
+        self.context = context
+    }
+
+    public var remaining: Int { base.count - offset }
+
+    @usableFromInline func truncated(_ what: String) -> ProtocolViolation {
+        ProtocolViolation(.malformedFrame, "\(context) frame truncated in \(what)")
+    }
+
+    @inlinable public mutating func u8(_ what: String) throws(ProtocolViolation) -> UInt8 {
+        guard remaining >= 1 else { throw truncated(what) }
+        defer { offset += 1 }
+        return base[offset]
+    }
+
+    @inlinable public mutating func u16(_ what: String) throws(ProtocolViolation) -> UInt16 {
+        guard remaining >= 2 else { throw truncated(what) }
+        defer { offset += 2 }
+        return UInt16(base[offset]) << 8 | UInt16(base[offset + 1])
+    }
+
+    @inlinable public mutating func u32(_ what: String) throws(ProtocolViolation) -> UInt32 {
+        guard remaining >= 4 else { throw truncated(what) }
+        var value: UInt32 = 0
+        for index in offset..<(offset + 4) { value = value << 8 | UInt32(base[index]) }
+        offset += 4
+        return value
+    }
+
+    @inlinable public mutating func u64(_ what: String) throws(ProtocolViolation) -> UInt64 {
+        let high = try u32(what)
+        let low = try u32(what)
+        return UInt64(high) << 32 | UInt64(low)
+    }
+
+    /// A `text` field of at most `maxBytes` UTF-8 bytes (and at least `minBytes`).
+    public mutating func text(_ what: String, minBytes: Int = 0, maxBytes: Int) throws(ProtocolViolation) -> String {
+        let count = Int(try u16(what))
+        guard remaining >= count else { throw truncated(what) }
+        guard count >= minBytes else {
+            throw ProtocolViolation(.invalidField, "\(what) must not be empty")
+        }
+        guard count <= maxBytes else {
+            throw ProtocolViolation(.invalidField, "\(what) is \(count) bytes, the limit is \(maxBytes)")
+        }
+        let slice = UnsafeRawBufferPointer(rebasing: base[offset..<(offset + count)])
+        offset += count
+        guard let string = String(validating: slice, as: UTF8.self) else {
+            throw ProtocolViolation(.malformedFrame, "\(what) is not valid UTF-8")
+        }
+        return string
+    }
+
+    /// An identifier: 1...128 UTF-8 bytes with no control characters.
+    public mutating func identifier(_ what: String) throws(ProtocolViolation) -> String {
+        let start = offset + 2
+        let value = try text(what, minBytes: 1, maxBytes: ProtocolLimits.maxIdentifierBytes)
+        for byte in base[start..<offset] where byte < 0x20 || byte == 0x7F {
+            throw ProtocolViolation(.invalidField, "\(what) contains a control character")
+        }
+        return value
+    }
+
+    /// A `blob` field of at most `maxBytes` bytes.
+    public mutating func blob(_ what: String, maxBytes: Int = Int.max) throws(ProtocolViolation) -> [UInt8] {
+        let count = Int(try u32(what))
+        guard remaining >= count else { throw truncated(what) }
+        guard count <= maxBytes else {
+            throw ProtocolViolation(.invalidField, "\(what) is \(count) bytes, the limit is \(maxBytes)")
+        }
+        defer { offset += count }
+        return Array(UnsafeRawBufferPointer(rebasing: base[offset..<(offset + count)]))
+    }
+
+    public mutating func sessionID(_ what: String) throws(ProtocolViolation) -> SessionID {
+        let high = try u64(what)
+        let low = try u64(what)
+        return SessionID(high: high, low: low)
+    }
+
+    public mutating func bytes(_ what: String, count: Int) throws(ProtocolViolation) -> [UInt8] {
+        guard remaining >= count else { throw truncated(what) }
+        defer { offset += count }
+        return Array(UnsafeRawBufferPointer(rebasing: base[offset..<(offset + count)]))
+    }
+}

@@ -1,0 +1,117 @@
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Severity of a log line; lines below the logger's level are dropped before formatting.
+public enum LogLevel: Int, Comparable, Sendable, CaseIterable {
+    case debug = 0, info, warning, error
+
+    public var name: String {
+        switch self {
+        case .debug: return "debug"
+        case .info: return "info"
+        case .warning: return "warn"
+        case .error: return "error"
+        }
+    }
+
+    public init?(name: String) {
+        guard let level = LogLevel.allCases.first(where: { $0.name == name || (name == "warning" && $0 == .warning) })
+        else { return nil }
+        self = level
+    }
+
+    public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rawValue < b.rawValue }
+}
+
+/// Writes structured log lines, `key=value` pairs after a timestamp, level and event name:
+///
+///     ts=2026-11-29T13:40:00.123Z level=info event=listening addr=0.0.0.0:7443 workers=2
+///
+/// Each line is a single write(2), so lines from several threads never interleave.
+public struct Logger: Sendable {
+    public var level: LogLevel
+    private let fd: Int32
+    private let clock: any Clock
+
+    public init(level: LogLevel = .info, fileDescriptor: Int32 = 2, clock: any Clock = SystemClock()) {
+        self.level = level
+        self.fd = fileDescriptor
+        self.clock = clock
+    }
+
+    /// A logger that drops everything (for tests that do not read logs).
+    public static let silent = Logger(level: .error, fileDescriptor: -1)
+
+    @inlinable public func enabled(_ level: LogLevel) -> Bool { level >= self.level }
+
+    public func debug(_ event: String, _ fields: @autoclosure () -> KeyValuePairs<String, Any> = [:]) {
+        guard enabled(.debug) else { return }
+        write(.debug, event, fields())
+    }
+
+    public func info(_ event: String, _ fields: @autoclosure () -> KeyValuePairs<String, Any> = [:]) {
+        guard enabled(.info) else { return }
+        write(.info, event, fields())
+    }
+
+    public func warning(_ event: String, _ fields: @autoclosure () -> KeyValuePairs<String, Any> = [:]) {
+        guard enabled(.warning) else { return }
+        write(.warning, event, fields())
+    }
+
+    public func error(_ event: String, _ fields: @autoclosure () -> KeyValuePairs<String, Any> = [:]) {
+        guard enabled(.error) else { return }
+        write(.error, event, fields())
+    }
+
+    private func write(_ level: LogLevel, _ event: String, _ fields: KeyValuePairs<String, Any>) {
+        guard fd >= 0 else { return }
+        var line = "ts=\(Self.timestamp(clock.wallMilliseconds())) level=\(level.name) event=\(event)"
+        for (key, value) in fields {
+            line += " \(key)=\(Self.quoted(String(describing: value)))"
+        }
+        line += "\n"
+        var bytes = Array(line.utf8)
+        bytes.withUnsafeMutableBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                if written <= 0 { if errno == EINTR { continue } else { return } }
+                offset += written
+            }
+        }
+    }
+
+    /// Values with spaces, quotes or `=` are quoted so lines stay machine-parsable.
+    static func quoted(_ value: String) -> String {
+        if value.isEmpty { return "\"\"" }
+        guard value.contains(where: { $0 == " " || $0 == "\"" || $0 == "=" || $0 == "\n" }) else { return value }
+        var escaped = "\""
+        for character in value {
+            switch character {
+            case "\\": escaped += "\\\\"
+            case "\"": escaped += "\\\""
+            case "\n": escaped += "\\n"
+            default: escaped.append(character)
+            }
+        }
+        return escaped + "\""
+    }
+
+    /// RFC 3339 UTC with milliseconds.
+    static func timestamp(_ ms: UInt64) -> String {
+        var seconds = time_t(ms / 1000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func pad(_ v: Int32, _ width: Int) -> String {
+            let s = String(v)
+            return String(repeating: "0", count: max(0, width - s.count)) + s
+        }
+        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(ms % 1000), 3))Z"
+    }
+}

@@ -1,0 +1,37 @@
+import Testing
+@testable import SignalingProtocol
+
+@Suite("SHA-256 and tokens")
+struct AuthTokenTests {
+    private func hex(_ bytes: [UInt8]) -> String {
+        bytes.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+
+    @Test("SHA-256 matches FIPS 180-4 vectors")
+    func sha256Vectors() {
+        #expect(hex(SHA256.hash([])) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        #expect(hex(SHA256.hash(Array("abc".utf8))) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        #expect(hex(SHA256.hash(Array("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq".utf8)))
+            == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")
+    }
+
+    @Test("HMAC-SHA256 matches RFC 4231 test cases 2 and 6")
+    func hmacVectors() {
+        #expect(hex(SHA256.hmac(key: Array("Jefe".utf8), message: Array("what do ya want for nothing?".utf8)))
+            == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+        let longKey = [UInt8](repeating: 0xaa, count: 131)
+        let message = Array("Test Using Larger Than Block-Size Key - Hash Key First".utf8)
+        #expect(hex(SHA256.hmac(key: longKey, message: message))
+            == "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54")
+    }
+
+    @Test("tokens verify for their user only")
+    func tokens() {
+        let token = AuthToken.make(secret: "s3cret", userID: "alice")
+        #expect(token.count == 64)
+        #expect(AuthToken.verify(token, secret: "s3cret", userID: "alice"))
+        #expect(!AuthToken.verify(token, secret: "s3cret", userID: "bob"))
+        #expect(!AuthToken.verify(token, secret: "other", userID: "alice"))
+        #expect(!AuthToken.verify(Array(token.dropLast()), secret: "s3cret", userID: "alice"))
+    }
+}

@@ -1,0 +1,85 @@
+import Testing
+@testable import SignalingProtocol
+
+@Suite("Frame codec")
+struct FrameCodecTests {
+    let decoder = FrameDecoder()
+
+    private func decodeOne(_ bytes: [UInt8]) throws -> (frame: Frame, size: Int)? {
+        try bytes.withUnsafeBytes { try decoder.decode($0) }
+    }
+
+    @Test("every frame type round-trips", arguments: SampleFrames.all)
+    func roundTrip(frame: Frame) throws {
+        let bytes = FrameEncoder.encode(frame)
+        let decoded = try #require(try decodeOne(bytes))
+        #expect(decoded.frame == frame)
+        #expect(decoded.size == bytes.count)
+        // The length prefix counts exactly the bytes after it.
+        let length = Int(bytes[0]) << 24 | Int(bytes[1]) << 16 | Int(bytes[2]) << 8 | Int(bytes[3])
+        #expect(length == bytes.count - 4)
+        #expect(bytes[4] == frame.type.rawValue)
+    }
+
+    @Test("the samples cover every frame type")
+    func samplesCoverEveryType() {
+        let covered = Set(SampleFrames.all.map(\.type))
+        #expect(covered == Set(FrameType.allCases))
+    }
+
+    @Test("a keep-alive costs five bytes on the wire")
+    func pingIsTiny() {
+        #expect(FrameEncoder.encode(.ping) == [0, 0, 0, 1, FrameType.ping.rawValue])
+        #expect(FrameEncoder.encode(.pong) == [0, 0, 0, 1, FrameType.pong.rawValue])
+    }
+
+    @Test("a frame split at every byte offset decodes once it is complete", arguments: SampleFrames.all)
+    func splitAtEveryOffset(frame: Frame) throws {
+        let bytes = FrameEncoder.encode(frame)
+        for cut in 0..<bytes.count {
+            #expect(try decodeOne(Array(bytes[..<cut])) == nil, "prefix of \(cut) bytes must need more")
+        }
+        // A streaming reader fed one byte at a time sees the frame exactly once, at the end.
+        var buffer: [UInt8] = []
+        var decoded: [Frame] = []
+        for byte in bytes {
+            buffer.append(byte)
+            let (frames, consumed) = try buffer.withUnsafeBytes { try decoder.decodeAll($0) }
+            decoded += frames
+            buffer.removeFirst(consumed)
+        }
+        #expect(decoded == [frame])
+        #expect(buffer.isEmpty)
+    }
+
+    @Test("several frames in one read, cut anywhere, decode in order")
+    func manyFramesInOneBuffer() throws {
+        let stream = SampleFrames.all.flatMap { FrameEncoder.encode($0) }
+        let (all, consumed) = try stream.withUnsafeBytes { try decoder.decodeAll($0) }
+        #expect(all == SampleFrames.all)
+        #expect(consumed == stream.count)
+
+        for cut in stride(from: 1, to: stream.count, by: 7) {
+            var pending = Array(stream[..<cut])
+            var frames = try pending.withUnsafeBytes { try decoder.decodeAll($0) }
+            pending.removeFirst(frames.consumed)
+            pending += stream[cut...]
+            let rest = try pending.withUnsafeBytes { try decoder.decodeAll($0) }
+            #expect(frames.frames + rest.frames == SampleFrames.all)
+            frames = rest
+            #expect(rest.consumed == pending.count)
+        }
+    }
+
+    @Test("a fanned-out event is encoded once and differs only in its sequence number")
+    func encodedEventReuse() throws {
+        let event = Event.callEnded(callID: "c", reason: .hungUp, peer: "p", serverTime: 1)
+        let encoded = EncodedEvent(event)
+        var out: [UInt8] = []
+        FrameEncoder.append(event: encoded, seq: 7, to: &out)
+        FrameEncoder.append(event: encoded, seq: 8, to: &out)
+        #expect(out.count == 2 * encoded.frameSize)
+        let (frames, _) = try out.withUnsafeBytes { try decoder.decodeAll($0) }
+        #expect(frames == [.event(seq: 7, event), .event(seq: 8, event)])
+    }
+}
