@@ -1,0 +1,84 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// Everything that tunes a server. Defaults are the embedded production defaults; every
+/// field has a command-line option and a configuration-file key of the same name
+/// (`ServerOptions`, docs/CONFIGURATION.md).
+public struct ServerConfiguration: Sendable {
+    /// Address to listen on.
+    public var host = "0.0.0.0"
+    /// Port to listen on; 0 picks a free port (tests).
+    public var port: UInt16 = 7443
+    /// Event-loop threads; each owns its connections. Default: one per core.
+    public var workers = ServerConfiguration.coreCount
+    /// Keep-alive interval handed to clients, and the largest one granted on request.
+    public var keepAlive: KeepAlivePolicy = try! KeepAlivePolicy(defaultInterval: 600, maximumInterval: 3600)
+    /// How long an unanswered call rings.
+    public var ringTimeout: Duration = .seconds(60)
+    /// How long a call survives a party's connection loss (a resume within it keeps the call).
+    public var callGrace: Duration = .seconds(10)
+    /// Largest frame accepted (type byte plus body).
+    public var maxFrameLength = ProtocolLimits.defaultMaxFrameLength
+    /// Connections that send no HELLO within this are closed.
+    public var handshakeTimeout: Duration = .seconds(10)
+    /// Unacknowledged events kept per device.
+    public var maxPendingEvents = 10_000
+    /// How long a disconnected device's session stays resumable (and its events kept).
+    public var sessionTTL: Duration = .seconds(86_400)
+    /// How long message ids are remembered for de-duplication, and how many at most.
+    public var dedupWindow: Duration = .seconds(86_400)
+    public var dedupCapacity = 1_000_000
+    /// Bytes that may wait for a client that does not read before it is disconnected.
+    public var maxQueuedBytes = 1 << 20
+    /// Connections allowed from one IP address (carrier NAT puts many phones behind one).
+    public var maxConnectionsPerAddress = 10_000
+    /// Handshakes admitted per second (with a burst of the same size); 0 = unlimited.
+    public var handshakeRate = 20_000
+    /// CLOSE goingAway advice on shutdown: reconnect after this plus up to `drainJitter`.
+    public var drainRetryAfter: Duration = .seconds(1)
+    public var drainJitter: Duration = .seconds(30)
+    /// How long shutdown waits for clients to read their CLOSE before closing anyway.
+    public var drainTimeout: Duration = .seconds(5)
+    /// When set, HELLO credentials must be `AuthToken.make(secret:userID:)`.
+    public var authSecret: String?
+    /// How often each loop runs its timers (idle timeouts, ring timeouts...). Deadlines
+    /// are kept to the second; this only bounds how late they are noticed.
+    public var tickInterval: Duration = .milliseconds(250)
+    /// TCP_USER_TIMEOUT on client sockets: unacknowledged data older than this kills the
+    /// connection (its events stay pending for the resume).
+    public var tcpUserTimeout: Duration = .seconds(30)
+    /// Minimum log level.
+    public var logLevel: LogLevel = .info
+
+    public init() {}
+
+    public static var coreCount: Int {
+        #if canImport(Glibc)
+        return max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        #else
+        return 2
+        #endif
+    }
+
+    var switchboard: SwitchboardConfiguration {
+        SwitchboardConfiguration(
+            maxPendingEvents: maxPendingEvents, sessionTTL: sessionTTL, ringTimeout: ringTimeout,
+            callGrace: callGrace, dedupWindow: dedupWindow, dedupCapacity: dedupCapacity)
+    }
+
+    /// Checks relations between fields that no single option can check.
+    public func validate() throws(UsageError) {
+        guard (1...256).contains(workers) else { throw UsageError("workers must be between 1 and 256") }
+        guard maxFrameLength >= 256 else { throw UsageError("max-frame must be at least 256 bytes") }
+        guard maxQueuedBytes >= maxFrameLength else { throw UsageError("max-queued-bytes must be at least max-frame") }
+        guard sessionTTL >= callGrace else { throw UsageError("session-ttl must be at least call-grace") }
+        guard maxPendingEvents >= 1 else { throw UsageError("max-pending must be at least 1") }
+        guard tickInterval > .zero && tickInterval <= .seconds(1) else {
+            throw UsageError("tick must be between 1 ms and 1 s")
+        }
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#endif

@@ -1,0 +1,43 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// One call and where it is in its lifecycle. Guarded by the `Switchboard` lock.
+final class CallRecord: @unchecked Sendable {
+    /// The call lifecycle (docs/PROTOCOL.md 6.1).
+    enum State: Equatable {
+        /// CALL_INVITE accepted; CALL_INCOMING queued to the callee's devices; nobody
+        /// has rung yet.
+        case inviting
+        /// At least one callee device reported CALL_RINGING.
+        case ringing
+        /// A callee device accepted; the call is bound to that device.
+        case active(answeredBy: String)
+        /// Over; the record is about to be dropped.
+        case ended(CallEndReason)
+
+        var isUnanswered: Bool { self == .inviting || self == .ringing }
+    }
+
+    let callID: String
+    let caller: DeviceRecord
+    let callee: String
+    /// CALL_INCOMING, kept so a callee device that connects while the call rings is rung too.
+    let invitation: QueuedEvent
+    let startedAt: Instant
+    var state: State = .inviting
+    /// Callee devices that were sent CALL_INCOMING.
+    var rungDevices: [DeviceRecord] = []
+
+    init(callID: String, caller: DeviceRecord, callee: String, invitation: QueuedEvent, startedAt: Instant) {
+        self.callID = callID
+        self.caller = caller
+        self.callee = callee
+        self.invitation = invitation
+        self.startedAt = startedAt
+    }
+
+    var isLive: Bool {
+        if case .ended = state { return false }
+        return true
+    }
+}

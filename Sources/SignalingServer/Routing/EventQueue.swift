@@ -1,0 +1,50 @@
+/// A device's unacknowledged events, in sequence order.
+///
+/// Sequence numbers are contiguous: the queue holds exactly the events numbered
+/// `firstSeq ..< firstSeq + count`, so finding "everything after n" is arithmetic. An empty
+/// queue holds no allocation, which matters with a million idle devices.
+struct EventQueue {
+    private var storage: [QueuedEvent] = []
+    private var head = 0
+    /// The sequence number of the oldest queued event (when the queue is not empty), and
+    /// in any case the number the next acknowledgement boundary starts from.
+    private(set) var firstSeq: UInt64
+
+    init(nextSeq: UInt64) {
+        firstSeq = nextSeq
+    }
+
+    var count: Int { storage.count - head }
+    var isEmpty: Bool { count == 0 }
+    /// The highest sequence number ever assigned in this queue.
+    var lastSeq: UInt64 { firstSeq &+ UInt64(count) &- 1 }
+
+    /// Appends `event` and returns its sequence number.
+    mutating func append(_ event: QueuedEvent) -> UInt64 {
+        storage.append(event)
+        return lastSeq
+    }
+
+    /// Drops every event numbered ≤ `seq`, handing each to `body` first.
+    mutating func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
+        while head < storage.count && firstSeq <= seq {
+            body(firstSeq, storage[head])
+            head += 1
+            firstSeq += 1
+        }
+        if head == storage.count {
+            storage = []  // release the buffer entirely: idle devices hold no memory
+            head = 0
+        } else if head >= 64 && head * 2 >= storage.count {
+            storage.removeFirst(head)
+            head = 0
+        }
+    }
+
+    /// Events numbered after `seq`, at most `limit` of them, in order.
+    func events(after seq: UInt64, limit: Int) -> ArraySlice<QueuedEvent> {
+        let start = seq < firstSeq ? 0 : Int(min(UInt64(count), seq - firstSeq + 1))
+        let end = min(count, start + limit)
+        return storage[(head + start)..<(head + end)]
+    }
+}
