@@ -46,6 +46,8 @@ extension EventLoop {
 
     /// Decodes and handles every complete frame; keeps a trailing partial frame.
     private func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
+        beginReplies(to: slot)
+        defer { endReplies() }
         let state = table.state(slot)
         if var pending = state.pointee.inbound {
             state.pointee.inbound = nil

@@ -11,10 +11,35 @@ extension EventLoop {
     /// size of one write.
     static let pumpBatch = 64
 
-    /// Encodes and writes one frame.
+    /// Encodes and writes one frame. While a connection's input is being handled, its
+    /// replies are collected and written together when the input is done (one write for a
+    /// burst of pipelined requests instead of one per reply).
     func send(_ frame: Frame, to slot: UInt32) {
+        if replySlot == slot {
+            FrameEncoder.append(frame, to: &replies)
+            if replies.count >= Self.readBufferSize { flushReplies() }
+            return
+        }
         scratch.removeAll(keepingCapacity: true)
         FrameEncoder.append(frame, to: &scratch)
+        writeScratch(to: slot)
+    }
+
+    /// Starts collecting the replies of `slot` (see `send`).
+    func beginReplies(to slot: UInt32) {
+        replySlot = slot
+    }
+
+    /// Writes the collected replies and stops collecting.
+    func endReplies() {
+        flushReplies()
+        replySlot = nil
+    }
+
+    private func flushReplies() {
+        guard let slot = replySlot, !replies.isEmpty else { return }
+        swap(&scratch, &replies)
+        replies.removeAll(keepingCapacity: true)
         writeScratch(to: slot)
     }
 
@@ -126,6 +151,7 @@ extension EventLoop {
         let state = table.state(slot)
         guard state.pointee.phase == .awaitingHello || state.pointee.phase == .established else { return }
         detachDevice(slot)
+        if replySlot == slot { endReplies() }  // replies already made go out before CLOSE
         send(.close(frame), to: slot)
         guard state.pointee.phase != .free else { return }  // the write failed
         state.pointee.phase = .closing
@@ -141,6 +167,10 @@ extension EventLoop {
         let state = table.state(slot)
         guard state.pointee.phase != .free else { return }
         detachDevice(slot)
+        if replySlot == slot {
+            replies.removeAll(keepingCapacity: true)
+            replySlot = nil
+        }
         let event = table.event(slot)
         if event_initialized(event) != 0 { event_del(event) }
         close(state.pointee.fd)

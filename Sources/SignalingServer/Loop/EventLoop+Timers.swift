@@ -22,7 +22,7 @@ extension EventLoop {
             closingDeadlines.pop()
             if table.isLive(due.slot, generation: due.generation) { destroy(due.slot) }
         }
-        wheel.advance(to: now) { key in visitIdleDeadline(key) }
+        for key in wheel.advance(to: now) { visitIdleDeadline(key) }
 
         if index == 0 {
             // One loop runs the routing core's deadlines (ring timeouts, call grace,

@@ -46,6 +46,9 @@ final class EventLoop: @unchecked Sendable {
     let readBuffer: UnsafeMutableRawBufferPointer
     /// Shared output scratch buffer.
     var scratch: [UInt8] = []
+    /// Replies collected for `replySlot` while its input is handled (see `send`).
+    var replies: [UInt8] = []
+    var replySlot: UInt32?
     let decoder: FrameDecoder
     /// Cached once per callback: the current time on the server's second timeline.
     var nowSeconds: UInt32 = 0
@@ -60,6 +63,8 @@ final class EventLoop: @unchecked Sendable {
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
     let ticks = Atomic<Int>(0)
+    /// Set when `run` has returned.
+    let finished = Atomic<Bool>(false)
 
     static let readBufferSize = 64 * 1024
     static let lingerSeconds: UInt32 = 2
@@ -115,6 +120,7 @@ final class EventLoop: @unchecked Sendable {
         table.deallocate()
         event_base_free(base)
         shim_set_current_loop(nil)
+        finished.store(true, ordering: .releasing)
     }
 
     /// Hands a task to this loop from any thread.

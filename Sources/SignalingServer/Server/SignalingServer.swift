@@ -84,12 +84,23 @@ public final class SignalingServer: Sendable {
     public var port: UInt16 { state.withLock { $0.port } }
 
     /// Drains and stops: every client gets CLOSE goingAway with the configured reconnect
-    /// advice, then the loops exit. Returns when every loop thread has finished.
+    /// advice, then the loops exit once their clients have closed (or `drainTimeout` has
+    /// passed). Returns when every loop thread has finished.
     public func shutdown() {
+        beginShutdown()
+        waitUntilStopped()
+    }
+
+    /// Starts the drain and returns at once; see `shutdown()`.
+    public func beginShutdown() {
         let loops = state.withLock { $0.loops }
         context.logger.info("draining", ["connections": statistics.openConnections])
         for loop in loops { loop.post(.drain) }
-        waitUntilStopped()
+    }
+
+    /// True until every loop has exited.
+    public var isRunning: Bool {
+        state.withLock { $0.loops }.contains { !$0.finished.load(ordering: .acquiring) }
     }
 
     /// Blocks until every loop has exited (after `shutdown`, from another thread).
@@ -118,7 +129,7 @@ public final class SignalingServer: Sendable {
         let start = loops.map { $0.ticks.load(ordering: .acquiring) }
         let deadline = SystemClock().now() + timeout
         while SystemClock().now() < deadline {
-            if zip(loops, start).allSatisfy({ $0.ticks.load(ordering: .acquiring) >= $1 + count }) { return true }
+            if zip(loops, start).allSatisfy({ $0.finished.load(ordering: .acquiring) || $0.ticks.load(ordering: .acquiring) >= $1 + count }) { return true }
             usleep(1_000)
         }
         return false

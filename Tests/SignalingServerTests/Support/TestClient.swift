@@ -11,6 +11,8 @@ import Glibc
 final class TestClient {
     let fd: Int32
     private var buffer: [UInt8] = []
+    /// Frames read while waiting for something else; `next` returns them first.
+    private var skipped: [Frame] = []
     private let decoder = FrameDecoder(maxFrameLength: 16 << 20)
     /// Events seen, for assertions about order and duplicates.
     private(set) var lastSeq: UInt64 = 0
@@ -70,6 +72,11 @@ final class TestClient {
 
     /// The next frame, or nil if the connection ended cleanly first. Throws on timeout.
     func next(timeout: Duration = .seconds(5)) throws -> Frame? {
+        if !skipped.isEmpty { return skipped.removeFirst() }
+        return try read(timeout: timeout)
+    }
+
+    private func read(timeout: Duration) throws -> Frame? {
         let deadline = SystemClock().now() + timeout
         while true {
             if let (frame, size) = try buffer.withUnsafeBytes({ try decoder.decode($0) }) {
@@ -95,15 +102,24 @@ final class TestClient {
         }
     }
 
-    /// Skips frames until one matches; throws if the connection ends or time runs out.
+    /// Returns the first frame that matches, earlier skipped ones included; frames that do
+    /// not match are kept for later `next` calls. Throws if the connection ends or time
+    /// runs out.
     @discardableResult
     func expect<T>(timeout: Duration = .seconds(5), _ what: String = "frame", _ match: (Frame) -> T?) throws -> T {
+        for (index, frame) in skipped.enumerated() {
+            if let value = match(frame) {
+                skipped.remove(at: index)
+                return value
+            }
+        }
         let deadline = SystemClock().now() + timeout
         while true {
             let remaining = deadline - SystemClock().now()
             guard remaining > .zero else { throw Failure("timed out waiting for \(what)") }
-            guard let frame = try next(timeout: remaining) else { throw Failure("connection closed waiting for \(what)") }
+            guard let frame = try read(timeout: remaining) else { throw Failure("connection closed waiting for \(what)") }
             if let value = match(frame) { return value }
+            skipped.append(frame)
         }
     }
 
@@ -129,7 +145,7 @@ final class TestClient {
             if case .close(let close) = frame { return close }
             return nil
         }
-        guard try next(timeout: timeout) == nil else { throw Failure("data after CLOSE") }
+        guard try read(timeout: timeout) == nil else { throw Failure("data after CLOSE") }
         return close
     }
 
@@ -161,7 +177,7 @@ final class TestClient {
 
     /// True if nothing at all arrives within `window` (the socket stays open and silent).
     func staysSilent(for window: Duration = .milliseconds(100)) throws -> Bool {
-        guard buffer.isEmpty else { return false }
+        guard buffer.isEmpty && skipped.isEmpty else { return false }
         if waitFor(Int16(POLLIN), milliseconds: Int32(window.milliseconds)) { return false }
         return true
     }

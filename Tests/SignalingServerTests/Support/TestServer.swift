@@ -21,7 +21,16 @@ final class TestServer {
         try server.start()
     }
 
-    deinit { server.shutdown() }
+    /// Drains even if the test still holds connections that nobody reads: the frozen
+    /// manual clock is moved on until the drain deadline passes.
+    deinit {
+        server.beginShutdown()
+        while server.isRunning {
+            clock.advance(by: .seconds(1))
+            _ = server.awaitTicks(1, timeout: .milliseconds(50))
+        }
+        server.waitUntilStopped()
+    }
 
     /// Moves the clock and waits until every loop has acted on the new time.
     func advance(by duration: Duration) throws {
