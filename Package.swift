@@ -17,7 +17,7 @@ let package = Package(
         // libevent (event loop, timers). Debian: libevent-dev.
         .systemLibrary(
             name: "CLibevent",
-            pkgConfig: "libevent_pthreads",
+            pkgConfig: "libevent",
             providers: [.apt(["libevent-dev"])]
         ),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.

@@ -1,0 +1,126 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The signaling server: `workers` event loops on their own threads, each accepting on
+/// its own SO_REUSEPORT socket, sharing one routing core.
+///
+///     let server = try SignalingServer(configuration: configuration)
+///     try server.start()          // returns once listening
+///     ...
+///     server.shutdown()           // CLOSE goingAway to everyone, then stop
+public final class SignalingServer: Sendable {
+    public let configuration: ServerConfiguration
+    private let context: ServerContext
+    private let state = Mutex<RunState>(RunState())
+
+    private struct RunState: ~Copyable {
+        var loops: [EventLoop] = []
+        var threads: [pthread_t] = []
+        var port: UInt16 = 0
+        var started = false
+        var stopped = false
+    }
+
+    public init(configuration: ServerConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger()) throws(UsageError) {
+        try configuration.validate()
+        self.configuration = configuration
+        self.context = ServerContext(configuration: configuration, clock: clock, logger: logger)
+    }
+
+    /// Binds the listening sockets and starts the loops. Returns once the server accepts.
+    public func start() throws(ServerError) {
+        var loops: [EventLoop] = []
+        var port = configuration.port
+        var errorText = [CChar](repeating: 0, count: 256)
+        for index in 0..<configuration.workers {
+            // The first socket may pick the port (port 0); the others join it.
+            let fd = shim_listen_tcp(configuration.host, port, 1, 4096, &errorText, errorText.count)
+            guard fd >= 0 else {
+                for loop in loops { loop.stopListening() }
+                throw ServerError(String(decoding: errorText.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            }
+            if index == 0 { port = UInt16(shim_local_port(fd)) }
+            do {
+                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd))
+            } catch {
+                close(fd)
+                for loop in loops { loop.stopListening() }
+                throw error
+            }
+        }
+        for loop in loops { loop.peers = loops }
+
+        var threads: [pthread_t] = []
+        for loop in loops {
+            let box = Unmanaged.passRetained(loop).toOpaque()
+            var thread = pthread_t()
+            let rc = pthread_create(&thread, nil, { argument in
+                let loop = Unmanaged<EventLoop>.fromOpaque(argument!).takeRetainedValue()
+                loop.run()
+                return nil
+            }, box)
+            precondition(rc == 0, "pthread_create failed: \(rc)")
+            threads.append(thread)
+        }
+        state.withLock {
+            $0.loops = loops
+            $0.threads = threads
+            $0.port = port
+            $0.started = true
+        }
+        context.logger.info("listening", [
+            "addr": "\(configuration.host):\(port)", "workers": configuration.workers,
+            "keepalive": configuration.keepAlive.defaultInterval,
+            "auth": configuration.authSecret == nil ? "off" : "hmac",
+        ])
+    }
+
+    /// The port the server listens on (useful with port 0).
+    public var port: UInt16 { state.withLock { $0.port } }
+
+    /// Drains and stops: every client gets CLOSE goingAway with the configured reconnect
+    /// advice, then the loops exit. Returns when every loop thread has finished.
+    public func shutdown() {
+        let loops = state.withLock { $0.loops }
+        context.logger.info("draining", ["connections": statistics.openConnections])
+        for loop in loops { loop.post(.drain) }
+        waitUntilStopped()
+    }
+
+    /// Blocks until every loop has exited (after `shutdown`, from another thread).
+    public func waitUntilStopped() {
+        let threads = state.withLock { state -> [pthread_t] in
+            defer { state.threads = [] }
+            return state.threads
+        }
+        for thread in threads { pthread_join(thread, nil) }
+        let wasStopped = state.withLock { state -> Bool in
+            defer { state.stopped = true }
+            return state.stopped
+        }
+        if !threads.isEmpty && !wasStopped { context.logger.info("stopped") }
+    }
+
+    public var statistics: ServerStatistics {
+        context.counters.snapshot(context.switchboard.counters)
+    }
+
+    /// Waits until every loop has run `count` more timer ticks, so that a time change made
+    /// on an injected clock has been seen by all of them. For tests and tools. Returns false
+    /// on timeout.
+    public func awaitTicks(_ count: Int = 2, timeout: Duration = .seconds(10)) -> Bool {
+        let loops = state.withLock { $0.loops }
+        let start = loops.map { $0.ticks.load(ordering: .acquiring) }
+        let deadline = SystemClock().now() + timeout
+        while SystemClock().now() < deadline {
+            if zip(loops, start).allSatisfy({ $0.ticks.load(ordering: .acquiring) >= $1 + count }) { return true }
+            usleep(1_000)
+        }
+        return false
+    }
+}
