@@ -39,7 +39,8 @@ public final class Coordinator {
 
     public func run() throws(LoadError) -> LoadReport {
         signal(SIGPIPE, SIG_IGN)
-        try server.start(timeoutSeconds: 30)
+        // A running server answers at once; one the tool starts gets time to come up.
+        try server.start(timeoutSeconds: config.serverBinary == nil ? 0 : 30)
         defer {
             for worker in workers { try? worker.send(.quit) }
             for worker in workers where worker.process.waitForExit(timeoutSeconds: 10) == nil {
@@ -160,7 +161,10 @@ public final class Coordinator {
             let why = total.failures.isEmpty ? total.disconnects.summary : total.failures.summary
             throw LoadError("no device could connect to \(server.address): \(why)")
         }
-        return RampResult(connected: connected, seconds: max(finishedAt - start, 1e-3), peak: tracker.peakRate())
+        let seconds = max(finishedAt - start, 1e-3)
+        // A ramp shorter than the one-second window has no peak apart from its average.
+        let peak = seconds < 1 ? Double(connected) / seconds : tracker.peakRate()
+        return RampResult(connected: connected, seconds: seconds, peak: peak)
     }
 
     /// The probe senders and, for the fan-out test, the fan-out user's devices.
@@ -276,7 +280,9 @@ public final class Coordinator {
             expectServerExit = false
         }
         var finishedAt = start
-        var sawDisconnect = config.storm == .drop
+        // Every device connected before the storm must handshake again: until then a
+        // device that has not noticed the storm yet still looks connected.
+        let devicesToReturn = UInt64(before.idleConnected)
         let recovered = try pump(label: "storm", timeout: config.stormDeadline, until: { [self] in
             let total = self.total
             let now = monotonicSeconds()
@@ -284,8 +290,8 @@ public final class Coordinator {
             if serverDown == nil && config.storm == .restart && total.handshakes > before.handshakes {
                 serverDown = now - start
             }
-            if total.idleConnected < config.idleDevices - total.idleFailed { sawDisconnect = true }
-            let back = sawDisconnect && total.idleConnected + total.idleFailed >= config.idleDevices
+            let back = total.idleHandshakes - before.idleHandshakes >= devicesToReturn
+                && total.idleConnected + total.idleFailed >= config.idleDevices
             if !back { finishedAt = now }
             return back
         }, describe: { [self] total, elapsed in

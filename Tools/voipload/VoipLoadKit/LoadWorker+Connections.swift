@@ -102,6 +102,7 @@ extension LoadWorker {
         status.inFlight -= 1
         status.handshakes += 1
         if welcome.resumed { status.resumed += 1 }
+        if case .idleDevice = layout.role(ofSlot: slot) { status.idleHandshakes += 1 }
         handshakeLatency.record(nanoseconds: now &- table.attemptStartedAt[slot])
         // Not stored per slot: every device of a run asks for the same interval, so the
         // server grants them all the same one.

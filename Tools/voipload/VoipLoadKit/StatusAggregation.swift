@@ -14,6 +14,7 @@ extension WorkerStatus {
             total.connectAttempts += s.connectAttempts
             total.handshakes += s.handshakes
             total.resumed += s.resumed
+            total.idleHandshakes += s.idleHandshakes
             total.disconnects.merge(s.disconnects, uniquingKeysWith: +)
             total.failures.merge(s.failures, uniquingKeysWith: +)
             total.probesSent += s.probesSent

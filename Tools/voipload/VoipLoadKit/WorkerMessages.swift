@@ -63,6 +63,8 @@ public struct WorkerStatus: Codable, Sendable, Equatable {
     /// WELCOMEs received, cumulative.
     public var handshakes: UInt64 = 0
     public var resumed: UInt64 = 0
+    /// WELCOMEs received by idle devices only (a storm is over when each had one more).
+    public var idleHandshakes: UInt64 = 0
     /// Why connections ended or failed, e.g. "CLOSE goingAway", "connect: Connection refused".
     public var disconnects: [String: UInt64] = [:]
     /// Why devices gave up for good (they count in idleFailed and the exit status).
