@@ -187,6 +187,7 @@ public final class Coordinator {
 
     func measurePushLatency() throws(LoadError) -> LoadReport.Push {
         let before = total
+        let cpuBefore = server.pid.flatMap(ProcessStats.cpuSeconds(pid:))
         for worker in workers {
             let count = WorkloadLayout.share(of: config.events, worker: worker.index, workers: workers.count)
             try worker.send(.probe(count: count, rate: config.rate / Double(workers.count), mix: config.mix))
@@ -213,12 +214,15 @@ public final class Coordinator {
         let sent = after.probesSent - before.probesSent
         let refused = after.probesRefused - before.probesRefused
         let received = after.probesReceived - before.probesReceived
+        let cpu = zip(cpuBefore, server.pid.flatMap(ProcessStats.cpuSeconds(pid:))).map { $0.1 - $0.0 }
         return LoadReport.Push(
             requested: config.events, rate: config.rate, mix: config.mix.rawValue, sent: sent,
             accepted: after.probesAccepted - before.probesAccepted, refused: refused, received: received,
             lost: sent > received + refused ? sent - received - refused : 0,
             duplicates: after.duplicates - before.duplicates, receipts: after.probeReceipts - before.probeReceipts,
-            callsEnded: after.callsEnded - before.callsEnded, latency: LoadReport.Latency(all),
+            callsEnded: after.callsEnded - before.callsEnded,
+            serverCPUMicrosPerProbe: cpu.flatMap { sent > 0 ? $0 * 1e6 / Double(sent) : nil },
+            latency: LoadReport.Latency(all),
             messageLatency: LoadReport.Latency(message), callLatency: LoadReport.Latency(call))
     }
 

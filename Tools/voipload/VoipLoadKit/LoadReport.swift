@@ -77,6 +77,9 @@ public struct LoadReport: Codable, Sendable {
         public var duplicates: UInt64
         public var receipts: UInt64
         public var callsEnded: UInt64
+        /// Server CPU time (utime + stime) per probe over the phase: the whole exchange of
+        /// request, reply, event, ACK and receipt (or reject and CALL_ENDED).
+        public var serverCPUMicrosPerProbe: Double?
         public var latency: Latency
         public var messageLatency: Latency
         public var callLatency: Latency

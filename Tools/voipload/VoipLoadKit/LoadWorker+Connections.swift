@@ -56,7 +56,7 @@ extension LoadWorker {
         guard slot < table.count, table.fd[slot] >= 0 else { return }
         let now = clock.now().nanoseconds
         if table.state[slot] == .connecting {
-            guard events & (EPOLLOUT.rawValue | EPOLLERR.rawValue | EPOLLHUP.rawValue) != 0 else { return }
+            guard events & (Epoll.output | Epoll.error | Epoll.hangUp) != 0 else { return }
             let error = SocketCalls.pendingError(table.fd[slot])
             if error != 0 {
                 connectionLost(slot: slot, reason: SystemError("connect", error).description, now: now)
@@ -65,8 +65,8 @@ extension LoadWorker {
             sendHello(slot: slot)
             return
         }
-        if events & EPOLLOUT.rawValue != 0 { flushUnsent(slot: slot, now: now) }
-        if events & (EPOLLIN.rawValue | EPOLLRDHUP.rawValue | EPOLLHUP.rawValue | EPOLLERR.rawValue) != 0 {
+        if events & Epoll.output != 0 { flushUnsent(slot: slot, now: now) }
+        if events & (Epoll.input | Epoll.peerClosed | Epoll.hangUp | Epoll.error) != 0 {
             readSocket(slot: slot)
         }
     }

@@ -78,7 +78,7 @@ public final class LoadWorker {
     /// Runs until told to quit or until stdin closes (the coordinator is gone).
     public func run() {
         _ = fcntl(Self.controlDescriptor, F_SETFL, fcntl(Self.controlDescriptor, F_GETFL) | O_NONBLOCK)
-        _ = epoll.add(Self.controlDescriptor, token: Self.controlToken, events: EPOLLIN.rawValue)
+        _ = epoll.add(Self.controlDescriptor, token: Self.controlToken, events: Epoll.input)
         while running {
             epoll.wait(timeoutMilliseconds: loopTimeout()) { token, events in
                 if token == Self.controlToken {

@@ -22,6 +22,7 @@ extension LoadReport {
         if let p = push {
             lines.append("push         \(p.sent) sent (\(p.mix), \(Int(p.rate))/s), \(p.received) received, \(p.lost) lost, \(p.refused) refused, \(p.duplicates) duplicates")
             lines.append("             latency \(latencyLine(p.latency))")
+            if let cpu = p.serverCPUMicrosPerProbe { lines.append("             server CPU \(format(cpu)) µs per probe (whole exchange)") }
             if p.messageLatency.count > 0 { lines.append("             message \(latencyLine(p.messageLatency))") }
             if p.callLatency.count > 0 { lines.append("             call    \(latencyLine(p.callLatency))") }
         }

@@ -35,10 +35,7 @@ enum SocketCalls {
     static func startConnect(from source: UInt32, to destination: sockaddr_in) -> Result<(fd: Int32, connected: Bool), SystemError> {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return .failure(SystemError("socket", errno)) }
-        var one: Int32 = 1
-        _ = setsockopt(fd, Int32(IPPROTO_IP), IP_BIND_ADDRESS_NO_PORT, &one, socklen_t(MemoryLayout<Int32>.size))
-        // Probes and ACKs are tiny; Nagle would hold them back and inflate the latency.
-        _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        voipload_prepare_client_socket(fd)
         var local = socketAddress(source, port: 0)
         let bound = withUnsafePointer(to: &local) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
