@@ -11,6 +11,7 @@ let package = Package(
         .library(name: "SignalingProtocol", targets: ["SignalingProtocol"]),
         .library(name: "SignalingServer", targets: ["SignalingServer"]),
         .executable(name: "voipserver", targets: ["voipserver"]),
+        .executable(name: "voipload", targets: ["voipload"]),
     ],
     targets: [
         // libevent (event loop, timers). Debian: libevent-dev.
@@ -40,6 +41,24 @@ let package = Package(
         .testTarget(
             name: "SignalingServerTests",
             dependencies: ["SignalingServer", "SignalingProtocol", "SignalingSupport", "CLinuxShims"]
+        ),
+
+        // ---- Load tool (issue 5): voipload and its smoke test --------------------------
+        // The engine (worker event loop, coordinator, histograms, /proc readers) is a
+        // library so its parts can be unit-tested; the executable only parses and runs.
+        .target(
+            name: "VoipLoadKit",
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/voipload/VoipLoadKit"
+        ),
+        .executableTarget(
+            name: "voipload",
+            dependencies: ["VoipLoadKit", "SignalingSupport"],
+            path: "Tools/voipload/Command"
+        ),
+        .testTarget(
+            name: "VoipLoadTests",
+            dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport"]
         ),
     ]
 )
