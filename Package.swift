@@ -37,10 +37,12 @@ let package = Package(
             dependencies: ["SignalingServer", "SignalingSupport"]
         ),
 
+        // Helpers shared by test targets: running the executables as real subprocesses.
+        .target(name: "TestSupport", dependencies: ["SignalingSupport"], path: "Tests/TestSupport"),
         .testTarget(name: "SignalingProtocolTests", dependencies: ["SignalingProtocol"]),
         .testTarget(
             name: "SignalingServerTests",
-            dependencies: ["SignalingServer", "SignalingProtocol", "SignalingSupport", "CLinuxShims"]
+            dependencies: ["SignalingServer", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "TestSupport"]
         ),
 
         // ---- Load tool (issue 5): voipload and its smoke test --------------------------
@@ -58,7 +60,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VoipLoadTests",
-            dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport"]
+            dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport", "TestSupport"]
         ),
     ]
 )

@@ -40,6 +40,13 @@ int shim_listen_tcp(const char *host, uint16_t port, int reuse_port, int backlog
     return fd;
 }
 
+int shim_port_is_free(const char *host, uint16_t port, char *err, size_t err_len) {
+    int fd = shim_listen_tcp(host, port, 0, 1, err, err_len);
+    if (fd < 0) return 0;
+    close(fd);
+    return 1;
+}
+
 int shim_local_port(int fd) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;

@@ -10,6 +10,11 @@
 /// Returns the fd, or -1 with a message in err.
 int shim_listen_tcp(const char *host, uint16_t port, int reuse_port, int backlog, char *err, size_t err_len);
 
+/// True (1) when host:port can be bound by a socket WITHOUT SO_REUSEPORT, i.e. no other
+/// process listens there. SO_REUSEPORT would otherwise let a second server silently
+/// share the port and split the devices between two processes.
+int shim_port_is_free(const char *host, uint16_t port, char *err, size_t err_len);
+
 /// The local port a socket is bound to, or -1.
 int shim_local_port(int fd);
 

@@ -37,12 +37,18 @@ public final class SignalingServer: Sendable {
         var loops: [EventLoop] = []
         var port = configuration.port
         var errorText = [CChar](repeating: 0, count: 256)
+        func lastError() -> String {
+            String(decoding: errorText.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        }
+        if port != 0 && shim_port_is_free(configuration.host, port, &errorText, errorText.count) == 0 {
+            throw ServerError(lastError() + " (is another voipserver running?)")
+        }
         for index in 0..<configuration.workers {
             // The first socket may pick the port (port 0); the others join it.
             let fd = shim_listen_tcp(configuration.host, port, 1, 4096, &errorText, errorText.count)
             guard fd >= 0 else {
                 for loop in loops { loop.stopListening() }
-                throw ServerError(String(decoding: errorText.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+                throw ServerError(lastError())
             }
             if index == 0 { port = UInt16(shim_local_port(fd)) }
             do {

@@ -113,7 +113,7 @@ public final class Coordinator {
     // MARK: - Phases
 
     func startWorkers() throws(LoadError) {
-        let executable = Self.ownExecutable()
+        let executable = ChildProcess.currentExecutablePath()
         let count = config.effectiveWorkers
         for index in 0..<count {
             let process: ChildProcess
@@ -358,13 +358,6 @@ public final class Coordinator {
                 descriptors[index].revents = 0
             }
         }
-    }
-
-    static func ownExecutable() -> String {
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
-        guard length > 0 else { return CommandLine.arguments[0] }
-        return String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }
 

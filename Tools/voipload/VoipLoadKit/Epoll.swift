@@ -1,3 +1,4 @@
+import SignalingSupport
 import CLinuxShims
 #if canImport(Glibc)
 import Glibc

@@ -1,4 +1,5 @@
 #if canImport(Glibc)
+import SignalingSupport
 import Glibc
 #endif
 

@@ -1,27 +1,27 @@
 import Foundation
-@testable import VoipLoadKit
+import SignalingSupport
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// Runs one of the package's executables as a real subprocess, with a deadline.
-struct ExecutableRun {
-    var status: Int32
-    var stdout: String
-    var stderr: String
+public struct ExecutableRun: Sendable {
+    public var status: Int32
+    public var stdout: String
+    public var stderr: String
 
-    var exitCode: Int32 { (status >> 8) & 0xff }
+    public var exitCode: Int32 { (status >> 8) & 0xff }
 
     /// The build products directory (where the test bundle and the executables live).
-    static var productsDirectory: String {
-        URL(fileURLWithPath: Coordinator.ownExecutable()).deletingLastPathComponent().path
+    public static var productsDirectory: String {
+        URL(fileURLWithPath: ChildProcess.currentExecutablePath()).deletingLastPathComponent().path
     }
 
-    static func path(of executable: String) -> String { productsDirectory + "/" + executable }
+    public static func path(of executable: String) -> String { productsDirectory + "/" + executable }
 
     /// Starts the executable and waits for it; kills it and records an issue after
     /// `timeoutSeconds`.
-    static func run(_ executable: String, _ arguments: [String], timeoutSeconds: Double) throws -> ExecutableRun {
+    public static func run(_ executable: String, _ arguments: [String], timeoutSeconds: Double) throws -> ExecutableRun {
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("voipload-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -40,10 +40,10 @@ struct ExecutableRun {
             stderr: (try? String(contentsOfFile: err, encoding: .utf8)) ?? "")
     }
 
-    struct TimedOut: Error, CustomStringConvertible {
-        var executable: String
-        var seconds: Double
-        var stderr: String
-        var description: String { "\(executable) did not finish within \(seconds) s; stderr:\n\(stderr)" }
+    public struct TimedOut: Error, CustomStringConvertible {
+        public var executable: String
+        public var seconds: Double
+        public var stderr: String
+        public var description: String { "\(executable) did not finish within \(seconds) s; stderr:\n\(stderr)" }
     }
 }

@@ -3,8 +3,10 @@ import Glibc
 #endif
 
 /// A process started with posix_spawn, optionally with pipes to its stdin and stdout.
-final class ChildProcess {
-    enum Output {
+/// Used by voipload for its workers and the server under test, and by the tests that
+/// drive the executables.
+public final class ChildProcess {
+    public enum Output: Sendable {
         case inherit
         case pipe
         /// Appended to the file at this path.
@@ -12,12 +14,12 @@ final class ChildProcess {
         case discard
     }
 
-    let pid: pid_t
+    public let pid: pid_t
     /// Our end of its stdin, when piped.
-    let input: Int32
+    public let input: Int32
     /// Our end of its stdout, when piped.
-    let output: Int32
-    private(set) var exitStatus: Int32?
+    public let output: Int32
+    public private(set) var exitStatus: Int32?
 
     private init(pid: pid_t, input: Int32, output: Int32) {
         self.pid = pid
@@ -30,7 +32,7 @@ final class ChildProcess {
         if output >= 0 { close(output) }
     }
 
-    static func spawn(
+    public static func spawn(
         _ path: String, arguments: [String], pipeInput: Bool, stdout: Output, stderr: Output
     ) throws(SystemError) -> ChildProcess {
         var actions = posix_spawn_file_actions_t()
@@ -41,7 +43,7 @@ final class ChildProcess {
         defer { for fd in childEnds { close(fd) } }
         func makePipe() throws(SystemError) -> (read: Int32, write: Int32) {
             var fds: [Int32] = [-1, -1]
-            guard pipe(&fds) == 0 else {
+            guard Glibc.pipe(&fds) == 0 else {
                 for fd in parentEnds { close(fd) }
                 throw SystemError("pipe", errno)
             }
@@ -91,7 +93,7 @@ final class ChildProcess {
 
     /// Reaps the process if it has exited; returns its wait status then.
     @discardableResult
-    func poll() -> Int32? {
+    public func poll() -> Int32? {
         if let exitStatus { return exitStatus }
         var status: Int32 = 0
         let result = waitpid(pid, &status, WNOHANG)
@@ -100,30 +102,33 @@ final class ChildProcess {
     }
 
     /// Waits for the process to exit; nil if it is still running at the deadline.
-    func waitForExit(timeoutSeconds: Double) -> Int32? {
-        let deadline = monotonicSeconds() + timeoutSeconds
+    public func waitForExit(timeoutSeconds: Double) -> Int32? {
+        let clock = SystemClock()
+        let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))
         while poll() == nil {
-            if monotonicSeconds() >= deadline { return nil }
+            if clock.now() >= deadline { return nil }
             usleep(5_000)
         }
         return exitStatus
     }
 
-    func send(signal number: Int32) {
+    public func send(signal number: Int32) {
         if poll() == nil { kill(pid, number) }
     }
 
     /// "exit status 3" or "killed by signal 9", for error messages.
-    static func describe(status: Int32) -> String {
+    public static func describe(status: Int32) -> String {
         let signalNumber = status & 0x7f
         if signalNumber == 0 { return "exit status \((status >> 8) & 0xff)" }
         return "killed by signal \(signalNumber)"
     }
-}
 
-/// CLOCK_MONOTONIC in seconds.
-func monotonicSeconds() -> Double {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+    /// The absolute path of the running executable (to re-execute oneself, or to find
+    /// sibling executables in the same build directory).
+    public static func currentExecutablePath() -> String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        guard length > 0 else { return CommandLine.arguments[0] }
+        return String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
 }
