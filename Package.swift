@@ -28,6 +28,9 @@ let package = Package(
         // Clocks, logging, command-line parsing and locks shared by every component.
         .target(name: "SignalingSupport"),
 
+        // What must survive a restart: the EventStore protocol and its record types.
+        .target(name: "SignalingStore", dependencies: ["SignalingProtocol"]),
+
         .target(
             name: "SignalingServer",
             dependencies: ["CLibevent", "CLinuxShims", "SignalingProtocol", "SignalingSupport"]
