@@ -33,7 +33,7 @@ let package = Package(
 
         .target(
             name: "SignalingServer",
-            dependencies: ["CLibevent", "CLinuxShims", "SignalingProtocol", "SignalingSupport"]
+            dependencies: ["CLibevent", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingSupport"]
         ),
         .executableTarget(
             name: "voipserver",
@@ -41,11 +41,13 @@ let package = Package(
         ),
 
         // Helpers shared by test targets: running the executables as real subprocesses.
-        .target(name: "TestSupport", dependencies: ["SignalingSupport"], path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["SignalingSupport", "SignalingStore"], path: "Tests/TestSupport"),
         .testTarget(name: "SignalingProtocolTests", dependencies: ["SignalingProtocol"]),
         .testTarget(
             name: "SignalingServerTests",
-            dependencies: ["SignalingServer", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "TestSupport"]
+            dependencies: [
+                "SignalingServer", "SignalingProtocol", "SignalingStore", "SignalingSupport", "CLinuxShims", "TestSupport",
+            ]
         ),
 
         // ---- Load tool (issue 5): voipload and its smoke test --------------------------

@@ -127,15 +127,16 @@ extension EventLoop {
         guard state.pointee.phase == .established, let device = state.pointee.device else { return }
         let ref = reference(slot)
         while state.pointee.outbound == nil && state.pointee.phase == .established {
+            let sentSeq = state.pointee.sentSeq
             let batch = context.switchboard.withState(wall: 0) { board in
-                board.nextBatch(for: device, connection: ref, limit: Self.pumpBatch)
+                board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch)
             }
-            guard let batch, !batch.events.isEmpty else { return }
+            guard let batch else { return }
+            state.pointee.sentSeq = batch.sentSeq
+            guard !batch.events.isEmpty else { return }
             scratch.removeAll(keepingCapacity: true)
-            var seq = batch.firstSeq
-            for event in batch.events {
+            for (seq, event) in batch.events {
                 FrameEncoder.append(event: event.encoded, seq: seq, to: &scratch)
-                seq += 1
             }
             context.counters.eventsWritten.increment(by: batch.events.count)
             writeScratch(to: slot)
@@ -174,7 +175,7 @@ extension EventLoop {
         let event = table.event(slot)
         if event_initialized(event) != 0 { event_del(event) }
         close(state.pointee.fd)
-        context.admission.releaseConnection(from: state.pointee.addressHash)
+        if state.pointee.countsTowardAddress { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
         table.release(slot)
     }

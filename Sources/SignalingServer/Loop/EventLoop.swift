@@ -13,6 +13,8 @@ enum LoopTask: Sendable {
     case wake(ConnectionRef)
     /// Close this connection with this frame (another connection took over its device).
     case close(ConnectionRef, Close)
+    /// Send this reply (an OK deferred until the store committed a message, or its ERROR).
+    case reply(ConnectionRef, Frame)
     /// Server shutdown: stop accepting, tell every client to go away, exit when done.
     case drain
 }
@@ -153,6 +155,10 @@ final class EventLoop: @unchecked Sendable {
                 markDirty(ref.slot, generation: ref.generation)
             case .close(let ref, let frame):
                 if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
+            case .reply(let ref, let frame):
+                if table.isLive(ref.slot, generation: ref.generation), table.state(ref.slot).pointee.phase == .established {
+                    send(frame, to: ref.slot)
+                }
             case .drain:
                 beginDrain()
             }
@@ -195,8 +201,8 @@ final class EventLoop: @unchecked Sendable {
                 } else {
                     remote[ref.loop, default: []].append(.close(ref, frame))
                 }
-            case .offlineEvent:
-                break  // push wake-ups: not configured
+            case .wakeUp:
+                context.requestWakeUp(effect)
             }
         }
         for (loop, tasks) in remote { peers[Int(loop)].post(contentsOf: tasks) }

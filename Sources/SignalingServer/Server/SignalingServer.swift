@@ -1,5 +1,6 @@
 import CLinuxShims
 import SignalingProtocol
+import SignalingStore
 import SignalingSupport
 import Synchronization
 #if canImport(Glibc)
@@ -16,6 +17,7 @@ import Glibc
 public final class SignalingServer: Sendable {
     public let configuration: ServerConfiguration
     private let context: ServerContext
+    private let writer: StoreWriter?
     private let state = Mutex<RunState>(RunState())
 
     private struct RunState: ~Copyable {
@@ -26,10 +28,43 @@ public final class SignalingServer: Sendable {
         var stopped = false
     }
 
-    public init(configuration: ServerConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger()) throws(UsageError) {
-        try configuration.validate()
+    /// - Parameter store: where events are kept until acknowledged. Nil keeps them in
+    ///   memory only (a restart loses them).
+    public init(
+        configuration: ServerConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger(),
+        store: (any EventStore)? = nil
+    ) throws(ServerError) {
+        do {
+            try configuration.validate()
+        } catch {
+            throw ServerError(error.message)
+        }
         self.configuration = configuration
-        self.context = ServerContext(configuration: configuration, clock: clock, logger: logger)
+        let context = ServerContext(configuration: configuration, clock: clock, logger: logger, journaling: store != nil)
+        self.context = context
+        guard let store else {
+            writer = nil
+            return
+        }
+        // Rebuild what the store kept before any device can connect.
+        let snapshot: StoredSnapshot
+        do {
+            snapshot = try store.loadSnapshot()
+        } catch {
+            store.close()
+            throw ServerError("cannot load the store: \(error)")
+        }
+        let now = clock.now()
+        context.switchboard.withState(wall: clock.wallMilliseconds()) { board in
+            board.load(snapshot, now: now)
+        }
+        logger.info("store_loaded", [
+            "devices": snapshot.devices.count, "pending_events": snapshot.devices.reduce(0) { $0 + $1.events.count },
+            "held_events": snapshot.held.values.reduce(0) { $0 + $1.count },
+        ])
+        let writer = try StoreWriter(store: store, context: context)
+        context.switchboard.attach(writer)
+        self.writer = writer
     }
 
     /// Binds the listening sockets and starts the loops. Returns once the server accepts.
@@ -60,6 +95,10 @@ public final class SignalingServer: Sendable {
             }
         }
         for loop in loops { loop.peers = loops }
+        if let writer {
+            writer.loops = loops
+            writer.start()
+        }
 
         var threads: [pthread_t] = []
         for loop in loops {
@@ -116,6 +155,7 @@ public final class SignalingServer: Sendable {
             return state.threads
         }
         for thread in threads { pthread_join(thread, nil) }
+        if !threads.isEmpty { writer?.stop() }
         let wasStopped = state.withLock { state -> Bool in
             defer { state.stopped = true }
             return state.stopped
