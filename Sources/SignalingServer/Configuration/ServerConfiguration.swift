@@ -50,6 +50,10 @@ public struct ServerConfiguration: Sendable {
     /// TCP_USER_TIMEOUT on client sockets: unacknowledged data older than this kills the
     /// connection (its events stay pending for the resume).
     public var tcpUserTimeout: Duration = .seconds(30)
+    /// After any activity, each loop keeps polling without sleeping for this long, which
+    /// saves the wake-up of a sleeping thread on the next event (lower push latency, at the
+    /// cost of CPU while traffic flows). Zero: always sleep in epoll_wait.
+    public var busyPoll: Duration = .zero
     /// Minimum log level.
     public var logLevel: LogLevel = .info
     /// Where events are kept until devices acknowledge them.

@@ -10,6 +10,7 @@ import Glibc
 extension EventLoop {
     /// libevent says the socket of `slot` is readable and/or writable.
     func connectionReady(_ slot: UInt32, what: Int32) {
+        activity &+= 1
         refreshTime()
         if what & EV_WRITE != 0 {
             flushOutbound(slot)
@@ -48,7 +49,12 @@ extension EventLoop {
     /// Decodes and handles every complete frame; keeps a trailing partial frame.
     private func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
         beginReplies(to: slot)
-        defer { endReplies() }
+        defer {
+            // Events for other devices first: a pushed event must not wait behind the
+            // write of this client's replies. This client's own events follow its replies.
+            flushDirty(excluding: slot)
+            endReplies()
+        }
         let state = table.state(slot)
         if var pending = state.pointee.inbound {
             state.pointee.inbound = nil

@@ -109,15 +109,22 @@ extension EventLoop {
         dirtySlots.append((slot, generation))
     }
 
-    /// Writes pending events to every connection marked since the last flush.
-    func flushDirty() {
+    /// Writes pending events to every connection marked since the last flush (except
+    /// `excluded`, which stays marked).
+    func flushDirty(excluding excluded: UInt32? = nil) {
+        var kept: [(slot: UInt32, generation: UInt32)] = []
         while !dirtySlots.isEmpty {
             let batch = dirtySlots
             dirtySlots.removeAll(keepingCapacity: true)
             for (slot, generation) in batch where table.isLive(slot, generation: generation) {
-                pump(slot)
+                if slot == excluded {
+                    kept.append((slot, generation))
+                } else {
+                    pump(slot)
+                }
             }
         }
+        dirtySlots = kept
     }
 
     /// Writes the device's unsent events while the socket takes them. Stops when the
