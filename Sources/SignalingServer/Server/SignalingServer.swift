@@ -22,7 +22,7 @@ public final class SignalingServer: Sendable {
 
     private struct RunState: ~Copyable {
         var loops: [EventLoop] = []
-        var threads: [pthread_t] = []
+        var threads: [JoinableThread] = []
         var port: UInt16 = 0
         var started = false
         var stopped = false
@@ -100,18 +100,7 @@ public final class SignalingServer: Sendable {
             writer.start()
         }
 
-        var threads: [pthread_t] = []
-        for loop in loops {
-            let box = Unmanaged.passRetained(loop).toOpaque()
-            var thread = pthread_t()
-            let rc = pthread_create(&thread, nil, { argument in
-                let loop = Unmanaged<EventLoop>.fromOpaque(argument!).takeRetainedValue()
-                loop.run()
-                return nil
-            }, box)
-            precondition(rc == 0, "pthread_create failed: \(rc)")
-            threads.append(thread)
-        }
+        let threads = loops.map { loop in JoinableThread { loop.run() } }
         state.withLock {
             $0.loops = loops
             $0.threads = threads
@@ -150,11 +139,11 @@ public final class SignalingServer: Sendable {
 
     /// Blocks until every loop has exited (after `shutdown`, from another thread).
     public func waitUntilStopped() {
-        let threads = state.withLock { state -> [pthread_t] in
+        let threads = state.withLock { state -> [JoinableThread] in
             defer { state.threads = [] }
             return state.threads
         }
-        for thread in threads { pthread_join(thread, nil) }
+        for thread in threads { thread.join() }
         if !threads.isEmpty { writer?.stop() }
         let wasStopped = state.withLock { state -> Bool in
             defer { state.stopped = true }

@@ -38,7 +38,7 @@ final class StoreWriter: @unchecked Sendable {
     private let wakeFD: Int32
     private let stopping = Atomic<Bool>(false)
     private let healthy = Atomic<Bool>(true)
-    private var thread = pthread_t()
+    private var thread: JoinableThread?
     /// Loops to deliver effects and replies to (set before `start`).
     var loops: [EventLoop] = []
 
@@ -62,20 +62,14 @@ final class StoreWriter: @unchecked Sendable {
     var isHealthy: Bool { healthy.load(ordering: .relaxed) }
 
     func start() {
-        let box = Unmanaged.passRetained(self).toOpaque()
-        let rc = pthread_create(&thread, nil, { argument in
-            let writer = Unmanaged<StoreWriter>.fromOpaque(argument!).takeRetainedValue()
-            writer.run()
-            return nil
-        }, box)
-        precondition(rc == 0, "pthread_create failed: \(rc)")
+        thread = JoinableThread { self.run() }
     }
 
     /// Commits what is queued, then stops the thread and closes the store.
     func stop() {
         stopping.store(true, ordering: .releasing)
         shim_eventfd_signal(wakeFD)
-        pthread_join(thread, nil)
+        thread?.join()
         store.close()
     }
 
