@@ -89,6 +89,8 @@ struct SwitchboardState {
     var pushAvailable = false
     /// Wall-clock time of the operation in progress (set by `Switchboard.withState`).
     var currentWall: UInt64 = 0
+    /// Session ids come from here (no system call per handshake).
+    private var random = FastRandom()
 
     private var effects: [SwitchboardEffect] = []
     private var unit = CommitUnit()
@@ -201,10 +203,10 @@ struct SwitchboardState {
             sentSeq = max(known.ackedSeq, resume.lastReceivedSeq)
             resumed = true
         } else if let known = device {
-            known.sessionID = SessionID.random()
+            known.sessionID = SessionID.random(using: &random)
             sentSeq = known.ackedSeq
         } else {
-            let created = DeviceRecord(userID: userID, deviceID: deviceID, sessionID: SessionID.random())
+            let created = DeviceRecord(userID: userID, deviceID: deviceID, sessionID: SessionID.random(using: &random))
             addDevice(created)
             device = created
             sentSeq = 0
@@ -445,7 +447,7 @@ struct SwitchboardState {
             let device = entry.device
             guard !device.isOnline, device.disconnectedSecond == entry.since else { continue }
             // No longer resumable: the device must start a new session (its events stay).
-            device.sessionID = SessionID.random()
+            device.sessionID = SessionID.random(using: &random)
             counters.sessionsExpired += 1
             let lastSeen = currentWall &- UInt64(nowSecond &- entry.since) * 1000
             journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: lastSeen))
