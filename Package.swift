@@ -65,5 +65,17 @@ let package = Package(
             name: "VoipLoadTests",
             dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport", "TestSupport"]
         ),
+
+        // ---- Durable store (issue 6): the SQLite EventStore ----------------------------
+        // SQLite 3 (event storage). Debian: libsqlite3-dev.
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .target(
+            name: "SignalingStoreSQLite",
+            dependencies: ["SignalingStore", "CSQLite", "SignalingSupport"]
+        ),
     ]
 )
