@@ -77,5 +77,25 @@ let package = Package(
             name: "SignalingStoreSQLite",
             dependencies: ["SignalingStore", "CSQLite", "SignalingSupport"]
         ),
+        // Deterministic batches and an in-memory model of StoreChange, shared by the tests
+        // and the crash-test helper (which must produce the same batches the test checks).
+        .target(
+            name: "SQLiteStoreFixtures",
+            dependencies: ["SignalingStore", "SignalingProtocol"],
+            path: "Tests/SQLiteStoreFixtures"
+        ),
+        // Runs a store in a child process for the kill -9 and permission tests.
+        .executableTarget(
+            name: "sqlite-store-test-helper",
+            dependencies: ["SignalingStoreSQLite", "SQLiteStoreFixtures", "SignalingStore", "SignalingSupport"],
+            path: "Tests/SQLiteStoreTestHelper"
+        ),
+        .testTarget(
+            name: "SignalingStoreSQLiteTests",
+            dependencies: [
+                "SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport", "CSQLite",
+                "SQLiteStoreFixtures", "TestSupport",
+            ]
+        ),
     ]
 )
