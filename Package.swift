@@ -97,5 +97,11 @@ let package = Package(
                 "SQLiteStoreFixtures", "TestSupport",
             ]
         ),
+        // Apply throughput of the SQLite store (release build; see docs/STORAGE.md).
+        .executableTarget(
+            name: "sqlite-store-bench",
+            dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/sqlite-store-bench"
+        ),
     ]
 )
