@@ -12,10 +12,12 @@ final class StoreHarness {
     private(set) var reference = ReferenceStore()
     private var configuration: SQLiteStoreConfiguration
 
-    init(synchronous: SQLiteStoreConfiguration.Synchronous = .normal, maxPageCount: Int? = nil) throws {
+    /// The store lives in `data` inside a fresh temporary directory, or in `dataDirectory`.
+    init(dataDirectory: String? = nil, synchronous: SQLiteStoreConfiguration.Synchronous = .normal,
+         maxPageCount: Int? = nil) throws {
         directory = try TemporaryDirectory()
         configuration = SQLiteStoreConfiguration(
-            directory: directory.appending("data"), synchronous: synchronous, maxPageCount: maxPageCount)
+            directory: dataDirectory ?? directory.appending("data"), synchronous: synchronous, maxPageCount: maxPageCount)
         store = try SQLiteEventStore(configuration: configuration)
     }
 
