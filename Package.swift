@@ -68,5 +68,43 @@ let package = Package(
             name: "VoipLoadTests",
             dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport", "TestSupport"]
         ),
+
+        // ---- Durable store (issue 6): the SQLite EventStore ----------------------------
+        // SQLite 3 (event storage). Debian: libsqlite3-dev.
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .target(
+            name: "SignalingStoreSQLite",
+            dependencies: ["SignalingStore", "CSQLite", "SignalingSupport"]
+        ),
+        // Deterministic batches and an in-memory model of StoreChange, shared by the tests
+        // and the crash-test helper (which must produce the same batches the test checks).
+        .target(
+            name: "SQLiteStoreFixtures",
+            dependencies: ["SignalingStore", "SignalingProtocol"],
+            path: "Tests/SQLiteStoreFixtures"
+        ),
+        // Runs a store in a child process for the kill -9 and permission tests.
+        .executableTarget(
+            name: "sqlite-store-test-helper",
+            dependencies: ["SignalingStoreSQLite", "SQLiteStoreFixtures", "SignalingStore", "SignalingSupport"],
+            path: "Tests/SQLiteStoreTestHelper"
+        ),
+        .testTarget(
+            name: "SignalingStoreSQLiteTests",
+            dependencies: [
+                "SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport", "CSQLite",
+                "SQLiteStoreFixtures", "TestSupport",
+            ]
+        ),
+        // Apply throughput of the SQLite store (release build; see docs/STORAGE.md).
+        .executableTarget(
+            name: "sqlite-store-bench",
+            dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/sqlite-store-bench"
+        ),
     ]
 )
