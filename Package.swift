@@ -20,6 +20,8 @@ let package = Package(
             pkgConfig: "libevent",
             providers: [.apt(["libevent-dev"])]
         ),
+        // The libevent functions the Swift code uses, behind a header with no system includes.
+        .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
 
@@ -33,7 +35,7 @@ let package = Package(
 
         .target(
             name: "SignalingServer",
-            dependencies: ["CLibevent", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingSupport"]
+            dependencies: ["CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingSupport"]
         ),
         .executableTarget(
             name: "voipserver",

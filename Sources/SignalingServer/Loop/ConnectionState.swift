@@ -24,7 +24,7 @@ struct ConnectionState {
     /// Incremented each time the slot is reused; part of `ConnectionRef`.
     var generation: UInt32 = 0
     var phase: ConnectionPhase = .free
-    /// The socket event currently includes EV_WRITE (only while `outbound` is non-empty).
+    /// The socket event currently includes VS_EV_WRITE (only while `outbound` is non-empty).
     var wantsWrite = false
     /// The connection was counted against its address's cap (refused ones are not).
     var countsTowardAddress = false

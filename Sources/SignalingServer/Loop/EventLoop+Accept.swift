@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
 #if canImport(Glibc)
@@ -68,15 +68,15 @@ extension EventLoop {
         let event = table.event(slot)
         // Event memory starts zeroed (ConnectionTable), so this is false for a slot's first
         // use; deleting an event that is not pending is a no-op.
-        if event_initialized(event) != 0 { event_del(event) }
-        var flags = EV_READ | EV_PERSIST
-        if writable { flags |= EV_WRITE }
+        if vs_event_initialized(event) != 0 { vs_event_del(event) }
+        var flags = VS_EV_READ | VS_EV_PERSIST
+        if writable { flags |= VS_EV_WRITE }
         let argument = UnsafeMutableRawPointer(bitPattern: UInt(slot) + 1)
-        event_assign(event, base, state.pointee.fd, Int16(flags), { _, what, argument in
+        vs_event_assign(event, base, state.pointee.fd, Int16(flags), { _, what, argument in
             let loop = Unmanaged<EventLoop>.fromOpaque(shim_current_loop()!).takeUnretainedValue()
             loop.connectionReady(UInt32(UInt(bitPattern: argument) - 1), what: Int32(what))
         }, argument)
-        event_add(event, nil)
+        vs_event_add(event, -1)
         state.pointee.wantsWrite = writable
     }
 

@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
 import SignalingStore
@@ -12,10 +12,10 @@ extension EventLoop {
     func connectionReady(_ slot: UInt32, what: Int32) {
         activity &+= 1
         refreshTime()
-        if what & EV_WRITE != 0 {
+        if what & VS_EV_WRITE != 0 {
             flushOutbound(slot)
         }
-        if what & EV_READ != 0, table.state(slot).pointee.phase != .free {
+        if what & VS_EV_READ != 0, table.state(slot).pointee.phase != .free {
             readAvailable(slot)
         }
         flushDirty()

@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
@@ -180,7 +180,7 @@ extension EventLoop {
             replySlot = nil
         }
         let event = table.event(slot)
-        if event_initialized(event) != 0 { event_del(event) }
+        if vs_event_initialized(event) != 0 { vs_event_del(event) }
         close(state.pointee.fd)
         if state.pointee.countsTowardAddress { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
