@@ -35,7 +35,10 @@ let package = Package(
 
         .target(
             name: "SignalingServer",
-            dependencies: ["CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingSupport"]
+            dependencies: [
+                "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingStoreSQLite",
+                "SignalingSupport",
+            ]
         ),
         .executableTarget(
             name: "voipserver",

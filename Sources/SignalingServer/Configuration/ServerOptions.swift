@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingStoreSQLite
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -137,7 +138,7 @@ public enum ServerOptions {
             configuration.storage.directory = directory
         }
         if let sync = options.string("sync") {
-            guard let parsed = StorageConfiguration.Synchronous(rawValue: sync) else { throw UsageError("--sync must be normal or full") }
+            guard let parsed = SQLiteStoreConfiguration.Synchronous(rawValue: sync) else { throw UsageError("--sync must be normal or full") }
             configuration.storage.synchronous = parsed
         }
         if let bytes = try options.int("store-max-bytes", in: 65_536...Int.max) { configuration.storage.maxBytes = bytes }
