@@ -46,5 +46,6 @@ struct PushGatewayConfigurationTests {
         bad = defaults
         bad.maxAttempts = 0
         #expect(throws: UsageError.self) { try bad.validate() }
+        #expect(throws: UsageError.self) { try PushGateway(configuration: bad) }
     }
 }
