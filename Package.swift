@@ -20,6 +20,8 @@ let package = Package(
             pkgConfig: "libevent",
             providers: [.apt(["libevent-dev"])]
         ),
+        // The libevent functions the Swift code uses, behind a header with no system includes.
+        .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
 
@@ -33,7 +35,10 @@ let package = Package(
 
         .target(
             name: "SignalingServer",
-            dependencies: ["CLibevent", "CLinuxShims", "SignalingProtocol", "SignalingSupport"]
+            dependencies: [
+                "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingStoreSQLite",
+                "SignalingSupport",
+            ]
         ),
         .executableTarget(
             name: "voipserver",
@@ -41,11 +46,14 @@ let package = Package(
         ),
 
         // Helpers shared by test targets: running the executables as real subprocesses.
-        .target(name: "TestSupport", dependencies: ["SignalingSupport"], path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["SignalingSupport", "SignalingStore"], path: "Tests/TestSupport"),
         .testTarget(name: "SignalingProtocolTests", dependencies: ["SignalingProtocol"]),
+        .testTarget(name: "SignalingSupportTests", dependencies: ["SignalingSupport"]),
         .testTarget(
             name: "SignalingServerTests",
-            dependencies: ["SignalingServer", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "TestSupport"]
+            dependencies: [
+                "SignalingServer", "SignalingProtocol", "SignalingStore", "SignalingSupport", "CLinuxShims", "TestSupport",
+            ]
         ),
 
         // ---- Push wake-ups (issue 6): the gateway client and its tests ------------------
@@ -76,6 +84,44 @@ let package = Package(
         .testTarget(
             name: "VoipLoadTests",
             dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport", "TestSupport"]
+        ),
+
+        // ---- Durable store (issue 6): the SQLite EventStore ----------------------------
+        // SQLite 3 (event storage). Debian: libsqlite3-dev.
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .target(
+            name: "SignalingStoreSQLite",
+            dependencies: ["SignalingStore", "CSQLite", "SignalingSupport"]
+        ),
+        // Deterministic batches and an in-memory model of StoreChange, shared by the tests
+        // and the crash-test helper (which must produce the same batches the test checks).
+        .target(
+            name: "SQLiteStoreFixtures",
+            dependencies: ["SignalingStore", "SignalingProtocol"],
+            path: "Tests/SQLiteStoreFixtures"
+        ),
+        // Runs a store in a child process for the kill -9 and permission tests.
+        .executableTarget(
+            name: "sqlite-store-test-helper",
+            dependencies: ["SignalingStoreSQLite", "SQLiteStoreFixtures", "SignalingStore", "SignalingSupport"],
+            path: "Tests/SQLiteStoreTestHelper"
+        ),
+        .testTarget(
+            name: "SignalingStoreSQLiteTests",
+            dependencies: [
+                "SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport", "CSQLite",
+                "SQLiteStoreFixtures", "TestSupport",
+            ]
+        ),
+        // Apply throughput of the SQLite store (release build; see docs/STORAGE.md).
+        .executableTarget(
+            name: "sqlite-store-bench",
+            dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/sqlite-store-bench"
         ),
     ]
 )

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "socket_shims.h"
+#include <sys/socket.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>

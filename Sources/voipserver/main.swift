@@ -30,7 +30,8 @@ signal(SIGPIPE, SIG_IGN)
 let logger = Logger(level: configuration.logLevel)
 let server: SignalingServer
 do {
-    server = try SignalingServer(configuration: configuration, logger: logger)
+    let store = try configuration.storage.openStore(logger: logger)
+    server = try SignalingServer(configuration: configuration, logger: logger, store: store)
     try server.start()
 } catch {
     logger.error("start_failed", ["error": "\(error)"])

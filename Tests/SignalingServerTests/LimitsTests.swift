@@ -38,6 +38,7 @@ struct LimitsTests {
         let close = try c.expectClose()
         #expect(close.code == .tooManyConnections)
         #expect(close.retryAfterMs >= 1000)
+        _ = consume c
         _ = try server.client(sourceAddress: "127.0.0.2").hello(user: "other")
         // Closing one frees a place.
         _ = consume a

@@ -70,7 +70,7 @@ struct TimingTests {
     @Test("an event queue keeps sequence numbers contiguous and frees its buffer when empty")
     func eventQueue() {
         var queue = EventQueue(nextSeq: 1)
-        let event = QueuedEvent(.callRang(callID: "c", device: "d"))
+        let event = QueuedEvent(.callRang(callID: "c", device: "d"), createdAt: 0)
         for expected in UInt64(1)...5 { #expect(queue.append(event) == expected) }
         #expect(queue.events(after: 2, limit: 10).count == 3)
         #expect(queue.events(after: 0, limit: 2).count == 2)

@@ -35,7 +35,8 @@ struct VoipServerExecutableTests {
         let first = try ServerProcess()
         // The loops share the port with SO_REUSEPORT, which would also let a second server
         // join silently and take half the devices; it must be refused instead.
-        let run = try ExecutableRun.run("voipserver", ["--listen", "127.0.0.1:\(first.port)"], timeoutSeconds: 30)
+        let run = try ExecutableRun.run(
+            "voipserver", ["--listen", "127.0.0.1:\(first.port)", "--store", "memory"], timeoutSeconds: 30)
         #expect(run.exitCode == 70)
         #expect(run.stderr.contains("event=start_failed") && run.stderr.contains("Address already in use"), "\(run.stderr)")
         _ = first

@@ -11,15 +11,29 @@ public final class ServerProcess {
     public let process: ChildProcess
     public let port: UInt16
     public let logPath: String
+    /// The server's data directory (a fresh temporary one unless `--data-dir` was given).
+    public let dataDirectory: String
+    private let ownsDataDirectory: Bool
 
     public struct StartFailure: Error, CustomStringConvertible {
         public let description: String
     }
 
     /// Starts `voipserver --listen 127.0.0.1:0 <arguments>` and waits until it listens.
+    /// Unless the arguments name one, the server gets a fresh data directory, removed when
+    /// this object goes away.
     public init(_ arguments: [String] = [], timeoutSeconds: Double = 30) throws {
-        logPath = FileManager.default.temporaryDirectory
-            .appendingPathComponent("voipserver-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log").path
+        let unique = "\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        logPath = FileManager.default.temporaryDirectory.appendingPathComponent("voipserver-\(unique).log").path
+        var arguments = arguments
+        if let index = arguments.firstIndex(of: "--data-dir"), index + 1 < arguments.count {
+            dataDirectory = arguments[index + 1]
+            ownsDataDirectory = false
+        } else {
+            dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("voipserver-data-\(unique)").path
+            ownsDataDirectory = true
+            arguments += ["--data-dir", dataDirectory]
+        }
         process = try ChildProcess.spawn(
             ExecutableRun.path(of: "voipserver"), arguments: ["--listen", "127.0.0.1:0"] + arguments,
             pipeInput: false, stdout: .file(logPath), stderr: .file(logPath))
@@ -32,9 +46,11 @@ public final class ServerProcess {
                 return
             }
             if let status = process.poll() {
+                if ownsDataDirectory { try? FileManager.default.removeItem(atPath: dataDirectory) }
                 throw StartFailure(description: "voipserver exited (\(ChildProcess.describe(status: status))): \(log)")
             }
             guard clock.now() < deadline else {
+                if ownsDataDirectory { try? FileManager.default.removeItem(atPath: dataDirectory) }
                 process.send(signal: SIGKILL)
                 _ = process.waitForExit(timeoutSeconds: 5)
                 throw StartFailure(description: "voipserver did not listen within \(timeoutSeconds) s: \(log)")
@@ -47,6 +63,7 @@ public final class ServerProcess {
         process.send(signal: SIGKILL)
         _ = process.waitForExit(timeoutSeconds: 10)
         unlink(logPath)
+        if ownsDataDirectory { try? FileManager.default.removeItem(atPath: dataDirectory) }
     }
 
     /// Everything the server logged so far.

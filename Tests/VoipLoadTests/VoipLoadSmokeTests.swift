@@ -8,12 +8,13 @@ import Testing
 /// benchmarks (Tools/bench-idle-connections), not tests.
 @Suite(.serialized) struct VoipLoadSmokeTests {
     @Test func holdsDevicesAndLosesNoEvent() throws {
+        let data = try TemporaryDirectory("voipload-smoke")
         let run = try ExecutableRun.run("voipload", [
             "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0",
             "--devices", "300", "--source-addresses", "8", "--auth-secret", "smoke-secret",
             "--events", "300", "--rate", "2000", "--fanout-devices", "20", "--fanout-seconds", "0.3",
             "--storm", "drop", "--settle", "0.2", "--loss-deadline", "10", "--json", "--quiet",
-            "--", "--log-level", "warn", "--workers", "1",
+            "--", "--log-level", "warn", "--workers", "1", "--data-dir", data.path,
         ], timeoutSeconds: 120)
         #expect(run.exitCode == 0, "stderr: \(run.stderr)")
         let report = try JSONDecoder().decode(LoadReport.self, from: Data(run.stdout.utf8))
@@ -34,10 +35,11 @@ import Testing
 
     @Test func missingCredentialsFailEveryDeviceWithTheReason() throws {
         // The server wants credentials and the devices have none: CLOSE unauthorized.
+        let data = try TemporaryDirectory("voipload-smoke")
         let run = try ExecutableRun.run("voipload", [
             "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0",
             "--devices", "20", "--events", "0", "--quiet",
-            "--", "--log-level", "error", "--auth-secret", "only-the-server-knows",
+            "--", "--log-level", "error", "--auth-secret", "only-the-server-knows", "--data-dir", data.path,
         ], timeoutSeconds: 60)
         #expect(run.exitCode == 1)
         #expect(run.stderr.contains("unauthorized"), "\(run.stderr)")

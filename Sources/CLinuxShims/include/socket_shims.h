@@ -2,7 +2,6 @@
 #define SOCKET_SHIMS_H
 #include <stdint.h>
 #include <stddef.h>
-#include <sys/socket.h>
 
 /// Creates a non-blocking, close-on-exec listening TCP socket bound to host:port
 /// (host may be an IPv4 or IPv6 literal or a name; NULL or "" = all IPv4 addresses).

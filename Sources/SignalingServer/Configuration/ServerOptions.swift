@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingStoreSQLite
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -28,6 +29,12 @@ public enum ServerOptions {
             OptionSpec("handshake-timeout", value: "SECONDS", default: "10", help: "Close connections that send no HELLO within this."),
             OptionSpec("max-pending", value: "EVENTS", default: "10000", help: "Unacknowledged events kept per device."),
             OptionSpec("session-ttl", value: "SECONDS", default: "86400", help: "How long a disconnected device's session stays resumable."),
+            OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
+            OptionSpec("store", value: "sqlite|memory", default: "sqlite", help: "Keep pending events in SQLite (survive restarts) or in memory only."),
+            OptionSpec("data-dir", value: "DIR", default: "$STATE_DIRECTORY or ./voipserver-data", help: "Directory of the SQLite store (created if missing)."),
+            OptionSpec("sync", value: "normal|full", default: "normal", help: "normal survives a process crash; full also a power loss (slower commits)."),
+            OptionSpec("store-max-bytes", value: "BYTES", help: "Cap the store's size; past it messages are refused until space is freed."),
+            OptionSpec("store-timeout", value: "SECONDS", default: "5", help: "A message the store cannot commit within this is refused (storeUnavailable)."),
             OptionSpec("dedup-window", value: "SECONDS", default: "86400", help: "How long message ids are remembered for de-duplication."),
             OptionSpec("dedup-capacity", value: "IDS", default: "1000000", help: "Most message ids remembered at once."),
             OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent bytes allowed for a client that does not read."),
@@ -40,6 +47,7 @@ public enum ServerOptions {
             OptionSpec("auth-secret-file", value: "FILE", help: "Read the authentication secret from FILE (first line)."),
             OptionSpec("tcp-user-timeout", value: "SECONDS", default: "30", help: "Kill connections whose sent data stays unacknowledged this long."),
             OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
+            OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
             OptionSpec("log-level", value: "LEVEL", default: "info", help: "debug, info, warn or error."),
         ],
         epilogue: """
@@ -119,12 +127,28 @@ public enum ServerOptions {
         if let value = try seconds("call-grace", 0...3600) { configuration.callGrace = value }
         if let value = try seconds("handshake-timeout", 1...300) { configuration.handshakeTimeout = value }
         if let value = try seconds("session-ttl", 0...(86_400 * 365)) { configuration.sessionTTL = value }
+        if let value = try seconds("event-ttl", 0...(86_400 * 3650)) { configuration.eventTTL = value }
+        if let value = try seconds("store-timeout", 0.01...3600) { configuration.storeTimeout = value }
+        if let mode = options.string("store") {
+            guard let parsed = StorageConfiguration.Mode(rawValue: mode) else { throw UsageError("--store must be sqlite or memory") }
+            configuration.storage.mode = parsed
+        }
+        if let directory = options.string("data-dir") {
+            guard !directory.isEmpty else { throw UsageError("--data-dir must not be empty") }
+            configuration.storage.directory = directory
+        }
+        if let sync = options.string("sync") {
+            guard let parsed = SQLiteStoreConfiguration.Synchronous(rawValue: sync) else { throw UsageError("--sync must be normal or full") }
+            configuration.storage.synchronous = parsed
+        }
+        if let bytes = try options.int("store-max-bytes", in: 65_536...Int.max) { configuration.storage.maxBytes = bytes }
         if let value = try seconds("dedup-window", 0...(86_400 * 365)) { configuration.dedupWindow = value }
         if let value = try seconds("drain-retry-after", 0...3600) { configuration.drainRetryAfter = value }
         if let value = try seconds("drain-jitter", 0...3600) { configuration.drainJitter = value }
         if let value = try seconds("drain-timeout", 0...600) { configuration.drainTimeout = value }
         if let value = try seconds("tcp-user-timeout", 1...3600) { configuration.tcpUserTimeout = value }
         if let value = try seconds("tick", 0.001...1) { configuration.tickInterval = value }
+        if let value = try options.int("busy-poll", in: 0...1_000_000) { configuration.busyPoll = .microseconds(value) }
         if let value = try options.int("max-frame", in: 256...(16 << 20)) { configuration.maxFrameLength = value }
         if let value = try options.int("max-pending", in: 1...10_000_000) { configuration.maxPendingEvents = value }
         if let value = try options.int("dedup-capacity", in: 1...100_000_000) { configuration.dedupCapacity = value }

@@ -24,8 +24,10 @@ struct ConnectionState {
     /// Incremented each time the slot is reused; part of `ConnectionRef`.
     var generation: UInt32 = 0
     var phase: ConnectionPhase = .free
-    /// The socket event currently includes EV_WRITE (only while `outbound` is non-empty).
+    /// The socket event currently includes VS_EV_WRITE (only while `outbound` is non-empty).
     var wantsWrite = false
+    /// The connection was counted against its address's cap (refused ones are not).
+    var countsTowardAddress = false
     /// Seconds (server timeline) of the last byte received.
     var lastActivity: UInt32 = 0
     /// Seconds of silence after which the connection is closed (set at handshake).
@@ -35,7 +37,9 @@ struct ConnectionState {
     /// Bytes of `outbound` already written.
     var outboundOffset: UInt32 = 0
     /// Hash of the peer's IP address, for the per-address connection cap.
-    var addressHash: UInt64 = 0
+    var addressHash: UInt32 = 0
+    /// The device's events up to this have been written to this connection.
+    var sentSeq: UInt64 = 0
     /// A partial frame waiting for the rest of its bytes.
     var inbound: [UInt8]? = nil
     /// Bytes the socket would not take yet.

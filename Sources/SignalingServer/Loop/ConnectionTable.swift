@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 
 /// The connections of one event loop, by slot number.
 ///
@@ -16,7 +16,7 @@ struct ConnectionTable {
     private var eventChunks: [UnsafeMutableRawPointer] = []
     private var freeSlots: [UInt32] = []
     private var nextUnused: UInt32 = 0
-    private let eventSize = Int(event_get_struct_event_size())
+    private let eventSize = Int(vs_event_struct_size())
     private(set) var liveCount = 0
 
     /// A free slot, with a fresh generation; the caller fills in the state.

@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
 #if canImport(Glibc)
@@ -30,15 +30,11 @@ extension EventLoop {
 
     private func adopt(_ fd: Int32, addressHash: UInt64) {
         let configuration = context.configuration
-        guard context.admission.admitConnection(from: addressHash) else {
-            context.counters.connectionsRefusedPerAddress.increment()
-            refuseImmediately(fd, Close(
-                code: .tooManyConnections, retryAfterMs: 30_000, retryJitterMs: 30_000,
-                message: "more than \(configuration.maxConnectionsPerAddress) connections from your address"))
-            return
-        }
+        let address = UInt32(truncatingIfNeeded: addressHash)
+        let admitted = context.admission.admitConnection(from: address)
         guard let slot = table.allocate() else {
-            context.admission.releaseConnection(from: addressHash)
+            // No slot even to linger in: a best-effort CLOSE.
+            if admitted { context.admission.releaseConnection(from: address) }
             refuseImmediately(fd, Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full"))
             return
         }
@@ -48,11 +44,21 @@ extension EventLoop {
         state.pointee.phase = .awaitingHello
         state.pointee.phaseSince = nowSeconds
         state.pointee.lastActivity = nowSeconds
-        state.pointee.addressHash = addressHash
+        state.pointee.addressHash = address
+        state.pointee.countsTowardAddress = admitted
         assignEvent(slot, writable: false)
+        context.counters.openConnections.increment()
+        guard admitted else {
+            // Refused through the normal lingering close, so the client reads the CLOSE
+            // (closing at once, with its HELLO unread, would reset the connection).
+            context.counters.connectionsRefusedPerAddress.increment()
+            closeConnection(slot, with: Close(
+                code: .tooManyConnections, retryAfterMs: 30_000, retryJitterMs: 30_000,
+                message: "more than \(configuration.maxConnectionsPerAddress) connections from your address"))
+            return
+        }
         helloDeadlines.push((slot, state.pointee.generation, nowSeconds + ServerContext.wholeSeconds(configuration.handshakeTimeout)))
         context.counters.acceptedConnections.increment()
-        context.counters.openConnections.increment()
     }
 
     /// (Re)binds the slot's libevent event to its socket: read always, write only while
@@ -62,15 +68,15 @@ extension EventLoop {
         let event = table.event(slot)
         // Event memory starts zeroed (ConnectionTable), so this is false for a slot's first
         // use; deleting an event that is not pending is a no-op.
-        if event_initialized(event) != 0 { event_del(event) }
-        var flags = EV_READ | EV_PERSIST
-        if writable { flags |= EV_WRITE }
+        if vs_event_initialized(event) != 0 { vs_event_del(event) }
+        var flags = VS_EV_READ | VS_EV_PERSIST
+        if writable { flags |= VS_EV_WRITE }
         let argument = UnsafeMutableRawPointer(bitPattern: UInt(slot) + 1)
-        event_assign(event, base, state.pointee.fd, Int16(flags), { _, what, argument in
+        vs_event_assign(event, base, state.pointee.fd, Int16(flags), { _, what, argument in
             let loop = Unmanaged<EventLoop>.fromOpaque(shim_current_loop()!).takeUnretainedValue()
             loop.connectionReady(UInt32(UInt(bitPattern: argument) - 1), what: Int32(what))
         }, argument)
-        event_add(event, nil)
+        vs_event_add(event, -1)
         state.pointee.wantsWrite = writable
     }
 

@@ -1,6 +1,7 @@
-import CLibevent
+import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
+import SignalingStore
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -9,11 +10,12 @@ import Glibc
 extension EventLoop {
     /// libevent says the socket of `slot` is readable and/or writable.
     func connectionReady(_ slot: UInt32, what: Int32) {
+        activity &+= 1
         refreshTime()
-        if what & EV_WRITE != 0 {
+        if what & VS_EV_WRITE != 0 {
             flushOutbound(slot)
         }
-        if what & EV_READ != 0, table.state(slot).pointee.phase != .free {
+        if what & VS_EV_READ != 0, table.state(slot).pointee.phase != .free {
             readAvailable(slot)
         }
         flushDirty()
@@ -47,7 +49,12 @@ extension EventLoop {
     /// Decodes and handles every complete frame; keeps a trailing partial frame.
     private func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
         beginReplies(to: slot)
-        defer { endReplies() }
+        defer {
+            // Events for other devices first: a pushed event must not wait behind the
+            // write of this client's replies. This client's own events follow its replies.
+            flushDirty(excluding: slot)
+            endReplies()
+        }
         let state = table.state(slot)
         if var pending = state.pointee.inbound {
             state.pointee.inbound = nil
@@ -162,6 +169,7 @@ extension EventLoop {
             state.pointee.device = grant.record
             state.pointee.idleTimeout = idleTimeout
             state.pointee.phaseSince = nowSeconds
+            state.pointee.sentSeq = grant.sentSeq
             wheel.schedule(UInt64(slot) << 32 | UInt64(ref.generation), at: state.pointee.lastActivity &+ 1 &+ idleTimeout)
             context.counters.handshakesCompleted.increment()
             context.counters.establishedConnections.increment()
@@ -196,7 +204,19 @@ extension EventLoop {
         context.counters.requestsHandled.increment()
         let now = context.clock.now()
         let wall = context.clock.wallMilliseconds()
-        let (reply, effects) = context.switchboard.withState(wall: wall) { board -> (Frame, [SwitchboardEffect]) in
+        let ref = reference(slot)
+        let writer = context.switchboard.writer
+        if let writer, !writer.isHealthy {
+            switch request {
+            case .messageSend, .callInvite:
+                // Fail fast while the store cannot commit: nothing would be accepted anyway.
+                send(.error(requestID: id, code: .storeUnavailable, message: "the store is unavailable; retry later"), to: slot)
+                return
+            default: break
+            }
+        }
+        let storeTimeout = context.configuration.storeTimeout
+        let (reply, effects) = context.switchboard.withState(wall: wall) { board -> (Frame?, [SwitchboardEffect]) in
             let outcome: Result<UInt64, RequestError>
             switch request {
             case .callInvite(let callID, let callee, let offer):
@@ -212,8 +232,21 @@ extension EventLoop {
             case .callHangup(let callID):
                 outcome = board.hangUp(callID: callID, from: device).map { wall }
             case .messageSend(let message):
-                outcome = board.send(message, from: device, now: now)
-            case .pushRegister:
+                switch board.send(message, from: device, now: now) {
+                case .success(let acceptance):
+                    if board.journaling, let event = acceptance.event {
+                        // "Accepted" is a promise: it waits for the commit.
+                        board.deferReply(DeferredReply(
+                            connection: ref, requestID: id, serverTime: acceptance.serverTime, message: event,
+                            sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout))
+                        return (nil, board.takeEffects())
+                    }
+                    outcome = .success(acceptance.serverTime)
+                case .failure(let error):
+                    outcome = .failure(error)
+                }
+            case .pushRegister(let platform, let token):
+                board.registerPush(PushRegistration(platform: platform, token: token), for: device)
                 outcome = .success(wall)
             }
             let reply: Frame
@@ -225,7 +258,8 @@ extension EventLoop {
         }
         // The reply goes out before any event the request caused for this same connection
         // (those are written when the dirty list is flushed, after this callback).
-        send(reply, to: slot)
+        if let reply { send(reply, to: slot) }
+        _ = writer
         apply(effects)
     }
 

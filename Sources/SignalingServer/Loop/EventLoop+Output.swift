@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
@@ -109,15 +109,22 @@ extension EventLoop {
         dirtySlots.append((slot, generation))
     }
 
-    /// Writes pending events to every connection marked since the last flush.
-    func flushDirty() {
+    /// Writes pending events to every connection marked since the last flush (except
+    /// `excluded`, which stays marked).
+    func flushDirty(excluding excluded: UInt32? = nil) {
+        var kept: [(slot: UInt32, generation: UInt32)] = []
         while !dirtySlots.isEmpty {
             let batch = dirtySlots
             dirtySlots.removeAll(keepingCapacity: true)
             for (slot, generation) in batch where table.isLive(slot, generation: generation) {
-                pump(slot)
+                if slot == excluded {
+                    kept.append((slot, generation))
+                } else {
+                    pump(slot)
+                }
             }
         }
+        dirtySlots = kept
     }
 
     /// Writes the device's unsent events while the socket takes them. Stops when the
@@ -127,15 +134,16 @@ extension EventLoop {
         guard state.pointee.phase == .established, let device = state.pointee.device else { return }
         let ref = reference(slot)
         while state.pointee.outbound == nil && state.pointee.phase == .established {
+            let sentSeq = state.pointee.sentSeq
             let batch = context.switchboard.withState(wall: 0) { board in
-                board.nextBatch(for: device, connection: ref, limit: Self.pumpBatch)
+                board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch)
             }
-            guard let batch, !batch.events.isEmpty else { return }
+            guard let batch else { return }
+            state.pointee.sentSeq = batch.sentSeq
+            guard !batch.events.isEmpty else { return }
             scratch.removeAll(keepingCapacity: true)
-            var seq = batch.firstSeq
-            for event in batch.events {
+            for (seq, event) in batch.events {
                 FrameEncoder.append(event: event.encoded, seq: seq, to: &scratch)
-                seq += 1
             }
             context.counters.eventsWritten.increment(by: batch.events.count)
             writeScratch(to: slot)
@@ -172,9 +180,9 @@ extension EventLoop {
             replySlot = nil
         }
         let event = table.event(slot)
-        if event_initialized(event) != 0 { event_del(event) }
+        if vs_event_initialized(event) != 0 { vs_event_del(event) }
         close(state.pointee.fd)
-        context.admission.releaseConnection(from: state.pointee.addressHash)
+        if state.pointee.countsTowardAddress { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
         table.release(slot)
     }

@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import SignalingProtocol
 import SignalingSupport
 
@@ -36,7 +36,7 @@ extension EventLoop {
         }
         flushDirty()
         if let deadline = drainDeadline, table.liveCount == 0 || now >= deadline {
-            event_base_loopbreak(base)
+            vs_event_base_loopbreak(base)
         }
         ticks.add(1, ordering: .releasing)
     }
@@ -74,6 +74,6 @@ extension EventLoop {
         for slot in table.liveSlots() {
             closeConnection(slot, with: frame)
         }
-        if table.liveCount == 0 { event_base_loopbreak(base) }
+        if table.liveCount == 0 { vs_event_base_loopbreak(base) }
     }
 }

@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
@@ -13,6 +13,8 @@ enum LoopTask: Sendable {
     case wake(ConnectionRef)
     /// Close this connection with this frame (another connection took over its device).
     case close(ConnectionRef, Close)
+    /// Send this reply (an OK deferred until the store committed a message, or its ERROR).
+    case reply(ConnectionRef, Frame)
     /// Server shutdown: stop accepting, tell every client to go away, exit when done.
     case drain
 }
@@ -70,10 +72,10 @@ final class EventLoop: @unchecked Sendable {
     static let lingerSeconds: UInt32 = 2
 
     init(index: UInt16, context: ServerContext, listenFD: Int32) throws(ServerError) {
-        guard let base = event_base_new() else { throw ServerError("cannot create an event base") }
+        guard let base = vs_event_base_new() else { throw ServerError("cannot create an event base") }
         let wakeFD = shim_eventfd()
         guard wakeFD >= 0 else {
-            event_base_free(base)
+            vs_event_base_free(base)
             throw ServerError("cannot create an eventfd: \(String(cString: strerror(errno)))")
         }
         self.index = index
@@ -96,31 +98,59 @@ final class EventLoop: @unchecked Sendable {
     /// Runs the loop on the calling thread until it has drained.
     func run() {
         shim_set_current_loop(unmanagedSelf)
-        let persistRead = Int16(EV_READ | EV_PERSIST)
-        listenEvent = event_new(base, listenFD, persistRead, { _, _, arg in
+        let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
+        listenEvent = vs_event_new(base, listenFD, persistRead, { _, _, arg in
             Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().acceptConnections()
         }, unmanagedSelf)
-        wakeEvent = event_new(base, wakeFD, persistRead, { _, _, arg in
+        wakeEvent = vs_event_new(base, wakeFD, persistRead, { _, _, arg in
             Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().runInbox()
         }, unmanagedSelf)
-        tickEvent = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
+        tickEvent = vs_event_new(base, -1, Int16(VS_EV_PERSIST), { _, _, arg in
             Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().tick()
         }, unmanagedSelf)
-        event_add(listenEvent, nil)
-        event_add(wakeEvent, nil)
-        var interval = Self.timeval(context.configuration.tickInterval)
-        event_add(tickEvent, &interval)
+        vs_event_add(listenEvent, -1)
+        vs_event_add(wakeEvent, -1)
+        vs_event_add(tickEvent, max(1, context.configuration.tickInterval.microseconds))
 
-        event_base_dispatch(base)
+        runUntilBroken()
 
         for slot in table.liveSlots() { destroy(slot) }
         stopListening()
-        for event in [wakeEvent, tickEvent] { if let event { event_free(event) } }
+        for event in [wakeEvent, tickEvent] { if let event { vs_event_free(event) } }
         close(wakeFD)
         table.deallocate()
-        event_base_free(base)
+        vs_event_base_free(base)
         shim_set_current_loop(nil)
         finished.store(true, ordering: .releasing)
+    }
+
+    /// Callbacks run so far; the busy-poll window restarts whenever it moves.
+    var activity: UInt64 = 0
+
+    /// Runs the event loop until `event_base_loopbreak`. With a busy-poll window, the loop
+    /// keeps polling without sleeping for that long after its last activity, so that the
+    /// next event does not pay for waking a sleeping thread (on virtual machines that wake-up
+    /// dominates push latency); otherwise it sleeps in epoll_wait like any libevent loop.
+    private func runUntilBroken() {
+        let window = context.configuration.busyPoll
+        guard window > .zero else {
+            vs_event_base_dispatch(base)
+            return
+        }
+        let clock = SystemClock()
+        var lastActivity = clock.now()
+        var seen = activity
+        while vs_event_base_got_break(base) == 0 {
+            if clock.now() - lastActivity < window {
+                if vs_event_base_loop(base, VS_EVLOOP_ONCE | VS_EVLOOP_NONBLOCK) < 0 { return }
+            } else {
+                if vs_event_base_loop(base, VS_EVLOOP_ONCE) < 0 { return }
+            }
+            if activity != seen {
+                seen = activity
+                lastActivity = clock.now()
+            }
+        }
     }
 
     /// Hands a task to this loop from any thread.
@@ -141,6 +171,7 @@ final class EventLoop: @unchecked Sendable {
     }
 
     private func runInbox() {
+        activity &+= 1
         shim_eventfd_drain(wakeFD)
         let tasks = inbox.withLock { inbox in
             defer { inbox.removeAll(keepingCapacity: true) }
@@ -153,6 +184,10 @@ final class EventLoop: @unchecked Sendable {
                 markDirty(ref.slot, generation: ref.generation)
             case .close(let ref, let frame):
                 if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
+            case .reply(let ref, let frame):
+                if table.isLive(ref.slot, generation: ref.generation), table.state(ref.slot).pointee.phase == .established {
+                    send(frame, to: ref.slot)
+                }
             case .drain:
                 beginDrain()
             }
@@ -162,7 +197,7 @@ final class EventLoop: @unchecked Sendable {
 
     func stopListening() {
         if let listenEvent {
-            event_free(listenEvent)
+            vs_event_free(listenEvent)
             self.listenEvent = nil
         }
         if listenFD >= 0 {
@@ -195,16 +230,11 @@ final class EventLoop: @unchecked Sendable {
                 } else {
                     remote[ref.loop, default: []].append(.close(ref, frame))
                 }
-            case .offlineEvent:
-                break  // push wake-ups: not configured
+            case .wakeUp:
+                context.requestWakeUp(effect)
             }
         }
         for (loop, tasks) in remote { peers[Int(loop)].post(contentsOf: tasks) }
-    }
-
-    static func timeval(_ duration: Duration) -> Glibc.timeval {
-        let (seconds, attoseconds) = duration.components
-        return Glibc.timeval(tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
     }
 }
 

@@ -5,7 +5,7 @@ import Synchronization
 /// a cap on connections per IP address, and a token bucket pacing handshakes so that a
 /// reconnect storm cannot starve the devices that are already connected.
 final class AdmissionControl: Sendable {
-    private let perAddress = Mutex<[UInt64: Int32]>([:])
+    private let perAddress = Mutex<[UInt32: Int32]>([:])
     private let bucket: Mutex<TokenBucket>
     private let maxPerAddress: Int32
 
@@ -16,7 +16,7 @@ final class AdmissionControl: Sendable {
 
     /// Counts a new connection from `address` (a hash of its IP); false if over the cap,
     /// in which case nothing was counted.
-    func admitConnection(from address: UInt64) -> Bool {
+    func admitConnection(from address: UInt32) -> Bool {
         perAddress.withLock { counts in
             let current = counts[address, default: 0]
             guard current < maxPerAddress else { return false }
@@ -25,7 +25,7 @@ final class AdmissionControl: Sendable {
         }
     }
 
-    func releaseConnection(from address: UInt64) {
+    func releaseConnection(from address: UInt32) {
         perAddress.withLock { counts in
             guard let current = counts[address] else { return }
             counts[address] = current > 1 ? current - 1 : nil

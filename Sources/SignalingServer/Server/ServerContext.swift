@@ -12,16 +12,22 @@ final class ServerContext: Sendable {
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
 
-    init(configuration: ServerConfiguration, clock: any Clock, logger: Logger) {
+    init(configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool) {
         self.configuration = configuration
         self.clock = clock
         self.logger = logger
-        self.switchboard = Switchboard(configuration: configuration.switchboard)
         let now = clock.now()
+        self.switchboard = Switchboard(configuration: configuration.switchboard, epoch: now, journaling: journaling)
         self.startInstant = now
         self.admission = AdmissionControl(
             maxConnectionsPerAddress: configuration.maxConnectionsPerAddress,
             handshakeRate: configuration.handshakeRate, now: now)
+    }
+
+    /// Passes a push wake-up request on (no gateway yet: logged at debug level).
+    func requestWakeUp(_ effect: SwitchboardEffect) {
+        guard case .wakeUp(let user, let device, let type, let pending, _) = effect else { return }
+        logger.debug("wake_up", ["user": user, "device": device, "event": type, "pending": pending])
     }
 
     /// Whole seconds since the server started, rounded down.

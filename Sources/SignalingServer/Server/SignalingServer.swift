@@ -1,5 +1,6 @@
 import CLinuxShims
 import SignalingProtocol
+import SignalingStore
 import SignalingSupport
 import Synchronization
 #if canImport(Glibc)
@@ -16,20 +17,54 @@ import Glibc
 public final class SignalingServer: Sendable {
     public let configuration: ServerConfiguration
     private let context: ServerContext
+    private let writer: StoreWriter?
     private let state = Mutex<RunState>(RunState())
 
     private struct RunState: ~Copyable {
         var loops: [EventLoop] = []
-        var threads: [pthread_t] = []
+        var threads: [JoinableThread] = []
         var port: UInt16 = 0
         var started = false
         var stopped = false
     }
 
-    public init(configuration: ServerConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger()) throws(UsageError) {
-        try configuration.validate()
+    /// - Parameter store: where events are kept until acknowledged. Nil keeps them in
+    ///   memory only (a restart loses them).
+    public init(
+        configuration: ServerConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger(),
+        store: (any EventStore)? = nil
+    ) throws(ServerError) {
+        do {
+            try configuration.validate()
+        } catch {
+            throw ServerError(error.message)
+        }
         self.configuration = configuration
-        self.context = ServerContext(configuration: configuration, clock: clock, logger: logger)
+        let context = ServerContext(configuration: configuration, clock: clock, logger: logger, journaling: store != nil)
+        self.context = context
+        guard let store else {
+            writer = nil
+            return
+        }
+        // Rebuild what the store kept before any device can connect.
+        let snapshot: StoredSnapshot
+        do {
+            snapshot = try store.loadSnapshot()
+        } catch {
+            store.close()
+            throw ServerError("cannot load the store: \(error)")
+        }
+        let now = clock.now()
+        context.switchboard.withState(wall: clock.wallMilliseconds()) { board in
+            board.load(snapshot, now: now)
+        }
+        logger.info("store_loaded", [
+            "devices": snapshot.devices.count, "pending_events": snapshot.devices.reduce(0) { $0 + $1.events.count },
+            "held_events": snapshot.held.values.reduce(0) { $0 + $1.count },
+        ])
+        let writer = try StoreWriter(store: store, context: context)
+        context.switchboard.attach(writer)
+        self.writer = writer
     }
 
     /// Binds the listening sockets and starts the loops. Returns once the server accepts.
@@ -60,19 +95,12 @@ public final class SignalingServer: Sendable {
             }
         }
         for loop in loops { loop.peers = loops }
-
-        var threads: [pthread_t] = []
-        for loop in loops {
-            let box = Unmanaged.passRetained(loop).toOpaque()
-            var thread = pthread_t()
-            let rc = pthread_create(&thread, nil, { argument in
-                let loop = Unmanaged<EventLoop>.fromOpaque(argument!).takeRetainedValue()
-                loop.run()
-                return nil
-            }, box)
-            precondition(rc == 0, "pthread_create failed: \(rc)")
-            threads.append(thread)
+        if let writer {
+            writer.loops = loops
+            writer.start()
         }
+
+        let threads = loops.map { loop in JoinableThread { loop.run() } }
         state.withLock {
             $0.loops = loops
             $0.threads = threads
@@ -111,11 +139,12 @@ public final class SignalingServer: Sendable {
 
     /// Blocks until every loop has exited (after `shutdown`, from another thread).
     public func waitUntilStopped() {
-        let threads = state.withLock { state -> [pthread_t] in
+        let threads = state.withLock { state -> [JoinableThread] in
             defer { state.threads = [] }
             return state.threads
         }
-        for thread in threads { pthread_join(thread, nil) }
+        for thread in threads { thread.join() }
+        if !threads.isEmpty { writer?.stop() }
         let wasStopped = state.withLock { state -> Bool in
             defer { state.stopped = true }
             return state.stopped

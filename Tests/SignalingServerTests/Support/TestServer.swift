@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingStore
 import SignalingServer
 import SignalingSupport
 
@@ -9,15 +10,21 @@ final class TestServer {
     let clock: ManualClock
     var port: UInt16 { server.port }
 
-    init(workers: Int = 2, _ configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
+    /// - Parameters:
+    ///   - store: a durable store (nil: memory only). Pass the same store and clock to a
+    ///     second `TestServer` to model a restart.
+    init(
+        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
+        _ configure: (inout ServerConfiguration) -> Void = { _ in }
+    ) throws {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = 0
         configuration.workers = workers
         configuration.tickInterval = .milliseconds(5)
         configure(&configuration)
-        clock = ManualClock()
-        server = try SignalingServer(configuration: configuration, clock: clock, logger: .silent)
+        self.clock = clock
+        server = try SignalingServer(configuration: configuration, clock: clock, logger: .silent, store: store)
         try server.start()
     }
 
