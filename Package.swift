@@ -61,7 +61,7 @@ let package = Package(
         // push gateway; the server only calls `submit`. See docs/PUSH.md.
         .target(
             name: "SignalingPush",
-            dependencies: ["CLibevent", "CLinuxShims", "SignalingSupport", "SignalingStore"]
+            dependencies: ["CLibeventShims", "CLinuxShims", "SignalingSupport", "SignalingStore"]
         ),
         .testTarget(
             name: "SignalingPushTests",

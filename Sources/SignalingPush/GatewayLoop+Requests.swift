@@ -1,4 +1,4 @@
-import CLibevent
+import CLibeventShims
 import SignalingSupport
 
 extension GatewayLoop {
@@ -15,7 +15,7 @@ extension GatewayLoop {
 
     /// Called once per attempt: from libevent's callbacks, for a request cancelled at its
     /// deadline, or when libevent refused to start it.
-    func completed(_ attempt: WakeUpScheduler.Attempt, on connection: GatewayConnection, status: Int, retryAfter: String?, error: evhttp_request_error?) {
+    func completed(_ attempt: WakeUpScheduler.Attempt, on connection: GatewayConnection, status: Int, retryAfter: String?, error: Int32?) {
         counters.inFlight.increment(by: -1)
         idleConnections.append(connection.index)
         let outcome = Self.outcome(status: status, retryAfter: retryAfter)
@@ -30,7 +30,7 @@ extension GatewayLoop {
     func expireOverdueRequests(now: Instant) {
         for connection in connections where connection.isBusy && connection.deadline <= now {
             guard let attempt = connection.cancel() else { continue }
-            completed(attempt, on: connection, status: 0, retryAfter: nil, error: EVREQ_HTTP_TIMEOUT)
+            completed(attempt, on: connection, status: 0, retryAfter: nil, error: VS_HTTP_ERROR_TIMEOUT)
         }
     }
 
@@ -51,7 +51,7 @@ extension GatewayLoop {
 
     /// Logs a failing gateway once (and its recovery), refusals per wake-up, and each
     /// failed attempt only at debug level.
-    private func log(_ attempt: WakeUpScheduler.Attempt, status: Int, error: evhttp_request_error?, outcome: WakeUpScheduler.Outcome) {
+    private func log(_ attempt: WakeUpScheduler.Attempt, status: Int, error: Int32?, outcome: WakeUpScheduler.Outcome) {
         let reason = status != 0 ? "status \(status)" : Self.describe(error)
         switch outcome {
         case .delivered:
@@ -78,13 +78,13 @@ extension GatewayLoop {
         }
     }
 
-    private static func describe(_ error: evhttp_request_error?) -> String {
+    private static func describe(_ error: Int32?) -> String {
         switch error {
-        case EVREQ_HTTP_TIMEOUT: return "timeout"
-        case EVREQ_HTTP_EOF: return "connection closed"
-        case EVREQ_HTTP_INVALID_HEADER: return "invalid response header"
-        case EVREQ_HTTP_BUFFER_ERROR: return "connection error"
-        case EVREQ_HTTP_DATA_TOO_LONG: return "response too long"
+        case VS_HTTP_ERROR_TIMEOUT: return "timeout"
+        case VS_HTTP_ERROR_EOF: return "connection closed"
+        case VS_HTTP_ERROR_INVALID_HEADER: return "invalid response header"
+        case VS_HTTP_ERROR_BUFFER: return "connection error"
+        case VS_HTTP_ERROR_DATA_TOO_LONG: return "response too long"
         default: return "connection failed"
         }
     }

@@ -1,9 +1,6 @@
-import CLibevent
+import CLibeventShims
 import SignalingSupport
 import Synchronization
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// The gateway's thread: one libevent `event_base` with the inbox's eventfd, a periodic
 /// tick, a deferred "pump" event and up to `maxConcurrentRequests` HTTP connections.
@@ -43,7 +40,7 @@ final class GatewayLoop: @unchecked Sendable {
         configuration: PushGatewayConfiguration, address: String, inbox: GatewayInbox,
         counters: PushCounters, clock: any Clock, logger: Logger
     ) throws(PushGatewayError) {
-        guard let base = event_base_new() else { throw PushGatewayError("cannot create an event base") }
+        guard let base = vs_event_base_new() else { throw PushGatewayError("cannot create an event base") }
         self.base = base
         self.configuration = configuration
         self.address = address
@@ -61,27 +58,26 @@ final class GatewayLoop: @unchecked Sendable {
 
     /// Runs on the gateway's thread until `requestStop`.
     func run() {
-        let persistRead = Int16(EV_READ | EV_PERSIST)
-        wakeEvent = event_new(base, inbox.wakeFD, persistRead, { _, _, arg in
+        let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
+        wakeEvent = vs_event_new(base, inbox.wakeFD, persistRead, { _, _, arg in
             Unmanaged<GatewayLoop>.fromOpaque(arg!).takeUnretainedValue().takeInbox()
         }, unmanagedSelf)
-        tickEvent = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
+        tickEvent = vs_event_new(base, -1, Int16(VS_EV_PERSIST), { _, _, arg in
             Unmanaged<GatewayLoop>.fromOpaque(arg!).takeUnretainedValue().tick()
         }, unmanagedSelf)
-        pumpEvent = event_new(base, -1, 0, { _, _, arg in
+        pumpEvent = vs_event_new(base, -1, 0, { _, _, arg in
             Unmanaged<GatewayLoop>.fromOpaque(arg!).takeUnretainedValue().pump()
         }, unmanagedSelf)
-        event_add(wakeEvent, nil)
-        var interval = Self.timeval(configuration.tickInterval)
-        event_add(tickEvent, &interval)
+        vs_event_add(wakeEvent, -1)
+        vs_event_add(tickEvent, max(1, configuration.tickInterval.microseconds))
 
-        event_base_dispatch(base)
+        vs_event_base_dispatch(base)
 
         // Connections first: freeing one frees its queued request without calling back.
         for connection in connections { connection.free() }
         connections = []
-        for event in [wakeEvent, tickEvent, pumpEvent] { if let event { event_free(event) } }
-        event_base_free(base)
+        for event in [wakeEvent, tickEvent, pumpEvent] { if let event { vs_event_free(event) } }
+        vs_event_base_free(base)
         finished.store(true, ordering: .releasing)
     }
 
@@ -123,7 +119,7 @@ final class GatewayLoop: @unchecked Sendable {
     /// Pumps once the current libevent callback has returned: completions happen inside
     /// libevent's HTTP code, which should not be re-entered with a new request.
     func pumpSoon() {
-        if let pumpEvent { event_active(pumpEvent, 0, 0) }
+        if let pumpEvent { vs_event_active(pumpEvent) }
     }
 
     /// A slot for a new connection, while fewer than the concurrency limit exist.
@@ -140,11 +136,6 @@ final class GatewayLoop: @unchecked Sendable {
             counters.inFlight.increment(by: -1)
         }
         counters.droppedStopped.increment(by: scheduler.removeAll())
-        event_base_loopbreak(base)
-    }
-
-    static func timeval(_ duration: Duration) -> Glibc.timeval {
-        let (seconds, attoseconds) = duration.components
-        return Glibc.timeval(tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
+        vs_event_base_loopbreak(base)
     }
 }

@@ -29,7 +29,7 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
 
     private struct RunState: ~Copyable {
         var loop: GatewayLoop?
-        var thread: pthread_t?
+        var thread: JoinableThread?
         var started = false
         var stopped = false
     }
@@ -62,17 +62,7 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
         let address = try HostResolver.numericAddress(of: configuration.endpoint.host)
         let loop = try GatewayLoop(
             configuration: configuration, address: address, inbox: inbox, counters: counters, clock: clock, logger: logger)
-        let box = Unmanaged.passRetained(loop).toOpaque()
-        var thread = pthread_t()
-        let rc = pthread_create(&thread, nil, { argument in
-            let loop = Unmanaged<GatewayLoop>.fromOpaque(argument!).takeRetainedValue()
-            loop.run()
-            return nil
-        }, box)
-        guard rc == 0 else {
-            Unmanaged<GatewayLoop>.fromOpaque(box).release()
-            throw PushGatewayError("cannot start the push gateway thread: \(String(cString: strerror(rc)))")
-        }
+        let thread = JoinableThread { loop.run() }
         run.withLock {
             $0.loop = loop
             $0.thread = thread
@@ -89,7 +79,7 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
     /// themselves stay queued on the server for the device's next connection). Returns
     /// when the thread has exited and freed its connections. Harmless to call twice.
     public func stop() {
-        let (thread, loop) = run.withLock { state -> (pthread_t?, GatewayLoop?) in
+        let (thread, loop) = run.withLock { state -> (JoinableThread?, GatewayLoop?) in
             guard !state.stopped else { return (nil, nil) }
             state.stopped = true
             defer { state.thread = nil }
@@ -99,7 +89,7 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
         guard let thread, let loop else { return }
         loop.requestStop()
         inbox.wake()
-        pthread_join(thread, nil)
+        thread.join()
         logger.info("push_gateway_stopped", ["stats": statistics.description])
     }
 
