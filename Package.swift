@@ -36,8 +36,8 @@ let package = Package(
         .target(
             name: "SignalingServer",
             dependencies: [
-                "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingStoreSQLite",
-                "SignalingSupport",
+                "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore",
+                "SignalingStoreSQLite", "SignalingSupport",
             ]
         ),
         .executableTarget(
@@ -52,7 +52,8 @@ let package = Package(
         .testTarget(
             name: "SignalingServerTests",
             dependencies: [
-                "SignalingServer", "SignalingProtocol", "SignalingStore", "SignalingSupport", "CLinuxShims", "TestSupport",
+                "SignalingServer", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport", "CLinuxShims",
+                "TestSupport",
             ]
         ),
 

@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingPush
 import SignalingStore
 import SignalingStoreSQLite
 import SignalingSupport
@@ -56,6 +57,8 @@ public struct ServerConfiguration: Sendable {
     /// saves the wake-up of a sleeping thread on the next event (lower push latency, at the
     /// cost of CPU while traffic flows). Zero: always sleep in epoll_wait.
     public var busyPoll: Duration = .zero
+    /// Where push wake-ups go for devices with no connection (nil: none are sent).
+    public var pushGateway: PushGatewayConfiguration?
     /// How often a `stats` line is logged (zero: never).
     public var statsInterval: Duration = .seconds(60)
     /// Minimum log level.

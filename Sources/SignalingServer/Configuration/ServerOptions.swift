@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingPush
 import SignalingStoreSQLite
 import SignalingSupport
 #if canImport(Glibc)
@@ -45,6 +46,10 @@ public enum ServerOptions {
             OptionSpec("drain-timeout", value: "SECONDS", default: "5", help: "How long shutdown waits for devices to read their CLOSE."),
             OptionSpec("auth-secret", value: "SECRET", help: "Require HMAC-SHA256(SECRET, userId) tokens in HELLO (prefer --auth-secret-file)."),
             OptionSpec("auth-secret-file", value: "FILE", help: "Read the authentication secret from FILE (first line)."),
+            OptionSpec("push-gateway", value: "URL", help: "Send wake-ups for devices with no connection to this http:// URL (see docs/PUSH.md)."),
+            OptionSpec("push-interval", value: "SECONDS", default: "10", help: "Least time between two wake-ups of one device (calls excepted)."),
+            OptionSpec("push-timeout", value: "SECONDS", default: "5", help: "A wake-up request not answered within this fails and is retried."),
+            OptionSpec("push-max-body", value: "BYTES", default: "4096", help: "Largest wake-up body sent."),
             OptionSpec("tcp-user-timeout", value: "SECONDS", default: "30", help: "Kill connections whose sent data stays unacknowledged this long."),
             OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
             OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
@@ -170,6 +175,16 @@ public enum ServerOptions {
                   let line = text.split(separator: "\n").first.map({ String($0.trimmingWhitespace()) }), !line.isEmpty
             else { throw UsageError("cannot read a secret from \(path)") }
             configuration.authSecret = line
+        }
+        if let url = options.string("push-gateway") {
+            var push = try PushGatewayConfiguration(url: url)
+            if let value = try seconds("push-interval", 0...86_400) { push.minimumInterval = value }
+            if let value = try seconds("push-timeout", 0.001...3600) { push.requestTimeout = value }
+            if let value = try options.int("push-max-body", in: 64...(1 << 20)) { push.maxBodyBytes = value }
+            try push.validate()
+            configuration.pushGateway = push
+        } else if options.has("push-interval") || options.has("push-timeout") || options.has("push-max-body") {
+            throw UsageError("--push-interval, --push-timeout and --push-max-body need --push-gateway")
         }
         if let level = options.string("log-level") {
             guard let parsed = LogLevel(name: level) else { throw UsageError("--log-level must be debug, info, warn or error") }

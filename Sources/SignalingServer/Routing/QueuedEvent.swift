@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingPush
 
 /// One event as queued to one or more devices: encoded once and shared by every queue it
 /// was fanned out to.
@@ -33,6 +34,25 @@ final class QueuedEvent: @unchecked Sendable {
         let event = QueuedEvent(encoded: EncodedEvent(type: .callRang, body: []), receipt: nil, createdAt: 0)
         event.isCancelled = true
         return event
+    }
+}
+
+extension QueuedEvent {
+    /// What a push wake-up for this event says it is about.
+    var wakeUpKind: WakeUpKind {
+        switch encoded.type {
+        case .callIncoming: return .call
+        case .message: return .message
+        case .messageDelivered: return .receipt
+        case .callEnded:
+            // Only an unanswered call is a missed call; the reason byte follows the call id.
+            let body = encoded.body
+            guard body.count >= 2 else { return .other }
+            let reasonOffset = 2 + (Int(body[0]) << 8 | Int(body[1]))
+            guard reasonOffset < body.count, let reason = CallEndReason(rawValue: body[reasonOffset]) else { return .other }
+            return reason == .noAnswer || reason == .cancelled || reason == .peerDisconnected ? .missedCall : .other
+        default: return .other
+        }
     }
 }
 

@@ -35,7 +35,7 @@ extension SwitchboardState {
             enqueue(invitation, to: target)
         }
         // Offline devices are rung when they connect (see `attach`); wake them now.
-        for target in wakeable { wakeUpOffline(target, .callIncoming) }
+        for target in wakeable { wakeUpOffline(target, .call) }
         scheduleRingTimeout(call, now: now)
         return .success(())
     }

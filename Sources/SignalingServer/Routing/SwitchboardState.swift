@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingPush
 import SignalingStore
 import SignalingSupport
 
@@ -23,7 +24,7 @@ enum SwitchboardEffect: Equatable, Sendable {
     /// Close this connection with this CLOSE frame (another connection took over).
     case close(ConnectionRef, Close)
     /// An event is ready for a device with no live connection that registered for push.
-    case wakeUp(user: String, device: String, type: FrameType, pending: Int, registration: PushRegistration)
+    case wakeUp(WakeUp)
 }
 
 /// What a successful handshake produced.
@@ -41,7 +42,7 @@ struct AttachGrant {
 struct CommitUnit: Sendable {
     var changes: [StoreChange] = []
     /// (device, seq): after the commit, events of `device` up to `seq` may be written.
-    var durable: [(device: DeviceRecord, seq: UInt64, type: FrameType)] = []
+    var durable: [(device: DeviceRecord, seq: UInt64, kind: WakeUpKind)] = []
     /// The OK of a MESSAGE_SEND, sent once this unit is committed.
     var reply: DeferredReply?
     var isEmpty: Bool { changes.isEmpty && reply == nil }
@@ -285,10 +286,10 @@ struct SwitchboardState {
                 seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
                 receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
                 createdAt: event.createdAt)))
-            unit.durable.append((device, seq, event.encoded.type))
+            unit.durable.append((device, seq, event.wakeUpKind))
         } else {
             device.durableSeq = seq
-            announce(device, event.encoded.type)
+            announce(device, event.wakeUpKind)
         }
         return true
     }
@@ -298,31 +299,32 @@ struct SwitchboardState {
     }
 
     /// Events up to `seq` of `device` are committed: they may be written now.
-    mutating func markDurable(_ device: DeviceRecord, through seq: UInt64, type: FrameType) {
+    mutating func markDurable(_ device: DeviceRecord, through seq: UInt64, kind: WakeUpKind) {
         guard seq > device.durableSeq else { return }
         device.durableSeq = seq
-        announce(device, type)
+        announce(device, kind)
     }
 
-    /// Wakes the device's connection, or asks for a push wake-up if it has none.
-    private mutating func announce(_ device: DeviceRecord, _ type: FrameType) {
+    /// Wakes the device's connection, or asks for a push wake-up if it has none (whether
+    /// one is sent depends on the gateway; without one it is only logged).
+    private mutating func announce(_ device: DeviceRecord, _ kind: WakeUpKind) {
         if let connection = device.connection {
             if !device.wakePending {
                 device.wakePending = true
                 effects.append(.wake(connection))
             }
-        } else if pushAvailable, let registration = pushRegistrations[ObjectIdentifier(device)] {
-            effects.append(.wakeUp(
-                user: device.userID, device: device.deviceID, type: type, pending: device.queue.count,
-                registration: registration))
+        } else if let registration = pushRegistrations[ObjectIdentifier(device)] {
+            effects.append(.wakeUp(WakeUp(
+                userID: device.userID, deviceID: device.deviceID, registration: registration, kind: kind,
+                pendingEvents: device.queue.count)))
         }
     }
 
     /// Asks for a push wake-up of an offline device without queueing anything (a call
     /// rings a device only once it connects).
-    mutating func wakeUpOffline(_ device: DeviceRecord, _ type: FrameType) {
+    mutating func wakeUpOffline(_ device: DeviceRecord, _ kind: WakeUpKind) {
         guard !device.isOnline else { return }
-        announce(device, type)
+        announce(device, kind)
     }
 
     /// The next events to write to `connection` after `sentSeq`: committed ones only,

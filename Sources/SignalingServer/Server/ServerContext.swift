@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingPush
 import SignalingSupport
 
 /// What every event loop of one server shares. Immutable, or internally synchronised.
@@ -12,8 +13,12 @@ final class ServerContext: Sendable {
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
 
-    init(configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool) {
+    init(
+        configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool,
+        pushGateway: (any WakeUpSubmitter)?
+    ) {
         self.configuration = configuration
+        self.pushGateway = pushGateway
         self.clock = clock
         self.logger = logger
         let now = clock.now()
@@ -24,10 +29,22 @@ final class ServerContext: Sendable {
             handshakeRate: configuration.handshakeRate, now: now)
     }
 
-    /// Passes a push wake-up request on (no gateway yet: logged at debug level).
+    /// The push gateway, when one is configured.
+    let pushGateway: (any WakeUpSubmitter)?
+
+    /// Passes a push wake-up request to the gateway (without one it is only logged, at
+    /// debug level). Never blocks: the gateway queues and coalesces on its own thread.
     func requestWakeUp(_ effect: SwitchboardEffect) {
-        guard case .wakeUp(let user, let device, let type, let pending, _) = effect else { return }
-        logger.debug("wake_up", ["user": user, "device": device, "event": type, "pending": pending])
+        guard case .wakeUp(let wakeUp) = effect else { return }
+        guard let pushGateway else {
+            logger.debug("wake_up_skipped", [
+                "user": wakeUp.userID, "device": wakeUp.deviceID, "kind": wakeUp.kind.rawValue, "reason": "no push gateway",
+            ])
+            return
+        }
+        if !pushGateway.submit(wakeUp) {
+            logger.debug("wake_up_dropped", ["user": wakeUp.userID, "device": wakeUp.deviceID])
+        }
     }
 
     /// Whole seconds since the server started, rounded down.

@@ -1,5 +1,6 @@
 import CLinuxShims
 import SignalingProtocol
+import SignalingPush
 import SignalingStore
 import SignalingSupport
 import Synchronization
@@ -18,6 +19,7 @@ public final class SignalingServer: Sendable {
     public let configuration: ServerConfiguration
     private let context: ServerContext
     private let writer: StoreWriter?
+    private let pushGateway: PushGateway?
     private let state = Mutex<RunState>(RunState())
 
     private struct RunState: ~Copyable {
@@ -40,8 +42,19 @@ public final class SignalingServer: Sendable {
             throw ServerError(error.message)
         }
         self.configuration = configuration
-        let context = ServerContext(configuration: configuration, clock: clock, logger: logger, journaling: store != nil)
+        var pushGateway: PushGateway?
+        if let push = configuration.pushGateway {
+            do {
+                pushGateway = try PushGateway(configuration: push, clock: clock, logger: logger)
+            } catch {
+                throw ServerError("push gateway: \(error.message)")
+            }
+        }
+        self.pushGateway = pushGateway
+        let context = ServerContext(
+            configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway)
         self.context = context
+        context.switchboard.withState(wall: clock.wallMilliseconds()) { $0.pushAvailable = pushGateway != nil }
         guard let store else {
             writer = nil
             return
@@ -69,6 +82,13 @@ public final class SignalingServer: Sendable {
 
     /// Binds the listening sockets and starts the loops. Returns once the server accepts.
     public func start() throws(ServerError) {
+        if let pushGateway {
+            do {
+                try pushGateway.start()
+            } catch {
+                throw ServerError("push gateway: \(error)")
+            }
+        }
         var loops: [EventLoop] = []
         var port = configuration.port
         var errorText = [CChar](repeating: 0, count: 256)
@@ -144,7 +164,10 @@ public final class SignalingServer: Sendable {
             return state.threads
         }
         for thread in threads { thread.join() }
-        if !threads.isEmpty { writer?.stop() }
+        if !threads.isEmpty {
+            writer?.stop()
+            pushGateway?.stop()
+        }
         let wasStopped = state.withLock { state -> Bool in
             defer { state.stopped = true }
             return state.stopped
@@ -155,6 +178,9 @@ public final class SignalingServer: Sendable {
     public var statistics: ServerStatistics {
         context.counters.snapshot(context.switchboard.counters)
     }
+
+    /// The push gateway's counters (nil without a gateway).
+    public var pushStatistics: PushStatistics? { pushGateway?.statistics }
 
     /// Waits until every loop has run `count` more timer ticks, so that a time change made
     /// on an injected clock has been seen by all of them. For tests and tools. Returns false

@@ -123,7 +123,7 @@ final class StoreWriter: @unchecked Sendable {
         pending = []
         let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
             for unit in units {
-                for (device, seq, type) in unit.durable { board.markDurable(device, through: seq, type: type) }
+                for (device, seq, kind) in unit.durable { board.markDurable(device, through: seq, kind: kind) }
             }
             return board.takeEffects()
         }
