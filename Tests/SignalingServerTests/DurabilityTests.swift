@@ -35,6 +35,9 @@ struct DurabilityTests {
         let server = try TestServer(store: store) { $0.storeTimeout = .seconds(5) }
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
+        // Both handshakes are committed before the store starts failing (else the failure
+        // of their commit would refuse the message below at once).
+        try server.waitFor("both devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
         store.failCommits(with: StoreError(.full, "database or disk is full"))
 
         try alice.send(.request(id: 1, message("m1", to: "bob")))

@@ -208,12 +208,26 @@ struct MessageTests {
         #expect(refused.errorCode == .recipientBacklogFull)
         #expect(refused.errorCode?.isRetryable == true)
         // The tablet (which had room) did not get m4 either.
-        for _ in 1...3 { _ = try alice.nextEvent() }  // receipts for the tablet
+        try expectReceipts(alice, from: "tablet", count: 3)
         #expect(try tablet.staysSilent(for: .milliseconds(30)))
-        // Once the phone catches up, the retry succeeds.
+        // Once the phone catches up (its receipts show the server has its ACK), the retry
+        // succeeds.
         for _ in 1...3 { _ = try phone.nextEvent() }
         try phone.ack(3)
+        try expectReceipts(alice, from: "phone", count: 3)
         #expect(try alice.request(5, message("m4", to: "bob")).isOK)
+    }
+
+    /// Reads and acknowledges `count` delivery receipts for `device`.
+    private func expectReceipts(_ client: TestClient, from device: String, count: Int) throws {
+        for _ in 0..<count {
+            let (seq, event) = try client.nextEvent()
+            guard case .messageDelivered(_, _, let recipientDevice, _) = event, recipientDevice == device else {
+                Issue.record("expected a receipt from \(device), got \(event)")
+                return
+            }
+            try client.ack(seq)
+        }
     }
 
     @Test("a disconnected session stays resumable for the session TTL, then is forgotten")
