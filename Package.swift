@@ -11,6 +11,9 @@ let package = Package(
         .library(name: "SignalingProtocol", targets: ["SignalingProtocol"]),
         .library(name: "SignalingServer", targets: ["SignalingServer"]),
         .executable(name: "voipserver", targets: ["voipserver"]),
+        // --- SignalingClient (issue 3) ---
+        .library(name: "SignalingClient", targets: ["SignalingClient"]),
+        // --- end SignalingClient ---
     ],
     targets: [
         // libevent (event loop, timers). Debian: libevent-dev.
@@ -41,5 +44,21 @@ let package = Package(
             name: "SignalingServerTests",
             dependencies: ["SignalingServer", "SignalingProtocol", "SignalingSupport", "CLinuxShims"]
         ),
+
+        // --- SignalingClient (issue 3): the client library, its tests, and the small
+        // executable the tests run inside network namespaces. ---
+        .target(
+            name: "SignalingClient",
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport"]
+        ),
+        .executableTarget(
+            name: "signaling-client-probe",
+            dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport"]
+        ),
+        .testTarget(
+            name: "SignalingClientTests",
+            dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport", "CLinuxShims"]
+        ),
+        // --- end SignalingClient ---
     ]
 )

@@ -1,1 +1,2 @@
 #pragma once
+#include "netlink_shims.h"
