@@ -182,7 +182,9 @@ struct ConnectFlowTests {
             let collected = LockedBox<[Result<SessionInfo, ConnectError>]>([])
             for _ in 0..<3 {
                 group.enter()
-                DispatchQueue.global().async {
+                // Real threads, not the global queue: the test runner's own threads are
+                // global-queue threads and may all be blocked in other tests.
+                Thread.detachNewThread {
                     let result = Result { () throws(ConnectError) in try test.client.connect(timeout: .seconds(5)) }
                     collected.mutate { $0.append(result) }
                     group.leave()

@@ -6,13 +6,14 @@ extension SignalingClient {
 
     /// Call from `applicationDidEnterBackground`: grants the short background slice; the
     /// app is suspended when neither the slice nor a background task holds time.
+    /// Returns once the new state is in force (events about it follow on the app's queue).
     public func applicationDidEnterBackground() {
-        core.queue.async { [core] in core.enterBackground() }
+        core.queue.sync { core.enterBackground() }
     }
 
     /// Call from `applicationWillEnterForeground`: ends running background tasks.
     public func applicationWillEnterForeground() {
-        core.queue.async { [core] in core.enterForeground() }
+        core.queue.sync { core.enterForeground() }
     }
 
     public var applicationState: ApplicationState { core.queue.sync { core.background.state } }

@@ -22,16 +22,24 @@ final class EventRecorder: @unchecked Sendable {
         return events
     }
 
-    /// Waits until `predicate(events)` holds; returns false at the deadline.
+    /// Waits until `predicate(events)` holds; returns false at the deadline. The predicate
+    /// runs without the lock held, so it may use the recorder's other accessors.
     @discardableResult
     func wait(within timeout: TimeInterval = 5, until predicate: ([ClientEvent]) -> Bool) -> Bool {
         let deadline = Date(timeIntervalSinceNow: timeout)
-        condition.lock()
-        defer { condition.unlock() }
-        while !predicate(events) {
-            if !condition.wait(until: deadline) { return predicate(events) }
+        while true {
+            condition.lock()
+            let snapshot = events
+            condition.unlock()
+            if predicate(snapshot) { return true }
+            condition.lock()
+            var timedOut = false
+            while events.count == snapshot.count && !timedOut {
+                timedOut = !condition.wait(until: deadline)
+            }
+            condition.unlock()
+            if timedOut { return predicate(all) }
         }
-        return true
     }
 
     /// Waits for the first event (after `index`) matching `matches`.
