@@ -11,6 +11,7 @@ let package = Package(
         .library(name: "SignalingProtocol", targets: ["SignalingProtocol"]),
         .library(name: "SignalingServer", targets: ["SignalingServer"]),
         .executable(name: "voipserver", targets: ["voipserver"]),
+        .executable(name: "voipload", targets: ["voipload"]),
         // --- SignalingClient (issue 3) ---
         .library(name: "SignalingClient", targets: ["SignalingClient"]),
         // --- end SignalingClient ---
@@ -19,9 +20,11 @@ let package = Package(
         // libevent (event loop, timers). Debian: libevent-dev.
         .systemLibrary(
             name: "CLibevent",
-            pkgConfig: "libevent_pthreads",
+            pkgConfig: "libevent",
             providers: [.apt(["libevent-dev"])]
         ),
+        // The libevent functions the Swift code uses, behind a header with no system includes.
+        .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
 
@@ -30,19 +33,86 @@ let package = Package(
         // Clocks, logging, command-line parsing and locks shared by every component.
         .target(name: "SignalingSupport"),
 
+        // What must survive a restart: the EventStore protocol and its record types.
+        .target(name: "SignalingStore", dependencies: ["SignalingProtocol"]),
+
         .target(
             name: "SignalingServer",
-            dependencies: ["CLibevent", "CLinuxShims", "SignalingProtocol", "SignalingSupport"]
+            dependencies: [
+                "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingStore", "SignalingStoreSQLite",
+                "SignalingSupport",
+            ]
         ),
         .executableTarget(
             name: "voipserver",
             dependencies: ["SignalingServer", "SignalingSupport"]
         ),
 
+        // Helpers shared by test targets: running the executables as real subprocesses.
+        .target(name: "TestSupport", dependencies: ["SignalingSupport", "SignalingStore"], path: "Tests/TestSupport"),
         .testTarget(name: "SignalingProtocolTests", dependencies: ["SignalingProtocol"]),
+        .testTarget(name: "SignalingSupportTests", dependencies: ["SignalingSupport"]),
         .testTarget(
             name: "SignalingServerTests",
-            dependencies: ["SignalingServer", "SignalingProtocol", "SignalingSupport", "CLinuxShims"]
+            dependencies: [
+                "SignalingServer", "SignalingProtocol", "SignalingStore", "SignalingSupport", "CLinuxShims", "TestSupport",
+            ]
+        ),
+
+        // ---- Load tool (issue 5): voipload and its smoke test --------------------------
+        // The engine (worker event loop, coordinator, histograms, /proc readers) is a
+        // library so its parts can be unit-tested; the executable only parses and runs.
+        .target(
+            name: "VoipLoadKit",
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/voipload/VoipLoadKit"
+        ),
+        .executableTarget(
+            name: "voipload",
+            dependencies: ["VoipLoadKit", "SignalingSupport"],
+            path: "Tools/voipload/Command"
+        ),
+        .testTarget(
+            name: "VoipLoadTests",
+            dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport", "TestSupport"]
+        ),
+
+        // ---- Durable store (issue 6): the SQLite EventStore ----------------------------
+        // SQLite 3 (event storage). Debian: libsqlite3-dev.
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .target(
+            name: "SignalingStoreSQLite",
+            dependencies: ["SignalingStore", "CSQLite", "SignalingSupport"]
+        ),
+        // Deterministic batches and an in-memory model of StoreChange, shared by the tests
+        // and the crash-test helper (which must produce the same batches the test checks).
+        .target(
+            name: "SQLiteStoreFixtures",
+            dependencies: ["SignalingStore", "SignalingProtocol"],
+            path: "Tests/SQLiteStoreFixtures"
+        ),
+        // Runs a store in a child process for the kill -9 and permission tests.
+        .executableTarget(
+            name: "sqlite-store-test-helper",
+            dependencies: ["SignalingStoreSQLite", "SQLiteStoreFixtures", "SignalingStore", "SignalingSupport"],
+            path: "Tests/SQLiteStoreTestHelper"
+        ),
+        .testTarget(
+            name: "SignalingStoreSQLiteTests",
+            dependencies: [
+                "SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport", "CSQLite",
+                "SQLiteStoreFixtures", "TestSupport",
+            ]
+        ),
+        // Apply throughput of the SQLite store (release build; see docs/STORAGE.md).
+        .executableTarget(
+            name: "sqlite-store-bench",
+            dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/sqlite-store-bench"
         ),
 
         // --- SignalingClient (issue 3): the client library, its tests, and the small
@@ -57,7 +127,9 @@ let package = Package(
         ),
         .testTarget(
             name: "SignalingClientTests",
-            dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport", "CLinuxShims"]
+            dependencies: [
+                "SignalingClient", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "SignalingServer", "TestSupport",
+            ]
         ),
         // --- end SignalingClient ---
     ]

@@ -11,7 +11,11 @@ public struct SessionID: Hashable, Sendable, CustomStringConvertible {
     /// A fresh random identifier.
     public static func random() -> SessionID {
         var generator = SystemRandomNumberGenerator()
-        return SessionID(high: generator.next(), low: generator.next())
+        return random(using: &generator)
+    }
+
+    public static func random(using generator: inout some RandomNumberGenerator) -> SessionID {
+        SessionID(high: generator.next(), low: generator.next())
     }
 
     /// 32 lowercase hex digits.

@@ -99,3 +99,11 @@ public final class ManualClock: Clock {
         }
     }
 }
+
+extension Duration {
+    /// The duration in whole microseconds, rounded down, clamped to 0.
+    public var microseconds: Int64 {
+        let (s, atto) = components
+        return max(0, s * 1_000_000 + atto / 1_000_000_000_000)
+    }
+}

@@ -1,4 +1,6 @@
 import SignalingProtocol
+import SignalingStore
+import SignalingStoreSQLite
 import SignalingSupport
 
 /// Everything that tunes a server. Defaults are the embedded production defaults; every
@@ -23,8 +25,11 @@ public struct ServerConfiguration: Sendable {
     public var handshakeTimeout: Duration = .seconds(10)
     /// Unacknowledged events kept per device.
     public var maxPendingEvents = 10_000
-    /// How long a disconnected device's session stays resumable (and its events kept).
+    /// How long a disconnected device's session stays resumable.
     public var sessionTTL: Duration = .seconds(86_400)
+    /// How long a device may stay away before it, and the events nobody collected for it,
+    /// are forgotten (also: how long messages for a user with no device are held).
+    public var eventTTL: Duration = .seconds(30 * 86_400)
     /// How long message ids are remembered for de-duplication, and how many at most.
     public var dedupWindow: Duration = .seconds(86_400)
     public var dedupCapacity = 1_000_000
@@ -47,8 +52,17 @@ public struct ServerConfiguration: Sendable {
     /// TCP_USER_TIMEOUT on client sockets: unacknowledged data older than this kills the
     /// connection (its events stay pending for the resume).
     public var tcpUserTimeout: Duration = .seconds(30)
+    /// After any activity, each loop keeps polling without sleeping for this long, which
+    /// saves the wake-up of a sleeping thread on the next event (lower push latency, at the
+    /// cost of CPU while traffic flows). Zero: always sleep in epoll_wait.
+    public var busyPoll: Duration = .zero
     /// Minimum log level.
     public var logLevel: LogLevel = .info
+    /// Where events are kept until devices acknowledge them.
+    public var storage: StorageConfiguration = StorageConfiguration()
+    /// How long an accepted message may wait for its commit before the sender gets
+    /// ERROR storeUnavailable instead (the store is full or unwritable).
+    public var storeTimeout: Duration = .seconds(5)
 
     public init() {}
 
@@ -62,7 +76,7 @@ public struct ServerConfiguration: Sendable {
 
     var switchboard: SwitchboardConfiguration {
         SwitchboardConfiguration(
-            maxPendingEvents: maxPendingEvents, sessionTTL: sessionTTL, ringTimeout: ringTimeout,
+            maxPendingEvents: maxPendingEvents, sessionTTL: sessionTTL, eventTTL: eventTTL, ringTimeout: ringTimeout,
             callGrace: callGrace, dedupWindow: dedupWindow, dedupCapacity: dedupCapacity)
     }
 
@@ -72,10 +86,55 @@ public struct ServerConfiguration: Sendable {
         guard maxFrameLength >= 256 else { throw UsageError("max-frame must be at least 256 bytes") }
         guard maxQueuedBytes >= maxFrameLength else { throw UsageError("max-queued-bytes must be at least max-frame") }
         guard sessionTTL >= callGrace else { throw UsageError("session-ttl must be at least call-grace") }
+        guard eventTTL >= sessionTTL else { throw UsageError("event-ttl must be at least session-ttl") }
         guard maxPendingEvents >= 1 else { throw UsageError("max-pending must be at least 1") }
         guard tickInterval > .zero && tickInterval <= .seconds(1) else {
             throw UsageError("tick must be between 1 ms and 1 s")
         }
+    }
+}
+
+/// The durable store's settings.
+public struct StorageConfiguration: Sendable, Equatable {
+    public enum Mode: String, Sendable {
+        /// SQLite in `directory`: events survive restarts and crashes.
+        case sqlite
+        /// Memory only: fastest, but a restart loses every pending event.
+        case memory
+    }
+
+    public var mode: Mode = .sqlite
+    /// The data directory (created if missing). Default: `$STATE_DIRECTORY` (set by
+    /// systemd's StateDirectory=) or `./voipserver-data`.
+    public var directory: String = StorageConfiguration.defaultDirectory
+    /// When a commit is on disk: `.normal` survives a crash of the process, `.full` also a
+    /// power loss (see docs/STORAGE.md).
+    public var synchronous: SQLiteStoreConfiguration.Synchronous = .normal
+    /// Largest size of the database file, in bytes (nil: as large as the disk allows).
+    public var maxBytes: Int?
+
+    public init() {}
+
+    /// Opens the configured store: nil for `.memory`, else the SQLite store.
+    public func openStore(logger: Logger) throws(StoreError) -> (any EventStore)? {
+        switch mode {
+        case .memory:
+            return nil
+        case .sqlite:
+            let pageSize = 4096
+            return try SQLiteEventStore(
+                configuration: SQLiteStoreConfiguration(
+                    directory: directory, synchronous: synchronous,
+                    maxPageCount: maxBytes.map { max(1, $0 / pageSize) }),
+                logger: logger)
+        }
+    }
+
+    public static var defaultDirectory: String {
+        if let state = getenv("STATE_DIRECTORY"), let text = String(validatingCString: state), !text.isEmpty {
+            return text.split(separator: ":").first.map(String.init) ?? text
+        }
+        return "voipserver-data"
     }
 }
 

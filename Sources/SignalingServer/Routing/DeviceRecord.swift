@@ -29,47 +29,45 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
     }
 }
 
-/// Everything the server keeps for one device of one user: its session, its event
-/// sequence, its unacknowledged events, and where it is connected (if anywhere).
+/// Everything the server keeps for one device of one user: its session, its event queue,
+/// how far that queue is durable, and where the device is connected (if anywhere).
 ///
 /// Concurrency: every mutable field is guarded by the `Switchboard` lock. Event loops hold
 /// references to records (a connection knows its device) but read or write them only
 /// inside `Switchboard.withState`. That is why the class can be marked Sendable.
 ///
-/// Memory: one of these exists per device, connected or not, so it is kept small (no
-/// optionals that widen fields, the user's id shared through `user`).
+/// Memory: one of these exists per device, so it is kept to 113 bytes (a 128-byte heap
+/// block): no optionals that widen fields, times in 32-bit seconds, the per-connection
+/// write position kept by the connection instead.
 final class DeviceRecord: @unchecked Sendable {
-    /// The owning user. Unowned: a user record is dropped only once it has no devices.
-    unowned(unsafe) let user: UserRecord
+    let userID: String
     let deviceID: String
-    /// The next device of the same user (a user's devices form a short linked list).
+    /// The next device of the same user (a user's devices form a short linked list whose
+    /// head is in `SwitchboardState.users`).
     var next: DeviceRecord?
     /// The current session; a resume must name it.
     var sessionID: SessionID
     var queue: EventQueue
-    /// Everything ≤ this has been acknowledged by the device.
-    var ackedSeq: UInt64
-    /// Highest sequence number written to the current connection.
-    var sentSeq: UInt64
-    /// Highest sequence number ever written to any connection of this device; a resume
-    /// point or ACK beyond it is impossible and refused.
-    var maxSentSeq: UInt64
+    /// Seconds (switchboard timeline) when the device last lost its connection, or 0.
+    var disconnectedSecond: UInt32 = 0
+    /// Every event ≤ this is committed to the store (or needs no commit), so it may be
+    /// written to the device.
+    var durableSeq: UInt64
     private var connectionBits: UInt64 = 0
-    private var disconnectedNanos: UInt64 = .max
     /// A wake-up for `connection` is already on its way; further events need none.
     var wakePending = false
 
-    init(user: UserRecord, deviceID: String, sessionID: SessionID, nextSeq: UInt64 = 1) {
-        self.user = user
+    init(userID: String, deviceID: String, sessionID: SessionID, nextSeq: UInt64 = 1) {
+        self.userID = userID
         self.deviceID = deviceID
         self.sessionID = sessionID
         self.queue = EventQueue(nextSeq: nextSeq)
-        self.ackedSeq = nextSeq - 1
-        self.sentSeq = nextSeq - 1
-        self.maxSentSeq = nextSeq - 1
+        self.durableSeq = nextSeq - 1
     }
 
-    var userID: String { user.userID }
+    /// Everything ≤ this has been acknowledged by the device.
+    var ackedSeq: UInt64 { queue.ackedSeq }
+    var lastSeq: UInt64 { queue.lastSeq }
 
     /// The live connection, if any.
     var connection: ConnectionRef? {
@@ -78,79 +76,25 @@ final class DeviceRecord: @unchecked Sendable {
     }
 
     var isOnline: Bool { connectionBits != 0 }
-
-    /// When the device last lost its connection (for session expiry and call grace).
-    var disconnectedAt: Instant? {
-        get { disconnectedNanos == .max ? nil : Instant(nanoseconds: disconnectedNanos) }
-        set { disconnectedNanos = newValue?.nanoseconds ?? .max }
-    }
 }
 
-/// A user: its devices and, only when needed, its calls, held messages and recent message
-/// ids (`UserActivity`), so an idle single-device user costs two small objects.
+/// The parts of a user's state that only active users have: calls, messages held for a
+/// user with no device yet, and recently sent message ids. Idle users have none, so this is
+/// kept in its own dictionary instead of in a per-user object.
 ///
-/// Guarded by the `Switchboard` lock, like `DeviceRecord`.
-final class UserRecord: @unchecked Sendable {
-    let userID: String
-    private(set) var firstDevice: DeviceRecord?
-    private var activityStorage: UserActivity?
-
-    init(userID: String) { self.userID = userID }
-
-    var devices: DeviceList { DeviceList(first: firstDevice) }
-    var hasDevices: Bool { firstDevice != nil }
-
-    func device(_ deviceID: String) -> DeviceRecord? {
-        devices.first { $0.deviceID == deviceID }
-    }
-
-    func add(_ device: DeviceRecord) {
-        device.next = firstDevice
-        firstDevice = device
-    }
-
-    func remove(_ device: DeviceRecord) {
-        if firstDevice === device {
-            firstDevice = device.next
-        } else {
-            var current = firstDevice
-            while let candidate = current, candidate.next !== device { current = candidate.next }
-            current?.next = device.next
-        }
-        device.next = nil
-    }
-
-    var onlineDevices: [DeviceRecord] { devices.filter(\.isOnline) }
-
-    /// Calls, held messages and recent message ids; created on first use.
-    var activity: UserActivity {
-        if let activityStorage { return activityStorage }
-        let created = UserActivity()
-        activityStorage = created
-        return created
-    }
-
-    /// The activity record if it exists (reading without creating one).
-    var existingActivity: UserActivity? { activityStorage }
-
-    /// Drops the activity record once it holds nothing.
-    func compactActivity() {
-        if let activityStorage, activityStorage.isEmpty { self.activityStorage = nil }
-    }
-
-    var isEmpty: Bool { firstDevice == nil && (activityStorage?.isEmpty ?? true) }
-}
-
-/// The parts of a user's state that only active users have.
+/// Guarded by the `Switchboard` lock.
 final class UserActivity: @unchecked Sendable {
     /// Calls this user is a party to (as caller or callee) that have not ended.
     var calls: [CallRecord] = []
     /// Messages for this user that arrived while the server knew none of its devices.
-    var unclaimed: [QueuedEvent] = []
+    var held: [QueuedEvent] = []
+    /// Ordinal of `held.first` (the store orders held events by ordinal).
+    var firstHeldOrdinal: UInt64 = 1
     /// messageId → server time, for de-duplicating this user's sends.
     var recentMessageIDs: [String: UInt64] = [:]
 
-    var isEmpty: Bool { calls.isEmpty && unclaimed.isEmpty && recentMessageIDs.isEmpty }
+    var isEmpty: Bool { calls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
+    var nextHeldOrdinal: UInt64 { firstHeldOrdinal + UInt64(held.count) }
 }
 
 /// A user's devices, newest first.

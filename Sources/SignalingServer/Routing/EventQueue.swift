@@ -5,19 +5,21 @@
 /// queue holds no allocation, which matters with a million idle devices.
 struct EventQueue {
     private var storage: [QueuedEvent] = []
-    private var head = 0
-    /// The sequence number of the oldest queued event (when the queue is not empty), and
-    /// in any case the number the next acknowledgement boundary starts from.
+    /// The sequence number of the oldest queued event (when the queue is not empty); in
+    /// any case everything before it is acknowledged.
     private(set) var firstSeq: UInt64
+    private var head: UInt32 = 0
 
     init(nextSeq: UInt64) {
         firstSeq = nextSeq
     }
 
-    var count: Int { storage.count - head }
+    var count: Int { storage.count - Int(head) }
     var isEmpty: Bool { count == 0 }
     /// The highest sequence number ever assigned in this queue.
     var lastSeq: UInt64 { firstSeq &+ UInt64(count) &- 1 }
+    /// Everything ≤ this is acknowledged.
+    var ackedSeq: UInt64 { firstSeq - 1 }
 
     /// Appends `event` and returns its sequence number.
     mutating func append(_ event: QueuedEvent) -> UInt64 {
@@ -27,16 +29,17 @@ struct EventQueue {
 
     /// Drops every event numbered ≤ `seq`, handing each to `body` first.
     mutating func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
-        while head < storage.count && firstSeq <= seq {
-            body(firstSeq, storage[head])
+        while Int(head) < storage.count && firstSeq <= seq {
+            body(firstSeq, storage[Int(head)])
             head += 1
             firstSeq += 1
         }
-        if head == storage.count {
+        if Int(head) == storage.count {
             storage = []  // release the buffer entirely: idle devices hold no memory
             head = 0
-        } else if head >= 64 && head * 2 >= storage.count {
-            storage.removeFirst(head)
+            if firstSeq <= seq { firstSeq = seq + 1 }  // acknowledging a gap left by a restart
+        } else if head >= 64 && Int(head) * 2 >= storage.count {
+            storage.removeFirst(Int(head))
             head = 0
         }
     }
@@ -45,6 +48,6 @@ struct EventQueue {
     func events(after seq: UInt64, limit: Int) -> ArraySlice<QueuedEvent> {
         let start = seq < firstSeq ? 0 : Int(min(UInt64(count), seq - firstSeq + 1))
         let end = min(count, start + limit)
-        return storage[(head + start)..<(head + end)]
+        return storage[(Int(head) + start)..<(Int(head) + end)]
     }
 }

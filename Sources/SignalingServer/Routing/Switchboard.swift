@@ -1,3 +1,4 @@
+import SignalingSupport
 import Synchronization
 
 /// The routing core shared by all event loops: one `SwitchboardState` behind one lock.
@@ -6,11 +7,21 @@ import Synchronization
 /// sockets are written by each connection's own loop after the lock is released. With a
 /// handful of worker threads the lock is rarely contended; if it ever shows up in a
 /// profile, the state can be striped by user id without changing its interface.
+///
+/// With a store, the durable changes an operation made are handed to the `StoreWriter`
+/// before the lock is released, so commit units reach the writer in the order their
+/// sequence numbers were assigned.
 final class Switchboard: Sendable {
     private let state: Mutex<SwitchboardState>
+    /// Set once, before the loops start (nil without a store).
+    nonisolated(unsafe) private(set) var writer: StoreWriter?
 
-    init(configuration: SwitchboardConfiguration) {
-        state = Mutex(SwitchboardState(configuration: configuration))
+    init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool) {
+        state = Mutex(SwitchboardState(configuration: configuration, epoch: epoch, journaling: journaling))
+    }
+
+    func attach(_ writer: StoreWriter) {
+        self.writer = writer
     }
 
     /// Runs `body` with exclusive access to the state. `wall` is the wall-clock time that
@@ -18,7 +29,9 @@ final class Switchboard: Sendable {
     func withState<Result>(wall: UInt64, _ body: (inout SwitchboardState) throws -> sending Result) rethrows -> sending Result {
         try state.withLock { state in
             state.currentWall = wall
-            return try body(&state)
+            let result = try body(&state)
+            if let unit = state.takeCommitUnit() { writer?.submit(unit) }
+            return result
         }
     }
 

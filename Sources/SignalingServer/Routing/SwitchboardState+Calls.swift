@@ -11,30 +11,31 @@ extension SwitchboardState {
         guard calls[callID] == nil else {
             return .failure(RequestError(.callIdInUse, "call id \(callID) is already in use; use a fresh (random) call id"))
         }
-        let invitation = QueuedEvent(.callIncoming(
-            callID: callID, caller: device.userID, callerDevice: device.deviceID, offer: offer, serverTime: currentWall))
+        let invitation = QueuedEvent(
+            .callIncoming(callID: callID, caller: device.userID, callerDevice: device.deviceID, offer: offer, serverTime: currentWall),
+            createdAt: currentWall)
         let call = CallRecord(callID: callID, caller: device, callee: callee, invitation: invitation, startedAt: now)
         counters.callsStarted += 1
 
-        let calleeUser = users[callee]
-        let online = calleeUser?.onlineDevices ?? []
-        if online.isEmpty && !(canWakeOfflineDevices && calleeUser?.hasDevices == true) {
+        let calleeDevices = Array(devices(of: callee))
+        let online = calleeDevices.filter(\.isOnline)
+        let wakeable = pushAvailable
+            ? calleeDevices.filter { !$0.isOnline && pushRegistrations[ObjectIdentifier($0)] != nil } : []
+        if online.isEmpty && wakeable.isEmpty {
             // Nobody to ring and nobody to wake: the caller learns at once.
             call.state = .ended(.unreachable)
-            enqueue(QueuedEvent(.callEnded(callID: callID, reason: .unreachable, peer: callee, serverTime: currentWall)), to: device)
+            enqueue(callEnded(call, .unreachable, peer: callee), to: device)
             return .success(())
         }
         calls[callID] = call
-        device.user.activity.calls.append(call)
-        user(callee, create: true)!.activity.calls.append(call)
+        activity(device.userID).calls.append(call)
+        activity(callee).calls.append(call)
         for target in online {
             call.rungDevices.append(target)
             enqueue(invitation, to: target)
         }
-        // Offline devices are rung when they connect (see `attach`); ask to wake them now.
-        for target in calleeUser?.devices ?? DeviceList(first: nil) where !target.isOnline {
-            recordOfflineEvent(target, .callIncoming)
-        }
+        // Offline devices are rung when they connect (see `attach`); wake them now.
+        for target in wakeable { wakeUpOffline(target, .callIncoming) }
         scheduleRingTimeout(call, now: now)
         return .success(())
     }
@@ -48,7 +49,7 @@ extension SwitchboardState {
         guard call.state.isUnanswered else { return .failure(illegal(call, "report ringing")) }
         if call.state == .inviting {
             call.state = .ringing
-            enqueue(QueuedEvent(.callRang(callID: callID, device: device.deviceID)), to: call.caller)
+            enqueue(QueuedEvent(.callRang(callID: callID, device: device.deviceID), createdAt: currentWall), to: call.caller)
         }
         return .success(())
     }
@@ -61,7 +62,9 @@ extension SwitchboardState {
         }
         guard call.state.isUnanswered else { return .failure(illegal(call, "accept")) }
         call.state = .active(answeredBy: device.deviceID)
-        enqueue(QueuedEvent(.callAccepted(callID: callID, device: device.deviceID, answer: answer)), to: call.caller)
+        enqueue(
+            QueuedEvent(.callAccepted(callID: callID, device: device.deviceID, answer: answer), createdAt: currentWall),
+            to: call.caller)
         notifyOtherCalleeDevices(of: call, except: device, reason: .answeredElsewhere)
         return .success(())
     }
@@ -100,7 +103,7 @@ extension SwitchboardState {
             return .failure(illegal(call, isCaller ? "hang up (use cancel before it is answered)" : "hang up (use reject)"))
         }
         if isCaller {
-            if let answering = users[call.callee]?.device(answeredBy) {
+            if let answering = self.device(call.callee, answeredBy) {
                 enqueue(callEnded(call, .hungUp, peer: device.userID), to: answering)
             }
         } else {
@@ -120,7 +123,7 @@ extension SwitchboardState {
         let reason: CallEndReason = call.rungDevices.isEmpty ? .unreachable : .noAnswer
         enqueue(callEnded(call, reason, peer: call.callee), to: call.caller)
         // Every device of the callee learns of the missed call, connected or not.
-        for device in users[call.callee]?.devices ?? DeviceList(first: nil) {
+        for device in devices(of: call.callee) {
             enqueue(callEnded(call, .noAnswer, peer: call.caller.userID), to: device)
         }
         end(call, reason)
@@ -130,7 +133,7 @@ extension SwitchboardState {
     mutating func partyVanished(_ call: CallRecord, _ device: DeviceRecord) {
         if call.caller === device {
             if case .active(let answeredBy) = call.state {
-                if let answering = users[call.callee]?.device(answeredBy) {
+                if let answering = self.device(call.callee, answeredBy) {
                     enqueue(callEnded(call, .peerDisconnected, peer: device.userID), to: answering)
                 }
             } else {
@@ -157,7 +160,7 @@ extension SwitchboardState {
     // MARK: Helpers
 
     private func callEnded(_ call: CallRecord, _ reason: CallEndReason, peer: String) -> QueuedEvent {
-        QueuedEvent(.callEnded(callID: call.callID, reason: reason, peer: peer, serverTime: currentWall))
+        QueuedEvent(.callEnded(callID: call.callID, reason: reason, peer: peer, serverTime: currentWall), createdAt: currentWall)
     }
 
     private mutating func notifyOtherCalleeDevices(of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason) {
@@ -169,9 +172,8 @@ extension SwitchboardState {
         call.state = .ended(reason)
         calls[call.callID] = nil
         for userID in [call.caller.userID, call.callee] {
-            guard let user = users[userID] else { continue }
-            user.existingActivity?.calls.removeAll { $0 === call }
-            collectIfEmpty(user)
+            activities[userID]?.calls.removeAll { $0 === call }
+            compactActivity(userID)
         }
     }
 

@@ -1,27 +1,33 @@
 import SignalingProtocol
 import SignalingSupport
 
+/// The outcome of a MESSAGE_SEND that was not refused.
+struct MessageAcceptance {
+    /// The server timestamp for OK (the original one for a duplicate).
+    let serverTime: UInt64
+    /// The queued event (nil for a duplicate): cancelled if its commit fails.
+    let event: QueuedEvent?
+}
+
 /// Message routing (docs/PROTOCOL.md 6.2): de-duplication, all-or-nothing fan-out,
-/// per-user holding for users with no known device.
+/// holding for users with no known device.
 extension SwitchboardState {
-    /// Accepts a message and queues it to the recipient's devices. On success returns the
-    /// server timestamp to put in OK (the original one for a duplicate).
-    mutating func send(_ message: OutgoingMessage, from device: DeviceRecord, now: Instant) -> Result<UInt64, RequestError> {
-        let sender = device.user
-        if let original = sender.existingActivity?.recentMessageIDs[message.messageID] {
+    /// Accepts a message and queues it to the recipient's devices.
+    mutating func send(_ message: OutgoingMessage, from device: DeviceRecord, now: Instant) -> Result<MessageAcceptance, RequestError> {
+        if let original = activities[device.userID]?.recentMessageIDs[message.messageID] {
             counters.messagesDeduplicated += 1
-            return .success(original)
+            return .success(MessageAcceptance(serverTime: original, event: nil))
         }
-        let recipient = users[message.recipient]
-        let targets = (recipient?.devices ?? DeviceList(first: nil)).filter { $0 !== device }
-        let holdForUser = !(recipient?.hasDevices ?? false)
+        let recipients = Array(devices(of: message.recipient))
+        let targets = recipients.filter { $0 !== device }
+        let holdForUser = recipients.isEmpty
         // All or nothing: a message is either queued to every target or refused.
         if let full = targets.first(where: { !hasRoom($0) }) {
             return .failure(RequestError(
                 .recipientBacklogFull,
                 "device \(full.deviceID) of \(message.recipient) has \(full.queue.count) unacknowledged events; retry later"))
         }
-        if holdForUser, (recipient?.existingActivity?.unclaimed.count ?? 0) >= configuration.maxPendingEvents {
+        if holdForUser, (activities[message.recipient]?.held.count ?? 0) >= configuration.maxPendingEvents {
             return .failure(RequestError(
                 .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later"))
         }
@@ -32,17 +38,26 @@ extension SwitchboardState {
                 messageID: message.messageID, sender: device.userID, senderDevice: device.deviceID,
                 recipient: message.recipient, contentType: message.contentType, body: message.body,
                 serverTime: serverTime)),
-            receipt: DeliveryReceipt(sender: device.userID, messageID: message.messageID, recipient: message.recipient))
+            receipt: DeliveryReceipt(sender: device.userID, messageID: message.messageID, recipient: message.recipient),
+            createdAt: serverTime)
         if holdForUser {
-            let holder = user(message.recipient, create: true)!
-            holder.activity.unclaimed.append(event)
-            scheduleUnclaimedExpiry(holder, event, now: now)
+            hold(event, for: message.recipient, now: now)
         } else {
             for target in targets { enqueue(event, to: target) }
         }
-        sender.activity.recentMessageIDs[message.messageID] = serverTime
-        scheduleDedupExpiry(sender, message.messageID, now: now)
+        rememberMessageID(message.messageID, sender: device.userID, serverTime: serverTime, now: now)
         counters.messagesAccepted += 1
-        return .success(serverTime)
+        return .success(MessageAcceptance(serverTime: serverTime, event: event))
+    }
+
+    /// The store could not commit an accepted message in time: it was refused after all.
+    /// Its event is never written to anyone, and the sender may send it again.
+    mutating func cancelMessage(_ event: QueuedEvent, sender: String, messageID: String) {
+        guard !event.isCancelled else { return }
+        event.isCancelled = true
+        activities[sender]?.recentMessageIDs[messageID] = nil
+        compactActivity(sender)
+        counters.messagesCancelled += 1
+        counters.messagesAccepted -= 1
     }
 }

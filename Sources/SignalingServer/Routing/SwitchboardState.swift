@@ -1,10 +1,15 @@
 import SignalingProtocol
+import SignalingStore
 import SignalingSupport
 
 /// Tunables of the routing core (a subset of `ServerConfiguration`).
 struct SwitchboardConfiguration: Sendable {
     var maxPendingEvents = 10_000
+    /// After this long without a connection a device's session is no longer resumable.
     var sessionTTL: Duration = .seconds(86_400)
+    /// After this long without a connection a device, and the events nobody collected for
+    /// it, are forgotten (as are messages held for a user with no device).
+    var eventTTL: Duration = .seconds(30 * 86_400)
     var ringTimeout: Duration = .seconds(60)
     var callGrace: Duration = .seconds(10)
     var dedupWindow: Duration = .seconds(86_400)
@@ -13,12 +18,12 @@ struct SwitchboardConfiguration: Sendable {
 
 /// Something the event loops must do after the switchboard changed state.
 enum SwitchboardEffect: Equatable, Sendable {
-    /// New events are pending for the device behind this connection: write them.
+    /// New events are ready for the device behind this connection: write them.
     case wake(ConnectionRef)
     /// Close this connection with this CLOSE frame (another connection took over).
     case close(ConnectionRef, Close)
-    /// An event was queued for a device with no live connection (push wake-up).
-    case offlineEvent(user: String, device: String, type: FrameType)
+    /// An event is ready for a device with no live connection that registered for push.
+    case wakeUp(user: String, device: String, type: FrameType, pending: Int, registration: PushRegistration)
 }
 
 /// What a successful handshake produced.
@@ -27,6 +32,19 @@ struct AttachGrant {
     let sessionID: SessionID
     let resumed: Bool
     let ackedSeq: UInt64
+    /// Where the new connection starts writing: events after this are sent.
+    let sentSeq: UInt64
+}
+
+/// Durable changes made by one operation, and the events they make writable once the
+/// store has committed them.
+struct CommitUnit: Sendable {
+    var changes: [StoreChange] = []
+    /// (device, seq): after the commit, events of `device` up to `seq` may be written.
+    var durable: [(device: DeviceRecord, seq: UInt64, type: FrameType)] = []
+    /// The OK of a MESSAGE_SEND, sent once this unit is committed.
+    var reply: DeferredReply?
+    var isEmpty: Bool { changes.isEmpty && reply == nil }
 }
 
 /// Counters exported as server statistics.
@@ -35,44 +53,129 @@ struct SwitchboardCounters: Sendable, Equatable {
     /// Call events and receipts that found a full queue (messages are refused instead).
     var eventsDropped = 0
     var sessionsExpired = 0
-    /// Unacknowledged events thrown away with an expired session.
+    var devicesExpired = 0
+    /// Unacknowledged events thrown away with an expired device or held for too long.
     var eventsExpired = 0
     var messagesAccepted = 0
     var messagesDeduplicated = 0
+    /// Messages refused after all because the store could not commit them in time.
+    var messagesCancelled = 0
     var callsStarted = 0
 }
 
 /// The routing core: users, devices, sessions, queues and calls, as a pure state machine.
 ///
 /// Every operation takes the current time as an argument and records what the event loops
-/// must do as `effects` (take them with `takeEffects()`); nothing here does I/O or reads a
-/// clock. The server keeps one instance behind the `Switchboard` lock; tests drive it
-/// directly.
+/// must do as `effects` (take them with `takeEffects()`), and, when a store is attached,
+/// what must be made durable (`takeCommitUnit()`). Nothing here does I/O or reads a clock.
+/// The server keeps one instance behind the `Switchboard` lock; tests drive it directly.
+///
+/// With a store (`journaling`), an event is written to devices only once the change that
+/// created it is committed (`markDurable`); without one, at once.
 struct SwitchboardState {
     let configuration: SwitchboardConfiguration
-    private(set) var users: [String: UserRecord] = [:]
+    /// Time zero of the 32-bit second timeline used in device records.
+    let epoch: Instant
+    let journaling: Bool
+
+    /// The head of each user's device list.
+    var users: [String: DeviceRecord] = [:]
+    /// Calls, held messages and recent message ids, for the users that have any.
+    var activities: [String: UserActivity] = [:]
     var calls: [String: CallRecord] = [:]
+    var pushRegistrations: [ObjectIdentifier: PushRegistration] = [:]
     var counters = SwitchboardCounters()
+    /// Whether a push gateway is configured (offline devices with a token can be woken).
+    var pushAvailable = false
+    /// Wall-clock time of the operation in progress (set by `Switchboard.withState`).
+    var currentWall: UInt64 = 0
+    /// Session ids come from here (no system call per handshake).
+    private var random = FastRandom()
+
     private var effects: [SwitchboardEffect] = []
+    private var unit = CommitUnit()
 
     // Deadlines. Each kind has a constant length, so each FIFO is in deadline order.
-    private var sessionExpiry = FIFOQueue<(record: DeviceRecord, since: Instant)>()
+    private var sessionExpiry = FIFOQueue<(device: DeviceRecord, since: UInt32)>()
+    private var deviceExpiry = FIFOQueue<(device: DeviceRecord, since: UInt32)>()
     private var ringExpiry = FIFOQueue<(call: CallRecord, deadline: Instant)>()
-    private var graceChecks = FIFOQueue<(call: CallRecord, record: DeviceRecord, since: Instant)>()
-    private var dedupExpiry = FIFOQueue<(user: UserRecord, messageID: String, deadline: Instant)>()
-    private var unclaimedExpiry = FIFOQueue<(user: UserRecord, event: QueuedEvent, deadline: Instant)>()
+    private var graceChecks = FIFOQueue<(call: CallRecord, device: DeviceRecord, since: UInt32)>()
+    private var dedupExpiry = FIFOQueue<(sender: String, messageID: String, deadline: Instant)>()
+    private var heldExpiry = FIFOQueue<(user: String, event: QueuedEvent, deadline: Instant)>()
 
-    /// Whether a device with no connection can be woken (a push gateway is configured).
-    /// Decides whether a call to an offline callee fails at once or waits for it.
-    var canWakeOfflineDevices = false
-
-    init(configuration: SwitchboardConfiguration) {
+    init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool = false) {
         self.configuration = configuration
+        self.epoch = epoch
+        self.journaling = journaling
     }
 
     mutating func takeEffects() -> [SwitchboardEffect] {
         defer { effects = [] }
         return effects
+    }
+
+    /// The durable changes made since the last call (nil when there are none).
+    mutating func takeCommitUnit() -> CommitUnit? {
+        guard !unit.isEmpty else { return nil }
+        defer { unit = CommitUnit() }
+        return unit
+    }
+
+    /// Holds the reply of the current operation until its commit unit is committed.
+    mutating func deferReply(_ reply: DeferredReply) {
+        unit.reply = reply
+    }
+
+    /// Adds a durable change to the current operation's commit unit (with a store only).
+    mutating func journal(_ change: StoreChange) {
+        if journaling { unit.changes.append(change) }
+    }
+
+    /// Seconds on the device-record timeline. It starts 2^31 s in (68 years), so that
+    /// devices loaded from the store can be placed in the past.
+    func second(_ instant: Instant) -> UInt32 {
+        UInt32(1 << 31) &+ UInt32(clamping: Int((instant - epoch).seconds))
+    }
+
+    private func seconds(_ duration: Duration) -> UInt32 {
+        UInt32(clamping: Int(duration.seconds.rounded(.up)))
+    }
+
+    // MARK: Records
+
+    func devices(of userID: String) -> DeviceList { DeviceList(first: users[userID]) }
+
+    func device(_ userID: String, _ deviceID: String) -> DeviceRecord? {
+        devices(of: userID).first { $0.deviceID == deviceID }
+    }
+
+    mutating func activity(_ userID: String) -> UserActivity {
+        if let existing = activities[userID] { return existing }
+        let created = UserActivity()
+        activities[userID] = created
+        return created
+    }
+
+    /// Drops a user's activity record once it holds nothing.
+    mutating func compactActivity(_ userID: String) {
+        if let activity = activities[userID], activity.isEmpty { activities[userID] = nil }
+    }
+
+    private mutating func addDevice(_ device: DeviceRecord) {
+        device.next = users[device.userID]
+        users[device.userID] = device
+    }
+
+    private mutating func removeDevice(_ device: DeviceRecord) {
+        if users[device.userID] === device {
+            users[device.userID] = device.next
+        } else {
+            var current = users[device.userID]
+            while let candidate = current, candidate.next !== device { current = candidate.next }
+            current?.next = device.next
+        }
+        device.next = nil
+        pushRegistrations[ObjectIdentifier(device)] = nil
     }
 
     // MARK: Handshake
@@ -82,53 +185,61 @@ struct SwitchboardState {
     mutating func attach(
         userID: String, deviceID: String, resume: ResumePoint?, connection: ConnectionRef, now: Instant
     ) -> Result<AttachGrant, ProtocolViolation> {
-        let existingUser = users[userID]
-        var record = existingUser?.device(deviceID)
+        var device = self.device(userID, deviceID)
+        var sentSeq: UInt64
         var resumed = false
 
         if let resume {
-            guard let known = record, known.sessionID == resume.sessionID else {
+            guard let known = device, known.sessionID == resume.sessionID else {
                 return .failure(ProtocolViolation(
                     .sessionUnknown, "session \(resume.sessionID) is unknown or expired; start a new session"))
             }
-            guard resume.lastReceivedSeq <= known.maxSentSeq else {
+            guard resume.lastReceivedSeq <= known.lastSeq else {
                 return .failure(ProtocolViolation(
                     .invalidSequence,
-                    "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.maxSentSeq))"))
+                    "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.lastSeq))"))
             }
             acknowledge(known, through: resume.lastReceivedSeq)
-            known.sentSeq = max(known.ackedSeq, resume.lastReceivedSeq)
+            sentSeq = max(known.ackedSeq, resume.lastReceivedSeq)
             resumed = true
+        } else if let known = device {
+            known.sessionID = SessionID.random(using: &random)
+            sentSeq = known.ackedSeq
+        } else {
+            let created = DeviceRecord(userID: userID, deviceID: deviceID, sessionID: SessionID.random(using: &random))
+            addDevice(created)
+            device = created
+            sentSeq = 0
+        }
+        let record = device!
+        if !resumed {
+            journal(.upsertDevice(user: userID, device: deviceID, sessionID: record.sessionID, lastSeen: currentWall))
         }
 
-        let user = existingUser ?? createUser(userID)
-        if let known = record, !resumed {
-            known.sessionID = SessionID.random()
-            known.sentSeq = known.ackedSeq
-        } else if record == nil {
-            let created = DeviceRecord(user: user, deviceID: deviceID, sessionID: SessionID.random())
-            user.add(created)
-            record = created
-        }
-        let device = record!
-
-        if let old = device.connection, old != connection {
+        if let old = record.connection, old != connection {
             effects.append(.close(old, Close(
                 code: .replaced, message: "another connection of device \(deviceID) took over this session")))
         }
-        device.connection = connection
-        device.disconnectedAt = nil
-        device.wakePending = true  // the loop writes pending events right after WELCOME
+        record.connection = connection
+        record.disconnectedSecond = 0
+        record.wakePending = true  // the loop writes pending events right after WELCOME
 
-        // Messages that waited for this user's first device.
-        if let activity = user.existingActivity {
-            if !activity.unclaimed.isEmpty {
-                for event in activity.unclaimed { enqueue(event, to: device) }
-                activity.unclaimed = []
-            }
-            ringIfCalled(device, activity)
+        if let activity = activities[userID] {
+            claimHeld(activity, for: record)
+            ringIfCalled(record, activity)
         }
-        return .success(AttachGrant(record: device, sessionID: device.sessionID, resumed: resumed, ackedSeq: device.ackedSeq))
+        return .success(AttachGrant(
+            record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq))
+    }
+
+    /// Messages that waited for this user's first device.
+    private mutating func claimHeld(_ activity: UserActivity, for device: DeviceRecord) {
+        guard !activity.held.isEmpty else { return }
+        let lastOrdinal = activity.nextHeldOrdinal - 1
+        for event in activity.held where !event.isCancelled { enqueue(event, to: device) }
+        activity.held = []
+        activity.firstHeldOrdinal = lastOrdinal + 1
+        journal(.releaseHeld(user: device.userID, through: lastOrdinal))
     }
 
     /// A callee device that connects while a call rings is rung too.
@@ -145,64 +256,102 @@ struct SwitchboardState {
     /// device takes part in end unless it comes back within `callGrace`.
     mutating func detach(_ device: DeviceRecord, connection: ConnectionRef, now: Instant) {
         guard device.connection == connection else { return }  // already taken over
+        let since = second(now)
         device.connection = nil
         device.wakePending = false
-        device.disconnectedAt = now
-        sessionExpiry.push((device, now))
-        for call in device.user.existingActivity?.calls ?? [] where call.isLive && involves(call, device) {
-            graceChecks.push((call, device, now))
+        device.disconnectedSecond = since
+        sessionExpiry.push((device, since))
+        deviceExpiry.push((device, since))
+        journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: currentWall))
+        for call in activities[device.userID]?.calls ?? [] where call.isLive && involves(call, device) {
+            graceChecks.push((call, device, since))
         }
     }
 
     // MARK: Delivery
 
-    /// Queues `event` for `device` and wakes its connection. Returns false (and drops the
-    /// event) when the device's queue is full; callers that must not lose an event check
-    /// `hasRoom` first.
+    /// Queues `event` for `device`. Returns false (and drops the event) when the device's
+    /// queue is full; callers that must not lose an event check `hasRoom` first.
     @discardableResult
     mutating func enqueue(_ event: QueuedEvent, to device: DeviceRecord) -> Bool {
         guard device.queue.count < configuration.maxPendingEvents else {
             counters.eventsDropped += 1
             return false
         }
-        _ = device.queue.append(event)
+        let seq = device.queue.append(event)
         counters.eventsQueued += 1
-        if let connection = device.connection {
-            if !device.wakePending {
-                device.wakePending = true
-                effects.append(.wake(connection))
-            }
+        if journaling {
+            unit.changes.append(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
+                seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
+                receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
+                createdAt: event.createdAt)))
+            unit.durable.append((device, seq, event.encoded.type))
         } else {
-            recordOfflineEvent(device, event.encoded.type)
+            device.durableSeq = seq
+            announce(device, event.encoded.type)
         }
         return true
-    }
-
-    mutating func recordOfflineEvent(_ device: DeviceRecord, _ type: FrameType) {
-        effects.append(.offlineEvent(user: device.userID, device: device.deviceID, type: type))
     }
 
     func hasRoom(_ device: DeviceRecord) -> Bool {
         device.queue.count < configuration.maxPendingEvents
     }
 
-    /// The next events to write to `connection`, and the sequence number of the first.
-    /// Nil when the connection no longer speaks for the device (it was taken over).
-    mutating func nextBatch(for device: DeviceRecord, connection: ConnectionRef, limit: Int) -> (firstSeq: UInt64, events: ArraySlice<QueuedEvent>)? {
+    /// Events up to `seq` of `device` are committed: they may be written now.
+    mutating func markDurable(_ device: DeviceRecord, through seq: UInt64, type: FrameType) {
+        guard seq > device.durableSeq else { return }
+        device.durableSeq = seq
+        announce(device, type)
+    }
+
+    /// Wakes the device's connection, or asks for a push wake-up if it has none.
+    private mutating func announce(_ device: DeviceRecord, _ type: FrameType) {
+        if let connection = device.connection {
+            if !device.wakePending {
+                device.wakePending = true
+                effects.append(.wake(connection))
+            }
+        } else if pushAvailable, let registration = pushRegistrations[ObjectIdentifier(device)] {
+            effects.append(.wakeUp(
+                user: device.userID, device: device.deviceID, type: type, pending: device.queue.count,
+                registration: registration))
+        }
+    }
+
+    /// Asks for a push wake-up of an offline device without queueing anything (a call
+    /// rings a device only once it connects).
+    mutating func wakeUpOffline(_ device: DeviceRecord, _ type: FrameType) {
+        guard !device.isOnline else { return }
+        announce(device, type)
+    }
+
+    /// The next events to write to `connection` after `sentSeq`: committed ones only,
+    /// cancelled ones skipped. Returns nil when the connection no longer speaks for the
+    /// device (it was taken over), else the new write position and the events to write
+    /// with their sequence numbers.
+    mutating func nextBatch(
+        for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int
+    ) -> (sentSeq: UInt64, events: [(seq: UInt64, event: QueuedEvent)])? {
         guard device.connection == connection else { return nil }
         device.wakePending = false
-        let events = device.queue.events(after: device.sentSeq, limit: limit)
-        let first = device.sentSeq + 1
-        device.sentSeq += UInt64(events.count)
-        device.maxSentSeq = max(device.maxSentSeq, device.sentSeq)
-        return (first, events)
+        var position = max(sentSeq, device.ackedSeq)
+        var batch: [(UInt64, QueuedEvent)] = []
+        while position < device.durableSeq && batch.count < limit {
+            let available = device.queue.events(after: position, limit: min(limit, Int(device.durableSeq - position)))
+            guard !available.isEmpty else { break }
+            for event in available {
+                position += 1
+                if !event.isCancelled { batch.append((position, event)) }
+            }
+        }
+        return (position, batch)
     }
 
     /// A cumulative ACK from the device's live connection.
     mutating func ack(_ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64) -> ProtocolViolation? {
         guard device.connection == connection else { return nil }  // a late ACK from an evicted connection
-        guard seq <= device.maxSentSeq else {
-            return ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.maxSentSeq))")
+        guard seq <= device.lastSeq else {
+            return ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))")
         }
         acknowledge(device, through: seq)
         return nil
@@ -212,42 +361,17 @@ struct SwitchboardState {
         guard seq > device.ackedSeq else { return }
         var receipts: [DeliveryReceipt] = []
         device.queue.removeThrough(seq) { _, event in
-            if let receipt = event.receipt { receipts.append(receipt) }
+            if let receipt = event.receipt, !event.isCancelled { receipts.append(receipt) }
         }
-        device.ackedSeq = seq
-        device.sentSeq = max(device.sentSeq, seq)
-        guard !receipts.isEmpty else { return }
+        journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
         for receipt in receipts {
-            guard let sender = users[receipt.sender] else { continue }
-            let delivered = QueuedEvent(.messageDelivered(
-                messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: device.deviceID,
-                serverTime: currentWall))
-            for senderDevice in sender.devices { enqueue(delivered, to: senderDevice) }
+            let delivered = QueuedEvent(
+                .messageDelivered(
+                    messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: device.deviceID,
+                    serverTime: currentWall),
+                createdAt: currentWall)
+            for senderDevice in devices(of: receipt.sender) { enqueue(delivered, to: senderDevice) }
         }
-    }
-
-    /// Wall-clock time of the operation in progress (set by the caller before each
-    /// operation that stamps events).
-    var currentWall: UInt64 = 0
-
-    // MARK: Records
-
-    private mutating func createUser(_ userID: String) -> UserRecord {
-        let user = UserRecord(userID: userID)
-        users[userID] = user
-        return user
-    }
-
-    mutating func user(_ userID: String, create: Bool) -> UserRecord? {
-        if let user = users[userID] { return user }
-        return create ? createUser(userID) : nil
-    }
-
-    /// Drops a user record (or its activity part) that holds nothing any more.
-    mutating func collectIfEmpty(_ user: UserRecord) {
-        user.compactActivity()
-        guard user.isEmpty, users[user.userID] === user else { return }
-        users[user.userID] = nil
     }
 
     func involves(_ call: CallRecord, _ device: DeviceRecord) -> Bool {
@@ -260,64 +384,153 @@ struct SwitchboardState {
         }
     }
 
+    // MARK: Push registration
+
+    mutating func registerPush(_ registration: PushRegistration, for device: DeviceRecord) {
+        pushRegistrations[ObjectIdentifier(device)] = registration
+        journal(.registerPush(user: device.userID, device: device.deviceID, registration: registration))
+    }
+
     // MARK: Deadlines
 
     mutating func scheduleRingTimeout(_ call: CallRecord, now: Instant) {
         ringExpiry.push((call, now + configuration.ringTimeout))
     }
 
-    mutating func scheduleDedupExpiry(_ user: UserRecord, _ messageID: String, now: Instant) {
-        dedupExpiry.push((user, messageID, now + configuration.dedupWindow))
+    mutating func rememberMessageID(_ messageID: String, sender: String, serverTime: UInt64, now: Instant) {
+        activity(sender).recentMessageIDs[messageID] = serverTime
+        dedupExpiry.push((sender, messageID, now + configuration.dedupWindow))
+        journal(.rememberMessageID(StoredMessageID(
+            sender: sender, messageID: messageID, serverTime: serverTime,
+            expiresAt: currentWall + UInt64(configuration.dedupWindow.milliseconds))))
         // Bound memory under a message flood: forget the oldest ids early.
         while dedupExpiry.count > configuration.dedupCapacity, let oldest = dedupExpiry.pop() {
-            forgetMessageID(oldest.user, oldest.messageID)
+            forgetMessageID(oldest.messageID, sender: oldest.sender)
         }
     }
 
-    mutating func scheduleUnclaimedExpiry(_ user: UserRecord, _ event: QueuedEvent, now: Instant) {
-        unclaimedExpiry.push((user, event, now + configuration.sessionTTL))
+    mutating func forgetMessageID(_ messageID: String, sender: String) {
+        guard let activity = activities[sender], activity.recentMessageIDs.removeValue(forKey: messageID) != nil else { return }
+        journal(.forgetMessageID(sender: sender, messageID: messageID))
+        compactActivity(sender)
     }
 
-    private mutating func forgetMessageID(_ user: UserRecord, _ messageID: String) {
-        user.existingActivity?.recentMessageIDs[messageID] = nil
-        collectIfEmpty(user)
+    mutating func hold(_ event: QueuedEvent, for userID: String, now: Instant) {
+        let activity = activity(userID)
+        let ordinal = activity.nextHeldOrdinal
+        activity.held.append(event)
+        heldExpiry.push((userID, event, now + configuration.eventTTL))
+        journal(.holdForUser(user: userID, event: StoredEvent(
+            seq: ordinal, type: event.encoded.type.rawValue, body: event.encoded.body,
+            receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
+            createdAt: event.createdAt)))
     }
 
     /// Runs every deadline that has passed at `now`. Called by one event loop per tick.
     mutating func expire(now: Instant) {
+        let nowSecond = second(now)
         while let entry = ringExpiry.first, entry.deadline <= now {
             ringExpiry.pop()
             if entry.call.isLive && entry.call.state.isUnanswered { ringTimedOut(entry.call) }
         }
-        while let entry = graceChecks.first, entry.since + configuration.callGrace <= now {
+        let grace = seconds(configuration.callGrace)
+        while let entry = graceChecks.first, entry.since &+ grace <= nowSecond {
             graceChecks.pop()
-            let device = entry.record
-            if entry.call.isLive && !device.isOnline && device.disconnectedAt == entry.since {
+            let device = entry.device
+            if entry.call.isLive && !device.isOnline && device.disconnectedSecond == entry.since {
                 partyVanished(entry.call, device)
             }
         }
-        while let entry = sessionExpiry.first, entry.since + configuration.sessionTTL <= now {
+        let sessionTTL = seconds(configuration.sessionTTL)
+        while let entry = sessionExpiry.first, entry.since &+ sessionTTL <= nowSecond {
             sessionExpiry.pop()
-            let device = entry.record
-            guard !device.isOnline, device.disconnectedAt == entry.since else { continue }
-            let user = device.user
-            guard user.device(device.deviceID) === device else { continue }
-            user.remove(device)
+            let device = entry.device
+            guard !device.isOnline, device.disconnectedSecond == entry.since else { continue }
+            // No longer resumable: the device must start a new session (its events stay).
+            device.sessionID = SessionID.random(using: &random)
             counters.sessionsExpired += 1
+            let lastSeen = currentWall &- UInt64(nowSecond &- entry.since) * 1000
+            journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: lastSeen))
+        }
+        let eventTTL = seconds(configuration.eventTTL)
+        while let entry = deviceExpiry.first, entry.since &+ eventTTL <= nowSecond {
+            deviceExpiry.pop()
+            let device = entry.device
+            guard !device.isOnline, device.disconnectedSecond == entry.since,
+                  self.device(device.userID, device.deviceID) === device
+            else { continue }
+            removeDevice(device)
+            counters.devicesExpired += 1
             counters.eventsExpired += device.queue.count
-            collectIfEmpty(user)
+            journal(.removeDevice(user: device.userID, device: device.deviceID))
         }
         while let entry = dedupExpiry.first, entry.deadline <= now {
             dedupExpiry.pop()
-            forgetMessageID(entry.user, entry.messageID)
+            forgetMessageID(entry.messageID, sender: entry.sender)
         }
-        while let entry = unclaimedExpiry.first, entry.deadline <= now {
-            unclaimedExpiry.pop()
-            if let activity = entry.user.existingActivity, activity.unclaimed.first === entry.event {
-                counters.eventsExpired += 1
-                activity.unclaimed.removeFirst()
-                collectIfEmpty(entry.user)
+        while let entry = heldExpiry.first, entry.deadline <= now {
+            heldExpiry.pop()
+            guard let activity = activities[entry.user], activity.held.first === entry.event else { continue }
+            activity.held.removeFirst()
+            counters.eventsExpired += 1
+            journal(.releaseHeld(user: entry.user, through: activity.firstHeldOrdinal))
+            activity.firstHeldOrdinal += 1
+            compactActivity(entry.user)
+        }
+    }
+
+    // MARK: Restart
+
+    /// Rebuilds the state a store kept. Called once, before any connection.
+    mutating func load(_ snapshot: StoredSnapshot, now: Instant) {
+        let nowSecond = second(now)
+        func age(_ wall: UInt64) -> UInt32 { UInt32(clamping: (currentWall &- min(wall, currentWall)) / 1000) }
+
+        for stored in snapshot.devices.sorted(by: { $0.lastSeen < $1.lastSeen }) {
+            let device = DeviceRecord(
+                userID: stored.userID, deviceID: stored.deviceID, sessionID: stored.sessionID,
+                nextSeq: stored.ackedSeq + 1)
+            for event in stored.events where event.seq > device.lastSeq {
+                guard let type = FrameType(rawValue: event.type) else { continue }
+                while device.lastSeq + 1 < event.seq { _ = device.queue.append(.placeholder()) }
+                _ = device.queue.append(Self.queuedEvent(event, type: type))
+            }
+            // Numbers handed out before the restart are never handed out again.
+            while device.lastSeq < stored.lastSeq { _ = device.queue.append(.placeholder()) }
+            device.durableSeq = device.lastSeq
+            device.disconnectedSecond = nowSecond &- age(stored.lastSeen)
+            addDevice(device)
+            if let push = stored.push { pushRegistrations[ObjectIdentifier(device)] = push }
+            sessionExpiry.push((device, device.disconnectedSecond))
+            deviceExpiry.push((device, device.disconnectedSecond))
+        }
+        for (userID, events) in snapshot.held {
+            guard let first = events.first else { continue }
+            let activity = activity(userID)
+            activity.firstHeldOrdinal = first.seq
+            for event in events {
+                guard let type = FrameType(rawValue: event.type) else { continue }
+                while activity.nextHeldOrdinal < event.seq { activity.held.append(.placeholder()) }
+                let queued = Self.queuedEvent(event, type: type)
+                activity.held.append(queued)
             }
         }
+        let heldByAge = activities.flatMap { userID, activity in activity.held.map { (userID, $0) } }
+            .filter { !$0.1.isCancelled }.sorted { $0.1.createdAt < $1.1.createdAt }
+        for (userID, event) in heldByAge {
+            let remaining = configuration.eventTTL - .seconds(Int64(age(event.createdAt)))
+            heldExpiry.push((userID, event, now + max(.zero, remaining)))
+        }
+        for stored in snapshot.messageIDs.sorted(by: { $0.expiresAt < $1.expiresAt }) where stored.expiresAt > currentWall {
+            activity(stored.sender).recentMessageIDs[stored.messageID] = stored.serverTime
+            dedupExpiry.push((stored.sender, stored.messageID, now + .milliseconds(Int64(stored.expiresAt - currentWall))))
+        }
+    }
+
+    private static func queuedEvent(_ event: StoredEvent, type: FrameType) -> QueuedEvent {
+        QueuedEvent(
+            encoded: EncodedEvent(type: type, body: event.body),
+            receipt: event.receipt.map { DeliveryReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
+            createdAt: event.createdAt)
     }
 }

@@ -27,23 +27,24 @@ struct TimingWheel {
         slots[Int(due % UInt32(slots.count))].append(key)
     }
 
-    /// Collects the keys of every slot from the last processed second up to `second`.
-    /// The caller decides, per key, whether it really expired or must be scheduled again.
-    mutating func advance(to second: UInt32, _ visit: (UInt64) -> Void) {
-        guard second > processedSecond else { return }
+    /// Removes and returns the keys of every slot from the last processed second up to
+    /// `second`. The caller decides, per key, whether it really expired or must be
+    /// scheduled again (which then lands after `second`).
+    mutating func advance(to second: UInt32) -> [UInt64] {
+        guard second > processedSecond else { return [] }
         // After a long stall only one turn needs visiting: every slot is covered once.
         let steps = min(UInt64(second - processedSecond), UInt64(slots.count))
         var current = second &- UInt32(steps)
+        var due: [UInt64] = []
         for _ in 0..<steps {
             current &+= 1
             let index = Int(current % UInt32(slots.count))
             guard !slots[index].isEmpty else { continue }
-            let due = slots[index]
+            due += slots[index]
             slots[index] = []
-            processedSecond = current  // re-entries from `visit` land strictly later
-            for key in due { visit(key) }
         }
         processedSecond = second
+        return due
     }
 
     /// Number of entries, stale ones included (for statistics and tests).

@@ -1,0 +1,46 @@
+#ifndef SOCKET_SHIMS_H
+#define SOCKET_SHIMS_H
+#include <stdint.h>
+#include <stddef.h>
+
+/// Creates a non-blocking, close-on-exec listening TCP socket bound to host:port
+/// (host may be an IPv4 or IPv6 literal or a name; NULL or "" = all IPv4 addresses).
+/// With reuse_port, several sockets may bind the same port (one per event loop).
+/// Returns the fd, or -1 with a message in err.
+int shim_listen_tcp(const char *host, uint16_t port, int reuse_port, int backlog, char *err, size_t err_len);
+
+/// True (1) when host:port can be bound by a socket WITHOUT SO_REUSEPORT, i.e. no other
+/// process listens there. SO_REUSEPORT would otherwise let a second server silently
+/// share the port and split the devices between two processes.
+int shim_port_is_free(const char *host, uint16_t port, char *err, size_t err_len);
+
+/// The local port a socket is bound to, or -1.
+int shim_local_port(int fd);
+
+/// accept4 with SOCK_NONBLOCK | SOCK_CLOEXEC. Writes a 64-bit hash of the peer's IP
+/// address (not the port) to address_hash, so per-address limits need no sockaddr in Swift.
+int shim_accept(int listen_fd, uint64_t *address_hash);
+
+/// Non-blocking, close-on-exec eventfd for cross-thread wake-ups.
+int shim_eventfd(void);
+/// Adds one to an eventfd / drains it.
+void shim_eventfd_signal(int fd);
+void shim_eventfd_drain(int fd);
+
+/// SO_KEEPALIVE with TCP_KEEPIDLE / TCP_KEEPINTVL / TCP_KEEPCNT. Returns 0 or -1.
+int shim_set_tcp_keepalive(int fd, int idle_seconds, int interval_seconds, int count);
+/// TCP_USER_TIMEOUT in milliseconds. Returns 0 or -1.
+int shim_set_tcp_user_timeout(int fd, unsigned int milliseconds);
+/// TCP_NODELAY on. Returns 0 or -1.
+int shim_set_tcp_nodelay(int fd);
+/// Reads an int socket option; returns -1 on error.
+int shim_get_int_option(int fd, int level, int name);
+
+/// send() with MSG_NOSIGNAL | MSG_DONTWAIT: a vanished peer gives EPIPE, never SIGPIPE.
+long shim_send(int fd, const void *bytes, size_t count);
+
+/// Thread-local "current event loop" pointer, so libevent callbacks (which get one
+/// argument) can carry a connection slot and still find their loop.
+void shim_set_current_loop(void *loop);
+void *shim_current_loop(void);
+#endif

@@ -1,0 +1,203 @@
+import SignalingProtocol
+import SignalingStoreSQLite
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The command line and configuration file of `voipserver`. Both use the same names: a
+/// file line `ring-timeout = 45` means `--ring-timeout 45`. Precedence: built-in defaults,
+/// then the file given with `--config`, then the command line.
+public enum ServerOptions {
+    public static let parser = CommandLineParser(
+        command: "voipserver",
+        usage: "voipserver [--listen HOST:PORT] [--config FILE] [options]",
+        summary: """
+            Persistent-connection signaling server for VoIP and messaging apps. Holds one long-lived, \
+            mostly idle TCP connection per device and pushes call and message events down it at once. \
+            Runs on its embedded defaults with no options at all.
+            """,
+        options: [
+            OptionSpec("listen", value: "HOST:PORT", default: "0.0.0.0:7443", help: "Address and port to accept devices on."),
+            OptionSpec("config", value: "FILE", help: "Read options from FILE: one 'name = value' per line, '#' comments."),
+            OptionSpec("workers", value: "N", default: "one per core", help: "Event-loop threads."),
+            OptionSpec("keepalive", value: "SECONDS", default: "600", help: "Keep-alive interval handed to devices; never below 600."),
+            OptionSpec("max-keepalive", value: "SECONDS", default: "3600", help: "Longest keep-alive granted to a device that asks for more."),
+            OptionSpec("ring-timeout", value: "SECONDS", default: "60", help: "How long an unanswered call rings (then: missed call)."),
+            OptionSpec("call-grace", value: "SECONDS", default: "10", help: "How long a call survives a party's lost connection."),
+            OptionSpec("max-frame", value: "BYTES", default: "65536", help: "Largest frame accepted."),
+            OptionSpec("handshake-timeout", value: "SECONDS", default: "10", help: "Close connections that send no HELLO within this."),
+            OptionSpec("max-pending", value: "EVENTS", default: "10000", help: "Unacknowledged events kept per device."),
+            OptionSpec("session-ttl", value: "SECONDS", default: "86400", help: "How long a disconnected device's session stays resumable."),
+            OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
+            OptionSpec("store", value: "sqlite|memory", default: "sqlite", help: "Keep pending events in SQLite (survive restarts) or in memory only."),
+            OptionSpec("data-dir", value: "DIR", default: "$STATE_DIRECTORY or ./voipserver-data", help: "Directory of the SQLite store (created if missing)."),
+            OptionSpec("sync", value: "normal|full", default: "normal", help: "normal survives a process crash; full also a power loss (slower commits)."),
+            OptionSpec("store-max-bytes", value: "BYTES", help: "Cap the store's size; past it messages are refused until space is freed."),
+            OptionSpec("store-timeout", value: "SECONDS", default: "5", help: "A message the store cannot commit within this is refused (storeUnavailable)."),
+            OptionSpec("dedup-window", value: "SECONDS", default: "86400", help: "How long message ids are remembered for de-duplication."),
+            OptionSpec("dedup-capacity", value: "IDS", default: "1000000", help: "Most message ids remembered at once."),
+            OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent bytes allowed for a client that does not read."),
+            OptionSpec("max-connections-per-ip", value: "N", default: "10000", help: "Connections allowed from one IP address."),
+            OptionSpec("handshake-rate", value: "N", default: "20000", help: "Handshakes admitted per second (burst of the same size); 0 = unlimited."),
+            OptionSpec("drain-retry-after", value: "SECONDS", default: "1", help: "On shutdown, tell devices to reconnect after this..."),
+            OptionSpec("drain-jitter", value: "SECONDS", default: "30", help: "...plus a random delay up to this."),
+            OptionSpec("drain-timeout", value: "SECONDS", default: "5", help: "How long shutdown waits for devices to read their CLOSE."),
+            OptionSpec("auth-secret", value: "SECRET", help: "Require HMAC-SHA256(SECRET, userId) tokens in HELLO (prefer --auth-secret-file)."),
+            OptionSpec("auth-secret-file", value: "FILE", help: "Read the authentication secret from FILE (first line)."),
+            OptionSpec("tcp-user-timeout", value: "SECONDS", default: "30", help: "Kill connections whose sent data stays unacknowledged this long."),
+            OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
+            OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
+            OptionSpec("log-level", value: "LEVEL", default: "info", help: "debug, info, warn or error."),
+        ],
+        epilogue: """
+            SIGNALS:
+              SIGTERM, SIGINT   Drain: every device is told to reconnect after --drain-retry-after plus a random
+                                share of --drain-jitter (so a restart is not a reconnect storm), then exit 0.
+
+            EXIT STATUS:
+              0 after a clean drain, 64 for a usage or configuration error, 70 if the server cannot start.
+
+            See docs/CONFIGURATION.md and docs/OPERATIONS.md.
+            """)
+
+    /// Builds the configuration from the command line (and the file it names).
+    public static func configuration(from arguments: [String]) throws(UsageError) -> (ServerConfiguration, helpRequested: Bool) {
+        let commandLine = try parser.parse(arguments)
+        if commandLine.helpRequested { return (ServerConfiguration(), true) }
+        guard commandLine.positionals.isEmpty else {
+            throw UsageError("unexpected argument '\(commandLine.positionals[0])'")
+        }
+        var merged = ParsedOptions()
+        if let path = commandLine.string("config") {
+            merged = try parseFile(path)
+        }
+        for (name, values) in commandLine.values { merged.values[name] = values }
+        return (try build(merged), false)
+    }
+
+    /// Reads `name = value` lines.
+    static func parseFile(_ path: String) throws(UsageError) -> ParsedOptions {
+        guard let text = readTextFile(path) else { throw UsageError("cannot read configuration file \(path)") }
+        var parsed = ParsedOptions()
+        for (number, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            var line = Substring(rawLine)
+            if let hash = line.firstIndex(of: "#") { line = line[..<hash] }
+            let trimmed = line.trimmingWhitespace()
+            guard !trimmed.isEmpty else { continue }
+            guard let equals = trimmed.firstIndex(of: "=") else {
+                throw UsageError("\(path):\(number + 1): expected 'name = value'")
+            }
+            let name = String(trimmed[..<equals].trimmingWhitespace())
+            let value = String(trimmed[trimmed.index(after: equals)...].trimmingWhitespace())
+            guard let spec = parser.options.first(where: { $0.name == name }), name != "config" else {
+                throw UsageError("\(path):\(number + 1): unknown option '\(name)'")
+            }
+            parsed.values[name] = [spec.isFlag ? "true" : value]
+        }
+        return parsed
+    }
+
+    static func build(_ options: ParsedOptions) throws(UsageError) -> ServerConfiguration {
+        var configuration = ServerConfiguration()
+        if let listen = options.string("listen") {
+            guard let colon = listen.lastIndex(of: ":"), let port = UInt16(listen[listen.index(after: colon)...]) else {
+                throw UsageError("--listen expects HOST:PORT, got '\(listen)'")
+            }
+            var host = String(listen[..<colon])
+            if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+            configuration.host = host.isEmpty ? "0.0.0.0" : host
+            configuration.port = port
+        }
+        if let workers = try options.int("workers", in: 1...256) { configuration.workers = workers }
+
+        let keepAlive = try options.int("keepalive", in: 1...86_400).map(UInt32.init) ?? configuration.keepAlive.defaultInterval
+        let maxKeepAlive = try options.int("max-keepalive", in: 1...86_400).map(UInt32.init)
+            ?? max(configuration.keepAlive.maximumInterval, keepAlive)
+        do {
+            configuration.keepAlive = try KeepAlivePolicy(defaultInterval: keepAlive, maximumInterval: maxKeepAlive)
+        } catch {
+            throw UsageError("--keepalive: \(error)")
+        }
+
+        func seconds(_ name: String, _ range: ClosedRange<Double>) throws(UsageError) -> Duration? {
+            try options.double(name, in: range).map { Duration.milliseconds(Int64(($0 * 1000).rounded())) }
+        }
+        if let value = try seconds("ring-timeout", 1...3600) { configuration.ringTimeout = value }
+        if let value = try seconds("call-grace", 0...3600) { configuration.callGrace = value }
+        if let value = try seconds("handshake-timeout", 1...300) { configuration.handshakeTimeout = value }
+        if let value = try seconds("session-ttl", 0...(86_400 * 365)) { configuration.sessionTTL = value }
+        if let value = try seconds("event-ttl", 0...(86_400 * 3650)) { configuration.eventTTL = value }
+        if let value = try seconds("store-timeout", 0.01...3600) { configuration.storeTimeout = value }
+        if let mode = options.string("store") {
+            guard let parsed = StorageConfiguration.Mode(rawValue: mode) else { throw UsageError("--store must be sqlite or memory") }
+            configuration.storage.mode = parsed
+        }
+        if let directory = options.string("data-dir") {
+            guard !directory.isEmpty else { throw UsageError("--data-dir must not be empty") }
+            configuration.storage.directory = directory
+        }
+        if let sync = options.string("sync") {
+            guard let parsed = SQLiteStoreConfiguration.Synchronous(rawValue: sync) else { throw UsageError("--sync must be normal or full") }
+            configuration.storage.synchronous = parsed
+        }
+        if let bytes = try options.int("store-max-bytes", in: 65_536...Int.max) { configuration.storage.maxBytes = bytes }
+        if let value = try seconds("dedup-window", 0...(86_400 * 365)) { configuration.dedupWindow = value }
+        if let value = try seconds("drain-retry-after", 0...3600) { configuration.drainRetryAfter = value }
+        if let value = try seconds("drain-jitter", 0...3600) { configuration.drainJitter = value }
+        if let value = try seconds("drain-timeout", 0...600) { configuration.drainTimeout = value }
+        if let value = try seconds("tcp-user-timeout", 1...3600) { configuration.tcpUserTimeout = value }
+        if let value = try seconds("tick", 0.001...1) { configuration.tickInterval = value }
+        if let value = try options.int("busy-poll", in: 0...1_000_000) { configuration.busyPoll = .microseconds(value) }
+        if let value = try options.int("max-frame", in: 256...(16 << 20)) { configuration.maxFrameLength = value }
+        if let value = try options.int("max-pending", in: 1...10_000_000) { configuration.maxPendingEvents = value }
+        if let value = try options.int("dedup-capacity", in: 1...100_000_000) { configuration.dedupCapacity = value }
+        if let value = try options.int("max-queued-bytes", in: 256...(1 << 30)) { configuration.maxQueuedBytes = value }
+        if let value = try options.int("max-connections-per-ip", in: 1...10_000_000) { configuration.maxConnectionsPerAddress = value }
+        if let value = try options.int("handshake-rate", in: 0...10_000_000) { configuration.handshakeRate = value }
+
+        if options.has("auth-secret") && options.has("auth-secret-file") {
+            throw UsageError("give --auth-secret or --auth-secret-file, not both")
+        }
+        if let secret = options.string("auth-secret") {
+            guard !secret.isEmpty else { throw UsageError("--auth-secret must not be empty") }
+            configuration.authSecret = secret
+        }
+        if let path = options.string("auth-secret-file") {
+            guard let text = readTextFile(path),
+                  let line = text.split(separator: "\n").first.map({ String($0.trimmingWhitespace()) }), !line.isEmpty
+            else { throw UsageError("cannot read a secret from \(path)") }
+            configuration.authSecret = line
+        }
+        if let level = options.string("log-level") {
+            guard let parsed = LogLevel(name: level) else { throw UsageError("--log-level must be debug, info, warn or error") }
+            configuration.logLevel = parsed
+        }
+        try configuration.validate()
+        return configuration
+    }
+}
+
+/// The whole file as UTF-8 text, or nil.
+func readTextFile(_ path: String) -> String? {
+    guard let file = fopen(path, "r") else { return nil }
+    defer { fclose(file) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let count = fread(&chunk, 1, chunk.count, file)
+        if count <= 0 { break }
+        bytes += chunk[..<count]
+        if bytes.count > 1 << 20 { return nil }
+    }
+    return String(validating: bytes, as: UTF8.self)
+}
+
+extension Substring {
+    func trimmingWhitespace() -> Substring {
+        var result = self
+        while let first = result.first, first.isWhitespace { result.removeFirst() }
+        while let last = result.last, last.isWhitespace { result.removeLast() }
+        return result
+    }
+}

@@ -1,0 +1,49 @@
+import SignalingProtocol
+
+/// Where a connection is in its life.
+enum ConnectionPhase: UInt8 {
+    /// Accepted; no HELLO yet. Closed if none arrives within the handshake timeout.
+    case awaitingHello
+    /// HELLO accepted and bound to a device; events flow; the idle timeout applies.
+    case established
+    /// CLOSE written and our side shut down; input is read and discarded until the peer
+    /// closes or the linger deadline passes, so the peer can read our CLOSE (closing with
+    /// unread input would send a RST that may destroy it).
+    case closing
+    /// The slot is free.
+    case free
+}
+
+/// One connection's state in its event loop's connection table. A plain struct in a
+/// table of fixed-size chunks: no per-connection object, and nothing allocated while the
+/// connection is idle (`inbound` and `outbound` exist only while bytes are in flight).
+///
+/// Confined to the owning event loop's thread.
+struct ConnectionState {
+    var fd: Int32 = -1
+    /// Incremented each time the slot is reused; part of `ConnectionRef`.
+    var generation: UInt32 = 0
+    var phase: ConnectionPhase = .free
+    /// The socket event currently includes VS_EV_WRITE (only while `outbound` is non-empty).
+    var wantsWrite = false
+    /// The connection was counted against its address's cap (refused ones are not).
+    var countsTowardAddress = false
+    /// Seconds (server timeline) of the last byte received.
+    var lastActivity: UInt32 = 0
+    /// Seconds of silence after which the connection is closed (set at handshake).
+    var idleTimeout: UInt32 = 0
+    /// Seconds when the current phase began.
+    var phaseSince: UInt32 = 0
+    /// Bytes of `outbound` already written.
+    var outboundOffset: UInt32 = 0
+    /// Hash of the peer's IP address, for the per-address connection cap.
+    var addressHash: UInt32 = 0
+    /// The device's events up to this have been written to this connection.
+    var sentSeq: UInt64 = 0
+    /// A partial frame waiting for the rest of its bytes.
+    var inbound: [UInt8]? = nil
+    /// Bytes the socket would not take yet.
+    var outbound: [UInt8]? = nil
+    /// The device this connection speaks for (established only).
+    var device: DeviceRecord? = nil
+}

@@ -1,0 +1,91 @@
+import CLibeventShims
+
+/// The connections of one event loop, by slot number.
+///
+/// Storage comes in fixed chunks of `chunkSize` slots: one array of `ConnectionState` and
+/// one block of libevent `struct event`s per chunk. Chunks never move, so libevent may keep
+/// pointers to the events, and nothing is allocated per connection: a connection costs its
+/// 64-byte state plus one `struct event` (128 bytes on x86-64), whatever its lifetime.
+/// Free slots are reused most-recently-freed first, which keeps the touched memory small.
+///
+/// Confined to the owning event loop's thread.
+struct ConnectionTable {
+    static let chunkSize = 1024
+
+    private var stateChunks: [UnsafeMutablePointer<ConnectionState>] = []
+    private var eventChunks: [UnsafeMutableRawPointer] = []
+    private var freeSlots: [UInt32] = []
+    private var nextUnused: UInt32 = 0
+    private let eventSize = Int(vs_event_struct_size())
+    private(set) var liveCount = 0
+
+    /// A free slot, with a fresh generation; the caller fills in the state.
+    mutating func allocate() -> UInt32? {
+        let slot: UInt32
+        if let reused = freeSlots.popLast() {
+            slot = reused
+        } else {
+            guard nextUnused < 1 << 24 else { return nil }  // ConnectionRef packs 24-bit slots
+            slot = nextUnused
+            nextUnused += 1
+            if Int(slot) / Self.chunkSize == stateChunks.count { addChunk() }
+        }
+        let entry = state(slot)
+        entry.pointee.generation = entry.pointee.generation &+ 1
+        if entry.pointee.generation == 0 { entry.pointee.generation = 1 }
+        liveCount += 1
+        return slot
+    }
+
+    /// Returns a slot to the free list and clears its state (releasing any buffers).
+    mutating func release(_ slot: UInt32) {
+        let entry = state(slot)
+        let generation = entry.pointee.generation
+        entry.pointee = ConnectionState()
+        entry.pointee.generation = generation
+        freeSlots.append(slot)
+        liveCount -= 1
+    }
+
+    @inline(__always)
+    func state(_ slot: UInt32) -> UnsafeMutablePointer<ConnectionState> {
+        stateChunks[Int(slot) / Self.chunkSize] + Int(slot) % Self.chunkSize
+    }
+
+    @inline(__always)
+    func event(_ slot: UInt32) -> OpaquePointer {
+        OpaquePointer(eventChunks[Int(slot) / Self.chunkSize] + (Int(slot) % Self.chunkSize) * eventSize)
+    }
+
+    /// Whether `slot` currently holds the connection of that generation.
+    func isLive(_ slot: UInt32, generation: UInt32) -> Bool {
+        guard slot < nextUnused else { return false }
+        let entry = state(slot).pointee
+        return entry.generation == generation && entry.phase != .free
+    }
+
+    /// Every slot in use (for shutdown).
+    func liveSlots() -> [UInt32] {
+        (0..<nextUnused).filter { state($0).pointee.phase != .free }
+    }
+
+    private mutating func addChunk() {
+        let states = UnsafeMutablePointer<ConnectionState>.allocate(capacity: Self.chunkSize)
+        states.initialize(repeating: ConnectionState(), count: Self.chunkSize)
+        stateChunks.append(states)
+        let events = UnsafeMutableRawPointer.allocate(byteCount: Self.chunkSize * eventSize, alignment: 16)
+        events.initializeMemory(as: UInt8.self, repeating: 0, count: Self.chunkSize * eventSize)
+        eventChunks.append(events)
+    }
+
+    /// Frees the chunks. Only after every event has been removed from the loop.
+    mutating func deallocate() {
+        for chunk in stateChunks {
+            chunk.deinitialize(count: Self.chunkSize)
+            chunk.deallocate()
+        }
+        for chunk in eventChunks { chunk.deallocate() }
+        stateChunks = []
+        eventChunks = []
+    }
+}

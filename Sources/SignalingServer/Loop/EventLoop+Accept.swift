@@ -1,0 +1,104 @@
+import CLibeventShims
+import CLinuxShims
+import SignalingProtocol
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension EventLoop {
+    /// Accepts what is waiting on this loop's listening socket, a bounded number per
+    /// callback so that a connection flood cannot starve established connections.
+    func acceptConnections() {
+        refreshTime()
+        for _ in 0..<256 {
+            var addressHash: UInt64 = 0
+            let fd = shim_accept(listenFD, &addressHash)
+            if fd < 0 {
+                switch errno {
+                case EAGAIN, EWOULDBLOCK, EINTR, ECONNABORTED: break
+                case EMFILE, ENFILE:
+                    context.logger.error("accept_failed", ["error": "out of file descriptors", "open": table.liveCount])
+                default:
+                    context.logger.warning("accept_failed", ["error": String(cString: strerror(errno))])
+                }
+                break
+            }
+            adopt(fd, addressHash: addressHash)
+        }
+        flushDirty()
+    }
+
+    private func adopt(_ fd: Int32, addressHash: UInt64) {
+        let configuration = context.configuration
+        let address = UInt32(truncatingIfNeeded: addressHash)
+        let admitted = context.admission.admitConnection(from: address)
+        guard let slot = table.allocate() else {
+            // No slot even to linger in: a best-effort CLOSE.
+            if admitted { context.admission.releaseConnection(from: address) }
+            refuseImmediately(fd, Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full"))
+            return
+        }
+        configureSocket(fd)
+        let state = table.state(slot)
+        state.pointee.fd = fd
+        state.pointee.phase = .awaitingHello
+        state.pointee.phaseSince = nowSeconds
+        state.pointee.lastActivity = nowSeconds
+        state.pointee.addressHash = address
+        state.pointee.countsTowardAddress = admitted
+        assignEvent(slot, writable: false)
+        context.counters.openConnections.increment()
+        guard admitted else {
+            // Refused through the normal lingering close, so the client reads the CLOSE
+            // (closing at once, with its HELLO unread, would reset the connection).
+            context.counters.connectionsRefusedPerAddress.increment()
+            closeConnection(slot, with: Close(
+                code: .tooManyConnections, retryAfterMs: 30_000, retryJitterMs: 30_000,
+                message: "more than \(configuration.maxConnectionsPerAddress) connections from your address"))
+            return
+        }
+        helloDeadlines.push((slot, state.pointee.generation, nowSeconds + ServerContext.wholeSeconds(configuration.handshakeTimeout)))
+        context.counters.acceptedConnections.increment()
+    }
+
+    /// (Re)binds the slot's libevent event to its socket: read always, write only while
+    /// there are unsent bytes.
+    func assignEvent(_ slot: UInt32, writable: Bool) {
+        let state = table.state(slot)
+        let event = table.event(slot)
+        // Event memory starts zeroed (ConnectionTable), so this is false for a slot's first
+        // use; deleting an event that is not pending is a no-op.
+        if vs_event_initialized(event) != 0 { vs_event_del(event) }
+        var flags = VS_EV_READ | VS_EV_PERSIST
+        if writable { flags |= VS_EV_WRITE }
+        let argument = UnsafeMutableRawPointer(bitPattern: UInt(slot) + 1)
+        vs_event_assign(event, base, state.pointee.fd, Int16(flags), { _, what, argument in
+            let loop = Unmanaged<EventLoop>.fromOpaque(shim_current_loop()!).takeUnretainedValue()
+            loop.connectionReady(UInt32(UInt(bitPattern: argument) - 1), what: Int32(what))
+        }, argument)
+        vs_event_add(event, -1)
+        state.pointee.wantsWrite = writable
+    }
+
+    /// Socket options for a long-lived, mostly idle device connection.
+    private func configureSocket(_ fd: Int32) {
+        let configuration = context.configuration
+        // Kernel keep-alive probes must never precede the protocol's own idle timeout:
+        // every probe wakes a sleeping phone. They only matter as a backstop.
+        let idleTimeout = KeepAlivePolicy.idleTimeout(forInterval: configuration.keepAlive.maximumInterval)
+        _ = shim_set_tcp_keepalive(fd, Int32(idleTimeout) + 60, 30, 4)
+        // Data the peer never acknowledges (it vanished mid-write) kills the connection
+        // after this; its events stay pending for the resume.
+        _ = shim_set_tcp_user_timeout(fd, UInt32(clamping: configuration.tcpUserTimeout.milliseconds))
+        // Signalling frames are small and latency-bound.
+        _ = shim_set_tcp_nodelay(fd)
+    }
+
+    /// Best-effort CLOSE to a connection we will not keep, then close.
+    private func refuseImmediately(_ fd: Int32, _ frame: Close) {
+        let bytes = FrameEncoder.encode(.close(frame))
+        _ = bytes.withUnsafeBytes { shim_send(fd, $0.baseAddress, $0.count) }
+        shutdown(fd, Int32(SHUT_WR))
+        close(fd)
+    }
+}

@@ -1,0 +1,270 @@
+import CLibeventShims
+import CLinuxShims
+import SignalingProtocol
+import SignalingStore
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension EventLoop {
+    /// libevent says the socket of `slot` is readable and/or writable.
+    func connectionReady(_ slot: UInt32, what: Int32) {
+        activity &+= 1
+        refreshTime()
+        if what & VS_EV_WRITE != 0 {
+            flushOutbound(slot)
+        }
+        if what & VS_EV_READ != 0, table.state(slot).pointee.phase != .free {
+            readAvailable(slot)
+        }
+        flushDirty()
+    }
+
+    /// Reads until the socket is empty, at most a few buffers per callback (fairness).
+    private func readAvailable(_ slot: UInt32) {
+        let state = table.state(slot)
+        for _ in 0..<4 {
+            let count = recv(state.pointee.fd, readBuffer.baseAddress, readBuffer.count, 0)
+            if count > 0 {
+                if state.pointee.phase == .closing { continue }  // lingering: discard
+                state.pointee.lastActivity = nowSeconds
+                consume(slot, UnsafeRawBufferPointer(rebasing: readBuffer[..<count]))
+                if state.pointee.phase == .free || count < readBuffer.count { return }
+            } else if count == 0 {
+                peerClosed(slot)
+                return
+            } else {
+                switch errno {
+                case EAGAIN, EWOULDBLOCK: return
+                case EINTR: continue
+                default:
+                    peerClosed(slot)
+                    return
+                }
+            }
+        }
+    }
+
+    /// Decodes and handles every complete frame; keeps a trailing partial frame.
+    private func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
+        beginReplies(to: slot)
+        defer {
+            // Events for other devices first: a pushed event must not wait behind the
+            // write of this client's replies. This client's own events follow its replies.
+            flushDirty(excluding: slot)
+            endReplies()
+        }
+        let state = table.state(slot)
+        if var pending = state.pointee.inbound {
+            state.pointee.inbound = nil
+            pending.append(contentsOf: bytes)
+            let used = pending.withUnsafeBytes { decodeFrames(slot, $0) }
+            if state.pointee.phase != .free && state.pointee.phase != .closing && used < pending.count {
+                pending.removeFirst(used)
+                state.pointee.inbound = pending
+            }
+        } else {
+            let used = decodeFrames(slot, bytes)
+            if state.pointee.phase != .free && state.pointee.phase != .closing && used < bytes.count {
+                // Only the bytes actually received are copied, never a size from the wire.
+                state.pointee.inbound = Array(bytes[used...])
+            }
+        }
+    }
+
+    /// Returns the number of bytes used by complete frames.
+    private func decodeFrames(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) -> Int {
+        let state = table.state(slot)
+        var offset = 0
+        while offset < bytes.count {
+            let phase = state.pointee.phase
+            guard phase == .awaitingHello || phase == .established else { return offset }
+            do {
+                guard let (frame, size) = try decoder.decode(UnsafeRawBufferPointer(rebasing: bytes[offset...])) else {
+                    return offset
+                }
+                offset += size
+                handle(frame, on: slot)
+            } catch {
+                protocolViolation(slot, error)
+                return bytes.count
+            }
+        }
+        return offset
+    }
+
+    private func protocolViolation(_ slot: UInt32, _ violation: ProtocolViolation) {
+        context.counters.protocolErrors.increment()
+        context.logger.debug("protocol_error", ["conn": reference(slot), "code": violation.code.rawValue, "message": violation.message])
+        closeConnection(slot, with: Close(code: violation.code, message: violation.message))
+    }
+
+    private func handle(_ frame: Frame, on slot: UInt32) {
+        let state = table.state(slot)
+        if state.pointee.phase == .awaitingHello {
+            guard case .hello(let hello) = frame else {
+                protocolViolation(slot, ProtocolViolation(.frameBeforeHello, "\(frame.type) before HELLO: the first frame must be HELLO"))
+                return
+            }
+            handshake(slot, hello)
+            return
+        }
+        switch frame {
+        case .ping:
+            send(.pong, to: slot)
+        case .pong:
+            break
+        case .ack(let seq):
+            acknowledge(slot, seq)
+        case .request(let id, let request):
+            handleRequest(slot, id: id, request)
+        case .hello:
+            protocolViolation(slot, ProtocolViolation(.duplicateHello, "HELLO on an established connection"))
+        case .welcome, .close, .ok, .error, .event:
+            protocolViolation(slot, ProtocolViolation(.unknownFrameType, "\(frame.type) frames are sent by servers, not clients"))
+        }
+    }
+
+    // MARK: Handshake
+
+    private func handshake(_ slot: UInt32, _ hello: Hello) {
+        let configuration = context.configuration
+        let now = context.clock.now()
+        guard context.admission.admitHandshake(now: now) else {
+            context.counters.handshakesThrottled.increment()
+            closeConnection(slot, with: Close(
+                code: .overloaded, retryAfterMs: 1_000, retryJitterMs: 10_000,
+                message: "too many devices are connecting right now; retry after the advised delay"))
+            return
+        }
+        let interval: UInt32, idleTimeout: UInt32
+        switch configuration.keepAlive.negotiate(requested: hello.requestedKeepAliveSeconds) {
+        case .grant(let granted, let timeout):
+            (interval, idleTimeout) = (granted, timeout)
+        case .refuse(let violation):
+            protocolViolation(slot, violation)
+            return
+        }
+        if let secret = configuration.authSecret {
+            guard let credentials = hello.credentials, AuthToken.verify(credentials, secret: secret, userID: hello.userID) else {
+                protocolViolation(slot, ProtocolViolation(
+                    .unauthorized, hello.credentials == nil ? "credentials required" : "invalid credentials for \(hello.userID)"))
+                return
+            }
+        }
+        let ref = reference(slot)
+        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            let outcome = board.attach(
+                userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
+            return (outcome, board.takeEffects())
+        }
+        switch outcome {
+        case .failure(let violation):
+            apply(effects)
+            protocolViolation(slot, violation)
+        case .success(let grant):
+            let state = table.state(slot)
+            state.pointee.phase = .established
+            state.pointee.device = grant.record
+            state.pointee.idleTimeout = idleTimeout
+            state.pointee.phaseSince = nowSeconds
+            state.pointee.sentSeq = grant.sentSeq
+            wheel.schedule(UInt64(slot) << 32 | UInt64(ref.generation), at: state.pointee.lastActivity &+ 1 &+ idleTimeout)
+            context.counters.handshakesCompleted.increment()
+            context.counters.establishedConnections.increment()
+            send(.welcome(Welcome(
+                sessionID: grant.sessionID, resumed: grant.resumed, keepAliveSeconds: interval,
+                idleTimeoutSeconds: idleTimeout, serverTime: context.clock.wallMilliseconds(),
+                maxFrameLength: UInt32(configuration.maxFrameLength), ackedSeq: grant.ackedSeq)), to: slot)
+            context.logger.debug("session", [
+                "conn": ref, "user": hello.userID, "device": hello.deviceID, "resumed": grant.resumed,
+                "keepalive": interval,
+            ])
+            apply(effects)
+            markDirty(slot, generation: ref.generation)
+        }
+    }
+
+    // MARK: Established
+
+    private func acknowledge(_ slot: UInt32, _ seq: UInt64) {
+        guard let device = table.state(slot).pointee.device else { return }
+        let ref = reference(slot)
+        let (violation, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            let violation = board.ack(device, connection: ref, through: seq)
+            return (violation, board.takeEffects())
+        }
+        apply(effects)
+        if let violation { protocolViolation(slot, violation) }
+    }
+
+    private func handleRequest(_ slot: UInt32, id: UInt32, _ request: Request) {
+        guard let device = table.state(slot).pointee.device else { return }
+        context.counters.requestsHandled.increment()
+        let now = context.clock.now()
+        let wall = context.clock.wallMilliseconds()
+        let ref = reference(slot)
+        let writer = context.switchboard.writer
+        if let writer, !writer.isHealthy {
+            switch request {
+            case .messageSend, .callInvite:
+                // Fail fast while the store cannot commit: nothing would be accepted anyway.
+                send(.error(requestID: id, code: .storeUnavailable, message: "the store is unavailable; retry later"), to: slot)
+                return
+            default: break
+            }
+        }
+        let storeTimeout = context.configuration.storeTimeout
+        let (reply, effects) = context.switchboard.withState(wall: wall) { board -> (Frame?, [SwitchboardEffect]) in
+            let outcome: Result<UInt64, RequestError>
+            switch request {
+            case .callInvite(let callID, let callee, let offer):
+                outcome = board.invite(callID: callID, callee: callee, offer: offer, from: device, now: now).map { wall }
+            case .callRinging(let callID):
+                outcome = board.ringing(callID: callID, from: device).map { wall }
+            case .callAccept(let callID, let answer):
+                outcome = board.accept(callID: callID, answer: answer, from: device).map { wall }
+            case .callReject(let callID, let reason):
+                outcome = board.reject(callID: callID, reason: reason, from: device).map { wall }
+            case .callCancel(let callID):
+                outcome = board.cancel(callID: callID, from: device).map { wall }
+            case .callHangup(let callID):
+                outcome = board.hangUp(callID: callID, from: device).map { wall }
+            case .messageSend(let message):
+                switch board.send(message, from: device, now: now) {
+                case .success(let acceptance):
+                    if board.journaling, let event = acceptance.event {
+                        // "Accepted" is a promise: it waits for the commit.
+                        board.deferReply(DeferredReply(
+                            connection: ref, requestID: id, serverTime: acceptance.serverTime, message: event,
+                            sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout))
+                        return (nil, board.takeEffects())
+                    }
+                    outcome = .success(acceptance.serverTime)
+                case .failure(let error):
+                    outcome = .failure(error)
+                }
+            case .pushRegister(let platform, let token):
+                board.registerPush(PushRegistration(platform: platform, token: token), for: device)
+                outcome = .success(wall)
+            }
+            let reply: Frame
+            switch outcome {
+            case .success(let time): reply = .ok(requestID: id, serverTime: time)
+            case .failure(let error): reply = .error(requestID: id, code: error.code, message: error.message)
+            }
+            return (reply, board.takeEffects())
+        }
+        // The reply goes out before any event the request caused for this same connection
+        // (those are written when the dirty list is flushed, after this callback).
+        if let reply { send(reply, to: slot) }
+        _ = writer
+        apply(effects)
+    }
+
+    /// The peer closed or the socket failed.
+    func peerClosed(_ slot: UInt32) {
+        destroy(slot)
+    }
+}

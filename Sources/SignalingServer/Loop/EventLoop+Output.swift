@@ -1,0 +1,203 @@
+import CLibeventShims
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension EventLoop {
+    /// Events pumped per switchboard visit; bounds the time the lock is held and the
+    /// size of one write.
+    static let pumpBatch = 64
+
+    /// Encodes and writes one frame. While a connection's input is being handled, its
+    /// replies are collected and written together when the input is done (one write for a
+    /// burst of pipelined requests instead of one per reply).
+    func send(_ frame: Frame, to slot: UInt32) {
+        if replySlot == slot {
+            FrameEncoder.append(frame, to: &replies)
+            if replies.count >= Self.readBufferSize { flushReplies() }
+            return
+        }
+        scratch.removeAll(keepingCapacity: true)
+        FrameEncoder.append(frame, to: &scratch)
+        writeScratch(to: slot)
+    }
+
+    /// Starts collecting the replies of `slot` (see `send`).
+    func beginReplies(to slot: UInt32) {
+        replySlot = slot
+    }
+
+    /// Writes the collected replies and stops collecting.
+    func endReplies() {
+        flushReplies()
+        replySlot = nil
+    }
+
+    private func flushReplies() {
+        guard let slot = replySlot, !replies.isEmpty else { return }
+        swap(&scratch, &replies)
+        replies.removeAll(keepingCapacity: true)
+        writeScratch(to: slot)
+    }
+
+    /// Writes `scratch` to the connection, or queues what the socket does not take.
+    func writeScratch(to slot: UInt32) {
+        let state = table.state(slot)
+        guard state.pointee.phase != .free else { return }
+        if state.pointee.outbound != nil {
+            state.pointee.outbound!.append(contentsOf: scratch)
+            enforceQueueLimit(slot)
+            return
+        }
+        let written = scratch.withUnsafeBytes { shim_send(state.pointee.fd, $0.baseAddress, $0.count) }
+        if written == scratch.count { return }
+        if written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
+            destroy(slot)  // EPIPE, ECONNRESET...: the device is gone; its events stay pending
+            return
+        }
+        state.pointee.outbound = Array(scratch[max(0, written)...])
+        state.pointee.outboundOffset = 0
+        enforceQueueLimit(slot)
+        if state.pointee.phase != .free { assignEvent(slot, writable: true) }
+    }
+
+    private func enforceQueueLimit(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard let outbound = state.pointee.outbound,
+              outbound.count - Int(state.pointee.outboundOffset) > context.configuration.maxQueuedBytes
+        else { return }
+        context.counters.slowConsumerCloses.increment()
+        context.logger.info("slow_consumer", ["conn": reference(slot), "queued": outbound.count])
+        destroy(slot)  // no room for a CLOSE frame; pending events stay for the resume
+    }
+
+    /// The socket became writable: send what waits.
+    func flushOutbound(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard let outbound = state.pointee.outbound else {
+            if state.pointee.wantsWrite { assignEvent(slot, writable: false) }
+            return
+        }
+        let offset = Int(state.pointee.outboundOffset)
+        let written = outbound.withUnsafeBytes { bytes in
+            shim_send(state.pointee.fd, bytes.baseAddress! + offset, bytes.count - offset)
+        }
+        if written < 0 {
+            if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { destroy(slot) }
+            return
+        }
+        if offset + written < outbound.count {
+            state.pointee.outboundOffset = UInt32(offset + written)
+            return
+        }
+        state.pointee.outbound = nil
+        state.pointee.outboundOffset = 0
+        assignEvent(slot, writable: false)
+        switch state.pointee.phase {
+        case .established: markDirty(slot, generation: state.pointee.generation)
+        case .closing: shutdown(state.pointee.fd, Int32(SHUT_WR))
+        default: break
+        }
+    }
+
+    // MARK: Event delivery
+
+    func markDirty(_ slot: UInt32, generation: UInt32) {
+        dirtySlots.append((slot, generation))
+    }
+
+    /// Writes pending events to every connection marked since the last flush (except
+    /// `excluded`, which stays marked).
+    func flushDirty(excluding excluded: UInt32? = nil) {
+        var kept: [(slot: UInt32, generation: UInt32)] = []
+        while !dirtySlots.isEmpty {
+            let batch = dirtySlots
+            dirtySlots.removeAll(keepingCapacity: true)
+            for (slot, generation) in batch where table.isLive(slot, generation: generation) {
+                if slot == excluded {
+                    kept.append((slot, generation))
+                } else {
+                    pump(slot)
+                }
+            }
+        }
+        dirtySlots = kept
+    }
+
+    /// Writes the device's unsent events while the socket takes them. Stops when the
+    /// socket is full; the writable callback resumes it.
+    private func pump(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard state.pointee.phase == .established, let device = state.pointee.device else { return }
+        let ref = reference(slot)
+        while state.pointee.outbound == nil && state.pointee.phase == .established {
+            let sentSeq = state.pointee.sentSeq
+            let batch = context.switchboard.withState(wall: 0) { board in
+                board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch)
+            }
+            guard let batch else { return }
+            state.pointee.sentSeq = batch.sentSeq
+            guard !batch.events.isEmpty else { return }
+            scratch.removeAll(keepingCapacity: true)
+            for (seq, event) in batch.events {
+                FrameEncoder.append(event: event.encoded, seq: seq, to: &scratch)
+            }
+            context.counters.eventsWritten.increment(by: batch.events.count)
+            writeScratch(to: slot)
+            if batch.events.count < Self.pumpBatch { return }
+        }
+    }
+
+    // MARK: Closing
+
+    /// Sends CLOSE and starts a lingering close. The device (if any) is detached first,
+    /// so its unacknowledged events stay pending for its next connection.
+    func closeConnection(_ slot: UInt32, with frame: Close) {
+        let state = table.state(slot)
+        guard state.pointee.phase == .awaitingHello || state.pointee.phase == .established else { return }
+        detachDevice(slot)
+        if replySlot == slot { endReplies() }  // replies already made go out before CLOSE
+        send(.close(frame), to: slot)
+        guard state.pointee.phase != .free else { return }  // the write failed
+        state.pointee.phase = .closing
+        state.pointee.phaseSince = nowSeconds
+        state.pointee.inbound = nil
+        if state.pointee.outbound == nil { shutdown(state.pointee.fd, Int32(SHUT_WR)) }
+        closingDeadlines.push((slot, state.pointee.generation, nowSeconds + Self.lingerSeconds))
+        context.logger.debug("close", ["conn": reference(slot), "code": frame.code.rawValue, "message": frame.message])
+    }
+
+    /// Releases everything the connection holds.
+    func destroy(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard state.pointee.phase != .free else { return }
+        detachDevice(slot)
+        if replySlot == slot {
+            replies.removeAll(keepingCapacity: true)
+            replySlot = nil
+        }
+        let event = table.event(slot)
+        if vs_event_initialized(event) != 0 { vs_event_del(event) }
+        close(state.pointee.fd)
+        if state.pointee.countsTowardAddress { context.admission.releaseConnection(from: state.pointee.addressHash) }
+        context.counters.openConnections.decrement()
+        table.release(slot)
+    }
+
+    private func detachDevice(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard let device = state.pointee.device else { return }
+        state.pointee.device = nil
+        context.counters.establishedConnections.decrement()
+        let ref = reference(slot)
+        let now = context.clock.now()
+        let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            board.detach(device, connection: ref, now: now)
+            return board.takeEffects()
+        }
+        apply(effects)
+    }
+}

@@ -1,0 +1,79 @@
+import CLibeventShims
+import SignalingProtocol
+import SignalingSupport
+
+extension EventLoop {
+    /// Runs every `tickInterval`: expires what is due. Idle connections cost nothing here
+    /// unless their wheel slot comes round (once per idle-timeout period).
+    func tick() {
+        refreshTime()
+        let now = nowSeconds
+        while let due = helloDeadlines.first, due.deadline <= now {
+            helloDeadlines.pop()
+            guard table.isLive(due.slot, generation: due.generation),
+                  table.state(due.slot).pointee.phase == .awaitingHello
+            else { continue }
+            context.counters.handshakeTimeouts.increment()
+            closeConnection(due.slot, with: Close(
+                code: .handshakeTimeout, retryAfterMs: 1_000, retryJitterMs: 5_000,
+                message: "no HELLO within \(ServerContext.wholeSeconds(context.configuration.handshakeTimeout)) s"))
+        }
+        while let due = closingDeadlines.first, due.deadline <= now {
+            closingDeadlines.pop()
+            if table.isLive(due.slot, generation: due.generation) { destroy(due.slot) }
+        }
+        for key in wheel.advance(to: now) { visitIdleDeadline(key) }
+
+        if index == 0 {
+            // One loop runs the routing core's deadlines (ring timeouts, call grace,
+            // session expiry) for the whole server.
+            let instant = context.clock.now()
+            let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+                board.expire(now: instant)
+                return board.takeEffects()
+            }
+            apply(effects)
+        }
+        flushDirty()
+        if let deadline = drainDeadline, table.liveCount == 0 || now >= deadline {
+            vs_event_base_loopbreak(base)
+        }
+        ticks.add(1, ordering: .releasing)
+    }
+
+    private func visitIdleDeadline(_ key: UInt64) {
+        let slot = UInt32(truncatingIfNeeded: key >> 32)
+        let generation = UInt32(truncatingIfNeeded: key)
+        guard table.isLive(slot, generation: generation) else { return }  // stale entry
+        let state = table.state(slot)
+        guard state.pointee.phase == .established else { return }
+        // +1: `lastActivity` is rounded down, so this never closes early.
+        let deadline = state.pointee.lastActivity &+ 1 &+ state.pointee.idleTimeout
+        if deadline <= nowSeconds {
+            context.counters.idleTimeouts.increment()
+            closeConnection(slot, with: Close(
+                code: .idleTimeout, retryAfterMs: 0, retryJitterMs: 1_000,
+                message: "nothing received for \(state.pointee.idleTimeout) s"))
+        } else {
+            wheel.schedule(key, at: deadline)
+        }
+    }
+
+    /// Shutdown: stop accepting, tell every client when to come back, and exit once they
+    /// have all gone (or the drain timeout passes).
+    func beginDrain() {
+        guard drainDeadline == nil else { return }
+        let configuration = context.configuration
+        drainDeadline = nowSeconds + ServerContext.wholeSeconds(configuration.drainTimeout)
+        stopListening()
+        let frame = Close(
+            code: .goingAway,
+            retryAfterMs: UInt32(clamping: configuration.drainRetryAfter.milliseconds),
+            retryJitterMs: UInt32(clamping: configuration.drainJitter.milliseconds),
+            message: "server shutting down; reconnect after the advised delay")
+        for slot in table.liveSlots() {
+            closeConnection(slot, with: frame)
+        }
+        if table.liveCount == 0 { vs_event_base_loopbreak(base) }
+    }
+}

@@ -1,0 +1,245 @@
+import CLibeventShims
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Work handed to a loop by other threads.
+enum LoopTask: Sendable {
+    /// Events are pending for this connection's device: write them.
+    case wake(ConnectionRef)
+    /// Close this connection with this frame (another connection took over its device).
+    case close(ConnectionRef, Close)
+    /// Send this reply (an OK deferred until the store committed a message, or its ERROR).
+    case reply(ConnectionRef, Frame)
+    /// Server shutdown: stop accepting, tell every client to go away, exit when done.
+    case drain
+}
+
+/// One libevent `event_base` running on its own thread, memcached-style: it accepts on its
+/// own SO_REUSEPORT listening socket, and owns every connection it accepted until that
+/// connection closes.
+///
+/// Concurrency: everything here is confined to the loop's thread, except `post(_:)`,
+/// which any thread may call: tasks go into a locked inbox and an eventfd wakes the loop.
+/// The class is `@unchecked Sendable` only so that it can be handed to its thread and to
+/// other loops for `post`.
+final class EventLoop: @unchecked Sendable {
+    let index: UInt16
+    let context: ServerContext
+    /// All loops of the server (including this one), for cross-loop delivery.
+    /// Set once before the threads start.
+    var peers: [EventLoop] = []
+
+    let base: OpaquePointer
+    var table = ConnectionTable()
+    var wheel: TimingWheel
+    /// Handshake deadlines (constant length, so FIFO order is deadline order).
+    var helloDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: UInt32)>()
+    /// Linger deadlines of closing connections.
+    var closingDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: UInt32)>()
+    /// Connections whose device has new events to write once the current callback is done
+    /// (coalesces many events for one connection into one write).
+    var dirtySlots: [(slot: UInt32, generation: UInt32)] = []
+    /// Shared input buffer: every connection reads into it; only partial frames are copied.
+    let readBuffer: UnsafeMutableRawBufferPointer
+    /// Shared output scratch buffer.
+    var scratch: [UInt8] = []
+    /// Replies collected for `replySlot` while its input is handled (see `send`).
+    var replies: [UInt8] = []
+    var replySlot: UInt32?
+    let decoder: FrameDecoder
+    /// Cached once per callback: the current time on the server's second timeline.
+    var nowSeconds: UInt32 = 0
+
+    var listenFD: Int32
+    private var listenEvent: OpaquePointer?
+    private var wakeEvent: OpaquePointer?
+    private var tickEvent: OpaquePointer?
+    private let wakeFD: Int32
+    private let inbox = Mutex<[LoopTask]>([])
+    /// Set when the loop has been told to drain; holds the time by which it must be done.
+    var drainDeadline: UInt32?
+    /// Ticks run so far (read by `SignalingServer.awaitTicks`).
+    let ticks = Atomic<Int>(0)
+    /// Set when `run` has returned.
+    let finished = Atomic<Bool>(false)
+
+    static let readBufferSize = 64 * 1024
+    static let lingerSeconds: UInt32 = 2
+
+    init(index: UInt16, context: ServerContext, listenFD: Int32) throws(ServerError) {
+        guard let base = vs_event_base_new() else { throw ServerError("cannot create an event base") }
+        let wakeFD = shim_eventfd()
+        guard wakeFD >= 0 else {
+            vs_event_base_free(base)
+            throw ServerError("cannot create an eventfd: \(String(cString: strerror(errno)))")
+        }
+        self.index = index
+        self.context = context
+        self.base = base
+        self.listenFD = listenFD
+        self.wakeFD = wakeFD
+        self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength)
+        self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
+        self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
+        scratch.reserveCapacity(Self.readBufferSize)
+    }
+
+    deinit {
+        readBuffer.deallocate()
+    }
+
+    private var unmanagedSelf: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
+
+    /// Runs the loop on the calling thread until it has drained.
+    func run() {
+        shim_set_current_loop(unmanagedSelf)
+        let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
+        listenEvent = vs_event_new(base, listenFD, persistRead, { _, _, arg in
+            Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().acceptConnections()
+        }, unmanagedSelf)
+        wakeEvent = vs_event_new(base, wakeFD, persistRead, { _, _, arg in
+            Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().runInbox()
+        }, unmanagedSelf)
+        tickEvent = vs_event_new(base, -1, Int16(VS_EV_PERSIST), { _, _, arg in
+            Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().tick()
+        }, unmanagedSelf)
+        vs_event_add(listenEvent, -1)
+        vs_event_add(wakeEvent, -1)
+        vs_event_add(tickEvent, max(1, context.configuration.tickInterval.microseconds))
+
+        runUntilBroken()
+
+        for slot in table.liveSlots() { destroy(slot) }
+        stopListening()
+        for event in [wakeEvent, tickEvent] { if let event { vs_event_free(event) } }
+        close(wakeFD)
+        table.deallocate()
+        vs_event_base_free(base)
+        shim_set_current_loop(nil)
+        finished.store(true, ordering: .releasing)
+    }
+
+    /// Callbacks run so far; the busy-poll window restarts whenever it moves.
+    var activity: UInt64 = 0
+
+    /// Runs the event loop until `event_base_loopbreak`. With a busy-poll window, the loop
+    /// keeps polling without sleeping for that long after its last activity, so that the
+    /// next event does not pay for waking a sleeping thread (on virtual machines that wake-up
+    /// dominates push latency); otherwise it sleeps in epoll_wait like any libevent loop.
+    private func runUntilBroken() {
+        let window = context.configuration.busyPoll
+        guard window > .zero else {
+            vs_event_base_dispatch(base)
+            return
+        }
+        let clock = SystemClock()
+        var lastActivity = clock.now()
+        var seen = activity
+        while vs_event_base_got_break(base) == 0 {
+            if clock.now() - lastActivity < window {
+                if vs_event_base_loop(base, VS_EVLOOP_ONCE | VS_EVLOOP_NONBLOCK) < 0 { return }
+            } else {
+                if vs_event_base_loop(base, VS_EVLOOP_ONCE) < 0 { return }
+            }
+            if activity != seen {
+                seen = activity
+                lastActivity = clock.now()
+            }
+        }
+    }
+
+    /// Hands a task to this loop from any thread.
+    func post(_ task: LoopTask) {
+        post(contentsOf: CollectionOfOne(task))
+    }
+
+    func post(contentsOf tasks: some Collection<LoopTask>) {
+        guard !tasks.isEmpty else { return }
+        let wasEmpty = inbox.withLock { inbox in
+            let wasEmpty = inbox.isEmpty
+            inbox.append(contentsOf: tasks)
+            return wasEmpty
+        }
+        // One eventfd write per batch: a loop that has not drained its inbox yet will see
+        // the new tasks anyway.
+        if wasEmpty { shim_eventfd_signal(wakeFD) }
+    }
+
+    private func runInbox() {
+        activity &+= 1
+        shim_eventfd_drain(wakeFD)
+        let tasks = inbox.withLock { inbox in
+            defer { inbox.removeAll(keepingCapacity: true) }
+            return inbox
+        }
+        refreshTime()
+        for task in tasks {
+            switch task {
+            case .wake(let ref):
+                markDirty(ref.slot, generation: ref.generation)
+            case .close(let ref, let frame):
+                if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
+            case .reply(let ref, let frame):
+                if table.isLive(ref.slot, generation: ref.generation), table.state(ref.slot).pointee.phase == .established {
+                    send(frame, to: ref.slot)
+                }
+            case .drain:
+                beginDrain()
+            }
+        }
+        flushDirty()
+    }
+
+    func stopListening() {
+        if let listenEvent {
+            vs_event_free(listenEvent)
+            self.listenEvent = nil
+        }
+        if listenFD >= 0 {
+            close(listenFD)
+            listenFD = -1
+        }
+    }
+
+    func refreshTime() {
+        nowSeconds = context.seconds(at: context.clock.now())
+    }
+
+    func reference(_ slot: UInt32) -> ConnectionRef {
+        ConnectionRef(loop: index, slot: slot, generation: table.state(slot).pointee.generation)
+    }
+
+    /// Carries out what the switchboard asked for: local wakes are coalesced, remote ones
+    /// are posted to their loops in one batch per loop.
+    func apply(_ effects: [SwitchboardEffect]) {
+        guard !effects.isEmpty else { return }
+        var remote: [UInt16: [LoopTask]] = [:]
+        for effect in effects {
+            switch effect {
+            case .wake(let ref):
+                if ref.loop == index { markDirty(ref.slot, generation: ref.generation) } else { remote[ref.loop, default: []].append(.wake(ref)) }
+            case .close(let ref, let frame):
+                context.counters.takeovers.increment()
+                if ref.loop == index {
+                    if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
+                } else {
+                    remote[ref.loop, default: []].append(.close(ref, frame))
+                }
+            case .wakeUp:
+                context.requestWakeUp(effect)
+            }
+        }
+        for (loop, tasks) in remote { peers[Int(loop)].post(contentsOf: tasks) }
+    }
+}
+
+/// A server that cannot start.
+public struct ServerError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,78 @@
+import Synchronization
+
+/// A snapshot of the server's counters.
+public struct ServerStatistics: Sendable, Equatable {
+    /// Connections currently open (any phase).
+    public var openConnections = 0
+    /// Connections that completed the handshake and are open.
+    public var establishedConnections = 0
+    public var acceptedConnections = 0
+    public var handshakesCompleted = 0
+    /// Handshakes refused with CLOSE overloaded by the handshake rate limit.
+    public var handshakesThrottled = 0
+    /// Connections refused by the per-address cap.
+    public var connectionsRefusedPerAddress = 0
+    public var idleTimeouts = 0
+    public var handshakeTimeouts = 0
+    /// Connections closed for a protocol violation.
+    public var protocolErrors = 0
+    public var slowConsumerCloses = 0
+    public var takeovers = 0
+    /// Event frames written to sockets (re-sends included).
+    public var eventsWritten = 0
+    public var requestsHandled = 0
+    /// From the routing core.
+    public var eventsQueued = 0
+    public var eventsDropped = 0
+    public var messagesAccepted = 0
+    public var messagesDeduplicated = 0
+    public var callsStarted = 0
+    public var sessionsExpired = 0
+    public var eventsExpired = 0
+}
+
+/// The loops' counters: relaxed atomics, written by loop threads, read by anyone.
+final class StatisticsCounters: Sendable {
+    let openConnections = Atomic<Int>(0)
+    let establishedConnections = Atomic<Int>(0)
+    let acceptedConnections = Atomic<Int>(0)
+    let handshakesCompleted = Atomic<Int>(0)
+    let handshakesThrottled = Atomic<Int>(0)
+    let connectionsRefusedPerAddress = Atomic<Int>(0)
+    let idleTimeouts = Atomic<Int>(0)
+    let handshakeTimeouts = Atomic<Int>(0)
+    let protocolErrors = Atomic<Int>(0)
+    let slowConsumerCloses = Atomic<Int>(0)
+    let takeovers = Atomic<Int>(0)
+    let eventsWritten = Atomic<Int>(0)
+    let requestsHandled = Atomic<Int>(0)
+
+    func snapshot(_ routing: SwitchboardCounters) -> ServerStatistics {
+        ServerStatistics(
+            openConnections: openConnections.load(ordering: .relaxed),
+            establishedConnections: establishedConnections.load(ordering: .relaxed),
+            acceptedConnections: acceptedConnections.load(ordering: .relaxed),
+            handshakesCompleted: handshakesCompleted.load(ordering: .relaxed),
+            handshakesThrottled: handshakesThrottled.load(ordering: .relaxed),
+            connectionsRefusedPerAddress: connectionsRefusedPerAddress.load(ordering: .relaxed),
+            idleTimeouts: idleTimeouts.load(ordering: .relaxed),
+            handshakeTimeouts: handshakeTimeouts.load(ordering: .relaxed),
+            protocolErrors: protocolErrors.load(ordering: .relaxed),
+            slowConsumerCloses: slowConsumerCloses.load(ordering: .relaxed),
+            takeovers: takeovers.load(ordering: .relaxed),
+            eventsWritten: eventsWritten.load(ordering: .relaxed),
+            requestsHandled: requestsHandled.load(ordering: .relaxed),
+            eventsQueued: routing.eventsQueued,
+            eventsDropped: routing.eventsDropped,
+            messagesAccepted: routing.messagesAccepted,
+            messagesDeduplicated: routing.messagesDeduplicated,
+            callsStarted: routing.callsStarted,
+            sessionsExpired: routing.sessionsExpired,
+            eventsExpired: routing.eventsExpired)
+    }
+}
+
+extension Atomic where Value == Int {
+    func increment(by amount: Int = 1) { _ = add(amount, ordering: .relaxed) }
+    func decrement(by amount: Int = 1) { _ = subtract(amount, ordering: .relaxed) }
+}

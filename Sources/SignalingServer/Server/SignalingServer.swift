@@ -1,0 +1,172 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingStore
+import SignalingSupport
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The signaling server: `workers` event loops on their own threads, each accepting on
+/// its own SO_REUSEPORT socket, sharing one routing core.
+///
+///     let server = try SignalingServer(configuration: configuration)
+///     try server.start()          // returns once listening
+///     ...
+///     server.shutdown()           // CLOSE goingAway to everyone, then stop
+public final class SignalingServer: Sendable {
+    public let configuration: ServerConfiguration
+    private let context: ServerContext
+    private let writer: StoreWriter?
+    private let state = Mutex<RunState>(RunState())
+
+    private struct RunState: ~Copyable {
+        var loops: [EventLoop] = []
+        var threads: [JoinableThread] = []
+        var port: UInt16 = 0
+        var started = false
+        var stopped = false
+    }
+
+    /// - Parameter store: where events are kept until acknowledged. Nil keeps them in
+    ///   memory only (a restart loses them).
+    public init(
+        configuration: ServerConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger(),
+        store: (any EventStore)? = nil
+    ) throws(ServerError) {
+        do {
+            try configuration.validate()
+        } catch {
+            throw ServerError(error.message)
+        }
+        self.configuration = configuration
+        let context = ServerContext(configuration: configuration, clock: clock, logger: logger, journaling: store != nil)
+        self.context = context
+        guard let store else {
+            writer = nil
+            return
+        }
+        // Rebuild what the store kept before any device can connect.
+        let snapshot: StoredSnapshot
+        do {
+            snapshot = try store.loadSnapshot()
+        } catch {
+            store.close()
+            throw ServerError("cannot load the store: \(error)")
+        }
+        let now = clock.now()
+        context.switchboard.withState(wall: clock.wallMilliseconds()) { board in
+            board.load(snapshot, now: now)
+        }
+        logger.info("store_loaded", [
+            "devices": snapshot.devices.count, "pending_events": snapshot.devices.reduce(0) { $0 + $1.events.count },
+            "held_events": snapshot.held.values.reduce(0) { $0 + $1.count },
+        ])
+        let writer = try StoreWriter(store: store, context: context)
+        context.switchboard.attach(writer)
+        self.writer = writer
+    }
+
+    /// Binds the listening sockets and starts the loops. Returns once the server accepts.
+    public func start() throws(ServerError) {
+        var loops: [EventLoop] = []
+        var port = configuration.port
+        var errorText = [CChar](repeating: 0, count: 256)
+        func lastError() -> String {
+            String(decoding: errorText.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        }
+        if port != 0 && shim_port_is_free(configuration.host, port, &errorText, errorText.count) == 0 {
+            throw ServerError(lastError() + " (is another voipserver running?)")
+        }
+        for index in 0..<configuration.workers {
+            // The first socket may pick the port (port 0); the others join it.
+            let fd = shim_listen_tcp(configuration.host, port, 1, 4096, &errorText, errorText.count)
+            guard fd >= 0 else {
+                for loop in loops { loop.stopListening() }
+                throw ServerError(lastError())
+            }
+            if index == 0 { port = UInt16(shim_local_port(fd)) }
+            do {
+                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd))
+            } catch {
+                close(fd)
+                for loop in loops { loop.stopListening() }
+                throw error
+            }
+        }
+        for loop in loops { loop.peers = loops }
+        if let writer {
+            writer.loops = loops
+            writer.start()
+        }
+
+        let threads = loops.map { loop in JoinableThread { loop.run() } }
+        state.withLock {
+            $0.loops = loops
+            $0.threads = threads
+            $0.port = port
+            $0.started = true
+        }
+        context.logger.info("listening", [
+            "addr": "\(configuration.host):\(port)", "workers": configuration.workers,
+            "keepalive": configuration.keepAlive.defaultInterval,
+            "auth": configuration.authSecret == nil ? "off" : "hmac",
+        ])
+    }
+
+    /// The port the server listens on (useful with port 0).
+    public var port: UInt16 { state.withLock { $0.port } }
+
+    /// Drains and stops: every client gets CLOSE goingAway with the configured reconnect
+    /// advice, then the loops exit once their clients have closed (or `drainTimeout` has
+    /// passed). Returns when every loop thread has finished.
+    public func shutdown() {
+        beginShutdown()
+        waitUntilStopped()
+    }
+
+    /// Starts the drain and returns at once; see `shutdown()`.
+    public func beginShutdown() {
+        let loops = state.withLock { $0.loops }
+        context.logger.info("draining", ["connections": statistics.openConnections])
+        for loop in loops { loop.post(.drain) }
+    }
+
+    /// True until every loop has exited.
+    public var isRunning: Bool {
+        state.withLock { $0.loops }.contains { !$0.finished.load(ordering: .acquiring) }
+    }
+
+    /// Blocks until every loop has exited (after `shutdown`, from another thread).
+    public func waitUntilStopped() {
+        let threads = state.withLock { state -> [JoinableThread] in
+            defer { state.threads = [] }
+            return state.threads
+        }
+        for thread in threads { thread.join() }
+        if !threads.isEmpty { writer?.stop() }
+        let wasStopped = state.withLock { state -> Bool in
+            defer { state.stopped = true }
+            return state.stopped
+        }
+        if !threads.isEmpty && !wasStopped { context.logger.info("stopped") }
+    }
+
+    public var statistics: ServerStatistics {
+        context.counters.snapshot(context.switchboard.counters)
+    }
+
+    /// Waits until every loop has run `count` more timer ticks, so that a time change made
+    /// on an injected clock has been seen by all of them. For tests and tools. Returns false
+    /// on timeout.
+    public func awaitTicks(_ count: Int = 2, timeout: Duration = .seconds(10)) -> Bool {
+        let loops = state.withLock { $0.loops }
+        let start = loops.map { $0.ticks.load(ordering: .acquiring) }
+        let deadline = SystemClock().now() + timeout
+        while SystemClock().now() < deadline {
+            if zip(loops, start).allSatisfy({ $0.finished.load(ordering: .acquiring) || $0.ticks.load(ordering: .acquiring) >= $1 + count }) { return true }
+            usleep(1_000)
+        }
+        return false
+    }
+}

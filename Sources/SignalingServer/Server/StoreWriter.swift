@@ -1,0 +1,198 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingStore
+import SignalingSupport
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An OK that may only be sent once a message is committed, and what to undo if it
+/// cannot be.
+struct DeferredReply: Sendable {
+    let connection: ConnectionRef
+    let requestID: UInt32
+    let serverTime: UInt64
+    let message: QueuedEvent
+    let sender: String
+    let messageID: String
+    /// After this the sender gets ERROR storeUnavailable instead, and the message is
+    /// cancelled everywhere.
+    let deadline: Instant
+}
+
+/// Group commit: one thread takes every commit unit the loops produced since its last
+/// commit and applies them to the store in one transaction, so throughput does not fall to
+/// one sync per message. After a commit it makes the events writable (`markDurable`) and
+/// sends the deferred OKs; after a failure it retries with back-off, and refuses (and
+/// cancels) messages whose deadline passes, so senders get an error instead of an
+/// acceptance while the store is full or unwritable.
+///
+/// Threading: `submit` is called by loops with the switchboard lock held (that keeps units
+/// in sequence order); everything else runs on the writer's own thread, which takes the
+/// switchboard lock only while holding no lock of its own.
+final class StoreWriter: @unchecked Sendable {
+    private let store: any EventStore
+    private let context: ServerContext
+    private let inbox = Mutex<[CommitUnit]>([])
+    private let wakeFD: Int32
+    private let stopping = Atomic<Bool>(false)
+    private let healthy = Atomic<Bool>(true)
+    private var thread: JoinableThread?
+    /// Loops to deliver effects and replies to (set before `start`).
+    var loops: [EventLoop] = []
+
+    // Writer-thread state.
+    private var pending: [CommitUnit] = []
+    private var failures = 0
+
+    let commits = Atomic<Int>(0)
+    let failedCommits = Atomic<Int>(0)
+
+    init(store: any EventStore, context: ServerContext) throws(ServerError) {
+        self.store = store
+        self.context = context
+        wakeFD = shim_eventfd()
+        guard wakeFD >= 0 else { throw ServerError("cannot create an eventfd for the store writer") }
+    }
+
+    deinit { close(wakeFD) }
+
+    /// False while commits fail: new messages and calls are refused at once.
+    var isHealthy: Bool { healthy.load(ordering: .relaxed) }
+
+    func start() {
+        thread = JoinableThread { self.run() }
+    }
+
+    /// Commits what is queued, then stops the thread and closes the store.
+    func stop() {
+        stopping.store(true, ordering: .releasing)
+        shim_eventfd_signal(wakeFD)
+        thread?.join()
+        store.close()
+    }
+
+    func submit(_ unit: CommitUnit) {
+        let wasEmpty = inbox.withLock { inbox in
+            defer { inbox.append(unit) }
+            return inbox.isEmpty
+        }
+        if wasEmpty { shim_eventfd_signal(wakeFD) }
+    }
+
+    // MARK: Writer thread
+
+    private func run() {
+        while true {
+            let stop = stopping.load(ordering: .acquiring)
+            pending += inbox.withLock { inbox in
+                defer { inbox.removeAll(keepingCapacity: true) }
+                return inbox
+            }
+            if !pending.isEmpty { commitPending() }
+            if stop && (pending.isEmpty || failures > 0) {
+                if !pending.isEmpty { refuseAll(reason: "the server is stopping and the store cannot commit") }
+                return
+            }
+            // Sleep until new units arrive or the next retry is due.
+            var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
+            let timeout: Int32 = pending.isEmpty ? -1 : retryDelayMilliseconds()
+            if poll(&descriptor, 1, timeout) > 0 { shim_eventfd_drain(wakeFD) }
+        }
+    }
+
+    private func commitPending() {
+        let changes = pending.flatMap(\.changes)
+        do {
+            try store.apply(changes)
+        } catch {
+            failures += 1
+            failedCommits.increment()
+            if healthy.exchange(false, ordering: .relaxed) || failures.isPowerOfTwo {
+                context.logger.error("store_commit_failed", ["error": "\(error)", "changes": changes.count, "attempt": failures])
+            }
+            refuseExpired()
+            return
+        }
+        if failures > 0 { context.logger.info("store_recovered", ["after_attempts": failures]) }
+        failures = 0
+        healthy.store(true, ordering: .relaxed)
+        commits.increment()
+        let units = pending
+        pending = []
+        let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            for unit in units {
+                for (device, seq, type) in unit.durable { board.markDurable(device, through: seq, type: type) }
+            }
+            return board.takeEffects()
+        }
+        deliver(effects)
+        for unit in units {
+            guard let reply = unit.reply else { continue }
+            post(.reply(reply.connection, .ok(requestID: reply.requestID, serverTime: reply.serverTime)))
+        }
+    }
+
+    /// Messages whose deadline passed are refused and cancelled; their changes are not
+    /// retried. Everything else stays for the next attempt.
+    private func refuseExpired() {
+        let now = context.clock.now()
+        let expired = pending.filter { $0.reply.map { $0.deadline <= now } ?? false }
+        guard !expired.isEmpty else { return }
+        pending.removeAll { $0.reply.map { $0.deadline <= now } ?? false }
+        refuse(expired, reason: "the store could not commit the message; nothing was accepted, retry later")
+        if pending.isEmpty {
+            // Nothing left to retry, so nothing would ever notice a recovery: let the next
+            // request try the store again (it waits for the store timeout if it still fails).
+            failures = 0
+            healthy.store(true, ordering: .relaxed)
+        }
+    }
+
+    private func refuseAll(reason: String) {
+        let units = pending.filter { $0.reply != nil }
+        pending = []
+        refuse(units, reason: reason)
+    }
+
+    private func refuse(_ units: [CommitUnit], reason: String) {
+        let replies = units.compactMap(\.reply)
+        guard !replies.isEmpty else { return }
+        context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            for reply in replies { board.cancelMessage(reply.message, sender: reply.sender, messageID: reply.messageID) }
+        }
+        for reply in replies {
+            post(.reply(reply.connection, .error(requestID: reply.requestID, code: .storeUnavailable, message: reason)))
+        }
+    }
+
+    /// 10 ms, doubling to 1 s.
+    private func retryDelayMilliseconds() -> Int32 {
+        Int32(min(1000, 10 << min(failures, 7)))
+    }
+
+    private func deliver(_ effects: [SwitchboardEffect]) {
+        for effect in effects {
+            switch effect {
+            case .wake(let ref): post(.wake(ref))
+            case .close(let ref, let frame): post(.close(ref, frame))
+            case .wakeUp: context.requestWakeUp(effect)
+            }
+        }
+    }
+
+    private func post(_ task: LoopTask) {
+        let loop: Int
+        switch task {
+        case .wake(let ref), .close(let ref, _), .reply(let ref, _): loop = Int(ref.loop)
+        case .drain: loop = 0
+        }
+        guard loop < loops.count else { return }
+        loops[loop].post(task)
+    }
+}
+
+extension Int {
+    fileprivate var isPowerOfTwo: Bool { self > 0 && self & (self - 1) == 0 }
+}

@@ -1,0 +1,66 @@
+import SignalingProtocol
+
+/// One change to the durable state. The server collects the changes each operation makes
+/// and hands them to the store in batches; a batch is applied atomically.
+public enum StoreChange: Sendable, Equatable {
+    /// Creates the device or updates its session id and last-seen time.
+    case upsertDevice(user: String, device: String, sessionID: SessionID, lastSeen: UInt64)
+    /// Adds an event to a device's queue and raises the device's `lastSeq` to its seq.
+    /// The device exists (an `upsertDevice` for it came in this or an earlier batch).
+    case appendEvent(user: String, device: String, event: StoredEvent)
+    /// Deletes the device's events ≤ `through` and raises its `ackedSeq` to `through`.
+    case acknowledge(user: String, device: String, through: UInt64)
+    /// Deletes a device and everything stored for it (it expired).
+    case removeDevice(user: String, device: String)
+    /// Holds an event for a user that has no device yet (`event.seq` is its ordinal).
+    case holdForUser(user: String, event: StoredEvent)
+    /// Deletes the user's held events with ordinal ≤ `through` (they were handed to a
+    /// device, whose `appendEvent`s are in the same batch, or they expired).
+    case releaseHeld(user: String, through: UInt64)
+    /// Remembers a message id for de-duplication.
+    case rememberMessageID(StoredMessageID)
+    /// Forgets one message id (expired or evicted).
+    case forgetMessageID(sender: String, messageID: String)
+    /// Stores the device's push registration (replacing any earlier one).
+    case registerPush(user: String, device: String, registration: PushRegistration)
+}
+
+/// Why the store could not apply a batch. None of the batch was applied.
+public struct StoreError: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        /// The disk or the configured size cap is full; retrying after space is freed works.
+        case full
+        /// The database cannot be written (read-only file system, permissions).
+        case readOnly
+        /// Another I/O error.
+        case io
+        /// The file is not a database of ours, or it is damaged.
+        case corrupt
+        /// Anything else (a bug, an unexpected SQLite result).
+        case other
+    }
+
+    public var kind: Kind
+    public var message: String
+
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    public var description: String { "\(kind): \(message)" }
+}
+
+/// Where the server keeps what must survive a restart. The SQLite store is the default;
+/// the protocol is small so that a distributed backend can replace it.
+///
+/// Threading: `loadSnapshot` is called once before the server starts; afterwards `apply`
+/// is called from the server's single store-writer thread only, one batch at a time.
+public protocol EventStore: AnyObject, Sendable {
+    /// Everything stored, for rebuilding the server's state at start.
+    func loadSnapshot() throws(StoreError) -> StoredSnapshot
+    /// Applies the changes, in order, atomically: all or none.
+    func apply(_ changes: [StoreChange]) throws(StoreError)
+    /// Closes the store; no calls afterwards.
+    func close()
+}

@@ -1,0 +1,110 @@
+import SignalingProtocol
+
+/// One event as stored: for a device (with its sequence number) or held for a user that
+/// has no device yet (with an ordinal that orders the held events).
+public struct StoredEvent: Sendable, Equatable {
+    /// Device events: the event's sequence number. Held events: a per-user ordinal.
+    public var seq: UInt64
+    /// The frame type (`FrameType.rawValue`) of the event.
+    public var type: UInt8
+    /// The event's body as encoded on the wire after the sequence number (`EncodedEvent.body`).
+    public var body: [UInt8]
+    /// For MESSAGE events: who gets MESSAGE_DELIVERED when a device acknowledges it.
+    public var receipt: StoredReceipt?
+    /// When the event was created, ms since the Unix epoch.
+    public var createdAt: UInt64
+
+    public init(seq: UInt64, type: UInt8, body: [UInt8], receipt: StoredReceipt? = nil, createdAt: UInt64) {
+        self.seq = seq
+        self.type = type
+        self.body = body
+        self.receipt = receipt
+        self.createdAt = createdAt
+    }
+}
+
+/// The sender side of a stored message, for delivery receipts.
+public struct StoredReceipt: Sendable, Equatable {
+    public var sender: String
+    public var messageID: String
+    public var recipient: String
+
+    public init(sender: String, messageID: String, recipient: String) {
+        self.sender = sender
+        self.messageID = messageID
+        self.recipient = recipient
+    }
+}
+
+/// A push token registered by a device (PUSH_REGISTER).
+public struct PushRegistration: Sendable, Equatable {
+    public var platform: String
+    public var token: [UInt8]
+
+    public init(platform: String, token: [UInt8]) {
+        self.platform = platform
+        self.token = token
+    }
+}
+
+/// A device as stored: its session, its sequence counters and its unacknowledged events.
+public struct StoredDevice: Sendable, Equatable {
+    public var userID: String
+    public var deviceID: String
+    public var sessionID: SessionID
+    /// Every event ≤ this was acknowledged (and deleted).
+    public var ackedSeq: UInt64
+    /// The highest sequence number ever assigned to this device (≥ `ackedSeq`; equal to
+    /// the last event's when events are pending). A restarted server continues after it.
+    public var lastSeq: UInt64
+    /// When the device was last connected or disconnected, ms since the Unix epoch.
+    public var lastSeen: UInt64
+    /// Unacknowledged events, ascending by `seq`, all > `ackedSeq`.
+    public var events: [StoredEvent]
+    public var push: PushRegistration?
+
+    public init(
+        userID: String, deviceID: String, sessionID: SessionID, ackedSeq: UInt64, lastSeq: UInt64,
+        lastSeen: UInt64, events: [StoredEvent] = [], push: PushRegistration? = nil
+    ) {
+        self.userID = userID
+        self.deviceID = deviceID
+        self.sessionID = sessionID
+        self.ackedSeq = ackedSeq
+        self.lastSeq = lastSeq
+        self.lastSeen = lastSeen
+        self.events = events
+        self.push = push
+    }
+}
+
+/// A remembered message id (for de-duplicating re-sent messages).
+public struct StoredMessageID: Sendable, Equatable {
+    public var sender: String
+    public var messageID: String
+    /// The server time the message was accepted with (returned again for a duplicate).
+    public var serverTime: UInt64
+    /// When to forget it, ms since the Unix epoch.
+    public var expiresAt: UInt64
+
+    public init(sender: String, messageID: String, serverTime: UInt64, expiresAt: UInt64) {
+        self.sender = sender
+        self.messageID = messageID
+        self.serverTime = serverTime
+        self.expiresAt = expiresAt
+    }
+}
+
+/// Everything a store holds, loaded once when the server starts.
+public struct StoredSnapshot: Sendable, Equatable {
+    public var devices: [StoredDevice]
+    /// Events held for users that had no device, by user, ascending by ordinal.
+    public var held: [String: [StoredEvent]]
+    public var messageIDs: [StoredMessageID]
+
+    public init(devices: [StoredDevice] = [], held: [String: [StoredEvent]] = [:], messageIDs: [StoredMessageID] = []) {
+        self.devices = devices
+        self.held = held
+        self.messageIDs = messageIDs
+    }
+}

@@ -1,0 +1,221 @@
+import SignalingStore
+
+/// Applies batches of `StoreChange`s, each in one transaction, with statements prepared
+/// once per connection and re-used for every change of every batch.
+final class ChangeWriter {
+    private let connection: SQLiteConnection
+
+    private let begin: SQLiteStatement
+    private let commit: SQLiteStatement
+    private let rollback: SQLiteStatement
+
+    private let upsertDevice: SQLiteStatement
+    private let insertDeviceEvent: SQLiteStatement
+    private let raiseLastSeq: SQLiteStatement
+    private let deleteAcknowledgedEvents: SQLiteStatement
+    private let raiseAckedSeq: SQLiteStatement
+    private let deleteDeviceEvents: SQLiteStatement
+    private let deleteDevice: SQLiteStatement
+    private let insertHeldEvent: SQLiteStatement
+    private let deleteReleasedHeldEvents: SQLiteStatement
+    private let upsertMessageID: SQLiteStatement
+    private let deleteMessageID: SQLiteStatement
+    private let setPushRegistration: SQLiteStatement
+
+    init(connection: SQLiteConnection) throws(StoreError) {
+        self.connection = connection
+        // IMMEDIATE takes the write lock at once: a lock conflict (a backup writing, a
+        // second process) shows at BEGIN, not halfway through the batch.
+        begin = try connection.prepare("BEGIN IMMEDIATE", as: "begin")
+        commit = try connection.prepare("COMMIT", as: "commit")
+        rollback = try connection.prepare("ROLLBACK", as: "rollback")
+
+        upsertDevice = try connection.prepare("""
+            INSERT INTO devices (user_id, device_id, session_id, acked_seq, last_seq, last_seen)
+            VALUES (?1, ?2, ?3, 0, 0, ?4)
+            ON CONFLICT (user_id, device_id) DO UPDATE
+            SET session_id = excluded.session_id, last_seen = excluded.last_seen
+            """, as: "upsert device")
+        insertDeviceEvent = try connection.prepare("""
+            INSERT INTO device_events (user_id, device_id, seq, type, body,
+                                       receipt_sender, receipt_message_id, receipt_recipient, created_at)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+            """, as: "insert device event")
+        raiseLastSeq = try connection.prepare("""
+            UPDATE devices SET last_seq = max(last_seq, ?3) WHERE user_id = ?1 AND device_id = ?2
+            """, as: "raise last_seq")
+        deleteAcknowledgedEvents = try connection.prepare("""
+            DELETE FROM device_events WHERE user_id = ?1 AND device_id = ?2 AND seq <= ?3
+            """, as: "delete acknowledged events")
+        // last_seq too, to keep last_seq >= acked_seq: a restarted server continues the
+        // sequence after last_seq, and numbers at or below acked_seq would be dropped by
+        // the client as already processed.
+        raiseAckedSeq = try connection.prepare("""
+            UPDATE devices SET acked_seq = max(acked_seq, ?3), last_seq = max(last_seq, ?3)
+            WHERE user_id = ?1 AND device_id = ?2
+            """, as: "raise acked_seq")
+        deleteDeviceEvents = try connection.prepare("""
+            DELETE FROM device_events WHERE user_id = ?1 AND device_id = ?2
+            """, as: "delete device events")
+        deleteDevice = try connection.prepare("""
+            DELETE FROM devices WHERE user_id = ?1 AND device_id = ?2
+            """, as: "delete device")
+        insertHeldEvent = try connection.prepare("""
+            INSERT INTO held_events (user_id, ordinal, type, body,
+                                     receipt_sender, receipt_message_id, receipt_recipient, created_at)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+            """, as: "insert held event")
+        deleteReleasedHeldEvents = try connection.prepare("""
+            DELETE FROM held_events WHERE user_id = ?1 AND ordinal <= ?2
+            """, as: "delete released held events")
+        upsertMessageID = try connection.prepare("""
+            INSERT INTO message_ids (sender_id, message_id, server_time, expires_at)
+            VALUES (?1, ?2, ?3, ?4)
+            ON CONFLICT (sender_id, message_id) DO UPDATE
+            SET server_time = excluded.server_time, expires_at = excluded.expires_at
+            """, as: "upsert message id")
+        deleteMessageID = try connection.prepare("""
+            DELETE FROM message_ids WHERE sender_id = ?1 AND message_id = ?2
+            """, as: "delete message id")
+        setPushRegistration = try connection.prepare("""
+            UPDATE devices SET push_platform = ?3, push_token = ?4 WHERE user_id = ?1 AND device_id = ?2
+            """, as: "set push registration")
+    }
+
+    /// Applies the changes in one transaction: all of them, or (on any error) none.
+    /// The connection is left ready for the next batch either way.
+    func apply(_ changes: [StoreChange]) throws(StoreError) {
+        guard !changes.isEmpty else { return }
+        // A transaction left open by a ROLLBACK that itself failed (an I/O error) would
+        // make this BEGIN fail forever; finish it first.
+        if !connection.isAutocommit { rollBack() }
+        try begin.run()
+        do throws(StoreError) {
+            for (index, change) in changes.enumerated() {
+                do throws(StoreError) {
+                    try write(change)
+                } catch {
+                    throw StoreError(error.kind, "change \(index + 1) of \(changes.count) (\(change.summary)): \(error.message)")
+                }
+            }
+            try commit.run()
+        } catch {
+            rollBack()
+            throw error
+        }
+    }
+
+    /// After SQLITE_FULL, SQLITE_IOERR or SQLITE_NOMEM SQLite may have rolled back
+    /// already; otherwise the transaction is still open and is rolled back here.
+    private func rollBack() {
+        guard !connection.isAutocommit else { return }
+        try? rollback.run()
+    }
+
+    private func write(_ change: StoreChange) throws(StoreError) {
+        switch change {
+        case .upsertDevice(let user, let device, let sessionID, let lastSeen):
+            try upsertDevice.bind(1, user)
+            try upsertDevice.bind(2, device)
+            try upsertDevice.bind(3, StoredValue.bytes(of: sessionID))
+            try upsertDevice.bind(4, StoredValue.timestamp(lastSeen))
+            try upsertDevice.run()
+
+        case .appendEvent(let user, let device, let event):
+            let seq = try StoredValue.sequence(event.seq, "seq")
+            try raiseLastSeq.bind(1, user)
+            try raiseLastSeq.bind(2, device)
+            try raiseLastSeq.bind(3, seq)
+            try raiseLastSeq.run()
+            // The foreign key would refuse the event too; this says why in plain words.
+            guard connection.changes == 1 else {
+                throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its events")
+            }
+            try insertDeviceEvent.bind(1, user)
+            try insertDeviceEvent.bind(2, device)
+            try insertDeviceEvent.bind(3, seq)
+            try bindEventFields(of: event, to: insertDeviceEvent, from: 4)
+            try insertDeviceEvent.run()
+
+        case .acknowledge(let user, let device, let through):
+            let through = try StoredValue.sequence(through, "acknowledged seq")
+            try deleteAcknowledgedEvents.bind(1, user)
+            try deleteAcknowledgedEvents.bind(2, device)
+            try deleteAcknowledgedEvents.bind(3, through)
+            try deleteAcknowledgedEvents.run()
+            try raiseAckedSeq.bind(1, user)
+            try raiseAckedSeq.bind(2, device)
+            try raiseAckedSeq.bind(3, through)
+            try raiseAckedSeq.run()
+
+        case .removeDevice(let user, let device):
+            try deleteDeviceEvents.bind(1, user)
+            try deleteDeviceEvents.bind(2, device)
+            try deleteDeviceEvents.run()
+            try deleteDevice.bind(1, user)
+            try deleteDevice.bind(2, device)
+            try deleteDevice.run()
+
+        case .holdForUser(let user, let event):
+            try insertHeldEvent.bind(1, user)
+            try insertHeldEvent.bind(2, try StoredValue.sequence(event.seq, "ordinal"))
+            try bindEventFields(of: event, to: insertHeldEvent, from: 3)
+            try insertHeldEvent.run()
+
+        case .releaseHeld(let user, let through):
+            try deleteReleasedHeldEvents.bind(1, user)
+            try deleteReleasedHeldEvents.bind(2, try StoredValue.sequence(through, "released ordinal"))
+            try deleteReleasedHeldEvents.run()
+
+        case .rememberMessageID(let remembered):
+            try upsertMessageID.bind(1, remembered.sender)
+            try upsertMessageID.bind(2, remembered.messageID)
+            try upsertMessageID.bind(3, StoredValue.timestamp(remembered.serverTime))
+            try upsertMessageID.bind(4, StoredValue.timestamp(remembered.expiresAt))
+            try upsertMessageID.run()
+
+        case .forgetMessageID(let sender, let messageID):
+            try deleteMessageID.bind(1, sender)
+            try deleteMessageID.bind(2, messageID)
+            try deleteMessageID.run()
+
+        case .registerPush(let user, let device, let registration):
+            try setPushRegistration.bind(1, user)
+            try setPushRegistration.bind(2, device)
+            try setPushRegistration.bind(3, registration.platform)
+            try setPushRegistration.bind(4, registration.token)
+            try setPushRegistration.run()
+            // Without a device row the registration would be silently lost.
+            guard connection.changes == 1 else {
+                throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its push registration")
+            }
+        }
+    }
+
+    /// Binds type, body, the three receipt columns and created_at, in that order.
+    private func bindEventFields(of event: StoredEvent, to statement: SQLiteStatement, from first: Int32) throws(StoreError) {
+        try statement.bind(first, Int64(event.type))
+        try statement.bind(first + 1, event.body)
+        try statement.bind(first + 2, event.receipt?.sender)
+        try statement.bind(first + 3, event.receipt?.messageID)
+        try statement.bind(first + 4, event.receipt?.recipient)
+        try statement.bind(first + 5, StoredValue.timestamp(event.createdAt))
+    }
+}
+
+extension StoreChange {
+    /// What the change is about, for error messages (never bodies or tokens).
+    var summary: String {
+        switch self {
+        case .upsertDevice(let user, let device, _, _): return "upsertDevice \(user)/\(device)"
+        case .appendEvent(let user, let device, let event): return "appendEvent \(user)/\(device) seq \(event.seq)"
+        case .acknowledge(let user, let device, let through): return "acknowledge \(user)/\(device) through \(through)"
+        case .removeDevice(let user, let device): return "removeDevice \(user)/\(device)"
+        case .holdForUser(let user, let event): return "holdForUser \(user) ordinal \(event.seq)"
+        case .releaseHeld(let user, let through): return "releaseHeld \(user) through \(through)"
+        case .rememberMessageID(let remembered): return "rememberMessageID \(remembered.sender)/\(remembered.messageID)"
+        case .forgetMessageID(let sender, let messageID): return "forgetMessageID \(sender)/\(messageID)"
+        case .registerPush(let user, let device, _): return "registerPush \(user)/\(device)"
+        }
+    }
+}

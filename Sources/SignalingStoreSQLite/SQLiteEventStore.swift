@@ -1,0 +1,115 @@
+import SignalingStore
+import SignalingSupport
+
+/// The default `EventStore`: one SQLite database in WAL mode in the server's data
+/// directory.
+///
+/// Confinement: like every `EventStore`, it is used by one thread at a time: the server
+/// loads the snapshot before it starts, then calls `apply` from its single store-writer
+/// thread only, and `close` after that thread has stopped. The class holds a SQLite
+/// connection (opened without SQLite's own mutex) and cached statements, none of which
+/// may be used concurrently; that rule, not a lock, is what makes `@unchecked Sendable`
+/// sound. Moving the store between threads is fine as long as calls never overlap.
+public final class SQLiteEventStore: EventStore, @unchecked Sendable {
+    public let configuration: SQLiteStoreConfiguration
+    private let logger: Logger
+
+    /// The connection and its statements while the store is open; nil once closed.
+    private struct OpenDatabase {
+        let connection: SQLiteConnection
+        let writer: ChangeWriter
+    }
+    private var database: OpenDatabase?
+    /// Released after the database is closed, so the next owner finds it checkpointed.
+    private var lock: DataDirectoryLock?
+
+    /// Opens (creating if needed) the store in `configuration.directory`. Throws
+    /// `.readOnly` when the directory or file cannot be written, `.corrupt` for a file
+    /// that is not ours or is newer than this build, `.full` when there is no room to
+    /// create it, and `.other` when another process has the directory open.
+    public init(configuration: SQLiteStoreConfiguration, logger: Logger = .silent) throws(StoreError) {
+        self.configuration = configuration
+        self.logger = logger
+        try configuration.validate()
+        try DataDirectory.create(configuration.directory)
+        let lock = try DataDirectoryLock(path: configuration.lockPath)
+        let connection: SQLiteConnection
+        let foundVersion: Int64
+        let writer: ChangeWriter
+        do throws(StoreError) {
+            connection = try SQLiteConnection.open(path: configuration.databasePath)
+            let cap = try Self.configure(connection, configuration)
+            if let cap, cap != configuration.maxPageCount.map(Int64.init) {
+                // SQLite never sets the cap below the file's current size.
+                logger.warning("store_cap_below_size", ["path": configuration.databasePath,
+                    "max_page_count": configuration.maxPageCount ?? 0, "effective": cap])
+            }
+            foundVersion = try SQLiteSchema.prepare(connection)
+            writer = try ChangeWriter(connection: connection)
+        } catch {
+            // Every failure here is about the database file: name it.
+            throw StoreError(error.kind, "\(configuration.databasePath): \(error.message)")
+        }
+        database = OpenDatabase(connection: connection, writer: writer)
+        self.lock = lock
+        logger.info("store_opened", [
+            "path": configuration.databasePath,
+            "synchronous": configuration.synchronous.rawValue,
+            "schema": foundVersion == 0 ? "created v\(SQLiteSchema.currentVersion)"
+                : foundVersion == SQLiteSchema.currentVersion ? "v\(foundVersion)"
+                : "upgraded v\(foundVersion) to v\(SQLiteSchema.currentVersion)",
+            "max_page_count": configuration.maxPageCount.map(String.init) ?? "none",
+        ])
+    }
+
+    deinit {
+        close()
+    }
+
+    public func loadSnapshot() throws(StoreError) -> StoredSnapshot {
+        guard let database else { throw Self.closedError }
+        return try SnapshotReader(connection: database.connection, logger: logger).read()
+    }
+
+    public func apply(_ changes: [StoreChange]) throws(StoreError) {
+        guard let database else { throw Self.closedError }
+        try database.writer.apply(changes)
+    }
+
+    /// Closes the database (SQLite checkpoints the WAL into the main file) and releases the
+    /// data directory. Calling it again does nothing.
+    public func close() {
+        guard database != nil else { return }
+        // The statements go with the writer; the connection, which they keep alive,
+        // closes with the last of them.
+        database = nil
+        lock = nil
+        logger.debug("store_closed", ["path": configuration.databasePath])
+    }
+
+    private static let closedError = StoreError(.other, "the store is closed")
+
+    /// Settings SQLite keeps per connection, applied at every open. Returns the size cap in
+    /// effect, if one was asked for.
+    private static func configure(_ connection: SQLiteConnection, _ configuration: SQLiteStoreConfiguration) throws(StoreError) -> Int64? {
+        try connection.setBusyTimeout(milliseconds: Int32(configuration.busyTimeoutMilliseconds))
+        // WAL: readers (a backup) never block the writer, and a commit appends to one file.
+        let mode = try connection.text("PRAGMA journal_mode = WAL")
+        guard mode.lowercased() == "wal" else {
+            throw StoreError(.other, "the file system does not support WAL mode (journal_mode is \(mode))")
+        }
+        switch configuration.synchronous {
+        case .normal: try connection.execute("PRAGMA synchronous = NORMAL")
+        case .full: try connection.execute("PRAGMA synchronous = FULL")
+        }
+        try connection.execute("PRAGMA foreign_keys = ON")
+        // After a checkpoint a WAL larger than this is truncated back, so one very large
+        // batch does not keep its disk space for ever.
+        try connection.execute("PRAGMA journal_size_limit = \(walSizeLimitBytes)")
+        guard let pages = configuration.maxPageCount else { return nil }
+        return try connection.integer("PRAGMA max_page_count = \(pages)")
+    }
+
+    /// 64 MiB.
+    static let walSizeLimitBytes = 64 * 1024 * 1024
+}

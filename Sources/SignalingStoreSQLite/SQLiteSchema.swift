@@ -1,0 +1,135 @@
+import SignalingStore
+
+/// The tables, and how a database file is recognised, created and upgraded.
+///
+/// Integers are SQLite's signed 64-bit. Sequence numbers and ordinals are at most 2^63 - 1
+/// (the store refuses larger ones). Timestamps (ms since the Unix epoch) are stored as
+/// their bit pattern, so every `UInt64` round-trips; values from 2^63 up read back
+/// correctly but show as negative in the sqlite3 shell.
+enum SQLiteSchema {
+    /// `PRAGMA application_id`: "VSIG" in ASCII, the protocol's HELLO magic. Tells our
+    /// file from any other SQLite database.
+    static let applicationID: Int64 = 0x5653_4947
+
+    /// `PRAGMA user_version`: the schema this build writes. Raise it with a new entry in
+    /// `upgrades` whenever the tables change.
+    static let currentVersion: Int64 = 1
+
+    /// Version 1, created in an empty file.
+    static let version1: [String] = [
+        """
+        CREATE TABLE devices (
+            user_id       TEXT    NOT NULL,
+            device_id     TEXT    NOT NULL,
+            session_id    BLOB    NOT NULL CHECK (length(session_id) = 16), -- big-endian high, low
+            acked_seq     INTEGER NOT NULL,            -- every event <= this was acknowledged
+            last_seq      INTEGER NOT NULL,            -- highest sequence number assigned
+            last_seen     INTEGER NOT NULL,            -- ms since the Unix epoch
+            push_platform TEXT,                        -- both NULL: no push registration
+            push_token    BLOB,
+            CHECK ((push_platform IS NULL) = (push_token IS NULL)),
+            PRIMARY KEY (user_id, device_id)
+        ) WITHOUT ROWID
+        """,
+        // A device's unacknowledged events. Rowid table: bodies (up to 64 KiB) are too
+        // large to live in a WITHOUT ROWID b-tree. The primary key's index serves the
+        // snapshot's ordered scan and the acknowledgement's range delete.
+        """
+        CREATE TABLE device_events (
+            user_id            TEXT    NOT NULL,
+            device_id          TEXT    NOT NULL,
+            seq                INTEGER NOT NULL,
+            type               INTEGER NOT NULL,   -- FrameType raw value
+            body               BLOB    NOT NULL,   -- the event as encoded after its seq
+            receipt_sender     TEXT,               -- MESSAGE events: whom to tell on ACK
+            receipt_message_id TEXT,
+            receipt_recipient  TEXT,
+            created_at         INTEGER NOT NULL,   -- ms since the Unix epoch
+            CHECK ((receipt_sender IS NULL) = (receipt_message_id IS NULL)
+                   AND (receipt_sender IS NULL) = (receipt_recipient IS NULL)),
+            PRIMARY KEY (user_id, device_id, seq),
+            FOREIGN KEY (user_id, device_id) REFERENCES devices (user_id, device_id)
+        )
+        """,
+        // Events for users none of whose devices the server knows, in arrival order.
+        """
+        CREATE TABLE held_events (
+            user_id            TEXT    NOT NULL,
+            ordinal            INTEGER NOT NULL,
+            type               INTEGER NOT NULL,
+            body               BLOB    NOT NULL,
+            receipt_sender     TEXT,
+            receipt_message_id TEXT,
+            receipt_recipient  TEXT,
+            created_at         INTEGER NOT NULL,
+            CHECK ((receipt_sender IS NULL) = (receipt_message_id IS NULL)
+                   AND (receipt_sender IS NULL) = (receipt_recipient IS NULL)),
+            PRIMARY KEY (user_id, ordinal)
+        )
+        """,
+        // Recently accepted message ids, for de-duplicating re-sent messages.
+        """
+        CREATE TABLE message_ids (
+            sender_id   TEXT    NOT NULL,
+            message_id  TEXT    NOT NULL,
+            server_time INTEGER NOT NULL,   -- returned again for a duplicate
+            expires_at  INTEGER NOT NULL,
+            PRIMARY KEY (sender_id, message_id)
+        ) WITHOUT ROWID
+        """,
+    ]
+
+    /// Upgrades from each older version to the next, run in order inside one transaction.
+    /// Version 1 is the first, so there are none yet; an upgrade to version 2 would be
+    /// `[1: ["ALTER TABLE ..."]]`.
+    static let upgrades: [Int64: [String]] = [:]
+
+    /// Creates the schema in an empty file, upgrades an older one, and refuses a file that
+    /// is not ours or is newer than this build. Runs in one write transaction, so a crash
+    /// midway leaves the file as it was. Returns the version found before any upgrade
+    /// (0 for a new file).
+    static func prepare(_ connection: SQLiteConnection) throws(StoreError) -> Int64 {
+        try connection.execute("BEGIN IMMEDIATE")
+        do throws(StoreError) {
+            let found = try check(connection)
+            if found == 0 {
+                for statement in version1 { try connection.execute(statement) }
+                try connection.execute("PRAGMA application_id = \(applicationID)")
+            } else {
+                for version in found..<currentVersion {
+                    for statement in upgrades[version] ?? [] { try connection.execute(statement) }
+                }
+            }
+            if found != currentVersion {
+                try connection.execute("PRAGMA user_version = \(currentVersion)")
+            }
+            try connection.execute("COMMIT")
+            return found
+        } catch {
+            if !connection.isAutocommit { try? connection.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    /// The file's schema version, 0 for an empty file; throws `.corrupt` for anything else
+    /// we cannot use.
+    private static func check(_ connection: SQLiteConnection) throws(StoreError) -> Int64 {
+        let application = try connection.integer("PRAGMA application_id")
+        let version = try connection.integer("PRAGMA user_version")
+        let objects = try connection.integer("SELECT count(*) FROM sqlite_master")
+        if application == 0 && version == 0 && objects == 0 { return 0 }
+        guard application == applicationID else {
+            throw StoreError(.corrupt, "an SQLite database, but not a voipserver store "
+                + "(application_id \(application), expected \(applicationID)); refusing to use it. "
+                + "Point the server at another data directory.")
+        }
+        guard version <= currentVersion else {
+            throw StoreError(.corrupt, "written by a newer voipserver (schema version \(version); "
+                + "this build understands up to \(currentVersion)). Run the newer server, or restore a backup.")
+        }
+        guard version >= 1 else {
+            throw StoreError(.corrupt, "a voipserver store with an unknown schema version \(version)")
+        }
+        return version
+    }
+}

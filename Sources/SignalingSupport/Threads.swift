@@ -1,0 +1,31 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A joinable POSIX thread running `body`. The server's event loops and store writer run on
+/// threads of their own (not Dispatch or Swift concurrency): each blocks in a system call
+/// for its whole life and owns its state for that life.
+public struct JoinableThread: @unchecked Sendable {
+    private let handle: pthread_t
+
+    /// Starts the thread; crashes if the system cannot create one (nothing sensible to do).
+    public init(_ body: @escaping @Sendable () -> Void) {
+        final class Box {
+            let body: @Sendable () -> Void
+            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+        }
+        var handle = pthread_t()
+        let box = Unmanaged.passRetained(Box(body)).toOpaque()
+        let rc = pthread_create(&handle, nil, { argument in
+            Unmanaged<Box>.fromOpaque(argument!).takeRetainedValue().body()
+            return nil
+        }, box)
+        precondition(rc == 0, "pthread_create failed: \(rc)")
+        self.handle = handle
+    }
+
+    /// Waits for the thread to finish. Call once.
+    public func join() {
+        pthread_join(handle, nil)
+    }
+}

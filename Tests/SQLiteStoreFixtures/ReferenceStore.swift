@@ -1,0 +1,84 @@
+import SignalingProtocol
+import SignalingStore
+
+/// What a correct store holds after a sequence of batches, computed in memory from the
+/// documented meaning of each `StoreChange`. Tests compare a real store's snapshot with it.
+/// Its snapshot is in the SQLite store's order: devices by (user, device) and message ids
+/// by (sender, message id), comparing UTF-8 bytes.
+public struct ReferenceStore: Sendable {
+    private struct DeviceKey: Hashable, Sendable {
+        var user: String
+        var device: String
+    }
+
+    private struct MessageKey: Hashable, Sendable {
+        var sender: String
+        var messageID: String
+    }
+
+    private var devices: [DeviceKey: StoredDevice] = [:]
+    private var held: [String: [StoredEvent]] = [:]
+    private var messageIDs: [MessageKey: StoredMessageID] = [:]
+
+    public init() {}
+
+    public mutating func apply(_ changes: [StoreChange]) {
+        for change in changes { apply(change) }
+    }
+
+    public mutating func apply(_ change: StoreChange) {
+        switch change {
+        case .upsertDevice(let user, let device, let sessionID, let lastSeen):
+            let key = DeviceKey(user: user, device: device)
+            if devices[key] == nil {
+                devices[key] = StoredDevice(userID: user, deviceID: device, sessionID: sessionID,
+                                            ackedSeq: 0, lastSeq: 0, lastSeen: lastSeen)
+            } else {
+                devices[key]!.sessionID = sessionID
+                devices[key]!.lastSeen = lastSeen
+            }
+        case .appendEvent(let user, let device, let event):
+            let key = DeviceKey(user: user, device: device)
+            guard devices[key] != nil else { return }
+            devices[key]!.lastSeq = max(devices[key]!.lastSeq, event.seq)
+            Self.insertInOrder(event, into: &devices[key]!.events)
+        case .acknowledge(let user, let device, let through):
+            let key = DeviceKey(user: user, device: device)
+            guard devices[key] != nil else { return }
+            devices[key]!.events.removeAll { $0.seq <= through }
+            devices[key]!.ackedSeq = max(devices[key]!.ackedSeq, through)
+            devices[key]!.lastSeq = max(devices[key]!.lastSeq, through)
+        case .removeDevice(let user, let device):
+            devices[DeviceKey(user: user, device: device)] = nil
+        case .holdForUser(let user, let event):
+            Self.insertInOrder(event, into: &held[user, default: []])
+        case .releaseHeld(let user, let through):
+            held[user]?.removeAll { $0.seq <= through }
+            if held[user]?.isEmpty == true { held[user] = nil }
+        case .rememberMessageID(let remembered):
+            messageIDs[MessageKey(sender: remembered.sender, messageID: remembered.messageID)] = remembered
+        case .forgetMessageID(let sender, let messageID):
+            messageIDs[MessageKey(sender: sender, messageID: messageID)] = nil
+        case .registerPush(let user, let device, let registration):
+            devices[DeviceKey(user: user, device: device)]?.push = registration
+        }
+    }
+
+    public var snapshot: StoredSnapshot {
+        StoredSnapshot(
+            devices: devices.values.sorted { Self.utf8Less(($0.userID, $0.deviceID), ($1.userID, $1.deviceID)) },
+            held: held,
+            messageIDs: messageIDs.values.sorted { Self.utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) })
+    }
+
+    private static func insertInOrder(_ event: StoredEvent, into events: inout [StoredEvent]) {
+        let index = events.lastIndex { $0.seq < event.seq }.map { $0 + 1 } ?? 0
+        events.insert(event, at: index)
+    }
+
+    /// SQLite's BINARY collation: byte-wise on UTF-8, then the second key.
+    private static func utf8Less(_ a: (String, String), _ b: (String, String)) -> Bool {
+        if a.0 != b.0 { return a.0.utf8.lexicographicallyPrecedes(b.0.utf8) }
+        return a.1.utf8.lexicographicallyPrecedes(b.1.utf8)
+    }
+}

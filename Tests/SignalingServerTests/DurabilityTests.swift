@@ -1,0 +1,149 @@
+import SignalingProtocol
+import SignalingServer
+import SignalingStore
+import SignalingSupport
+import TestSupport
+import Testing
+
+/// The server with a durable store (a reference model of the SQLite store here; the
+/// SQLite store itself is tested in its own suite and end to end with kill -9).
+@Suite("Durable store integration")
+struct DurabilityTests {
+    func message(_ id: String, to recipient: String) -> Request {
+        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
+    }
+
+    @Test("a message is accepted only once committed, and is stored until acknowledged")
+    func acceptedAfterCommit() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store)
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        #expect(store.events(user: "bob", device: "d1").map(\.seq) == [1])
+        let (seq, _) = try bob.nextEvent()
+        try bob.ack(seq)
+        guard case .messageDelivered = try alice.nextEvent().event else { Issue.record("no receipt"); return }
+        // The acknowledgement removed it from the store (the receipt is alice's now).
+        try server.waitFor("the ack to be committed") { _ in store.events(user: "bob", device: "d1").isEmpty }
+        #expect(store.events(user: "alice", device: "d1").map(\.type) == [FrameType.messageDelivered.rawValue])
+    }
+
+    @Test("while the store cannot commit, nothing is delivered, and the sender is refused after the store timeout")
+    func storeFailure() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.storeTimeout = .seconds(5) }
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        store.failCommits(with: StoreError(.full, "database or disk is full"))
+
+        try alice.send(.request(id: 1, message("m1", to: "bob")))
+        try server.waitFor("a failed commit") { _ in store.failedAttempts > 0 }
+        #expect(try alice.staysSilent(for: .milliseconds(30)), "accepted before the commit")
+        #expect(try bob.staysSilent(for: .milliseconds(30)), "delivered before the commit")
+
+        // While the store is failing, new sends are refused at once.
+        #expect(try alice.request(2, message("m2", to: "bob")).errorCode == .storeUnavailable)
+
+        // The store timeout passes: the first send is refused too, and cancelled.
+        server.clock.advance(by: .seconds(6))
+        let refusal = try alice.reply(to: 1)
+        #expect(refusal.errorCode == .storeUnavailable)
+
+        // Space returns: the store recovers, the same message is accepted and delivered once.
+        store.failCommits(with: nil)
+        try server.waitFor("the store to recover", timeout: .seconds(10)) { _ in store.committedBatches > 0 }
+        let retried = try retryUntilAccepted(alice, id: 3, message("m1", to: "bob"))
+        #expect(retried)
+        guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
+        #expect(delivered.messageID == "m1")
+        #expect(try bob.staysSilent(for: .milliseconds(30)), "the cancelled copy must never be delivered")
+    }
+
+    /// Sends until OK (the writer may still be in its retry back-off when the store heals).
+    private func retryUntilAccepted(_ client: TestClient, id: UInt32, _ request: Request) throws -> Bool {
+        let deadline = SystemClock().now() + .seconds(10)
+        var attempt = id
+        while SystemClock().now() < deadline {
+            let reply = try client.request(attempt, request)
+            if reply.isOK { return true }
+            #expect(reply.errorCode == .storeUnavailable)
+            attempt += 1
+        }
+        return false
+    }
+
+    @Test("after a restart, a device resumes and gets every unacknowledged event exactly once")
+    func restart() throws {
+        let store = ModelEventStore()
+        let clock = ManualClock()
+        let session: SessionID
+        do {
+            let server = try TestServer(store: store, clock: clock)
+            let (alice, _) = try server.connect(user: "alice")
+            let (bob, welcome) = try server.connect(user: "bob")
+            session = welcome.sessionID
+            for index in 1...4 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK) }
+            for _ in 1...4 { _ = try bob.nextEvent() }
+            try bob.ack(2)  // processed m1 and m2; m3 and m4 seen but not acknowledged
+            try server.waitFor("the ack to be committed") { _ in store.events(user: "bob", device: "d1").count == 2 }
+            #expect(try alice.request(9, message("m5", to: "bob")).isOK)  // while bob... still connected
+        }
+        // A new server on the same store: bob resumes where it left off.
+        let server = try TestServer(store: store, clock: clock)
+        let bob = try server.client()
+        let welcome = try bob.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 3))
+        #expect(welcome.resumed)
+        #expect(welcome.ackedSeq == 3)
+        var received: [UInt64: String] = [:]
+        for _ in 0..<2 {
+            let (seq, event) = try bob.nextEvent()
+            if case .message(let message) = event { received[seq] = message.messageID }
+        }
+        #expect(received == [4: "m4", 5: "m5"])
+        #expect(try bob.staysSilent(for: .milliseconds(30)))
+
+        // Message ids are remembered across the restart: a re-send is not delivered again.
+        let (alice, _) = try server.connect(user: "alice")
+        #expect(try alice.request(1, message("m5", to: "bob")).isOK)
+        #expect(try bob.staysSilent(for: .milliseconds(30)))
+        // New events continue the sequence.
+        #expect(try alice.request(2, message("m6", to: "bob")).isOK)
+        #expect(try bob.nextEvent().seq == 6)
+    }
+
+    @Test("messages for a user with no device yet are kept across a restart and delivered in order")
+    func heldAcrossRestart() throws {
+        let store = ModelEventStore()
+        let clock = ManualClock()
+        do {
+            let server = try TestServer(store: store, clock: clock)
+            let (alice, _) = try server.connect(user: "alice")
+            for index in 1...3 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "newbie")).isOK) }
+        }
+        let server = try TestServer(store: store, clock: clock)
+        let (newbie, _) = try server.connect(user: "newbie")
+        var ids: [String] = []
+        for _ in 1...3 {
+            if case .message(let message) = try newbie.nextEvent().event { ids.append(message.messageID) }
+        }
+        #expect(ids == ["m1", "m2", "m3"])
+    }
+
+    @Test("a device that stays away longer than the event TTL is forgotten, with its events")
+    func eventExpiry() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) {
+            $0.sessionTTL = .seconds(3600)
+            $0.eventTTL = .seconds(7200)
+        }
+        let (alice, _) = try server.connect(user: "alice")
+        do { _ = try server.connect(user: "bob") }
+        try server.waitFor("bob to leave") { $0.establishedConnections == 1 }
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        try server.advance(by: .seconds(7201))
+        try server.waitFor("bob to be forgotten") { $0.eventsExpired == 1 }
+        try server.waitFor("the removal to be committed") { _ in store.events(user: "bob", device: "d1").isEmpty }
+        #expect(try store.loadSnapshot().devices.map(\.userID) == ["alice"])
+    }
+}

@@ -1,0 +1,202 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A deliberately simple, blocking protocol client for server tests: it speaks raw frames
+/// (or raw bytes), so tests can do things a well-behaved client never would. Every wait
+/// has a deadline.
+final class TestClient {
+    let fd: Int32
+    private var buffer: [UInt8] = []
+    /// Frames read while waiting for something else; `next` returns them first.
+    private var skipped: [Frame] = []
+    private let decoder = FrameDecoder(maxFrameLength: 16 << 20)
+    /// Events seen, for assertions about order and duplicates.
+    private(set) var lastSeq: UInt64 = 0
+
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// Connects to 127.0.0.1:port (or `host`), optionally from a given source address.
+    init(port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw Failure("socket: \(errno)") }
+        if let sourceAddress {
+            var local = sockaddr_in()
+            local.sin_family = sa_family_t(AF_INET)
+            inet_pton(AF_INET, sourceAddress, &local.sin_addr)
+            let rc = withUnsafePointer(to: &local) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard rc == 0 else { close(fd); throw Failure("bind \(sourceAddress): \(errno)") }
+        }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        inet_pton(AF_INET, host, &address.sin_addr)
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else {
+            let code = errno
+            close(fd)
+            throw Failure("connect: \(String(cString: strerror(code)))")
+        }
+    }
+
+    deinit { close(fd) }
+
+    func sendRaw(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes { shim_send(fd, $0.baseAddress, $0.count) }
+            if written < 0 {
+                if errno == EAGAIN || errno == EINTR { _ = waitFor(Int16(POLLOUT), milliseconds: 1000); continue }
+                throw Failure("send: \(String(cString: strerror(errno)))")
+            }
+            offset += written
+        }
+    }
+
+    func send(_ frame: Frame) throws { try sendRaw(FrameEncoder.encode(frame)) }
+
+    private func waitFor(_ events: Int16, milliseconds: Int32) -> Bool {
+        var descriptor = pollfd(fd: fd, events: events, revents: 0)
+        return poll(&descriptor, 1, milliseconds) > 0
+    }
+
+    /// The next frame, or nil if the connection ended cleanly first. Throws on timeout.
+    func next(timeout: Duration = .seconds(5)) throws -> Frame? {
+        if !skipped.isEmpty { return skipped.removeFirst() }
+        return try read(timeout: timeout)
+    }
+
+    private func read(timeout: Duration) throws -> Frame? {
+        let deadline = SystemClock().now() + timeout
+        while true {
+            if let (frame, size) = try buffer.withUnsafeBytes({ try decoder.decode($0) }) {
+                buffer.removeFirst(size)
+                if case .event(let seq, _) = frame { lastSeq = max(lastSeq, seq) }
+                return frame
+            }
+            let remaining = deadline - SystemClock().now()
+            guard remaining > .zero else { throw Failure("timed out waiting for a frame") }
+            guard waitFor(Int16(POLLIN), milliseconds: Int32(max(1, remaining.milliseconds))) else { continue }
+            var chunk = [UInt8](repeating: 0, count: 65536)
+            let count = recv(fd, &chunk, chunk.count, 0)
+            if count == 0 {
+                guard buffer.isEmpty else { throw Failure("connection closed mid-frame") }
+                return nil
+            }
+            if count < 0 {
+                if errno == EINTR || errno == EAGAIN { continue }
+                if errno == ECONNRESET { return nil }
+                throw Failure("recv: \(String(cString: strerror(errno)))")
+            }
+            buffer += chunk[..<count]
+        }
+    }
+
+    /// Returns the first frame that matches, earlier skipped ones included; frames that do
+    /// not match are kept for later `next` calls. Throws if the connection ends or time
+    /// runs out.
+    @discardableResult
+    func expect<T>(timeout: Duration = .seconds(5), _ what: String = "frame", _ match: (Frame) -> T?) throws -> T {
+        for (index, frame) in skipped.enumerated() {
+            if let value = match(frame) {
+                skipped.remove(at: index)
+                return value
+            }
+        }
+        let deadline = SystemClock().now() + timeout
+        while true {
+            let remaining = deadline - SystemClock().now()
+            guard remaining > .zero else { throw Failure("timed out waiting for \(what)") }
+            guard let frame = try read(timeout: remaining) else { throw Failure("connection closed waiting for \(what)") }
+            if let value = match(frame) { return value }
+            skipped.append(frame)
+        }
+    }
+
+    /// Sends HELLO and returns WELCOME (throws on CLOSE).
+    @discardableResult
+    func hello(
+        user: String, device: String = "d1", resume: ResumePoint? = nil, keepAlive: UInt32 = 0,
+        credentials: [UInt8]? = nil
+    ) throws -> Welcome {
+        try send(.hello(Hello(
+            userID: user, deviceID: device, credentials: credentials, resume: resume,
+            requestedKeepAliveSeconds: keepAlive)))
+        switch try next() {
+        case .welcome(let welcome)?: return welcome
+        case .close(let close)?: throw Failure("refused: \(close.code) \(close.message)")
+        case let other: throw Failure("expected WELCOME, got \(String(describing: other))")
+        }
+    }
+
+    /// Waits for CLOSE and then for the server to close the socket.
+    func expectClose(timeout: Duration = .seconds(5)) throws -> Close {
+        let close = try expect(timeout: timeout, "CLOSE") { frame -> Close? in
+            if case .close(let close) = frame { return close }
+            return nil
+        }
+        guard try read(timeout: timeout) == nil else { throw Failure("data after CLOSE") }
+        return close
+    }
+
+    /// The next event (skipping replies and pongs); returns its seq and body.
+    func nextEvent(timeout: Duration = .seconds(5)) throws -> (seq: UInt64, event: Event) {
+        try expect(timeout: timeout, "an event") { frame in
+            if case .event(let seq, let event) = frame { return (seq, event) }
+            return nil
+        }
+    }
+
+    /// Waits for the reply to request `id`.
+    func reply(to id: UInt32, timeout: Duration = .seconds(5)) throws -> Frame {
+        try expect(timeout: timeout, "reply to \(id)") { frame in
+            switch frame {
+            case .ok(let requestID, _) where requestID == id: return frame
+            case .error(let requestID, _, _) where requestID == id: return frame
+            default: return nil
+            }
+        }
+    }
+
+    /// Sends a request and returns its reply.
+    @discardableResult
+    func request(_ id: UInt32, _ request: Request) throws -> Frame {
+        try send(.request(id: id, request))
+        return try reply(to: id)
+    }
+
+    /// True if nothing at all arrives within `window` (the socket stays open and silent).
+    func staysSilent(for window: Duration = .milliseconds(100)) throws -> Bool {
+        guard buffer.isEmpty && skipped.isEmpty else { return false }
+        if waitFor(Int16(POLLIN), milliseconds: Int32(window.milliseconds)) { return false }
+        return true
+    }
+
+    /// True while the server has not closed the connection (nothing pending, no EOF).
+    var isOpenAndQuiet: Bool {
+        var byte: UInt8 = 0
+        let count = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+        return count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
+    }
+
+    func ack(_ seq: UInt64) throws { try send(.ack(seq: seq)) }
+}
+
+extension Frame {
+    var isOK: Bool { if case .ok = self { return true } else { return false } }
+
+    var errorCode: ErrorCode? {
+        if case .error(_, let code, _) = self { return code }
+        return nil
+    }
+}

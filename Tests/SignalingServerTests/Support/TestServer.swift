@@ -1,0 +1,67 @@
+import SignalingProtocol
+import SignalingStore
+import SignalingServer
+import SignalingSupport
+
+/// A real server on an ephemeral loopback port, driven by a manual clock, with a fast
+/// tick so that clock changes are noticed within milliseconds.
+final class TestServer {
+    let server: SignalingServer
+    let clock: ManualClock
+    var port: UInt16 { server.port }
+
+    /// - Parameters:
+    ///   - store: a durable store (nil: memory only). Pass the same store and clock to a
+    ///     second `TestServer` to model a restart.
+    init(
+        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
+        _ configure: (inout ServerConfiguration) -> Void = { _ in }
+    ) throws {
+        var configuration = ServerConfiguration()
+        configuration.host = "127.0.0.1"
+        configuration.port = 0
+        configuration.workers = workers
+        configuration.tickInterval = .milliseconds(5)
+        configure(&configuration)
+        self.clock = clock
+        server = try SignalingServer(configuration: configuration, clock: clock, logger: .silent, store: store)
+        try server.start()
+    }
+
+    /// Drains even if the test still holds connections that nobody reads: the frozen
+    /// manual clock is moved on until the drain deadline passes.
+    deinit {
+        server.beginShutdown()
+        while server.isRunning {
+            clock.advance(by: .seconds(1))
+            _ = server.awaitTicks(1, timeout: .milliseconds(50))
+        }
+        server.waitUntilStopped()
+    }
+
+    /// Moves the clock and waits until every loop has acted on the new time.
+    func advance(by duration: Duration) throws {
+        clock.advance(by: duration)
+        guard server.awaitTicks(2) else { throw TestClient.Failure("loops did not tick") }
+    }
+
+    func client(sourceAddress: String? = nil) throws -> TestClient {
+        try TestClient(port: port, sourceAddress: sourceAddress)
+    }
+
+    /// A connected, handshaken client.
+    func connect(user: String, device: String = "d1") throws -> (TestClient, Welcome) {
+        let client = try client()
+        let welcome = try client.hello(user: user, device: device)
+        return (client, welcome)
+    }
+
+    /// Waits (bounded) until `condition` holds on the server's statistics.
+    func waitFor(_ what: String, timeout: Duration = .seconds(5), _ condition: (ServerStatistics) -> Bool) throws {
+        let deadline = SystemClock().now() + timeout
+        while !condition(server.statistics) {
+            guard SystemClock().now() < deadline else { throw TestClient.Failure("timed out waiting for \(what)") }
+            _ = server.awaitTicks(1, timeout: .seconds(1))
+        }
+    }
+}

@@ -1,0 +1,157 @@
+import SignalingSupport
+import Testing
+@testable import SignalingServer
+
+@Suite("Timers and pacing (pure)")
+struct TimingTests {
+    @Test("the wheel returns keys when their second comes, not before")
+    func wheelBasics() {
+        var wheel = TimingWheel(slotCount: 16, startSecond: 100)
+        wheel.schedule(1, at: 105)
+        wheel.schedule(2, at: 110)
+        #expect(wheel.advance(to: 104).isEmpty)
+        #expect(wheel.advance(to: 105) == [1])
+        #expect(wheel.advance(to: 109).isEmpty)
+        #expect(wheel.advance(to: 120) == [2])
+        #expect(wheel.count == 0)
+    }
+
+    @Test("deadlines beyond one turn come back early and the owner re-enters them")
+    func wheelWraps() {
+        var wheel = TimingWheel(slotCount: 8, startSecond: 0)
+        wheel.schedule(7, at: 20)  // slot 4, reached at second 4 first
+        #expect(wheel.advance(to: 4) == [7])
+        wheel.schedule(7, at: 20)
+        #expect(wheel.advance(to: 12) == [7])
+        wheel.schedule(7, at: 20)
+        #expect(wheel.advance(to: 19).isEmpty)
+        #expect(wheel.advance(to: 20) == [7])
+    }
+
+    @Test("a deadline already past fires at the next advance; a long stall visits every slot once")
+    func wheelPastAndStall() {
+        var wheel = TimingWheel(slotCount: 8, startSecond: 50)
+        wheel.schedule(1, at: 10)
+        #expect(wheel.advance(to: 51) == [1])
+        for key in UInt64(0)..<8 { wheel.schedule(key, at: 52 + UInt32(key)) }
+        #expect(Set(wheel.advance(to: 10_000)) == Set(0..<8))
+    }
+
+    @Test("keep-alive: never under 600 s, idle timeout ⌈1.5 ×⌉")
+    func keepAlive() throws {
+        let policy = try KeepAlivePolicy(defaultInterval: 600, maximumInterval: 1800)
+        #expect(policy.negotiate(requested: 0) == .grant(interval: 600, idleTimeout: 900))
+        #expect(policy.negotiate(requested: 601) == .grant(interval: 601, idleTimeout: 902))
+        #expect(policy.negotiate(requested: 5000) == .grant(interval: 1800, idleTimeout: 2700))
+        guard case .refuse(let violation) = policy.negotiate(requested: 1) else { Issue.record("accepted 1 s"); return }
+        #expect(violation.code == .keepAliveTooShort)
+        #expect(throws: KeepAlivePolicy.ConfigurationError.self) { try KeepAlivePolicy(defaultInterval: 900, maximumInterval: 600) }
+    }
+
+    @Test("the token bucket admits its burst, then its rate")
+    func tokenBucket() {
+        let start = Instant(nanoseconds: 1_000_000_000)
+        var bucket = TokenBucket(rate: 10, burst: 3, now: start)
+        var admitted = 0
+        for _ in 0..<3 where bucket.tryTake(now: start) { admitted += 1 }
+        #expect(admitted == 3)
+        let overBurst = bucket.tryTake(now: start)
+        #expect(!overBurst)
+        let refilled = bucket.tryTake(now: start + .milliseconds(100))
+        #expect(refilled)
+        let overRate = bucket.tryTake(now: start + .milliseconds(100))
+        #expect(!overRate)
+        var unlimited = TokenBucket(rate: 0, burst: 0, now: start)
+        var all = 0
+        for _ in 0..<10_000 where unlimited.tryTake(now: start) { all += 1 }
+        #expect(all == 10_000)
+    }
+
+    @Test("an event queue keeps sequence numbers contiguous and frees its buffer when empty")
+    func eventQueue() {
+        var queue = EventQueue(nextSeq: 1)
+        let event = QueuedEvent(.callRang(callID: "c", device: "d"), createdAt: 0)
+        for expected in UInt64(1)...5 { #expect(queue.append(event) == expected) }
+        #expect(queue.events(after: 2, limit: 10).count == 3)
+        #expect(queue.events(after: 0, limit: 2).count == 2)
+        var removed: [UInt64] = []
+        queue.removeThrough(3) { seq, _ in removed.append(seq) }
+        #expect(removed == [1, 2, 3])
+        #expect(queue.firstSeq == 4 && queue.count == 2 && queue.lastSeq == 5)
+        queue.removeThrough(5) { _, _ in }
+        #expect(queue.isEmpty && queue.lastSeq == 5)
+        #expect(queue.append(event) == 6)
+    }
+}
+
+@Suite("Configuration")
+struct ConfigurationTests {
+    @Test("command-line options set every field")
+    func options() throws {
+        let (configuration, help) = try ServerOptions.configuration(from: [
+            "--listen", "127.0.0.1:9000", "--workers", "3", "--keepalive", "900", "--ring-timeout", "45",
+            "--call-grace", "5", "--max-frame", "1024", "--max-pending", "50", "--handshake-rate", "0",
+            "--session-ttl", "3600", "--log-level", "debug", "--auth-secret", "x",
+        ])
+        #expect(!help)
+        #expect(configuration.host == "127.0.0.1" && configuration.port == 9000)
+        #expect(configuration.workers == 3)
+        #expect(configuration.keepAlive.defaultInterval == 900)
+        #expect(configuration.keepAlive.maximumInterval == 3600)
+        #expect(configuration.ringTimeout == .seconds(45))
+        #expect(configuration.callGrace == .seconds(5))
+        #expect(configuration.maxFrameLength == 1024)
+        #expect(configuration.maxPendingEvents == 50)
+        #expect(configuration.handshakeRate == 0)
+        #expect(configuration.sessionTTL == .seconds(3600))
+        #expect(configuration.logLevel == .debug)
+        #expect(configuration.authSecret == "x")
+    }
+
+    @Test("a configuration file, overridden by the command line")
+    func file() throws {
+        let path = "/tmp/voipserver-config-\(UInt32.random(in: 0...UInt32.max)).conf"
+        let text = """
+            # comment
+            listen = 127.0.0.1:7000
+            keepalive = 1200   # trailing comment
+            ring-timeout = 30
+
+            """
+        #expect(writeFile(path, text))
+        defer { removeFile(path) }
+        let (configuration, _) = try ServerOptions.configuration(from: ["--config", path, "--ring-timeout", "20"])
+        #expect(configuration.port == 7000)
+        #expect(configuration.keepAlive.defaultInterval == 1200)
+        #expect(configuration.ringTimeout == .seconds(20))
+    }
+
+    @Test("mistakes are usage errors with a clear message", arguments: [
+        (["--keepalive", "599"], "600"),
+        (["--listen", "nope"], "HOST:PORT"),
+        (["--workers", "0"], "between"),
+        (["--bogus"], "unknown option"),
+        (["--ring-timeout"], "needs a value"),
+        (["--log-level", "loud"], "debug"),
+        (["--config", "/nonexistent/file"], "cannot read"),
+        (["positional"], "unexpected argument"),
+    ])
+    func mistakes(arguments: [String], fragment: String) {
+        do {
+            _ = try ServerOptions.configuration(from: arguments)
+            Issue.record("accepted \(arguments)")
+        } catch {
+            #expect(error.message.contains(fragment), "\(error.message)")
+        }
+    }
+
+    @Test("a bad line in a configuration file names the file and line")
+    func badFile() {
+        let path = "/tmp/voipserver-config-\(UInt32.random(in: 0...UInt32.max)).conf"
+        #expect(writeFile(path, "keepalive = 600\nworkers\n"))
+        defer { removeFile(path) }
+        #expect(throws: UsageError("\(path):2: expected 'name = value'")) {
+            try ServerOptions.configuration(from: ["--config", path])
+        }
+    }
+}

@@ -1,0 +1,78 @@
+import SignalingProtocol
+import SignalingServer
+import SignalingSupport
+import TestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `voipserver` executable as operators run it: a real subprocess.
+@Suite("voipserver executable")
+struct VoipServerExecutableTests {
+    @Test("--help documents every option and exits 0")
+    func help() throws {
+        let run = try ExecutableRun.run("voipserver", ["--help"], timeoutSeconds: 30)
+        #expect(run.exitCode == 0)
+        for option in ServerOptions.parser.options {
+            #expect(run.stdout.contains("--\(option.name)"), "--help does not mention --\(option.name)")
+        }
+        #expect(run.stdout.contains("SIGTERM"))
+    }
+
+    @Test("bad usage prints the reason and exits 64", arguments: [
+        ["--keepalive", "599"], ["--no-such-option"], ["--listen", "localhost"], ["--workers", "many"],
+    ])
+    func badUsage(arguments: [String]) throws {
+        let run = try ExecutableRun.run("voipserver", arguments, timeoutSeconds: 30)
+        #expect(run.exitCode == 64)
+        #expect(run.stderr.hasPrefix("voipserver: "))
+        #expect(run.stderr.contains("--help"))
+    }
+
+    @Test("a port already in use is a start failure with exit 70")
+    func portInUse() throws {
+        let first = try ServerProcess()
+        // The loops share the port with SO_REUSEPORT, which would also let a second server
+        // join silently and take half the devices; it must be refused instead.
+        let run = try ExecutableRun.run(
+            "voipserver", ["--listen", "127.0.0.1:\(first.port)", "--store", "memory"], timeoutSeconds: 30)
+        #expect(run.exitCode == 70)
+        #expect(run.stderr.contains("event=start_failed") && run.stderr.contains("Address already in use"), "\(run.stderr)")
+        _ = first
+    }
+
+    @Test("serves devices, logs structured lines, and drains on SIGTERM with exit 0")
+    func servesAndDrains() throws {
+        let server = try ServerProcess(["--drain-retry-after", "2", "--drain-jitter", "7", "--keepalive", "900"])
+        let client = try RawSocket(port: server.port)
+        try client.send(.hello(Hello(userID: "alice", deviceID: "phone")))
+        guard case .welcome(let welcome)? = try client.next() else { Issue.record("no WELCOME"); return }
+        #expect(welcome.keepAliveSeconds == 900)
+        #expect(welcome.idleTimeoutSeconds == 1350)
+
+        let status = server.terminate()
+        guard case .close(let close)? = try client.next() else { Issue.record("no CLOSE on drain"); return }
+        #expect(close.code == .goingAway)
+        #expect(close.retryAfterMs == 2000 && close.retryJitterMs == 7000)
+        #expect(status.map { ($0 >> 8) & 0xff } == 0)
+        #expect(server.log.contains("event=listening"))
+        #expect(server.log.contains("event=signal signal=SIGTERM"))
+        #expect(server.log.contains("event=stopped"))
+    }
+
+    @Test("a configuration file is honoured")
+    func configurationFile() throws {
+        let path = "/tmp/voipserver-test-\(UInt32.random(in: 0...UInt32.max)).conf"
+        #expect(writeFile(path, "keepalive = 1200\nworkers = 1\n"))
+        defer { removeFile(path) }
+        let server = try ServerProcess(["--config", path])
+        let client = try RawSocket(port: server.port)
+        try client.send(.hello(Hello(userID: "alice", deviceID: "phone")))
+        guard case .welcome(let welcome)? = try client.next() else { Issue.record("no WELCOME"); return }
+        #expect(welcome.keepAliveSeconds == 1200)
+    }
+}
+
+/// A minimal client for subprocess servers (TestClient with no server object).
+typealias RawSocket = TestClient

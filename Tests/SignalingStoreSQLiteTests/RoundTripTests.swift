@@ -1,0 +1,177 @@
+import SignalingProtocol
+import SignalingStore
+import SignalingStoreSQLite
+import Testing
+
+/// Every StoreChange, applied and read back, before and after reopening the file. Each test
+/// checks the snapshot against the reference model and spells out the values it is about.
+@Suite("SQLite store: every change round-trips")
+struct RoundTripTests {
+    @Test("upsertDevice creates a device, then updates only its session and last-seen time")
+    func upsertDevice() throws {
+        let harness = try StoreHarness()
+        try harness.apply([Sample.device("alice", "phone", session: 1, lastSeen: 100)])
+        try harness.apply([
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "apns", token: [1, 2])),
+            Sample.append("alice", "phone", 1),
+            .acknowledge(user: "alice", device: "phone", through: 1),
+        ])
+        try harness.apply([Sample.device("alice", "phone", session: 2, lastSeen: 200)])
+        try harness.verify()
+        try harness.reopen()
+        let device = try #require(try harness.verify().devices.first)
+        #expect(device.sessionID == Sample.session(2))
+        #expect(device.lastSeen == 200)
+        #expect(device.ackedSeq == 1 && device.lastSeq == 1)
+        #expect(device.push == PushRegistration(platform: "apns", token: [1, 2]))
+    }
+
+    @Test("appendEvent stores the event and raises lastSeq; events come back in seq order")
+    func appendEvent() throws {
+        let harness = try StoreHarness()
+        let receipt = StoredReceipt(sender: "bob", messageID: "m-1", recipient: "alice")
+        try harness.apply([
+            Sample.device("alice", "phone"),
+            Sample.append("alice", "phone", 2),
+            .appendEvent(user: "alice", device: "phone", event: Sample.event(1, receipt: receipt)),
+            Sample.append("alice", "phone", 3),
+        ])
+        try harness.verify()
+        try harness.reopen()
+        let device = try #require(try harness.verify().devices.first)
+        #expect(device.events.map(\.seq) == [1, 2, 3])
+        #expect(device.events[0].receipt == receipt)
+        #expect(device.events[1].receipt == nil)
+        #expect(device.lastSeq == 3)
+    }
+
+    @Test("acknowledge deletes the events up to its seq and never lowers ackedSeq")
+    func acknowledge() throws {
+        let harness = try StoreHarness()
+        try harness.apply([Sample.device("alice", "phone")] + (1...5).map { Sample.append("alice", "phone", $0) })
+        try harness.apply([.acknowledge(user: "alice", device: "phone", through: 3)])
+        try harness.apply([.acknowledge(user: "alice", device: "phone", through: 2)])
+        try harness.verify()
+        try harness.reopen()
+        let device = try #require(try harness.verify().devices.first)
+        #expect(device.events.map(\.seq) == [4, 5])
+        #expect(device.ackedSeq == 3)
+        #expect(device.lastSeq == 5)
+    }
+
+    @Test("acknowledging everything leaves the device with its counters and no events")
+    func acknowledgeAll() throws {
+        let harness = try StoreHarness()
+        try harness.apply([Sample.device("alice", "phone")] + (1...3).map { Sample.append("alice", "phone", $0) }
+            + [.acknowledge(user: "alice", device: "phone", through: 3)])
+        try harness.reopen()
+        let device = try #require(try harness.verify().devices.first)
+        #expect(device.events.isEmpty)
+        #expect(device.ackedSeq == 3 && device.lastSeq == 3)
+    }
+
+    @Test("removeDevice deletes the device and its events, and nothing of other devices")
+    func removeDevice() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            Sample.device("alice", "phone"), Sample.device("alice", "tablet"),
+            Sample.append("alice", "phone", 1), Sample.append("alice", "tablet", 1),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "fcm", token: [9])),
+        ])
+        try harness.apply([.removeDevice(user: "alice", device: "phone")])
+        try harness.verify()
+        try harness.reopen()
+        let snapshot = try harness.verify()
+        #expect(snapshot.devices.map(\.deviceID) == ["tablet"])
+        #expect(snapshot.devices.first?.events.map(\.seq) == [1])
+        // Gone for good: a device of the same name starts afresh.
+        try harness.apply([Sample.device("alice", "phone", session: 7)])
+        let again = try #require(try harness.verify().devices.first { $0.deviceID == "phone" })
+        #expect(again.events.isEmpty && again.lastSeq == 0 && again.push == nil)
+    }
+
+    @Test("holdForUser keeps events per user in ordinal order; releaseHeld deletes up to an ordinal")
+    func heldEvents() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            .holdForUser(user: "carol", event: Sample.event(2)),
+            .holdForUser(user: "carol", event: Sample.event(1, receipt: StoredReceipt(sender: "bob", messageID: "x", recipient: "carol"))),
+            .holdForUser(user: "dave", event: Sample.event(1)),
+        ])
+        try harness.verify()
+        try harness.apply([.holdForUser(user: "carol", event: Sample.event(3)), .releaseHeld(user: "carol", through: 2)])
+        try harness.apply([.releaseHeld(user: "dave", through: 1)])
+        try harness.reopen()
+        let snapshot = try harness.verify()
+        #expect(snapshot.held.keys.sorted() == ["carol"])
+        #expect(snapshot.held["carol"]?.map(\.seq) == [3])
+    }
+
+    @Test("rememberMessageID replaces an earlier entry; forgetMessageID deletes one")
+    func messageIDs() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            .rememberMessageID(StoredMessageID(sender: "bob", messageID: "m1", serverTime: 10, expiresAt: 20)),
+            .rememberMessageID(StoredMessageID(sender: "bob", messageID: "m2", serverTime: 11, expiresAt: 21)),
+            .rememberMessageID(StoredMessageID(sender: "amy", messageID: "m1", serverTime: 12, expiresAt: 22)),
+        ])
+        try harness.apply([
+            .rememberMessageID(StoredMessageID(sender: "bob", messageID: "m1", serverTime: 30, expiresAt: 40)),
+            .forgetMessageID(sender: "bob", messageID: "m2"),
+            .forgetMessageID(sender: "nobody", messageID: "never-stored"),
+        ])
+        try harness.reopen()
+        let snapshot = try harness.verify()
+        #expect(snapshot.messageIDs == [
+            StoredMessageID(sender: "amy", messageID: "m1", serverTime: 12, expiresAt: 22),
+            StoredMessageID(sender: "bob", messageID: "m1", serverTime: 30, expiresAt: 40),
+        ])
+    }
+
+    @Test("registerPush stores the token on the device and replaces an earlier one")
+    func registerPush() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            Sample.device("alice", "phone"),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "apns", token: [1])),
+        ])
+        let token = [UInt8](repeating: 0xAB, count: ProtocolLimits.maxTokenBytes)
+        try harness.apply([.registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "fcm", token: token))])
+        try harness.reopen()
+        let device = try #require(try harness.verify().devices.first)
+        #expect(device.push == PushRegistration(platform: "fcm", token: token))
+    }
+
+    @Test("edge values round-trip: empty and 64 KiB bodies, empty and non-ASCII ids, extreme numbers")
+    func edgeValues() throws {
+        let harness = try StoreHarness()
+        let big = StoredEvent(seq: 1, type: 0xFF, body: [UInt8](repeating: 0x5A, count: ProtocolLimits.defaultMaxFrameLength),
+                              receipt: StoredReceipt(sender: "", messageID: "", recipient: ""), createdAt: UInt64.max)
+        let empty = StoredEvent(seq: UInt64(Int64.max), type: 0, body: [], createdAt: 0)
+        try harness.apply([
+            .upsertDevice(user: "zoë 👋", device: "", sessionID: SessionID(high: .max, low: .max), lastSeen: .max),
+            .upsertDevice(user: "nul\u{0}inside", device: "d", sessionID: SessionID(high: 0, low: 0), lastSeen: 0),
+            .appendEvent(user: "zoë 👋", device: "", event: big),
+            .appendEvent(user: "zoë 👋", device: "", event: empty),
+            .registerPush(user: "zoë 👋", device: "", registration: PushRegistration(platform: "", token: [])),
+            .holdForUser(user: "", event: empty),
+            .rememberMessageID(StoredMessageID(sender: "日本", messageID: "\u{0}", serverTime: .max, expiresAt: .max)),
+        ])
+        try harness.verify()
+        try harness.reopen()
+        let snapshot = try harness.verify()
+        let zoe = try #require(snapshot.devices.first { $0.userID == "zoë 👋" })
+        #expect(zoe.events == [big, empty])
+        #expect(zoe.lastSeq == UInt64(Int64.max))
+        #expect(zoe.push == PushRegistration(platform: "", token: []))
+        #expect(snapshot.devices.contains { $0.userID == "nul\u{0}inside" })
+    }
+
+    @Test("an empty batch changes nothing")
+    func emptyBatch() throws {
+        let harness = try StoreHarness()
+        try harness.apply([Sample.device("alice", "phone")])
+        try harness.apply([])
+        #expect(try harness.verify().devices.count == 1)
+    }
+}

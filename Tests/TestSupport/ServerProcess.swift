@@ -1,0 +1,87 @@
+import Foundation
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A real `voipserver` subprocess on an ephemeral loopback port. Its log goes to a file;
+/// the port is read from its `listening` line. Killed (SIGKILL) if still running when
+/// released, so a failing test never leaves a server behind.
+public final class ServerProcess {
+    public let process: ChildProcess
+    public let port: UInt16
+    public let logPath: String
+    /// The server's data directory (a fresh temporary one unless `--data-dir` was given).
+    public let dataDirectory: String
+    private let ownsDataDirectory: Bool
+
+    public struct StartFailure: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// Starts `voipserver --listen 127.0.0.1:0 <arguments>` and waits until it listens.
+    /// Unless the arguments name one, the server gets a fresh data directory, removed when
+    /// this object goes away.
+    public init(_ arguments: [String] = [], timeoutSeconds: Double = 30) throws {
+        let unique = "\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        logPath = FileManager.default.temporaryDirectory.appendingPathComponent("voipserver-\(unique).log").path
+        var arguments = arguments
+        if let index = arguments.firstIndex(of: "--data-dir"), index + 1 < arguments.count {
+            dataDirectory = arguments[index + 1]
+            ownsDataDirectory = false
+        } else {
+            dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("voipserver-data-\(unique)").path
+            ownsDataDirectory = true
+            arguments += ["--data-dir", dataDirectory]
+        }
+        process = try ChildProcess.spawn(
+            ExecutableRun.path(of: "voipserver"), arguments: ["--listen", "127.0.0.1:0"] + arguments,
+            pipeInput: false, stdout: .file(logPath), stderr: .file(logPath))
+        let clock = SystemClock()
+        let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))
+        while true {
+            let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
+            if let port = Self.listeningPort(in: log) {
+                self.port = port
+                return
+            }
+            if let status = process.poll() {
+                if ownsDataDirectory { try? FileManager.default.removeItem(atPath: dataDirectory) }
+                throw StartFailure(description: "voipserver exited (\(ChildProcess.describe(status: status))): \(log)")
+            }
+            guard clock.now() < deadline else {
+                if ownsDataDirectory { try? FileManager.default.removeItem(atPath: dataDirectory) }
+                process.send(signal: SIGKILL)
+                _ = process.waitForExit(timeoutSeconds: 5)
+                throw StartFailure(description: "voipserver did not listen within \(timeoutSeconds) s: \(log)")
+            }
+            usleep(2_000)
+        }
+    }
+
+    deinit {
+        process.send(signal: SIGKILL)
+        _ = process.waitForExit(timeoutSeconds: 10)
+        unlink(logPath)
+        if ownsDataDirectory { try? FileManager.default.removeItem(atPath: dataDirectory) }
+    }
+
+    /// Everything the server logged so far.
+    public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    /// Sends SIGTERM and waits for the exit status.
+    public func terminate(timeoutSeconds: Double = 30) -> Int32? {
+        process.send(signal: SIGTERM)
+        return process.waitForExit(timeoutSeconds: timeoutSeconds)
+    }
+
+    static func listeningPort(in log: String) -> UInt16? {
+        for line in log.split(separator: "\n") where line.contains("event=listening") {
+            guard let field = line.split(separator: " ").first(where: { $0.hasPrefix("addr=") }),
+                  let colon = field.lastIndex(of: ":")
+            else { continue }
+            return UInt16(field[field.index(after: colon)...])
+        }
+        return nil
+    }
+}

@@ -1,0 +1,64 @@
+import Foundation
+import TestSupport
+import Testing
+@testable import VoipLoadKit
+
+/// The load tool end to end: real `voipload` and `voipserver` processes on loopback.
+/// A few hundred connections and events, so it takes seconds; the big runs are
+/// benchmarks (Tools/bench-idle-connections), not tests.
+@Suite(.serialized) struct VoipLoadSmokeTests {
+    @Test func holdsDevicesAndLosesNoEvent() throws {
+        let data = try TemporaryDirectory("voipload-smoke")
+        let run = try ExecutableRun.run("voipload", [
+            "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0",
+            "--devices", "300", "--source-addresses", "8", "--auth-secret", "smoke-secret",
+            "--events", "300", "--rate", "2000", "--fanout-devices", "20", "--fanout-seconds", "0.3",
+            "--storm", "drop", "--settle", "0.2", "--loss-deadline", "10", "--json", "--quiet",
+            "--", "--log-level", "warn", "--workers", "1", "--data-dir", data.path,
+        ], timeoutSeconds: 120)
+        #expect(run.exitCode == 0, "stderr: \(run.stderr)")
+        let report = try JSONDecoder().decode(LoadReport.self, from: Data(run.stdout.utf8))
+        #expect(report.passed, "\(report.problems)")
+        #expect(report.connections.connected == 300 && report.connections.failed == 0)
+        let push = try #require(report.push)
+        #expect(push.sent == 300 && push.received == 300 && push.lost == 0 && push.refused == 0)
+        #expect(push.messageLatency.count == 150 && push.callLatency.count == 150)
+        #expect(push.latency.p50 > 0 && push.latency.p50 <= push.latency.p99 && push.latency.p99 <= push.latency.max)
+        let fanout = try #require(report.fanout)
+        #expect(fanout.messages > 0 && fanout.lost == 0)
+        #expect(fanout.delivered == fanout.messages * 20 && fanout.receipts == fanout.delivered)
+        let storm = try #require(report.storm)
+        #expect(storm.recovered && storm.handshakes >= 300 && storm.resumed >= 300)
+        #expect(report.memory.serverRSSAfter != nil && report.memory.serverBytesPerConnection != nil)
+        #expect(run.stderr.contains("result       PASS"), "the human summary goes to stderr with --json")
+    }
+
+    @Test func missingCredentialsFailEveryDeviceWithTheReason() throws {
+        // The server wants credentials and the devices have none: CLOSE unauthorized.
+        let data = try TemporaryDirectory("voipload-smoke")
+        let run = try ExecutableRun.run("voipload", [
+            "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0",
+            "--devices", "20", "--events", "0", "--quiet",
+            "--", "--log-level", "error", "--auth-secret", "only-the-server-knows", "--data-dir", data.path,
+        ], timeoutSeconds: 60)
+        #expect(run.exitCode == 1)
+        #expect(run.stderr.contains("unauthorized"), "\(run.stderr)")
+    }
+
+    @Test func unreachableServerIsAClearError() throws {
+        let port = try #require(SocketCalls.freeLoopbackPort())
+        let run = try ExecutableRun.run("voipload", ["--server", "127.0.0.1:\(port)", "--devices", "10", "--quiet"], timeoutSeconds: 30)
+        #expect(run.exitCode == 1)
+        #expect(run.stderr.contains("cannot connect to the server at 127.0.0.1:\(port): Connection refused"), "\(run.stderr)")
+    }
+
+    @Test func badUsageExitsWithUsage() throws {
+        let run = try ExecutableRun.run("voipload", ["--devices", "lots"], timeoutSeconds: 30)
+        #expect(run.exitCode == 64)
+        #expect(run.stderr.contains("--devices expects a whole number") && run.stderr.contains("USAGE"))
+        let help = try ExecutableRun.run("voipload", ["--help"], timeoutSeconds: 30)
+        #expect(help.exitCode == 0 && help.stdout.contains("--fanout-devices"))
+        let table = try ExecutableRun.run("voipload", ["table", "/nonexistent.json"], timeoutSeconds: 30)
+        #expect(table.exitCode == 1 && table.stderr.contains("cannot read /nonexistent.json"))
+    }
+}

@@ -1,0 +1,75 @@
+import Foundation
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `voipload` command line: subcommands, exit statuses, where output goes.
+public enum LoadCommand {
+    /// Runs the command for `arguments` (without the program name); returns the exit status.
+    public static func main(_ arguments: [String]) -> Int32 {
+        switch arguments.first {
+        case "worker":
+            return WorkerMain.run()
+        case "table":
+            return table(Array(arguments.dropFirst()))
+        default:
+            return load(arguments)
+        }
+    }
+
+    static func load(_ arguments: [String]) -> Int32 {
+        let configuration: LoadConfiguration
+        do {
+            let (parsed, helpRequested) = try LoadConfiguration.parse(arguments)
+            if helpRequested {
+                print(LoadConfiguration.parser.helpText, terminator: "")
+                return 0
+            }
+            configuration = parsed
+        } catch {
+            printError("voipload: \(error.message)\nUSAGE: \(LoadConfiguration.parser.usage)\nRun 'voipload --help' for the options.")
+            return 64
+        }
+        do {
+            let report = try Coordinator(configuration: configuration).run()
+            if configuration.json {
+                printError(report.summary)
+                print(report.json)
+            } else {
+                print(report.summary, terminator: "")
+            }
+            return report.passed ? 0 : 1
+        } catch {
+            printError("voipload: \(error.message)")
+            return 1
+        }
+    }
+
+    static func table(_ paths: [String]) -> Int32 {
+        guard !paths.isEmpty, !paths.contains(where: { $0.hasPrefix("-") }) else {
+            printError("USAGE: voipload table REPORT.json...   (reports written by voipload --json)")
+            return 64
+        }
+        var reports: [LoadReport] = []
+        for path in paths {
+            guard let data = FileManager.default.contents(atPath: path) else {
+                printError("voipload table: cannot read \(path)")
+                return 1
+            }
+            do {
+                reports.append(try JSONDecoder().decode(LoadReport.self, from: data))
+            } catch {
+                printError("voipload table: \(path) is not a voipload --json report (\(error))")
+                return 1
+            }
+        }
+        print(LoadReport.table(reports), terminator: "")
+        return 0
+    }
+
+    static func printError(_ text: String) {
+        var bytes = Array((text.hasSuffix("\n") ? text : text + "\n").utf8)
+        _ = bytes.withUnsafeMutableBytes { write(2, $0.baseAddress, $0.count) }
+    }
+}

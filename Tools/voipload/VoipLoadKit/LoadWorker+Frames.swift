@@ -1,0 +1,118 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Reading, decoding and answering frames; writing with back-pressure.
+extension LoadWorker {
+    func readSocket(slot: Int) {
+        let fd = table.fd[slot]
+        let count = read(fd, readBuffer.baseAddress, readBuffer.count)
+        // Stamped before decoding, so the tool's own decoding is not counted as latency.
+        let receivedAt = clock.now().nanoseconds
+        if count > 0 {
+            process(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]), slot: slot, receivedAt: receivedAt)
+        } else if count == 0 {
+            connectionLost(slot: slot, reason: "closed by server without CLOSE", now: receivedAt)
+        } else if errno != EAGAIN && errno != EINTR {
+            connectionLost(slot: slot, reason: SystemError("read", errno).description, now: receivedAt)
+        }
+    }
+
+    func process(_ bytes: UnsafeRawBufferPointer, slot: Int, receivedAt: UInt64) {
+        if var pending = partialFrames.removeValue(forKey: slot) {
+            pending.append(contentsOf: bytes)
+            pending.withUnsafeBytes { decodeFrames($0, slot: slot, receivedAt: receivedAt) }
+        } else {
+            decodeFrames(bytes, slot: slot, receivedAt: receivedAt)
+        }
+    }
+
+    private func decodeFrames(_ bytes: UnsafeRawBufferPointer, slot: Int, receivedAt: UInt64) {
+        var offset = 0
+        var acknowledge = false
+        let fd = table.fd[slot]
+        while offset < bytes.count {
+            let decoded: (frame: Frame, size: Int)?
+            do {
+                decoded = try decoder.decode(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
+            } catch {
+                protocolFailure(slot: slot, "undecodable frame from the server: \(error)", now: receivedAt)
+                return
+            }
+            guard let (frame, size) = decoded else { break }
+            offset += size
+            handle(frame, slot: slot, receivedAt: receivedAt, acknowledge: &acknowledge)
+            // The frame may have closed the connection (CLOSE, protocol error).
+            guard table.fd[slot] == fd, fd >= 0 else { return }
+        }
+        if offset < bytes.count { partialFrames[slot] = Array(bytes[offset...]) }
+        // One cumulative ACK per batch of events (docs/PROTOCOL.md 5).
+        if acknowledge { send(FrameEncoder.encode(.ack(seq: table.lastSeq[slot])), slot: slot) }
+    }
+
+    func handle(_ frame: Frame, slot: Int, receivedAt: UInt64, acknowledge: inout Bool) {
+        switch frame {
+        case .welcome(let welcome):
+            welcomed(welcome, slot: slot, receivedAt: receivedAt)
+        case .close(let close):
+            closed(by: close, slot: slot, now: receivedAt)
+        case .ping:
+            send(FrameEncoder.encode(.pong), slot: slot)
+        case .pong:
+            break
+        case .event(let seq, let event):
+            guard table.state[slot] == .established else {
+                protocolFailure(slot: slot, "event before WELCOME", now: receivedAt)
+                return
+            }
+            acknowledge = true
+            if seq <= table.lastSeq[slot] {
+                status.duplicates += 1
+                return
+            }
+            table.lastSeq[slot] = seq
+            received(event, slot: slot, receivedAt: receivedAt)
+        case .ok(let requestID, _):
+            replied(requestID: requestID, refused: nil, slot: slot)
+        case .error(let requestID, let code, _):
+            replied(requestID: requestID, refused: code, slot: slot)
+        case .hello, .ack, .request:
+            protocolFailure(slot: slot, "client-only frame \(frame.type) from the server", now: receivedAt)
+        }
+    }
+
+    /// Queues bytes for a connection; a write the kernel does not take completely keeps
+    /// the rest and waits for EPOLLOUT.
+    func send(_ bytes: [UInt8], slot: Int) {
+        let fd = table.fd[slot]
+        guard fd >= 0 else { return }
+        if unsentBytes[slot] != nil {
+            unsentBytes[slot]!.append(contentsOf: bytes)
+            return
+        }
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if written == bytes.count { return }
+        if written < 0 && errno != EAGAIN && errno != EINTR {
+            connectionLost(slot: slot, reason: SystemError("write", errno).description, now: clock.now().nanoseconds)
+            return
+        }
+        unsentBytes[slot] = Array(bytes[max(0, written)...])
+        epoll.modify(fd, token: UInt64(slot), events: Epoll.readable | Epoll.writable)
+    }
+
+    func flushUnsent(slot: Int, now: UInt64) {
+        guard let pending = unsentBytes.removeValue(forKey: slot) else { return }
+        let fd = table.fd[slot]
+        let written = pending.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if written == pending.count {
+            epoll.modify(fd, token: UInt64(slot), events: Epoll.readable)
+        } else if written < 0 && errno != EAGAIN && errno != EINTR {
+            connectionLost(slot: slot, reason: SystemError("write", errno).description, now: now)
+        } else {
+            unsentBytes[slot] = Array(pending[max(0, written)...])
+        }
+    }
+}

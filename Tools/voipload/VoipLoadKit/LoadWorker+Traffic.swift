@@ -1,0 +1,134 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// Push-latency probes, the fan-out load, and what the receiving devices do with them.
+///
+/// A probe's body (message body or call offer) is
+///
+///     sentAt: u64 (CLOCK_MONOTONIC ns, shared by all processes of the machine)
+///     runID:  u64 (this run; events left over from an earlier run are not counted)
+///     zero padding up to --payload-bytes
+///
+/// and is the last field of both MESSAGE_SEND and CALL_INVITE, so the send time is
+/// written into the already-encoded frame just before it goes to the kernel.
+extension LoadWorker {
+    static let probeContentType = "application/x-voipload"
+    static let probeHeaderBytes = 16
+
+    var runTag: String { String(setup.runID & 0xff_ffff, radix: 16) }
+
+    func sendDueProbes(now: UInt64) {
+        guard probe.isSending else { return }
+        let slot = layout.probeSenderSlot
+        guard table.state[slot] == .established, setup.idleDevices > 0 else { return }
+        let due = probe.due(now: now)
+        while probe.sent < due && table.state[slot] == .established {
+            let number = probe.sent
+            let target = WorkloadLayout.idleUser(random.below(setup.idleDevices))
+            let asCall = probe.mix == .call || (probe.mix == .both && number % 2 == 1)
+            let request: Request = asCall
+                ? .callInvite(callID: "c\(runTag).\(setup.worker).\(number)", callee: target, offer: probeBody())
+                : .messageSend(OutgoingMessage(
+                    messageID: "m\(runTag).\(number)", recipient: target,
+                    contentType: Self.probeContentType, body: probeBody()))
+            sendStamped(request, slot: slot)
+            probe.sent += 1
+            status.probesSent += 1
+        }
+        if !probe.isSending { status.probesDone = true }
+    }
+
+    func sendFanout(now: UInt64) {
+        guard fanout.sending, setup.fanoutDevices > 0 else { return }
+        let slot = layout.fanoutSenderSlot
+        let completed = status.fanoutReceipts / UInt64(setup.fanoutDevices)
+        while table.state[slot] == .established && status.fanoutSent - completed < UInt64(fanout.window) {
+            let request = Request.messageSend(OutgoingMessage(
+                messageID: "f\(runTag).\(status.fanoutSent)", recipient: WorkloadLayout.fanoutUser,
+                contentType: Self.probeContentType, body: probeBody()))
+            sendStamped(request, slot: slot)
+            status.fanoutSent += 1
+        }
+    }
+
+    func probeBody() -> [UInt8] {
+        var body = [UInt8](repeating: 0, count: max(Self.probeHeaderBytes, setup.payloadBytes))
+        for index in 0..<8 { body[8 + index] = UInt8(truncatingIfNeeded: setup.runID >> UInt64(56 - 8 * index)) }
+        return body
+    }
+
+    /// Encodes the request, then stamps the send time into the body's first 8 bytes.
+    func sendStamped(_ request: Request, slot: Int) {
+        var frame = FrameEncoder.encode(.request(id: nextRequestID, request))
+        nextRequestID &+= 1
+        let stampOffset = frame.count - max(Self.probeHeaderBytes, setup.payloadBytes)
+        let sentAt = clock.now().nanoseconds
+        for index in 0..<8 { frame[stampOffset + index] = UInt8(truncatingIfNeeded: sentAt >> UInt64(56 - 8 * index)) }
+        send(frame, slot: slot)
+    }
+
+    /// The send time of a probe of this run, or nil for anything else.
+    func probeSentAt(_ body: [UInt8]) -> UInt64? {
+        guard body.count >= Self.probeHeaderBytes else { return nil }
+        var sentAt: UInt64 = 0
+        var runID: UInt64 = 0
+        for index in 0..<8 {
+            sentAt = sentAt << 8 | UInt64(body[index])
+            runID = runID << 8 | UInt64(body[8 + index])
+        }
+        return runID == setup.runID ? sentAt : nil
+    }
+
+    func received(_ event: Event, slot: Int, receivedAt: UInt64) {
+        switch (layout.role(ofSlot: slot), event) {
+        case (.idleDevice, .message(let message)):
+            guard let sentAt = probeSentAt(message.body) else { status.unexpectedEvents += 1; return }
+            messageLatency.record(nanoseconds: receivedAt &- sentAt)
+            status.probesReceived += 1
+        case (.idleDevice, .callIncoming(let callID, _, _, let offer, _)):
+            guard let sentAt = probeSentAt(offer) else { status.unexpectedEvents += 1; return }
+            callLatency.record(nanoseconds: receivedAt &- sentAt)
+            status.probesReceived += 1
+            // Decline at once, which ends the call on the server (no ring timeout to wait).
+            send(FrameEncoder.encode(.request(id: nextRequestID, .callReject(callID: callID, reason: .declined))), slot: slot)
+            nextRequestID &+= 1
+        case (.idleDevice, .callEnded):
+            break  // a call that ended before it was declined (e.g. during a storm)
+        case (.probeSender, .messageDelivered):
+            status.probeReceipts += 1
+        case (.probeSender, .callEnded):
+            status.callsEnded += 1
+        case (.fanoutSender, .messageDelivered):
+            status.fanoutReceipts += 1
+        case (.fanoutDevice, .message(let message)):
+            guard let sentAt = probeSentAt(message.body) else { status.unexpectedEvents += 1; return }
+            fanoutLatency.record(nanoseconds: receivedAt &- sentAt)
+            status.fanoutDelivered += 1
+        default:
+            status.unexpectedEvents += 1
+        }
+    }
+
+    /// OK or ERROR for one of this connection's requests.
+    func replied(requestID: UInt32, refused code: ErrorCode?, slot: Int) {
+        switch layout.role(ofSlot: slot) {
+        case .probeSender:
+            if let code {
+                status.probesRefused += 1
+                status.failures["probe refused: \(code)", default: 0] += 1
+            } else {
+                status.probesAccepted += 1
+            }
+        case .fanoutSender:
+            if let code {
+                status.fanoutRefused += 1
+                status.failures["fan-out message refused: \(code)", default: 0] += 1
+            } else {
+                status.fanoutAccepted += 1
+            }
+        case .idleDevice, .fanoutDevice:
+            // Replies to CALL_REJECT. An error means the call had already ended.
+            if code != nil { status.unexpectedEvents += 1 }
+        }
+    }
+}

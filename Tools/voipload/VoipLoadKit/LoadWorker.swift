@@ -1,0 +1,233 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One worker process of a load run: a single-threaded epoll loop holding its share of
+/// the connections, driven by commands from the coordinator on stdin and reporting its
+/// counters on stdout (`WorkerCommand`, `WorkerEvent`).
+///
+/// The loop is built so that the tool's own cost per idle connection stays tiny: state is
+/// a `ConnectionTable` (no per-connection objects), all sockets share one read buffer,
+/// and timers are scanned only when the earliest one is due.
+public final class LoadWorker {
+    let setup: WorkerSetup
+    let layout: WorkloadLayout
+    let epoll: Epoll
+    var table: ConnectionTable
+    let clock = SystemClock()
+    let startedAt: UInt64
+    let server: sockaddr_in
+    let decoder = FrameDecoder()
+    var random: FastRandom
+
+    /// One read buffer for every socket: frames are handled straight out of it.
+    let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
+    /// Bytes of an incomplete frame, by slot (rare: frames are small and arrive whole).
+    var partialFrames: [Int: [UInt8]] = [:]
+    /// Bytes the kernel did not take yet, by slot; those slots also wait for EPOLLOUT.
+    var unsentBytes: [Int: [UInt8]] = [:]
+
+    /// Slots waiting for their first connection attempt, started in order.
+    var connectQueue: [Int] = []
+    var connectQueueHead = 0
+    /// When the current ramp started and how many of its attempts were started.
+    var rampStartedAt: UInt64 = 0
+    var rampStarted = 0
+    /// The earliest timer among all slots (ms since start); nothing to scan before it.
+    var nextTimerDue: UInt32 = .max
+    /// The keep-alive interval from the last WELCOME, in seconds.
+    var grantedKeepAlive = ProtocolLimits.minimumKeepAliveSeconds
+
+    var status = WorkerStatus()
+    var lastStatusSent = WorkerStatus()
+    var lastStatusAt: UInt64 = 0
+
+    var messageLatency = LatencyHistogram()
+    var callLatency = LatencyHistogram()
+    var fanoutLatency = LatencyHistogram()
+    var handshakeLatency = LatencyHistogram()
+
+    var probe = ProbeSchedule()
+    var fanout = FanoutSchedule()
+    var nextRequestID: UInt32 = 1
+
+    var controlBuffer = LineBuffer()
+    var running = true
+
+    static let controlToken = UInt64.max
+    static let controlDescriptor: Int32 = 0
+
+    public init(setup: WorkerSetup) throws(SystemError) {
+        self.setup = setup
+        layout = WorkloadLayout(
+            worker: setup.worker, workerCount: setup.workerCount, idleDevices: setup.idleDevices,
+            fanoutDevices: setup.fanoutDevices, sourceAddresses: setup.sourceAddresses)
+        epoll = try Epoll()
+        table = ConnectionTable(count: layout.slotCount)
+        startedAt = SystemClock().now().nanoseconds
+        server = SocketCalls.socketAddress(setup.serverAddress, port: setup.serverPort)
+        random = FastRandom(seed: setup.runID &+ UInt64(setup.worker) &* 0x1_0000_0001)
+        status.worker = setup.worker
+    }
+
+    deinit { readBuffer.deallocate() }
+
+    /// Runs until told to quit or until stdin closes (the coordinator is gone).
+    public func run() {
+        _ = fcntl(Self.controlDescriptor, F_SETFL, fcntl(Self.controlDescriptor, F_GETFL) | O_NONBLOCK)
+        _ = epoll.add(Self.controlDescriptor, token: Self.controlToken, events: Epoll.input)
+        while running {
+            epoll.wait(timeoutMilliseconds: loopTimeout()) { token, events in
+                if token == Self.controlToken {
+                    readControl()
+                } else {
+                    handleReadiness(slot: Int(token), events: events)
+                }
+            }
+            let now = clock.now().nanoseconds
+            startQueuedConnections(now: now)
+            runDueTimers(now: now)
+            sendDueProbes(now: now)
+            sendFanout(now: now)
+            publishStatusIfDue(now: now)
+        }
+        for slot in 0..<table.count where table.fd[slot] >= 0 { close(table.fd[slot]) }
+    }
+
+    /// Short waits while something is paced (ramp, probes); long ones while just holding.
+    func loopTimeout() -> Int32 {
+        if probe.isSending || fanout.isSending { return 1 }
+        if connectQueueHead < connectQueue.count { return 2 }
+        let now = millisecondsNow()
+        if nextTimerDue <= now { return 0 }
+        return Int32(min(100, nextTimerDue - now))
+    }
+
+    func millisecondsNow() -> UInt32 { milliseconds(clock.now().nanoseconds) }
+
+    func milliseconds(_ nanoseconds: UInt64) -> UInt32 {
+        UInt32(truncatingIfNeeded: (nanoseconds &- startedAt) / 1_000_000)
+    }
+
+    // MARK: - Control
+
+    func readControl() {
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        let count = chunk.withUnsafeMutableBytes { read(Self.controlDescriptor, $0.baseAddress, $0.count) }
+        if count == 0 { running = false; return }  // the coordinator is gone
+        guard count > 0 else { return }
+        for line in controlBuffer.append(chunk[0..<count]) {
+            guard let command = WorkerLine.decode(WorkerCommand.self, from: line) else {
+                emit(.fatal("worker \(setup.worker): unreadable command \(String(decoding: line, as: UTF8.self))"))
+                running = false
+                return
+            }
+            handle(command)
+        }
+    }
+
+    func handle(_ command: WorkerCommand) {
+        let now = clock.now().nanoseconds
+        switch command {
+        case .setup:
+            break  // only valid as the first line, consumed by `WorkerMain`
+        case .connect(let group):
+            enqueue(group, now: now)
+        case .probe(let count, let rate, let mix):
+            probe = ProbeSchedule(count: count, rate: rate, mix: mix, startedAt: now)
+            status.probesDone = count == 0
+        case .startFanout(let window):
+            fanout = FanoutSchedule(window: window, sending: true)
+        case .stopFanout:
+            fanout.sending = false
+        case .dropConnections:
+            dropIdleConnections(now: now)
+        case .report:
+            refreshResidentBytes()
+            emit(.report(WorkerReport(
+                status: status, messageLatency: HistogramSnapshot(messageLatency),
+                callLatency: HistogramSnapshot(callLatency), fanoutLatency: HistogramSnapshot(fanoutLatency),
+                handshakeLatency: HistogramSnapshot(handshakeLatency))))
+        case .quit:
+            running = false
+        }
+    }
+
+    func enqueue(_ group: ConnectionGroup, now: UInt64) {
+        let slots: [Int]
+        switch group {
+        case .idle: slots = Array(layout.idleSlots)
+        case .senders: slots = [layout.probeSenderSlot, layout.fanoutSenderSlot]
+        case .fanout: slots = Array(layout.fanoutDeviceSlots)
+        }
+        if connectQueueHead >= connectQueue.count {
+            connectQueue = []
+            connectQueueHead = 0
+            rampStartedAt = now
+            rampStarted = 0
+        }
+        let deadline = milliseconds(now) &+ UInt32(setup.connectTimeoutSeconds * 1000)
+        for slot in slots where table.state[slot] == .unstarted {
+            table.giveUpAt[slot] = deadline
+            connectQueue.append(slot)
+        }
+    }
+
+    func publishStatusIfDue(now: UInt64) {
+        guard now &- lastStatusAt >= 100_000_000 else { return }
+        lastStatusAt = now
+        guard status != lastStatusSent else { return }
+        lastStatusSent = status
+        emit(.status(status))
+    }
+
+    func refreshResidentBytes() {
+        status.residentBytes = ProcessStats.residentBytes(pid: getpid()) ?? 0
+    }
+
+    func emit(_ event: WorkerEvent) {
+        let bytes = WorkerLine.encode(event)
+        bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = write(1, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    running = false  // the coordinator is gone
+                    return
+                }
+                offset += written
+            }
+        }
+    }
+}
+
+/// The pacing of this worker's share of latency probes.
+struct ProbeSchedule {
+    var count = 0
+    var rate: Double = 0
+    var mix: EventMix = .both
+    var startedAt: UInt64 = 0
+    var sent = 0
+
+    var isSending: Bool { sent < count }
+
+    /// How many probes should have been sent by `now`.
+    func due(now: UInt64) -> Int {
+        guard rate > 0 else { return count }
+        let elapsed = Double(now &- startedAt) / 1e9
+        return min(count, Int(elapsed * rate) + 1)
+    }
+}
+
+/// The closed-loop fan-out sender: keeps `window` messages in flight, a message counting
+/// as complete once the receipts of all fan-out devices for it have arrived.
+struct FanoutSchedule {
+    var window = 0
+    var sending = false
+
+    var isSending: Bool { sending }
+}
