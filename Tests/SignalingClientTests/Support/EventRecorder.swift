@@ -9,11 +9,30 @@ final class EventRecorder: @unchecked Sendable {
     private let condition = NSCondition()
     private var events: [ClientEvent] = []
 
+    private var hold: ((ClientEvent) -> Bool, DispatchSemaphore)?
+
     func record(_ event: ClientEvent) {
         condition.lock()
         events.append(event)
         condition.broadcast()
+        var gate: DispatchSemaphore?
+        if let (matches, semaphore) = hold, matches(event) {
+            gate = semaphore
+            hold = nil
+        }
         condition.unlock()
+        // An app whose handler is still busy with this event (it has not "processed" it).
+        gate?.wait()
+    }
+
+    /// The handler will block on the next event matching `matches` until the returned
+    /// semaphore is signalled.
+    func holdNext(where matches: @escaping (ClientEvent) -> Bool) -> DispatchSemaphore {
+        let semaphore = DispatchSemaphore(value: 0)
+        condition.lock()
+        hold = (matches, semaphore)
+        condition.unlock()
+        return semaphore
     }
 
     var all: [ClientEvent] {
