@@ -1,7 +1,12 @@
+#ifdef __linux__
+#define _GNU_SOURCE
+#endif
 #include "netlink_shims.h"
 
 #ifdef __linux__
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -81,6 +86,16 @@ void vsig_netlink_summarize(const void *buffer, size_t length, vsig_netlink_summ
     if (remaining != 0) summary->malformed = 1;
 }
 
+int vsig_enter_network_namespace(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int status = setns(fd, CLONE_NEWNET);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return status;
+}
+
 #else  // not Linux: no netlink; the Apple branch of the client uses NWPathMonitor.
 #include <errno.h>
 #include <string.h>
@@ -88,4 +103,5 @@ int vsig_netlink_open_route_monitor(void) { errno = ENOSYS; return -1; }
 void vsig_netlink_summarize(const void *buffer, size_t length, vsig_netlink_summary *summary) {
     (void)buffer; (void)length; memset(summary, 0, sizeof(*summary)); summary->malformed = 1;
 }
+int vsig_enter_network_namespace(const char *path) { (void)path; errno = ENOSYS; return -1; }
 #endif

@@ -40,6 +40,11 @@ int vsig_netlink_open_route_monitor(void);
 /// Parses `length` bytes received from the socket above into `summary` (zeroed first).
 void vsig_netlink_summarize(const void *buffer, size_t length, vsig_netlink_summary *summary);
 
+/// Moves the calling thread into the network namespace at `path` (e.g.
+/// /var/run/netns/NAME). Sockets the thread creates afterwards belong to it; so do
+/// threads it starts. Returns 0, or -1 with errno set. For tests and tools.
+int vsig_enter_network_namespace(const char *path);
+
 #ifdef __cplusplus
 }
 #endif
