@@ -94,7 +94,7 @@ final class Connection: Sendable {
     /// the I/O thread sees the error and reports the end.
     func abort() {
         close()
-        _ = shutdown(socket.descriptor, Int32(SHUT_RDWR))
+        socket.shutdownIfOpen()
     }
 
     private func runLoop(reader: inout FrameReader, deliver: @Sendable (ConnectionInput) -> Void) -> ConnectionEnd {

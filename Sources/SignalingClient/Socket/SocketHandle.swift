@@ -41,17 +41,29 @@ final class SocketHandle: Sendable {
 
     var isClosed: Bool { closed.withLock { $0 } }
 
-    /// Closes the descriptor; later calls do nothing.
+    /// Closes the descriptor; later calls do nothing. The flag's lock is held while
+    /// closing, so `shutdownIfOpen` can never hit a reused descriptor number.
     func close() {
-        let first = closed.withLock { wasClosed -> Bool in
-            defer { wasClosed = true }
-            return !wasClosed
-        }
-        if first {
+        closed.withLock { isClosed in
+            guard !isClosed else { return }
+            isClosed = true
             #if canImport(Glibc)
             _ = Glibc.close(descriptor)
             #else
             _ = Darwin.close(descriptor)
+            #endif
+        }
+    }
+
+    /// Shuts both directions down (the owning thread's blocking calls fail at once), if
+    /// the descriptor is still open. Safe from any thread.
+    func shutdownIfOpen() {
+        closed.withLock { isClosed in
+            guard !isClosed else { return }
+            #if canImport(Glibc)
+            _ = Glibc.shutdown(descriptor, Int32(SHUT_RDWR))
+            #else
+            _ = Darwin.shutdown(descriptor, SHUT_RDWR)
             #endif
         }
     }
