@@ -191,9 +191,15 @@ struct EndToEndTests {
         }
         let relay = try TCPRelay(upstreamPort: server!.port)
         let clock = ManualClock()
-        let test = try TestClient(port: relay.port, clock: clock)
+        let test = try TestClient(port: relay.port, user: "bob", clock: clock)
         defer { test.client.shutdown(); relay.stop() }
         try test.connectAndSettle()
+        // One event before the restart, so the client's sequence floor is above zero.
+        let before = try TestClient(port: server!.port, user: "alice")
+        try before.connectAndSettle()
+        #expect(try before.request { before.client.send(to: "bob", body: [1], messageID: "before", completion: $0) }.isSuccess)
+        #expect(test.recorder.first(isMessage("before")) != nil)
+        before.client.shutdown()
 
         server = nil  // shutdown: CLOSE goingAway to every client
         let waiting = test.recorder.first { $0.isWaiting }
@@ -213,6 +219,13 @@ struct EndToEndTests {
         // same attempt continues with a fresh session.
         #expect(test.recorder.wait { $0.filter(\.isConnected).count == 2 })
         #expect(test.recorder.all.compactMap(\.connectedSession).last?.resumed == false)
+        // The restarted in-memory server numbers events from 1 again: the client must not
+        // take the new event for a duplicate of the one it had before the restart.
+        let after = try TestClient(port: restarted.port, user: "alice")
+        defer { after.client.shutdown() }
+        try after.connectAndSettle()
+        #expect(try after.request { after.client.send(to: "bob", body: [2], messageID: "after", completion: $0) }.isSuccess)
+        #expect(test.recorder.first(isMessage("after")) != nil)
     }
 
     @Test("keep-alive against the real server: PING after 600 s of (injected) time, PONG answered")

@@ -94,15 +94,16 @@ extension ClientCore {
             notifyUser(about: event)
         }
         let handler = eventHandler
+        let epoch = sequencer.epoch
         eventQueue.async { [weak self] in
             handler(clientEvent)
             guard let self else { return }
-            self.queue.async { self.eventProcessed(seq) }
+            self.queue.async { self.eventProcessed(seq, epoch: epoch) }
         }
     }
 
-    private func eventProcessed(_ seq: UInt64) {
-        sequencer.processed(seq: seq)
+    private func eventProcessed(_ seq: UInt64, epoch: Int) {
+        sequencer.processed(seq: seq, epoch: epoch)
         scheduleAcknowledgement()
     }
 

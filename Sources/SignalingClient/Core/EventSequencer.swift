@@ -19,8 +19,25 @@ struct EventSequencer {
     /// resume point): an ACK beyond it would be a protocol error.
     private(set) var highestReceivedOnConnection: UInt64 = 0
 
+    /// Bumped when the server's numbering starts over (see `connectionStarted`), so that
+    /// "processed" reports for events of the old numbering are ignored.
+    private(set) var epoch = 0
+
     /// A connection was established. A resume point counts as an acknowledgement.
+    ///
+    /// A fresh session whose WELCOME says nothing was ever acknowledged (`ackedSeq` 0)
+    /// while this client has processed events means the server lost its state (a restart
+    /// with an in-memory store, or the device was forgotten): its numbering starts again
+    /// at 1, and keeping the old floor would drop every new event as a "duplicate". The
+    /// floor is reset. The price, when the server did keep its state but never received a
+    /// single ACK from this device, is that the first batch may be shown twice; losing
+    /// events silently would be worse. (PROTOCOL gap: WELCOME has no sequence epoch.)
     mutating func connectionStarted(welcome: Welcome, resumedFrom: UInt64?) {
+        if !welcome.resumed && welcome.ackedSeq == 0 && lastDelivered > 0 {
+            lastDelivered = 0
+            lastProcessed = 0
+            epoch += 1
+        }
         let acknowledged = max(welcome.ackedSeq, welcome.resumed ? (resumedFrom ?? 0) : 0)
         acknowledgedOnConnection = acknowledged
         highestReceivedOnConnection = acknowledged
@@ -34,7 +51,10 @@ struct EventSequencer {
         return true
     }
 
-    mutating func processed(seq: UInt64) { lastProcessed = max(lastProcessed, seq) }
+    mutating func processed(seq: UInt64, epoch: Int) {
+        guard epoch == self.epoch else { return }
+        lastProcessed = max(lastProcessed, seq)
+    }
 
     /// The cumulative ACK to send now, if any.
     var pendingAcknowledgement: UInt64? {
