@@ -41,7 +41,8 @@ struct RequestTests {
         pair.client.send(to: "bob", body: [1], messageID: "r-1") { completions.append($0) }
         guard case .request(let firstID, .messageSend) = try pair.peer.readFrame() else { Issue.record("no send"); return }
         try pair.peer.send(.error(requestID: firstID, code: .recipientBacklogFull, message: "full"))
-        pair.test.settle()
+        // No event reports a refusal that will be retried: watch the client's outbox.
+        #expect(poll(until: Date(timeIntervalSinceNow: 5)) { pair.core.queue.sync { pair.core.outbox.nextRetry != nil } })
         #expect(completions.value.isEmpty)
         #expect(pair.client.status.pendingRequests == 1)
         pair.test.advance(clock, by: .milliseconds(1_999))
