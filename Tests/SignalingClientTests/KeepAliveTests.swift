@@ -132,6 +132,24 @@ struct KeepAliveTests {
         #expect(test.recorder.wait { $0.contains(.keepAliveHandlerExpired) })
     }
 
+    @Test("a platform keep-alive that fires early (iOS may) runs the keep-alive at once, and the next run counts from it")
+    func platformKeepAliveRunsEarly() throws {
+        let clock = ManualClock()
+        let pair = try ConnectedPair(clock: clock, keepAlive: 600)
+        defer { pair.shutdown() }
+        let calls = LockedBox(0)
+        #expect(pair.client.setKeepAliveTimeout(600) { calls.mutate { $0 += 1 } })
+        pair.test.advance(clock, by: .seconds(550))
+        pair.core.queue.sync { pair.core.systemKeepAliveFired() }
+        pair.test.settle()
+        #expect(calls.value == 1)
+        #expect(try pair.peer.readFrame() == .ping)
+        pair.test.advance(clock, by: .seconds(599))
+        #expect(calls.value == 1)
+        pair.test.advance(clock, by: .seconds(1))
+        #expect(calls.value == 2)
+    }
+
     @Test("the schedule's rules as a state machine")
     func scheduleUnit() {
         var schedule = KeepAliveSchedule(budget: .seconds(10), pongTimeout: .seconds(10))

@@ -14,6 +14,9 @@ extension ClientCore {
     /// Returning to the foreground ends running background tasks, and a client waiting to
     /// reconnect tries at once (the user is looking).
     func enterForeground() {
+        #if canImport(UIKit) && os(iOS)
+        background.runningTasks.forEach(ApplePlatformBridge.taskEnded)
+        #endif
         let actions = background.enterForeground(now: clock.now())
         expirationHandlers.removeAll()
         perform(actions)
@@ -36,6 +39,9 @@ extension ClientCore {
                 if let handler = expirationHandlers[identifier] { eventQueue.async(execute: handler) }
             case .taskExpired(let identifier, let name):
                 expirationHandlers[identifier] = nil
+                #if canImport(UIKit) && os(iOS)
+                ApplePlatformBridge.taskEnded(identifier)
+                #endif
                 logger.error("background_task_expired", ["task": name])
                 emit(.backgroundTaskExpired(identifier, name: name))
             }
@@ -47,12 +53,18 @@ extension ClientCore {
     func beginBackgroundTask(name: String, expirationHandler: (@Sendable () -> Void)?) -> BackgroundTaskIdentifier {
         let identifier = background.beginTask(name: name, now: clock.now())
         if identifier != .invalid, let expirationHandler { expirationHandlers[identifier] = expirationHandler }
+        #if canImport(UIKit) && os(iOS)
+        if identifier != .invalid { ApplePlatformBridge.taskBegan(identifier, name: name) }
+        #endif
         rearmTimer()
         return identifier
     }
 
     func endBackgroundTask(_ identifier: BackgroundTaskIdentifier) {
         expirationHandlers[identifier] = nil
+        #if canImport(UIKit) && os(iOS)
+        ApplePlatformBridge.taskEnded(identifier)
+        #endif
         perform(background.endTask(identifier, now: clock.now()))
         rearmTimer()
     }
@@ -64,12 +76,30 @@ extension ClientCore {
         guard seconds.isFinite, seconds >= KeepAliveSchedule.minimumInterval.seconds, seconds <= 1e9 else { return false }
         keepAliveHandler = handler
         keepAlive.setAppInterval(.milliseconds(Int64(seconds * 1000)), now: clock.now())
+        #if canImport(UIKit) && os(iOS)
+        ApplePlatformBridge.installKeepAlive(interval: keepAlive.interval.seconds) { [weak self] in
+            guard let self else { return }
+            self.queue.async { self.systemKeepAliveFired() }
+        }
+        #endif
         rearmTimer()
         return true
     }
 
+    /// The platform's own keep-alive timer fired (iOS: the `setKeepAliveTimeout` handler,
+    /// which may come earlier than the interval, never later): run the keep-alive now.
+    func systemKeepAliveFired() {
+        let now = clock.now()
+        keepAlive.runNow(now: now)
+        runKeepAliveHandler(now: now)
+        rearmTimer()
+    }
+
     func clearKeepAliveTimeout() {
         keepAliveHandler = nil
+        #if canImport(UIKit) && os(iOS)
+        ApplePlatformBridge.clearKeepAlive()
+        #endif
         keepAlive.setAppInterval(nil, now: clock.now())
         if !wantsConnection { keepAlive.stop() }
         rearmTimer()
@@ -94,7 +124,7 @@ extension ClientCore {
     /// The keep-alive wake. The library's own part (the default handler) always runs:
     /// PING on a live connection, or reconnect at once when there is none. The app's
     /// handler, if installed, runs after it on the app's queue within its budget.
-    private func runKeepAliveHandler(now: Instant) {
+    func runKeepAliveHandler(now: Instant) {
         perform(background.wake(.keepAliveTimer, now: now))
         switch lifecycle {
         case .connected(let connection, _):

@@ -104,6 +104,12 @@ struct KeepAliveSchedule {
         return actions
     }
 
+    /// Starts a run now, ahead of the timer (a platform keep-alive that fired earlier).
+    mutating func runNow(now: Instant) {
+        nextRun = now + interval
+        handlerDeadline = now + budget
+    }
+
     /// The app's handler returned.
     mutating func handlerFinished() { handlerDeadline = nil }
 
