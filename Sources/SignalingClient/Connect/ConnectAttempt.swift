@@ -35,9 +35,6 @@ final class ConnectAttempt: @unchecked Sendable {
         case failed(ConnectError)
     }
 
-    /// Attempt threads currently alive, process-wide (tests check nothing is leaked).
-    static let liveThreads = Atomic<Int>(0)
-
     let id: UInt64
     let plan: HandshakePlan
     /// Real-time deadline of the background work (connect and handshake).
@@ -60,7 +57,6 @@ final class ConnectAttempt: @unchecked Sendable {
 
     /// Starts the background thread; it takes the lock before doing anything else.
     func start() {
-        Self.liveThreads.add(1, ordering: .relaxed)
         Thread.detachNewThread { [self] in
             lock.lock()
             var result: Outcome
@@ -75,7 +71,6 @@ final class ConnectAttempt: @unchecked Sendable {
             }
             outcome = result
             threadDone.store(true, ordering: .releasing)
-            Self.liveThreads.subtract(1, ordering: .relaxed)
             lock.unlock(withCondition: Condition.finished.rawValue)
         }
     }
@@ -116,8 +111,6 @@ final class ConnectAttempt: @unchecked Sendable {
         cancelled.store(true, ordering: .releasing)
         cancelSignal.signal()
     }
-
-    var isCancelled: Bool { cancelled.load(ordering: .acquiring) }
 
     /// True once the background thread's work is over: it has closed or handed over its
     /// socket and is releasing the lock for the last time.

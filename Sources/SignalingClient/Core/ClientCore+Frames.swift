@@ -1,5 +1,10 @@
 import SignalingProtocol
 import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// Frames from the server: events, replies, keep-alive, CLOSE.
 extension ClientCore {
@@ -146,9 +151,3 @@ extension ClientCore {
         }
     }
 }
-
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif

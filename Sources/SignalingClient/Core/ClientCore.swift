@@ -87,8 +87,6 @@ final class ClientCore: @unchecked Sendable {
         timer.activate()
     }
 
-    func assertOnQueue() { dispatchPrecondition(condition: .onQueue(queue)) }
-
     // MARK: Delivering to the app
 
     func emit(_ event: ClientEvent) {

@@ -39,7 +39,6 @@ final class SocketHandle: Sendable {
     static let sendFlags: Int32 = 0
     #endif
 
-    var isClosed: Bool { closed.withLock { $0 } }
 
     /// Closes the descriptor; later calls do nothing. The flag's lock is held while
     /// closing, so `shutdownIfOpen` can never hit a reused descriptor number.
