@@ -59,6 +59,18 @@ let package = Package(
             ]
         ),
 
+        // ---- Push wake-ups (issue 6): the gateway client and its tests ------------------
+        // Its own libevent loop on its own thread sends HTTP wake-ups to the configured
+        // push gateway; the server only calls `submit`. See docs/PUSH.md.
+        .target(
+            name: "SignalingPush",
+            dependencies: ["CLibeventShims", "CLinuxShims", "SignalingSupport", "SignalingStore"]
+        ),
+        .testTarget(
+            name: "SignalingPushTests",
+            dependencies: ["SignalingPush", "SignalingStore", "SignalingSupport", "TestSupport"]
+        ),
+
         // ---- Load tool (issue 5): voipload and its smoke test --------------------------
         // The engine (worker event loop, coordinator, histograms, /proc readers) is a
         // library so its parts can be unit-tested; the executable only parses and runs.

@@ -76,3 +76,22 @@ struct VoipServerExecutableTests {
 
 /// A minimal client for subprocess servers (TestClient with no server object).
 typealias RawSocket = TestClient
+
+@Suite("voipserver statistics line")
+struct StatisticsLogTests {
+    @Test("a stats line with the counters is logged every --stats-interval")
+    func statsLine() throws {
+        let server = try ServerProcess(["--stats-interval", "1", "--store", "memory", "--tick", "0.05"])
+        let client = try RawSocket(port: server.port)
+        try client.send(.hello(Hello(userID: "alice", deviceID: "phone")))
+        guard case .welcome? = try client.next() else { Issue.record("no WELCOME"); return }
+        let deadline = SystemClock().now() + .seconds(20)
+        while !server.log.contains("event=stats connections=1 established=1 handshakes=1") {
+            guard SystemClock().now() < deadline else {
+                Issue.record("no stats line: \(server.log)")
+                return
+            }
+            usleep(20_000)
+        }
+    }
+}

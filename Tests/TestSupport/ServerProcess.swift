@@ -19,7 +19,8 @@ public final class ServerProcess {
         public let description: String
     }
 
-    /// Starts `voipserver --listen 127.0.0.1:0 <arguments>` and waits until it listens.
+    /// Starts `voipserver --listen 127.0.0.1:0 <arguments>` and waits until it listens (it
+    /// reads the port from the info-level `listening` line: do not pass a higher log level).
     /// Unless the arguments name one, the server gets a fresh data directory, removed when
     /// this object goes away.
     public init(_ arguments: [String] = [], timeoutSeconds: Double = 30) throws {

@@ -41,4 +41,6 @@ int vs_event_del(struct event *event);
 /// Non-zero once the event memory has been assigned (zeroed memory is not).
 int vs_event_initialized(const struct event *event);
 size_t vs_event_struct_size(void);
+
+#include "http_shims.h"
 #endif

@@ -56,6 +56,8 @@ public struct ServerConfiguration: Sendable {
     /// saves the wake-up of a sleeping thread on the next event (lower push latency, at the
     /// cost of CPU while traffic flows). Zero: always sleep in epoll_wait.
     public var busyPoll: Duration = .zero
+    /// How often a `stats` line is logged (zero: never).
+    public var statsInterval: Duration = .seconds(60)
     /// Minimum log level.
     public var logLevel: LogLevel = .info
     /// Where events are kept until devices acknowledge them.

@@ -49,6 +49,7 @@ public enum ServerOptions {
             OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
             OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
             OptionSpec("log-level", value: "LEVEL", default: "info", help: "debug, info, warn or error."),
+            OptionSpec("stats-interval", value: "SECONDS", default: "60", help: "Log a 'stats' line this often; 0 = never."),
         ],
         epilogue: """
             SIGNALS:
@@ -148,6 +149,7 @@ public enum ServerOptions {
         if let value = try seconds("drain-timeout", 0...600) { configuration.drainTimeout = value }
         if let value = try seconds("tcp-user-timeout", 1...3600) { configuration.tcpUserTimeout = value }
         if let value = try seconds("tick", 0.001...1) { configuration.tickInterval = value }
+        if let value = try seconds("stats-interval", 0...86_400) { configuration.statsInterval = value }
         if let value = try options.int("busy-poll", in: 0...1_000_000) { configuration.busyPoll = .microseconds(value) }
         if let value = try options.int("max-frame", in: 256...(16 << 20)) { configuration.maxFrameLength = value }
         if let value = try options.int("max-pending", in: 1...10_000_000) { configuration.maxPendingEvents = value }

@@ -33,12 +33,32 @@ extension EventLoop {
                 return board.takeEffects()
             }
             apply(effects)
+            logStatisticsIfDue(now)
         }
         flushDirty()
         if let deadline = drainDeadline, table.liveCount == 0 || now >= deadline {
             vs_event_base_loopbreak(base)
         }
         ticks.add(1, ordering: .releasing)
+    }
+
+    /// One `stats` line every `statsInterval` (loop 0 only), so operators see the load in
+    /// the log without a metrics system.
+    private func logStatisticsIfDue(_ now: UInt32) {
+        let interval = context.configuration.statsInterval
+        guard interval > .zero, context.logger.enabled(.info) else { return }
+        if nextStatsSecond == 0 { nextStatsSecond = now + ServerContext.wholeSeconds(interval) }
+        guard now >= nextStatsSecond else { return }
+        nextStatsSecond = now + ServerContext.wholeSeconds(interval)
+        let stats = context.counters.snapshot(context.switchboard.counters)
+        context.logger.info("stats", [
+            "connections": stats.openConnections, "established": stats.establishedConnections,
+            "handshakes": stats.handshakesCompleted, "throttled": stats.handshakesThrottled,
+            "idle_timeouts": stats.idleTimeouts, "protocol_errors": stats.protocolErrors,
+            "events_queued": stats.eventsQueued, "events_written": stats.eventsWritten,
+            "events_dropped": stats.eventsDropped, "messages": stats.messagesAccepted,
+            "calls": stats.callsStarted, "store_failures": context.switchboard.writer?.failedCommits.load(ordering: .relaxed) ?? 0,
+        ])
     }
 
     private func visitIdleDeadline(_ key: UInt64) {

@@ -124,6 +124,8 @@ final class EventLoop: @unchecked Sendable {
         finished.store(true, ordering: .releasing)
     }
 
+    /// When loop 0 next logs its statistics line (server seconds; 0 = not yet scheduled).
+    var nextStatsSecond: UInt32 = 0
     /// Callbacks run so far; the busy-poll window restarts whenever it moves.
     var activity: UInt64 = 0
 

@@ -1,0 +1,47 @@
+import CLinuxShims
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The one place other threads reach into the gateway: a locked, coalescing inbox and the
+/// eventfd that wakes the gateway's thread. Shared by `PushGateway` (writers) and
+/// `GatewayLoop` (the reader), so the loop needs no reference back to the gateway.
+final class GatewayInbox: Sendable {
+    private let entries = Mutex(SubmissionInbox())
+    /// Readable when the inbox has something new or a stop was requested.
+    let wakeFD: Int32
+    private let capacity: Int
+
+    init(capacity: Int) throws(PushGatewayError) {
+        let fd = shim_eventfd()
+        guard fd >= 0 else { throw PushGatewayError("cannot create an eventfd: \(String(cString: strerror(errno)))") }
+        wakeFD = fd
+        self.capacity = capacity
+    }
+
+    deinit { close(wakeFD) }
+
+    func add(_ wakeUp: WakeUp) -> SubmissionInbox.Admission {
+        let admission = entries.withLock { $0.add(wakeUp, capacity: capacity) }
+        // One eventfd write per batch: a thread that has not emptied the inbox yet will
+        // see the new entry anyway.
+        if case .added(wasEmpty: true) = admission { shim_eventfd_signal(wakeFD) }
+        return admission
+    }
+
+    /// On the gateway's thread, when `wakeFD` is readable.
+    func takeAll() -> [WakeUp] {
+        shim_eventfd_drain(wakeFD)
+        // Swap under the lock, copy and free outside it: submitters never wait for a batch.
+        let taken = entries.withLock { $0.takeAll() }
+        return taken.wakeUps
+    }
+
+    /// Refuses every later submission; returns how many wake-ups were still waiting.
+    func refuseFurtherSubmissions() -> Int {
+        entries.withLock { $0.close() }.count
+    }
+
+    func wake() { shim_eventfd_signal(wakeFD) }
+}

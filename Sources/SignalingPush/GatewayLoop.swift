@@ -1,0 +1,141 @@
+import CLibeventShims
+import SignalingSupport
+import Synchronization
+
+/// The gateway's thread: one libevent `event_base` with the inbox's eventfd, a periodic
+/// tick, a deferred "pump" event and up to `maxConcurrentRequests` HTTP connections.
+///
+/// Concurrency: everything here is confined to the loop's thread except `requestStop`
+/// (an atomic flag, followed by an eventfd wake) and the `ticks`/`finished` atomics.
+/// `@unchecked Sendable` only so that the object can be handed to its thread.
+final class GatewayLoop: @unchecked Sendable {
+    let configuration: PushGatewayConfiguration
+    /// The gateway host as an IP literal (resolved once at start).
+    let address: String
+    let inbox: GatewayInbox
+    let counters: PushCounters
+    let clock: any Clock
+    let logger: Logger
+
+    let base: OpaquePointer
+    var scheduler: WakeUpScheduler
+    /// One per possible concurrent request; created lazily, reused (keep-alive).
+    var connections: [GatewayConnection] = []
+    /// Indices into `connections` with no request on the wire.
+    var idleConnections: [Int] = []
+    /// Retryable failures since the last delivery, to log a failing gateway once rather
+    /// than every attempt.
+    var consecutiveFailures = 0
+
+    private var wakeEvent: OpaquePointer?
+    private var tickEvent: OpaquePointer?
+    private var pumpEvent: OpaquePointer?
+    private let stopRequested = Atomic<Bool>(false)
+    /// Ticks run so far (read by `PushGateway.awaitTicks`).
+    let ticks = Atomic<Int>(0)
+    /// Set when `run` has returned.
+    let finished = Atomic<Bool>(false)
+
+    init(
+        configuration: PushGatewayConfiguration, address: String, inbox: GatewayInbox,
+        counters: PushCounters, clock: any Clock, logger: Logger
+    ) throws(PushGatewayError) {
+        guard let base = vs_event_base_new() else { throw PushGatewayError("cannot create an event base") }
+        self.base = base
+        self.configuration = configuration
+        self.address = address
+        self.inbox = inbox
+        self.counters = counters
+        self.clock = clock
+        self.logger = logger
+        let prefix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+        scheduler = WakeUpScheduler(
+            configuration: configuration, counters: counters,
+            idPrefix: String(repeating: "0", count: 8 - prefix.count) + prefix)
+    }
+
+    private var unmanagedSelf: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
+
+    /// Runs on the gateway's thread until `requestStop`.
+    func run() {
+        let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
+        wakeEvent = vs_event_new(base, inbox.wakeFD, persistRead, { _, _, arg in
+            Unmanaged<GatewayLoop>.fromOpaque(arg!).takeUnretainedValue().takeInbox()
+        }, unmanagedSelf)
+        tickEvent = vs_event_new(base, -1, Int16(VS_EV_PERSIST), { _, _, arg in
+            Unmanaged<GatewayLoop>.fromOpaque(arg!).takeUnretainedValue().tick()
+        }, unmanagedSelf)
+        pumpEvent = vs_event_new(base, -1, 0, { _, _, arg in
+            Unmanaged<GatewayLoop>.fromOpaque(arg!).takeUnretainedValue().pump()
+        }, unmanagedSelf)
+        vs_event_add(wakeEvent, -1)
+        vs_event_add(tickEvent, max(1, configuration.tickInterval.microseconds))
+
+        vs_event_base_dispatch(base)
+
+        // Connections first: freeing one frees its queued request without calling back.
+        for connection in connections { connection.free() }
+        connections = []
+        for event in [wakeEvent, tickEvent, pumpEvent] { if let event { vs_event_free(event) } }
+        vs_event_base_free(base)
+        finished.store(true, ordering: .releasing)
+    }
+
+    /// Any thread: asks the loop to stop at its next wake (the caller then wakes it).
+    func requestStop() {
+        stopRequested.store(true, ordering: .releasing)
+    }
+
+    private func takeInbox() {
+        if stopRequested.load(ordering: .acquiring) {
+            shutDown()
+            return
+        }
+        let wakeUps = inbox.takeAll()
+        let now = clock.now()
+        for wakeUp in wakeUps { scheduler.accept(wakeUp, now: now) }
+        pump()
+    }
+
+    private func tick() {
+        expireOverdueRequests(now: SystemClock().now())
+        pump()
+        ticks.add(1, ordering: .releasing)
+    }
+
+    /// Starts every due wake-up there is a free connection for.
+    func pump() {
+        guard !stopRequested.load(ordering: .relaxed) else { return }
+        let now = clock.now()
+        while let index = idleConnections.popLast() ?? newConnectionIndex() {
+            guard let attempt = scheduler.nextDue(now: now) else {
+                idleConnections.append(index)
+                return
+            }
+            send(attempt, on: connections[index])
+        }
+    }
+
+    /// Pumps once the current libevent callback has returned: completions happen inside
+    /// libevent's HTTP code, which should not be re-entered with a new request.
+    func pumpSoon() {
+        if let pumpEvent { vs_event_active(pumpEvent) }
+    }
+
+    /// A slot for a new connection, while fewer than the concurrency limit exist.
+    private func newConnectionIndex() -> Int? {
+        guard connections.count < configuration.maxConcurrentRequests else { return nil }
+        connections.append(GatewayConnection(loop: self, index: connections.count))
+        return connections.count - 1
+    }
+
+    /// Cancels what is in flight, drops what waits, and leaves the event loop.
+    private func shutDown() {
+        for connection in connections where connection.isBusy {
+            connection.cancel()
+            counters.inFlight.increment(by: -1)
+        }
+        counters.droppedStopped.increment(by: scheduler.removeAll())
+        vs_event_base_loopbreak(base)
+    }
+}

@@ -1,0 +1,134 @@
+import SignalingSupport
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Sends wake-ups for devices without a live connection to a push gateway over HTTP.
+///
+///     let gateway = try PushGateway(configuration: try PushGatewayConfiguration(url: "http://127.0.0.1:8088/wake"))
+///     try gateway.start()
+///     gateway.submit(WakeUp(userID: "bob", deviceID: "phone", registration: registration,
+///                           kind: .call, pendingEvents: 3))   // any thread; never waits for the network
+///     gateway.stop()
+///
+/// The gateway runs its own libevent `event_base` on its own thread; its HTTP requests are
+/// non-blocking, so a gateway that is down, slow or hanging delays nothing but its own
+/// wake-ups. `submit` is the only entry from other threads: it folds the wake-up into a
+/// locked, per-device coalescing inbox (O(1)) and wakes the thread through an eventfd.
+/// Everything else (schedule, connections, requests) is confined to the gateway's thread.
+///
+/// A server without a configured gateway simply creates none (see `WakeUpSubmitter`).
+public final class PushGateway: WakeUpSubmitter, Sendable {
+    public let configuration: PushGatewayConfiguration
+    let clock: any Clock
+    let logger: Logger
+    let counters = PushCounters()
+    let inbox: GatewayInbox
+    private let run = Mutex(RunState())
+
+    private struct RunState: ~Copyable {
+        var loop: GatewayLoop?
+        var thread: JoinableThread?
+        var started = false
+        var stopped = false
+    }
+
+    /// - Parameters:
+    ///   - clock: read for every interval and back-off decision (tests inject a
+    ///     `ManualClock`; the loop looks at it every `tickInterval`). The request timeout
+    ///     is real time: it guards real I/O.
+    public init(configuration: PushGatewayConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger()) throws(UsageError) {
+        try configuration.validate()
+        do {
+            inbox = try GatewayInbox(capacity: configuration.maxQueuedDevices)
+        } catch {
+            throw UsageError(error.description)
+        }
+        self.configuration = configuration
+        self.clock = clock
+        self.logger = logger
+    }
+
+    /// A gateway released without `stop()` stops here (the thread holds no reference to
+    /// the gateway, so this does run).
+    deinit { stop() }
+
+    /// Resolves the gateway's host (once; see `HostResolver`) and starts the thread.
+    /// Wake-ups submitted before are sent once it runs.
+    public func start() throws(PushGatewayError) {
+        let alreadyStarted = run.withLock { $0.started || $0.stopped }
+        guard !alreadyStarted else { throw PushGatewayError("a push gateway can be started only once") }
+        let address = try HostResolver.numericAddress(of: configuration.endpoint.host)
+        let loop = try GatewayLoop(
+            configuration: configuration, address: address, inbox: inbox, counters: counters, clock: clock, logger: logger)
+        let thread = JoinableThread { loop.run() }
+        run.withLock {
+            $0.loop = loop
+            $0.thread = thread
+            $0.started = true
+        }
+        logger.info("push_gateway_started", [
+            "endpoint": configuration.endpoint.description, "address": address,
+            "concurrency": configuration.maxConcurrentRequests,
+        ])
+    }
+
+    /// Stops: later submissions are refused, requests in flight are cancelled, and every
+    /// wake-up not yet delivered is dropped (counted in `droppedStopped`; the events
+    /// themselves stay queued on the server for the device's next connection). Returns
+    /// when the thread has exited and freed its connections. Harmless to call twice.
+    public func stop() {
+        let (thread, loop) = run.withLock { state -> (JoinableThread?, GatewayLoop?) in
+            guard !state.stopped else { return (nil, nil) }
+            state.stopped = true
+            defer { state.thread = nil }
+            return (state.thread, state.loop)
+        }
+        counters.droppedStopped.increment(by: inbox.refuseFurtherSubmissions())
+        guard let thread, let loop else { return }
+        loop.requestStop()
+        inbox.wake()
+        thread.join()
+        logger.info("push_gateway_stopped", ["stats": statistics.description])
+    }
+
+    /// Hands a wake-up to the gateway's thread. Any thread; never blocks on I/O; O(1).
+    /// A second wake-up for a device whose first has not been taken yet is folded into
+    /// it (higher-ranked kind, latest counter). Returns false when it was refused at once:
+    /// `maxQueuedDevices` devices are waiting in the inbox, or the gateway has stopped.
+    @discardableResult
+    public func submit(_ wakeUp: WakeUp) -> Bool {
+        counters.submitted.increment()
+        switch inbox.add(wakeUp) {
+        case .added:
+            return true
+        case .merged:
+            counters.coalesced.increment()
+            return true
+        case .full:
+            counters.droppedQueueFull.increment()
+            return false
+        case .closed:
+            counters.droppedStopped.increment()
+            return false
+        }
+    }
+
+    public var statistics: PushStatistics { counters.snapshot() }
+
+    /// Waits until the gateway's thread has run `count` more timer ticks, so that a change
+    /// made on an injected clock has been acted on. For tests and tools. False on timeout
+    /// or when the gateway is not running.
+    public func awaitTicks(_ count: Int = 2, timeout: Duration = .seconds(10)) -> Bool {
+        guard let loop = run.withLock({ $0.loop }) else { return false }
+        let start = loop.ticks.load(ordering: .acquiring)
+        let deadline = SystemClock().now() + timeout
+        while SystemClock().now() < deadline {
+            if loop.finished.load(ordering: .acquiring) { return false }
+            if loop.ticks.load(ordering: .acquiring) >= start + count { return true }
+            usleep(500)
+        }
+        return false
+    }
+}
