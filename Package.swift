@@ -12,6 +12,9 @@ let package = Package(
         .library(name: "SignalingServer", targets: ["SignalingServer"]),
         .executable(name: "voipserver", targets: ["voipserver"]),
         .executable(name: "voipload", targets: ["voipload"]),
+        // --- SignalingClient (issue 3) ---
+        .library(name: "SignalingClient", targets: ["SignalingClient"]),
+        // --- end SignalingClient ---
     ],
     targets: [
         // libevent (event loop, timers). Debian: libevent-dev.
@@ -124,5 +127,23 @@ let package = Package(
             dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
             path: "Tools/sqlite-store-bench"
         ),
+
+        // --- SignalingClient (issue 3): the client library, its tests, and the small
+        // executable the tests run inside network namespaces. ---
+        .target(
+            name: "SignalingClient",
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport"]
+        ),
+        .executableTarget(
+            name: "signaling-client-probe",
+            dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport"]
+        ),
+        .testTarget(
+            name: "SignalingClientTests",
+            dependencies: [
+                "SignalingClient", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "SignalingServer", "TestSupport",
+            ]
+        ),
+        // --- end SignalingClient ---
     ]
 )

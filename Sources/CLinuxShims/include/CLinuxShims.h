@@ -4,4 +4,5 @@
 // flag combinations, thread-local storage). One header per area.
 #include "socket_shims.h"
 #include "load_shims.h"
+#include "netlink_shims.h"
 #endif

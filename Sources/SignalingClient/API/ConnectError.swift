@@ -1,0 +1,57 @@
+import SignalingProtocol
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Why a connect-then-mark attempt did not produce a marked, handshaken connection.
+public enum ConnectError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The deadline passed; the background attempt was cancelled and cleaned up.
+    case timedOut
+    /// Nobody listens at the address (ECONNREFUSED).
+    case refused(SocketAddress)
+    /// The network or host is unreachable, or the connect failed with another errno.
+    case unreachable(SocketAddress, errno: Int32)
+    /// The host name did not resolve.
+    case resolutionFailed(host: String, reason: String)
+    /// The server answered HELLO with CLOSE: `close.action` says whether to retry.
+    case rejected(Close)
+    /// The server's bytes broke the protocol during the handshake.
+    case protocolViolation(String)
+    /// The server closed the connection before answering HELLO.
+    case closedDuringHandshake
+    /// A system call failed.
+    case socketError(operation: String, errno: Int32)
+    /// The client was stopped (`disconnect()` / `shutdown()`) while connecting.
+    case cancelled
+    /// `connect(timeout:)` was given a timeout that is not positive and finite.
+    case invalidTimeout
+    /// The client was shut down; create a new one.
+    case clientShutDown
+
+    public var description: String {
+        switch self {
+        case .timedOut: return "timed out"
+        case .refused(let address): return "connection refused by \(address)"
+        case .unreachable(let address, let code): return "\(address) unreachable: \(String(cString: strerror(code)))"
+        case .resolutionFailed(let host, let reason): return "cannot resolve \(host): \(reason)"
+        case .rejected(let close): return "rejected by the server: \(close.code) (\(close.code.rawValue)): \(close.message)"
+        case .protocolViolation(let message): return "protocol violation: \(message)"
+        case .closedDuringHandshake: return "the server closed the connection during the handshake"
+        case .socketError(let operation, let code): return "\(operation) failed: \(String(cString: strerror(code)))"
+        case .cancelled: return "cancelled"
+        case .invalidTimeout: return "the connect timeout must be positive and finite"
+        case .clientShutDown: return "the client was shut down"
+        }
+    }
+
+    /// True when retrying later may succeed (everything but a server's "stop").
+    public var isRetryable: Bool {
+        switch self {
+        case .rejected(let close): return close.action != .stop
+        case .cancelled, .clientShutDown, .invalidTimeout: return false
+        default: return true
+        }
+    }
+}

@@ -1,0 +1,88 @@
+import SignalingProtocol
+
+/// Everything that tunes a client. Every field has a production default except the
+/// server address and the identity.
+public struct ClientConfiguration: Sendable {
+    /// The server: a numeric IPv4/IPv6 address or a host name.
+    public var host: String
+    public var port: UInt16
+    public var userID: String
+    public var deviceID: String
+    /// HELLO credentials (with the server's HMAC scheme: `AuthToken.make(secret:userID:)`).
+    public var credentials: [UInt8]?
+    /// Keep-alive interval to ask the server for, in seconds; 0 = the server's choice.
+    /// 1...599 is refused by `init` (the server would refuse it too).
+    public var requestedKeepAliveSeconds: UInt32 = 0
+    /// Deadline of an automatic connect-then-mark attempt (TCP connect plus handshake);
+    /// the protocol's checklist uses 10 s.
+    public var connectTimeout: Duration = .seconds(10)
+    /// A PING unanswered this long means the connection is dead (the iOS handler budget).
+    public var pongTimeout: Duration = .seconds(10)
+    /// The budget of one keep-alive handler run; after it the run has expired.
+    public var keepAliveHandlerBudget: Duration = .seconds(10)
+    public var reconnect = ReconnectPolicy()
+    public var socketOptions = VoIPSocketOptions()
+    public var backgroundExecution = BackgroundExecutionPolicy()
+    /// Pending local notifications kept at most (128, as in the article).
+    public var notificationCapacity = LocalNotificationCenter.defaultCapacity
+    /// Post a local notification for each incoming call and message that arrives while
+    /// the app is not in the foreground.
+    public var notifiesWhenNotInForeground = true
+    /// Watch the system's network state (netlink on Linux, NWPathMonitor on Apple
+    /// platforms) and reconnect when the socket's path goes away or a better one appears.
+    public var watchesNetwork = true
+    /// A durable request (message, push registration) refused with a retryable error is
+    /// sent again after this delay, doubling per refusal up to 16 times this.
+    public var requestRetryDelay: Duration = .seconds(2)
+    /// The longest the client's timer sleeps before reading its clock again. nil (the
+    /// default) sleeps exactly until the next deadline, which is right for the system
+    /// clock; tests that drive a `ManualClock` set a few milliseconds.
+    public var maximumTimerWait: Duration?
+
+    public init(host: String, port: UInt16, userID: String, deviceID: String, credentials: [UInt8]? = nil) {
+        self.host = host
+        self.port = port
+        self.userID = userID
+        self.deviceID = deviceID
+        self.credentials = credentials
+    }
+
+    /// Checks every field; the error names the first bad one.
+    public func validate() throws(ClientConfigurationError) {
+        guard !host.isEmpty else { throw .invalid("host is empty") }
+        guard port != 0 else { throw .invalid("port must not be 0") }
+        // The reference codec decides what a valid HELLO is: encode one and read it back.
+        let hello = Frame.hello(Hello(userID: userID, deviceID: deviceID, credentials: credentials,
+                                      requestedKeepAliveSeconds: requestedKeepAliveSeconds))
+        if case .failure(let violation) = FrameDecoder().decode(array: FrameEncoder.encode(hello)) {
+            throw .invalid("identity: \(violation.message)")
+        }
+        if let credentials, credentials.count > ProtocolLimits.maxTokenBytes {
+            throw .invalid("credentials are \(credentials.count) bytes, the limit is \(ProtocolLimits.maxTokenBytes)")
+        }
+        if requestedKeepAliveSeconds != 0 && requestedKeepAliveSeconds < ProtocolLimits.minimumKeepAliveSeconds {
+            throw .invalid("requested keep-alive \(requestedKeepAliveSeconds) s is under the 600 s minimum")
+        }
+        for (name, value) in [("connectTimeout", connectTimeout), ("pongTimeout", pongTimeout),
+                              ("keepAliveHandlerBudget", keepAliveHandlerBudget), ("requestRetryDelay", requestRetryDelay),
+                              ("reconnect.initialDelay", reconnect.initialDelay),
+                              ("backgroundExecution.wakeSlice", backgroundExecution.wakeSlice),
+                              ("backgroundExecution.taskAllowance", backgroundExecution.taskAllowance)] where value <= .zero {
+            throw .invalid("\(name) must be positive")
+        }
+        guard reconnect.maximumDelay >= reconnect.initialDelay else { throw .invalid("reconnect.maximumDelay is below initialDelay") }
+        guard backgroundExecution.expirationWarning >= .zero,
+              backgroundExecution.expirationWarning < backgroundExecution.taskAllowance
+        else { throw .invalid("backgroundExecution.expirationWarning must be within the task allowance") }
+        guard notificationCapacity >= 1 else { throw .invalid("notificationCapacity must be at least 1") }
+        if let wait = maximumTimerWait, wait <= .zero { throw .invalid("maximumTimerWait must be positive") }
+    }
+}
+
+/// A configuration the client cannot work with.
+public enum ClientConfigurationError: Error, Equatable, Sendable, CustomStringConvertible {
+    case invalid(String)
+    public var description: String {
+        switch self { case .invalid(let message): return "invalid client configuration: \(message)" }
+    }
+}

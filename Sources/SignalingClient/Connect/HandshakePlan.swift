@@ -1,0 +1,27 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// Everything the connect thread needs, captured on the client's queue when the attempt
+/// is created, so the thread never touches client state.
+struct HandshakePlan: Sendable {
+    var host: String
+    var port: UInt16
+    /// HELLO as the client would like to send it (with the resume point if it has one).
+    var hello: Hello
+    /// Largest frame accepted from the server before its WELCOME says otherwise.
+    var maxFrameLength: Int
+}
+
+/// A connected socket that has completed HELLO/WELCOME and is not yet marked.
+struct HandshakenSocket: Sendable {
+    let socket: SocketHandle
+    let welcome: Welcome
+    let localAddress: SocketAddress
+    let remoteAddress: SocketAddress
+    /// Bytes received after the WELCOME (the first resent events): the connection's
+    /// reader starts with these.
+    let leftover: [UInt8]
+    /// True when the server refused the resume point (CLOSE `sessionUnknown` or
+    /// `invalidSequence`) and the attempt went on with a fresh session.
+    let resumeRefused: Bool
+}

@@ -1,0 +1,153 @@
+import SignalingProtocol
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The work of the background connect thread: resolve, TCP connect (trying each address
+/// in turn), send HELLO, wait for WELCOME. Every wait is bounded by the attempt's
+/// deadline and wakes at once when the attempt is cancelled. Runs on that thread only.
+struct Handshaker {
+    let plan: HandshakePlan
+    let deadline: Instant
+    let cancel: WakeupSignal
+
+    func run() throws(ConnectError) -> HandshakenSocket {
+        let addresses = try SocketAddress.resolve(host: plan.host, port: plan.port)
+        try checkCancelled()
+        do {
+            return try attempt(addresses: addresses, hello: plan.hello, resumeRefused: false)
+        } catch .rejected(let close) where plan.hello.resume != nil && close.action == .fresh {
+            // PROTOCOL 4.1: a refused resume point changes nothing on the server; connect
+            // again at once without it, within the same deadline.
+            var fresh = plan.hello
+            fresh.resume = nil
+            return try attempt(addresses: addresses, hello: fresh, resumeRefused: true)
+        }
+    }
+
+    private func checkCancelled() throws(ConnectError) {
+        if cancel.isSignalled { throw .cancelled }
+    }
+
+    private func attempt(addresses: [SocketAddress], hello: Hello, resumeRefused: Bool) throws(ConnectError) -> HandshakenSocket {
+        var lastError = ConnectError.timedOut
+        for address in addresses {
+            let socket: SocketHandle
+            do {
+                socket = try connect(to: address)
+            } catch .refused(let refusedAddress) {
+                lastError = .refused(refusedAddress)
+                continue
+            } catch .unreachable(let unreachableAddress, let code) {
+                lastError = .unreachable(unreachableAddress, errno: code)
+                continue
+            }
+            do {
+                return try handshake(on: socket, address: address, hello: hello, resumeRefused: resumeRefused)
+            } catch {
+                socket.close()
+                throw error
+            }
+        }
+        throw lastError
+    }
+
+    private func connect(to address: SocketAddress) throws(ConnectError) -> SocketHandle {
+        let socket = try SocketHandle.tcp(family: address.family)
+        let status = address.withSockaddr { pointer, length in
+            #if canImport(Glibc)
+            Glibc.connect(socket.descriptor, pointer, length)
+            #else
+            Darwin.connect(socket.descriptor, pointer, length)
+            #endif
+        }
+        if status != 0 && errno != EINPROGRESS {
+            let code = errno
+            socket.close()
+            throw code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: code)
+        }
+        if status != 0 {
+            switch PollWait.wait(for: socket.descriptor, events: Int16(POLLOUT), cancel: cancel, deadline: deadline) {
+            case .cancelled: socket.close(); throw .cancelled
+            case .timedOut: socket.close(); throw .timedOut
+            case .ready: break
+            }
+            guard let code = socket.integerOption(level: SOL_SOCKET, name: SO_ERROR) else {
+                let failure = errno
+                socket.close()
+                throw .socketError(operation: "getsockopt(SO_ERROR)", errno: failure)
+            }
+            if code != 0 {
+                socket.close()
+                throw code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: code)
+            }
+        }
+        return socket
+    }
+
+    private func handshake(on socket: SocketHandle, address: SocketAddress, hello: Hello, resumeRefused: Bool) throws(ConnectError) -> HandshakenSocket {
+        try writeAll(FrameEncoder.encode(.hello(hello)), to: socket)
+        let decoder = FrameDecoder(maxFrameLength: plan.maxFrameLength)
+        var received: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let decoded: (frame: Frame, size: Int)?
+            switch decoder.decode(array: received) {
+            case .success(let frame): decoded = frame
+            case .failure(let violation): throw .protocolViolation(violation.description)
+            }
+            if let (frame, size) = decoded {
+                switch frame {
+                case .welcome(let welcome):
+                    guard welcome.version == ProtocolLimits.version else {
+                        throw .protocolViolation("WELCOME for protocol version \(welcome.version), expected \(ProtocolLimits.version)")
+                    }
+                    guard welcome.keepAliveSeconds >= ProtocolLimits.minimumKeepAliveSeconds else {
+                        throw .protocolViolation("WELCOME keep-alive \(welcome.keepAliveSeconds) s is under the 600 s minimum")
+                    }
+                    return HandshakenSocket(
+                        socket: socket, welcome: welcome, localAddress: socket.localAddress() ?? address.withPort(0),
+                        remoteAddress: address, leftover: Array(received[size...]), resumeRefused: resumeRefused)
+                case .close(let close):
+                    throw .rejected(close)
+                default:
+                    throw .protocolViolation("expected WELCOME or CLOSE, got \(frame.type)")
+                }
+            }
+            switch PollWait.wait(for: socket.descriptor, events: Int16(POLLIN), cancel: cancel, deadline: deadline) {
+            case .cancelled: throw .cancelled
+            case .timedOut: throw .timedOut
+            case .ready: break
+            }
+            let count = chunk.withUnsafeMutableBytes { socket.receiveBytes(into: $0) }
+            if count == 0 { throw .closedDuringHandshake }
+            if count < 0 {
+                if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { continue }
+                if errno == ECONNRESET { throw .closedDuringHandshake }
+                throw .socketError(operation: "recv", errno: errno)
+            }
+            received.append(contentsOf: chunk[0..<count])
+        }
+    }
+
+    private func writeAll(_ bytes: [UInt8], to socket: SocketHandle) throws(ConnectError) {
+        var offset = 0
+        while offset < bytes.count {
+            let count = bytes.withUnsafeBytes { socket.sendBytes(UnsafeRawBufferPointer(rebasing: $0[offset...])) }
+            if count > 0 { offset += count; continue }
+            if errno == EINTR { continue }
+            guard errno == EAGAIN || errno == EWOULDBLOCK else {
+                if errno == ECONNRESET || errno == EPIPE { throw .closedDuringHandshake }
+                throw .socketError(operation: "send", errno: errno)
+            }
+            switch PollWait.wait(for: socket.descriptor, events: Int16(POLLOUT), cancel: cancel, deadline: deadline) {
+            case .cancelled: throw .cancelled
+            case .timedOut: throw .timedOut
+            case .ready: continue
+            }
+        }
+    }
+}

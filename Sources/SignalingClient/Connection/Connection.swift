@@ -1,0 +1,160 @@
+import Foundation
+import Synchronization
+import SignalingProtocol
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// What a connection's I/O thread reports to the client.
+enum ConnectionInput: Sendable {
+    /// Frames decoded from one read, in order.
+    case frames([Frame])
+    /// The connection is over; the socket is closed and the thread has exited.
+    case ended(ConnectionEnd)
+}
+
+/// How a connection ended, as seen by its I/O thread.
+enum ConnectionEnd: Sendable, Equatable {
+    /// The server closed its side (EOF) or reset it.
+    case closedByPeer
+    /// A read or write failed (ETIMEDOUT after TCP_USER_TIMEOUT, EHOSTUNREACH...).
+    case failed(errno: Int32)
+    /// The server's bytes broke the protocol.
+    case protocolViolation(String)
+    /// The client closed it (`close()`).
+    case closedLocally
+}
+
+/// One established, marked connection and the thread that does its I/O.
+///
+/// Threading: the socket belongs to the I/O thread, which polls it together with a
+/// wake-up descriptor. Other threads only append to `outgoing` (behind a mutex) and
+/// signal; the thread writes, reads, decodes and hands frames to `deliver`, which the
+/// client points at its own queue.
+final class Connection: Sendable {
+    /// Distinguishes this connection's reports from those of connections before it.
+    let id: UInt64
+    let socket: SocketHandle
+    let welcome: Welcome
+    let localAddress: SocketAddress
+    let remoteAddress: SocketAddress
+
+    private struct Outgoing {
+        var bytes: [UInt8] = []
+        var closeRequested = false
+    }
+    private let outgoing = Mutex(Outgoing())
+    private let wakeup: WakeupSignal
+
+    init(id: UInt64, handshaken: HandshakenSocket) throws(ConnectError) {
+        self.id = id
+        self.socket = handshaken.socket
+        self.welcome = handshaken.welcome
+        self.localAddress = handshaken.localAddress
+        self.remoteAddress = handshaken.remoteAddress
+        self.wakeup = try WakeupSignal()
+    }
+
+    /// Starts the I/O thread. `leftover` holds bytes the handshake read past WELCOME.
+    func start(leftover: [UInt8], deliver: @escaping @Sendable (ConnectionInput) -> Void) {
+        // WELCOME's maxFrame bounds what the server accepts; an event it sends carries a
+        // message of up to that size plus the sender's fields, so accept twice as much
+        // (and at least 1 MiB) without ever trusting an unbounded length.
+        let maxFrame = max(2 * Int(welcome.maxFrameLength), 1 << 20)
+        let thread = Thread { [self] in
+            var reader = FrameReader(maxFrameLength: maxFrame, pending: leftover)
+            let end = runLoop(reader: &reader, deliver: deliver)
+            socket.close()
+            deliver(.ended(end))
+        }
+        thread.name = "vsig-connection-\(id)"
+        thread.start()
+    }
+
+    /// Queues bytes for the I/O thread to write. Ignored after `close()`.
+    func send(_ bytes: [UInt8]) {
+        let accepted = outgoing.withLock { state -> Bool in
+            guard !state.closeRequested else { return false }
+            state.bytes.append(contentsOf: bytes)
+            return true
+        }
+        if accepted { wakeup.signal() }
+    }
+
+    /// Asks the I/O thread to write what is queued (without waiting for the peer), close
+    /// the socket and report `.closedLocally`.
+    func close() {
+        outgoing.withLock { $0.closeRequested = true }
+        wakeup.signal()
+    }
+
+    /// Shuts the socket down at once from any thread (network path gone, PONG missing):
+    /// the I/O thread sees the error and reports the end.
+    func abort() {
+        close()
+        socket.shutdownIfOpen()
+    }
+
+    private func runLoop(reader: inout FrameReader, deliver: @Sendable (ConnectionInput) -> Void) -> ConnectionEnd {
+        var pendingWrite: [UInt8] = []
+        var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
+        // Frames that arrived with the handshake come first.
+        switch reader.drain() {
+        case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
+        case .failure(let violation): return .protocolViolation(violation.description)
+        }
+        while true {
+            let (more, closeRequested) = outgoing.withLock { state -> ([UInt8], Bool) in
+                defer { state.bytes.removeAll(keepingCapacity: true) }
+                return (state.bytes, state.closeRequested)
+            }
+            pendingWrite.append(contentsOf: more)
+            if !pendingWrite.isEmpty {
+                switch writeSome(&pendingWrite) {
+                case .some(let end): return end
+                case .none: break
+                }
+            }
+            if closeRequested { return .closedLocally }
+            var fds = [
+                pollfd(fd: socket.descriptor, events: Int16(POLLIN) | (pendingWrite.isEmpty ? 0 : Int16(POLLOUT)), revents: 0),
+                pollfd(fd: wakeup.readDescriptor, events: Int16(POLLIN), revents: 0),
+            ]
+            if poll(&fds, 2, -1) < 0 {
+                if errno == EINTR { continue }
+                return .failed(errno: errno)
+            }
+            if fds[1].revents != 0 { wakeup.drain() }
+            if fds[0].revents & (Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 {
+                let count = readBuffer.withUnsafeMutableBytes { socket.receiveBytes(into: $0) }
+                if count == 0 { return .closedByPeer }
+                if count < 0 {
+                    if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { continue }
+                    return errno == ECONNRESET ? .closedByPeer : .failed(errno: errno)
+                }
+                reader.append(readBuffer[0..<count])
+                switch reader.drain() {
+                case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
+                case .failure(let violation): return .protocolViolation(violation.description)
+                }
+            }
+        }
+    }
+
+    /// Writes as much as the socket takes; returns an end on a fatal error.
+    private func writeSome(_ bytes: inout [UInt8]) -> ConnectionEnd? {
+        while !bytes.isEmpty {
+            let count = bytes.withUnsafeBytes { socket.sendBytes($0) }
+            if count > 0 {
+                bytes.removeFirst(count)
+                continue
+            }
+            if errno == EINTR { continue }
+            if errno == EAGAIN || errno == EWOULDBLOCK { return nil }
+            return errno == EPIPE || errno == ECONNRESET ? .closedByPeer : .failed(errno: errno)
+        }
+        return nil
+    }
+}

@@ -1,0 +1,173 @@
+import Foundation
+import SignalingProtocol
+import SignalingSupport
+@testable import SignalingClient
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A test failure with a message (thrown by the fixtures instead of crashing).
+struct FixtureError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A real TCP listener on an ephemeral loopback port whose server side the test scripts
+/// frame by frame: accept, read HELLO, answer WELCOME or CLOSE, send events, drop the
+/// connection. Every wait has a deadline.
+final class ScriptedServer: @unchecked Sendable {
+    let descriptor: Int32
+    let port: UInt16
+    let host: String
+
+    /// - Parameter accepting: false leaves connections in the backlog forever (a server
+    ///   that never answers).
+    init(host: String = "127.0.0.1") throws {
+        self.host = host
+        let family = host.contains(":") ? AF_INET6 : AF_INET
+        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw FixtureError("socket: \(errno)") }
+        var one: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        let address = try SocketAddress.resolve(host: host, port: 0)[0].withPort(0)
+        let status = address.withSockaddr { bind(fd, $0, $1) }
+        guard status == 0, listen(fd, 16) == 0 else {
+            close(fd)
+            throw FixtureError("bind/listen \(host): \(errno)")
+        }
+        descriptor = fd
+        port = SocketHandle(descriptor: dup(fd)).localAddress()!.port
+    }
+
+    deinit { close(descriptor) }
+
+    /// Accepts the next connection.
+    func accept(within timeout: Duration = .seconds(5)) throws -> PeerConnection {
+        guard waitReadable(descriptor, timeout) else { throw FixtureError("no connection within \(timeout)") }
+        let fd = Glibc.accept(descriptor, nil, nil)
+        guard fd >= 0 else { throw FixtureError("accept: \(errno)") }
+        return PeerConnection(descriptor: fd)
+    }
+
+    /// Accepts, reads HELLO and answers WELCOME: a connection ready for events.
+    func acceptSession(sessionID: SessionID = SessionID(high: 1, low: 1), keepAlive: UInt32 = 600, ackedSeq: UInt64 = 0,
+                       resumed: Bool = false, within timeout: Duration = .seconds(5)) throws -> (PeerConnection, Hello) {
+        let peer = try accept(within: timeout)
+        let hello = try peer.expectHello(within: timeout)
+        try peer.sendWelcome(sessionID: sessionID, keepAlive: keepAlive, ackedSeq: ackedSeq, resumed: resumed)
+        return (peer, hello)
+    }
+}
+
+/// The server side of one accepted connection.
+final class PeerConnection: @unchecked Sendable {
+    let descriptor: Int32
+    private var buffer: [UInt8] = []
+    private var isClosed = false
+    private let decoder = FrameDecoder(maxFrameLength: 1 << 20)
+
+    init(descriptor: Int32) { self.descriptor = descriptor }
+    deinit { close() }
+
+    func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        Glibc.close(descriptor)
+    }
+
+    /// Resets the connection (RST), like a crashed server or a dropped NAT mapping.
+    func reset() {
+        var option = linger(l_onoff: 1, l_linger: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+        close()
+    }
+
+    func send(_ frame: Frame) throws { try sendRaw(FrameEncoder.encode(frame)) }
+
+    func sendRaw(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let count = bytes.withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+            guard count > 0 else { throw FixtureError("send: \(errno)") }
+            offset += count
+        }
+    }
+
+    func sendWelcome(sessionID: SessionID, keepAlive: UInt32 = 600, ackedSeq: UInt64 = 0, resumed: Bool = false) throws {
+        try send(.welcome(Welcome(
+            sessionID: sessionID, resumed: resumed, keepAliveSeconds: keepAlive,
+            idleTimeoutSeconds: KeepAliveIdle.idleTimeout(keepAlive), serverTime: 1_800_000_000_000,
+            maxFrameLength: 65_536, ackedSeq: ackedSeq)))
+    }
+
+    func sendEvent(seq: UInt64, _ event: Event) throws { try send(.event(seq: seq, event)) }
+
+    /// The next frame, or an error when none arrives in time or the client closed.
+    func readFrame(within timeout: Duration = .seconds(5)) throws -> Frame {
+        let deadline = SystemClock().now() + timeout
+        while true {
+            if case .success(let decoded?) = decoder.decode(array: buffer) {
+                buffer.removeFirst(decoded.size)
+                return decoded.frame
+            }
+            if case .failure(let violation) = decoder.decode(array: buffer) { throw FixtureError("bad frame: \(violation)") }
+            let now = SystemClock().now()
+            guard now < deadline, waitReadable(descriptor, deadline - now) else { throw FixtureError("no frame within \(timeout)") }
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let count = chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { throw FixtureError("client closed the connection") }
+            buffer.append(contentsOf: chunk[0..<count])
+        }
+    }
+
+    /// Reads frames until one matches; frames before it are returned too.
+    func readUntil(within timeout: Duration = .seconds(5), _ matches: (Frame) -> Bool) throws -> (Frame, skipped: [Frame]) {
+        var skipped: [Frame] = []
+        let deadline = SystemClock().now() + timeout
+        while true {
+            let remaining = deadline - SystemClock().now()
+            let frame = try readFrame(within: remaining)
+            if matches(frame) { return (frame, skipped) }
+            skipped.append(frame)
+        }
+    }
+
+    func expectHello(within timeout: Duration = .seconds(5)) throws -> Hello {
+        guard case .hello(let hello) = try readFrame(within: timeout) else { throw FixtureError("expected HELLO") }
+        return hello
+    }
+
+    /// Reads until the client closes (EOF or reset); frames read meanwhile are returned.
+    func waitForClose(within timeout: Duration = .seconds(5)) throws -> [Frame] {
+        var frames: [Frame] = []
+        let deadline = SystemClock().now() + timeout
+        while true {
+            let now = SystemClock().now()
+            guard now < deadline, waitReadable(descriptor, deadline - now) else { throw FixtureError("client did not close within \(timeout)") }
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let count = chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
+            if count <= 0 { return frames }
+            buffer.append(contentsOf: chunk[0..<count])
+            while case .success(let decoded?) = decoder.decode(array: buffer) {
+                buffer.removeFirst(decoded.size)
+                frames.append(decoded.frame)
+            }
+        }
+    }
+}
+
+enum KeepAliveIdle {
+    static func idleTimeout(_ interval: UInt32) -> UInt32 { interval + (interval + 1) / 2 }
+}
+
+/// True when `fd` became readable within `timeout`.
+func waitReadable(_ fd: Int32, _ timeout: Duration) -> Bool {
+    var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+    let deadline = SystemClock().now() + timeout
+    while true {
+        let remaining = deadline - SystemClock().now()
+        let result = poll(&entry, 1, Int32(clamping: max(0, remaining.milliseconds)))
+        if result < 0 && errno == EINTR { continue }
+        return result > 0
+    }
+}

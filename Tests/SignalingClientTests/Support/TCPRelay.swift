@@ -1,0 +1,145 @@
+import Foundation
+import SignalingSupport
+@testable import SignalingClient
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A loopback TCP relay between the client and a real server, so a test can cut the
+/// connection the way a network does (reset both sides), hold new connections back
+/// while it makes the server queue events, or swallow one direction's bytes.
+final class TCPRelay: @unchecked Sendable {
+    enum Direction { case toServer, toClient }
+
+    let port: UInt16
+    private let listener: ScriptedServer
+    private var upstreamPort: UInt16
+    private let lock = NSLock()
+    private var paused = false
+    private var held: [Int32] = []
+    private var pairs: [(client: Int32, server: Int32)] = []
+    private var dropping: Set<Direction> = []
+    private var stopped = false
+
+    init(upstreamPort: UInt16) throws {
+        listener = try ScriptedServer()
+        port = listener.port
+        self.upstreamPort = upstreamPort
+        Thread.detachNewThread { [self] in acceptLoop() }
+    }
+
+    deinit { stop() }
+
+    func stop() {
+        lock.lock()
+        stopped = true
+        let waiting = held
+        held = []
+        lock.unlock()
+        waiting.forEach { resetAndClose($0) }
+        severAll()
+    }
+
+    /// Forwards new connections to another server port (a restarted server).
+    func setUpstream(port: UInt16) { lock.lock(); upstreamPort = port; lock.unlock() }
+
+    /// New connections are accepted but not forwarded until `resume()`.
+    func pause() { lock.lock(); paused = true; lock.unlock() }
+
+    func resume() {
+        lock.lock()
+        paused = false
+        let waiting = held
+        held = []
+        lock.unlock()
+        waiting.forEach(forward)
+    }
+
+    /// Bytes in `direction` are read and discarded (true) or forwarded (false).
+    func setDropping(_ direction: Direction, _ dropping: Bool) {
+        lock.lock()
+        if dropping { self.dropping.insert(direction) } else { self.dropping.remove(direction) }
+        lock.unlock()
+    }
+
+    /// Cuts every relayed connection on both sides, like a network that lost the path.
+    /// Each pump thread then closes its own descriptors (with a reset), so no descriptor
+    /// is closed while another thread may still use its number.
+    func severAll() {
+        lock.lock()
+        let current = pairs
+        lock.unlock()
+        for pair in current {
+            for fd in [pair.client, pair.server] {
+                var option = linger(l_onoff: 1, l_linger: 0)
+                setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+                shutdown(fd, Int32(SHUT_RDWR))
+            }
+        }
+    }
+
+    var connectionCount: Int { lock.lock(); defer { lock.unlock() }; return pairs.count }
+
+    private func acceptLoop() {
+        while true {
+            lock.lock(); let done = stopped; lock.unlock()
+            if done { return }
+            guard waitReadable(listener.descriptor, .milliseconds(100)) else { continue }
+            let fd = accept(listener.descriptor, nil, nil)
+            guard fd >= 0 else { continue }
+            lock.lock()
+            let hold = paused
+            if hold { held.append(fd) }
+            lock.unlock()
+            if !hold { forward(fd) }
+        }
+    }
+
+    private func forward(_ clientFD: Int32) {
+        let serverFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        lock.lock()
+        let target = upstreamPort
+        lock.unlock()
+        let address = SocketAddress(family: AF_INET, addressBytes: [127, 0, 0, 1], port: target)!
+        guard address.withSockaddr({ connect(serverFD, $0, $1) }) == 0 else {
+            resetAndClose(clientFD)
+            close(serverFD)
+            return
+        }
+        lock.lock()
+        pairs.append((clientFD, serverFD))
+        lock.unlock()
+        Thread.detachNewThread { [self] in pump(client: clientFD, server: serverFD) }
+    }
+
+    private func pump(client: Int32, server: Int32) {
+        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        defer {
+            lock.lock()
+            pairs.removeAll { $0.client == client }
+            lock.unlock()
+            resetAndClose(client)
+            resetAndClose(server)
+        }
+        while true {
+            var fds = [pollfd(fd: client, events: Int16(POLLIN), revents: 0), pollfd(fd: server, events: Int16(POLLIN), revents: 0)]
+            guard poll(&fds, 2, -1) >= 0 else { if errno == EINTR { continue } else { return } }
+            for (index, entry) in fds.enumerated() where entry.revents != 0 {
+                let from = index == 0 ? client : server
+                let to = index == 0 ? server : client
+                let count = buffer.withUnsafeMutableBytes { recv(from, $0.baseAddress, $0.count, 0) }
+                if count <= 0 { return }
+                lock.lock()
+                let drop = dropping.contains(index == 0 ? .toServer : .toClient)
+                lock.unlock()
+                if !drop { _ = buffer.withUnsafeBytes { send(to, $0.baseAddress, count, Int32(MSG_NOSIGNAL)) } }
+            }
+        }
+    }
+
+    private func resetAndClose(_ fd: Int32) {
+        var option = linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+        close(fd)
+    }
+}
