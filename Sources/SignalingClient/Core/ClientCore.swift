@@ -161,11 +161,15 @@ final class ClientCore: @unchecked Sendable {
 
     // MARK: Shutting down
 
-    /// Disconnects for good: closes the connection, cancels any attempt, stops the
-    /// monitor and the timer, and ends every pending request with `clientShutDown`.
+    /// Disconnects for good: acknowledges what the app has processed (the ACK may still
+    /// be waiting for its batch to end; without it the server would send those events
+    /// again to the next process of this device), closes the connection, cancels any
+    /// attempt, stops the monitor and the timer, and ends every pending request with
+    /// `clientShutDown`.
     func shutdown() {
         guard !isShutDown else { return }
         wantsConnection = false
+        flushAcknowledgement()
         closeEverything()
         isShutDown = true
         networkMonitor?.stop()
@@ -192,11 +196,13 @@ final class ClientCore: @unchecked Sendable {
         }
     }
 
-    /// The app no longer wants a connection. Durable requests stay queued for the next
-    /// `connect`; the keep-alive timer keeps running only if the app installed a handler.
+    /// The app no longer wants a connection. What it has processed is acknowledged
+    /// first (see `shutdown`). Durable requests stay queued for the next `connect`; the
+    /// keep-alive timer keeps running only if the app installed a handler.
     func disconnect() {
         guard !isShutDown else { return }
         wantsConnection = false
+        flushAcknowledgement()
         closeEverything()
         if keepAliveHandler == nil { keepAlive.stop() }
         lifecycle = .idle
