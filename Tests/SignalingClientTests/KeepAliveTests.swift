@@ -170,3 +170,46 @@ struct KeepAliveTests {
         #expect(schedule.nextRun == start + .seconds(1200))
     }
 }
+
+@Suite("PING on demand")
+struct PingNowTests {
+    @Test("pingNow sends one PING, reports the round trip, refuses a second one while outstanding, and leaves the schedule alone")
+    func pingNow() throws {
+        let clock = ManualClock()
+        let pair = try ConnectedPair(clock: clock, keepAlive: 600)
+        defer { pair.shutdown() }
+        let nextRun = pair.core.queue.sync { pair.core.keepAlive.nextRun }
+
+        clock.advance(by: .seconds(30))
+        #expect(pair.client.pingNow())
+        #expect(!pair.client.pingNow(), "a PING is outstanding")
+        #expect(try pair.peer.readFrame() == .ping)
+        clock.advance(by: .milliseconds(25))
+        try pair.peer.send(.pong)
+        let answered = pair.recorder.first { if case .keepAliveAnswered = $0 { return true } else { return false } }
+        #expect(answered == .keepAliveAnswered(roundTrip: .milliseconds(25)))
+        #expect(pair.client.status.lastPongRoundTrip == .milliseconds(25))
+        #expect(pair.core.queue.sync { pair.core.keepAlive.nextRun } == nextRun)
+        #expect(pair.client.pingNow(), "answered: another may go")
+    }
+
+    @Test("pingNow without a connection sends nothing")
+    func pingNowDisconnected() throws {
+        let test = try TestClient(port: 9)
+        defer { test.client.shutdown() }
+        #expect(!test.client.pingNow())
+    }
+
+    @Test("an on-demand PING that is never answered counts as a dead connection")
+    func unansweredPingNow() throws {
+        let clock = ManualClock()
+        let pair = try ConnectedPair(clock: clock, keepAlive: 600)
+        defer { pair.shutdown() }
+        #expect(pair.client.pingNow())
+        #expect(try pair.peer.readFrame() == .ping)
+        pair.test.advance(clock, by: .seconds(10))
+        #expect(pair.recorder.wait { events in
+            events.contains { if case .connectionStateChanged(.waitingToReconnect(_, .keepAliveTimedOut)) = $0 { return true } else { return false } }
+        })
+    }
+}

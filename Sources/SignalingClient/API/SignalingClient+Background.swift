@@ -52,6 +52,18 @@ extension SignalingClient {
         core.queue.sync { core.setKeepAliveTimeout(timeout, handler: handler) }
     }
 
+    /// Sends one PING now, outside the keep-alive schedule, to measure the round trip on
+    /// demand (a status display, `voipclient`'s `ping`). The PONG arrives as
+    /// `.keepAliveAnswered(roundTrip:)` and sets `status.lastPongRoundTrip`; like the
+    /// keep-alive's own PING, one unanswered within `pongTimeout` means the connection is
+    /// dead. The schedule does not move. Returns false, sending nothing, without a live
+    /// connection or while a PING is outstanding. For occasional use by a person: the
+    /// protocol allows an early PING, but a phone that pings often drains its battery.
+    @discardableResult
+    public func pingNow() -> Bool {
+        core.queue.sync { core.pingNow() }
+    }
+
     /// Removes the app's handler; the library's own keep-alive continues at the server's
     /// interval while connected.
     public func clearKeepAliveTimeout() {

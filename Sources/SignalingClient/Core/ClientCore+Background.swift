@@ -95,6 +95,16 @@ extension ClientCore {
         rearmTimer()
     }
 
+    /// A PING on demand (`SignalingClient.pingNow`): the keep-alive's next run stays where
+    /// it is; the PONG deadline applies as usual.
+    func pingNow() -> Bool {
+        guard let connection = currentConnection, keepAlive.canPing else { return false }
+        connection.send(FrameEncoder.encode(.ping))
+        keepAlive.pingSent(now: clock.now())
+        rearmTimer()
+        return true
+    }
+
     func clearKeepAliveTimeout() {
         keepAliveHandler = nil
         #if canImport(UIKit) && os(iOS)
