@@ -38,4 +38,14 @@ struct AcknowledgeOnCloseTests {
         let frames = try pair.peer.waitForClose()
         #expect(frames == [.ack(seq: 1)], "frames before the close: \(frames)")
     }
+
+    @Test("shutdown returns once the connection has written what was queued and closed its socket")
+    func shutdownWaitsForTheSocket() throws {
+        let pair = try ConnectedPair()
+        defer { pair.shutdown() }
+        let connection = try #require(pair.core.queue.sync { pair.core.currentConnection })
+        pair.client.shutdown()
+        #expect(connection.waitUntilEnded(timeout: .zero), "the I/O thread was still running when shutdown returned")
+        #expect(try pair.peer.waitForClose() == [])
+    }
 }

@@ -35,7 +35,7 @@ public final class SignalingClient: Sendable {
 
     deinit {
         let core = self.core
-        core.queue.async { core.shutdown() }
+        core.queue.async { _ = core.shutdown() }
     }
 
     // MARK: Connecting
@@ -78,9 +78,12 @@ public final class SignalingClient: Sendable {
     }
 
     /// Disconnects for good; pending requests end with `.clientShutDown(unsent:)`.
-    /// Waits until the client's state is torn down (not for the app's queue).
+    /// Waits until the client's state is torn down (not for the app's queue), and, for
+    /// at most `Connection.closeGrace`, until the connection has written what was queued
+    /// (the last ACK) and closed its socket: a process may exit right after this returns.
     public func shutdown() {
-        core.queue.sync { core.shutdown() }
+        let closing = core.queue.sync { core.shutdown() }
+        closing?.waitUntilEnded(timeout: Connection.closeGrace)
     }
 
     public var status: ClientStatus { core.queue.sync { core.status() } }

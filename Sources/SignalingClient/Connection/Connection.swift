@@ -47,6 +47,13 @@ final class Connection: Sendable {
     }
     private let outgoing = Mutex(Outgoing())
     private let wakeup: WakeupSignal
+    /// Signalled once the I/O thread has closed the socket.
+    private let ended = DispatchSemaphore(value: 0)
+
+    /// How long `SignalingClient.shutdown` waits for the I/O thread to write what was
+    /// queued and close. Writing never waits for the peer (the socket is non-blocking),
+    /// so this only bounds a thread that was not scheduled.
+    static let closeGrace: Duration = .seconds(1)
 
     init(id: UInt64, handshaken: HandshakenSocket) throws(ConnectError) {
         self.id = id
@@ -67,6 +74,7 @@ final class Connection: Sendable {
             var reader = FrameReader(maxFrameLength: maxFrame, pending: leftover)
             let end = runLoop(reader: &reader, deliver: deliver)
             socket.close()
+            ended.signal()
             deliver(.ended(end))
         }
         thread.name = "vsig-connection-\(id)"
@@ -88,6 +96,14 @@ final class Connection: Sendable {
     func close() {
         outgoing.withLock { $0.closeRequested = true }
         wakeup.signal()
+    }
+
+    /// Waits until the I/O thread has closed the socket; false at the timeout.
+    @discardableResult
+    func waitUntilEnded(timeout: Duration) -> Bool {
+        guard ended.wait(timeout: .now() + .nanoseconds(Int(timeout.seconds * 1e9))) == .success else { return false }
+        ended.signal()  // for any other waiter
+        return true
     }
 
     /// Shuts the socket down at once from any thread (network path gone, PONG missing):

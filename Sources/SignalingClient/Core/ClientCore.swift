@@ -166,10 +166,14 @@ final class ClientCore: @unchecked Sendable {
     /// again to the next process of this device), closes the connection, cancels any
     /// attempt, stops the monitor and the timer, and ends every pending request with
     /// `clientShutDown`.
-    func shutdown() {
-        guard !isShutDown else { return }
+    /// Returns the connection being closed, if there was one, so the caller can wait (off
+    /// this queue) for its I/O thread to write what was queued.
+    @discardableResult
+    func shutdown() -> Connection? {
+        guard !isShutDown else { return nil }
         wantsConnection = false
         flushAcknowledgement()
+        let closing = currentConnection
         closeEverything()
         isShutDown = true
         networkMonitor?.stop()
@@ -181,6 +185,7 @@ final class ClientCore: @unchecked Sendable {
         }
         lifecycle = .stopped(.shutDown)
         emitConnectionState()
+        return closing
     }
 
     /// Closes the connection or cancels the attempt, without deciding what comes next.
