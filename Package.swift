@@ -145,5 +145,19 @@ let package = Package(
             ]
         ),
         // --- end SignalingClient ---
+
+        // --- voipclient (issue 4): the terminal for test calls and messages ---------------
+        // The logic is a library so its parts can be unit-tested; the executable only
+        // parses and runs. Built on SignalingClient's public API only.
+        // See docs/VOIPCLIENT.md.
+        .target(
+            name: "VoipClientKit",
+            dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport"]
+        ),
+        .testTarget(
+            name: "VoipClientTests",
+            dependencies: ["VoipClientKit", "SignalingClient", "SignalingProtocol", "SignalingSupport", "TestSupport"]
+        ),
+        // --- end voipclient ---
     ]
 )

@@ -1,0 +1,115 @@
+import SignalingSupport
+
+/// What every mode needs: where the server is, who we are, how to report.
+public struct CommonOptions: Sendable, Equatable {
+    public var server: ServerAddress
+    public var user: String
+    public var device: String
+    /// HELLO credentials: the token given, read from a file, or computed from a secret.
+    public var credentials: [UInt8]?
+    /// One JSON object per line on stdout instead of text.
+    public var json = false
+    /// Deadline of the first connect (TCP, HELLO, WELCOME); also of automatic reconnects.
+    public var connectTimeout: Duration = .seconds(10)
+    /// The client library's log on stderr; nil = silent.
+    public var logLevel: LogLevel?
+    public var media = MediaOptions()
+
+    public init(server: ServerAddress, user: String, device: String) {
+        self.server = server
+        self.user = user
+        self.device = device
+    }
+}
+
+/// The call-path probe (docs/VOIPCLIENT.md, "The call-path probe").
+public struct MediaOptions: Sendable, Equatable {
+    /// Address to bind the UDP socket to and to announce in the offer/answer; nil = the
+    /// local address of the signaling connection.
+    public var address: String?
+    /// 0 = any free port.
+    public var port: UInt16 = 0
+    /// Probe packets each side sends; 0 = no probe (the offer/answer still carries the
+    /// address, and the socket still echoes the peer's packets).
+    public var packets = 50
+    public var interval: Duration = .milliseconds(20)
+    /// nil: report the probe, never fail on it. Otherwise the largest acceptable loss;
+    /// `--require-media` alone means "anything but total loss" (under 100 %).
+    public var maximumLossPercent: Double?
+
+    public init() {}
+}
+
+/// `call CALLEE`.
+public struct CallOptions: Sendable, Equatable {
+    public var callee: String
+    /// Hang up this long after the answer (and not before the probe is complete).
+    public var hangupAfter: Duration = .zero
+    /// Bounds the whole call, from the invitation: cancel (or hang up) and exit 4.
+    public var timeout: Duration = .seconds(90)
+
+    public init(callee: String) { self.callee = callee }
+}
+
+/// `listen`.
+public struct ListenOptions: Sendable, Equatable {
+    public enum Answering: String, Sendable, Equatable {
+        /// Report incoming calls and let them ring.
+        case report
+        /// Send ringing, then answer (after `answerAfter`), probe, wait for the hang-up.
+        case autoAnswer
+        /// Decline at once.
+        case autoReject
+    }
+
+    public var answering = Answering.report
+    public var answerAfter: Duration = .zero
+    /// Exit 0 after this many calls or messages; nil = until interrupted.
+    public var count: Int?
+    /// Exit 4 if `count` is not reached in time; nil = wait forever.
+    public var timeout: Duration?
+
+    public init() {}
+}
+
+/// `send RECIPIENT TEXT`.
+public struct SendOptions: Sendable, Equatable {
+    public enum Body: Sendable, Equatable {
+        case text(String)
+        /// `-`: the body is read from standard input.
+        case standardInput
+    }
+
+    public var recipient: String
+    public var body: Body
+    public var contentType = "text/plain"
+    /// A fixed id makes a retried send idempotent (the server de-duplicates by id).
+    public var messageID: String?
+    /// Also wait for a recipient device's delivery receipt.
+    public var waitDelivered = false
+    public var timeout: Duration = .seconds(30)
+
+    public init(recipient: String, body: Body) {
+        self.recipient = recipient
+        self.body = body
+    }
+}
+
+/// What the command line asks for.
+public enum VoipClientCommand: Sendable, Equatable {
+    case interactive(CommonOptions)
+    case call(CommonOptions, CallOptions)
+    case listen(CommonOptions, ListenOptions)
+    case send(CommonOptions, SendOptions)
+
+    public var common: CommonOptions {
+        switch self {
+        case .interactive(let common), .call(let common, _), .listen(let common, _), .send(let common, _): return common
+        }
+    }
+}
+
+public enum Invocation: Sendable, Equatable {
+    case help
+    case run(VoipClientCommand)
+}

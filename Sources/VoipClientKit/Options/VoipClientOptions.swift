@@ -1,0 +1,210 @@
+import Foundation
+import SignalingProtocol
+import SignalingSupport
+
+/// The command line of `voipclient`: one parser for every mode (options may come before or
+/// after the mode word), then a check that each option belongs to the chosen mode.
+public enum VoipClientOptions {
+    /// Options every mode accepts.
+    static let commonNames: Set<String> = [
+        "server", "user", "device", "token", "token-file", "auth-secret", "connect-timeout", "log-level",
+        "media-address", "media-port", "probe-packets", "probe-interval",
+    ]
+    /// Options of some modes only (`json` and `timeout` belong to the three scripted modes).
+    static let modeNames: [String: Set<String>] = [
+        "interactive": [],
+        "call": ["json", "require-media", "max-loss", "hangup-after", "timeout"],
+        "listen": ["json", "require-media", "max-loss", "auto-answer", "auto-reject", "answer-after", "count", "timeout"],
+        "send": ["json", "content-type", "message-id", "wait-delivered", "timeout"],
+    ]
+
+    public static let parser = CommandLineParser(
+        command: "voipclient",
+        usage: """
+            voipclient --server HOST:PORT --user NAME [--device ID] [options]            (interactive)
+                   voipclient --server HOST:PORT --user NAME listen [--auto-answer | --auto-reject] [--count N]
+                   voipclient --server HOST:PORT --user NAME call CALLEE [--hangup-after SECONDS] [--timeout SECONDS]
+                   voipclient --server HOST:PORT --user NAME send RECIPIENT TEXT|- [--wait-delivered]
+            """,
+        summary: """
+            Places test calls and sends messages through a voipserver, by hand (an interactive prompt) or from \
+            scripts (listen, call, send: the exit status says what happened). After an answer both ends \
+            exchange a burst of UDP probe packets directly, to check that media could flow.
+            """,
+        options: [
+            OptionSpec("server", value: "HOST:PORT", help: "The server (port 7443 when omitted; IPv6 as [ADDR]:PORT). Required."),
+            OptionSpec("user", value: "NAME", help: "Your user id. Required."),
+            OptionSpec("device", value: "ID", default: "voipclient", help: "Your device id (two copies of one device evict each other)."),
+            OptionSpec("token", value: "TOKEN", help: "Credentials for a server run with --auth-secret."),
+            OptionSpec("token-file", value: "FILE", help: "Read the credentials from FILE (first line)."),
+            OptionSpec("auth-secret", value: "SECRET", help: "Compute the credentials from the server's secret (test deployments)."),
+            OptionSpec("json", help: "Print one JSON object per event (scripted modes; schema in docs/VOIPCLIENT.md)."),
+            OptionSpec("connect-timeout", value: "SECONDS", default: "10", help: "Give up connecting after this long (exit 69)."),
+            OptionSpec("log-level", value: "LEVEL", help: "Client library log on stderr: debug, info, warn or error."),
+            OptionSpec("media-address", value: "ADDR", default: "the signaling socket's local address", help: "Numeric address for the UDP probe, bound and announced in the offer/answer."),
+            OptionSpec("media-port", value: "PORT", default: "any free port", help: "UDP port of the probe."),
+            OptionSpec("probe-packets", value: "N", default: "50", help: "Probe packets sent after the answer; 0 = no probe."),
+            OptionSpec("probe-interval", value: "MS", default: "20", help: "Milliseconds between probe packets."),
+            OptionSpec("require-media", help: "Exit 6 when no probe packet came back."),
+            OptionSpec("max-loss", value: "PERCENT", help: "Exit 6 when the probe lost more than this (implies --require-media)."),
+            OptionSpec("hangup-after", value: "SECONDS", default: "0", help: "call: hang up this long after the answer (the probe completes first)."),
+            OptionSpec("timeout", value: "SECONDS", help: "call: give up after this long (default 90); listen: exit 4 if --count is not reached; send: (default 30)."),
+            OptionSpec("auto-answer", help: "listen: answer every call (ringing first), probe, wait for the hang-up."),
+            OptionSpec("auto-reject", help: "listen: decline every call."),
+            OptionSpec("answer-after", value: "SECONDS", default: "0", help: "listen --auto-answer: ring this long before answering."),
+            OptionSpec("count", value: "N", help: "listen: exit 0 after N calls or messages (default: until interrupted)."),
+            OptionSpec("content-type", value: "TYPE", default: "text/plain", help: "send: the message's content type."),
+            OptionSpec("message-id", value: "ID", default: "a new UUID", help: "send: the message id (a repeated id is delivered once)."),
+            OptionSpec("wait-delivered", help: "send: wait for the delivery receipt, not only the server's acceptance."),
+        ],
+        epilogue: """
+            MODES:
+              (none)                 Interactive prompt; type 'help' there. Line editing, history, live events.
+              listen                 Report incoming calls and messages.
+              call CALLEE            Call, wait for the outcome, report timings and the probe.
+              send RECIPIENT TEXT    Send a message ('-' reads the text from stdin; '--' before text starting with '-').
+
+            EXIT STATUS:
+              0 ok                    the call or message did what was asked
+              2 callee unreachable    no device of the callee is online
+              3 rejected              declined or busy
+              4 timed out             no answer (ring timeout or --timeout), or listen/send waited in vain
+              5 refused               by the server (unauthorized, replaced, error reply) or a protocol error
+              6 media failed          --require-media / --max-loss and the probe failed
+              7 call dropped          the call broke after it was set up (peer disconnected)
+              64 usage, 69 server unreachable, 70 internal error, 130/143 interrupted (SIGINT / SIGTERM, SIGHUP)
+
+            EXAMPLES:
+              voipclient --server 127.0.0.1:7443 --user bob listen --auto-answer --count 1 &
+              voipclient --server 127.0.0.1:7443 --user alice call bob --hangup-after 2 --json
+              voipclient --server 127.0.0.1:7443 --user alice send bob "hello" --wait-delivered
+
+            See docs/VOIPCLIENT.md.
+            """)
+
+    public static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
+        let parsed = try parser.parse(arguments)
+        if parsed.helpRequested { return .help }
+        let mode = parsed.positionals.first ?? "interactive"
+        guard let allowed = modeNames[mode], mode != "interactive" || parsed.positionals.isEmpty else {
+            throw UsageError("unknown mode '\(mode)' (expected listen, call or send)")
+        }
+        for name in parsed.values.keys where !commonNames.contains(name) && !allowed.contains(name) {
+            throw UsageError("--\(name) does not apply to \(mode == "interactive" ? "the interactive mode" : "'\(mode)'")")
+        }
+        let common = try commonOptions(parsed)
+        let operands = Array(parsed.positionals.dropFirst())
+        switch mode {
+        case "call":
+            guard operands.count == 1 else { throw UsageError("call expects one callee, e.g. 'call bob'") }
+            var call = CallOptions(callee: try identifier(operands[0], what: "callee"))
+            if let value = try seconds(parsed, "hangup-after", 0...86_400) { call.hangupAfter = value }
+            if let value = try seconds(parsed, "timeout", 0.1...86_400) { call.timeout = value }
+            guard call.callee != common.user else { throw UsageError("cannot call yourself (\(common.user))") }
+            return .run(.call(common, call))
+        case "listen":
+            guard operands.isEmpty else { throw UsageError("listen takes no operand, got '\(operands[0])'") }
+            var listen = ListenOptions()
+            switch (parsed.flag("auto-answer"), parsed.flag("auto-reject")) {
+            case (true, true): throw UsageError("give --auto-answer or --auto-reject, not both")
+            case (true, false): listen.answering = .autoAnswer
+            case (false, true): listen.answering = .autoReject
+            case (false, false): break
+            }
+            if parsed.has("answer-after") && listen.answering != .autoAnswer {
+                throw UsageError("--answer-after needs --auto-answer")
+            }
+            if let value = try seconds(parsed, "answer-after", 0...3600) { listen.answerAfter = value }
+            listen.count = try parsed.int("count", in: 1...1_000_000)
+            listen.timeout = try seconds(parsed, "timeout", 0.1...(86_400 * 365))
+            return .run(.listen(common, listen))
+        case "send":
+            guard operands.count == 2 else { throw UsageError("send expects a recipient and a text, e.g. send bob \"hello\"") }
+            let body: SendOptions.Body = operands[1] == "-" ? .standardInput : .text(operands[1])
+            var send = SendOptions(recipient: try identifier(operands[0], what: "recipient"), body: body)
+            if let type = parsed.string("content-type") {
+                guard !type.isEmpty, type.utf8.count <= ProtocolLimits.maxShortTextBytes else {
+                    throw UsageError("--content-type must be 1-\(ProtocolLimits.maxShortTextBytes) bytes")
+                }
+                send.contentType = type
+            }
+            if let id = parsed.string("message-id") { send.messageID = try identifier(id, what: "--message-id") }
+            send.waitDelivered = parsed.flag("wait-delivered")
+            if let value = try seconds(parsed, "timeout", 0.1...86_400) { send.timeout = value }
+            return .run(.send(common, send))
+        default:
+            return .run(.interactive(common))
+        }
+    }
+
+    static func commonOptions(_ parsed: ParsedOptions) throws(UsageError) -> CommonOptions {
+        guard let serverText = parsed.string("server") else { throw UsageError("--server HOST:PORT is required") }
+        guard let userText = parsed.string("user") else { throw UsageError("--user NAME is required") }
+        let user = try identifier(userText, what: "--user")
+        var common = CommonOptions(
+            server: try ServerAddress(parsing: serverText), user: user,
+            device: try identifier(parsed.string("device") ?? "voipclient", what: "--device"))
+        common.credentials = try credentials(parsed, user: user)
+        common.json = parsed.flag("json")
+        if let value = try seconds(parsed, "connect-timeout", 0.1...3600) { common.connectTimeout = value }
+        if let name = parsed.string("log-level") {
+            guard let level = LogLevel(name: name) else { throw UsageError("--log-level must be debug, info, warn or error") }
+            common.logLevel = level
+        }
+        if let address = parsed.string("media-address") {
+            guard UDPEndpoint(host: address, port: 0) != nil else {
+                throw UsageError("--media-address must be a numeric IPv4 or IPv6 address, got '\(address)'")
+            }
+            common.media.address = address
+        }
+        if let port = try parsed.int("media-port", in: 0...65_535) { common.media.port = UInt16(port) }
+        if let packets = try parsed.int("probe-packets", in: 0...10_000) { common.media.packets = packets }
+        if let interval = try parsed.int("probe-interval", in: 1...1000) { common.media.interval = .milliseconds(interval) }
+        if let loss = try parsed.double("max-loss", in: 0...100) {
+            common.media.maximumLossPercent = loss
+        } else if parsed.flag("require-media") {
+            common.media.maximumLossPercent = ProbeVerdict.anythingButTotalLoss
+        }
+        if common.media.maximumLossPercent != nil && common.media.packets == 0 {
+            throw UsageError("--require-media and --max-loss need probe packets (--probe-packets is 0)")
+        }
+        return common
+    }
+
+    static func credentials(_ parsed: ParsedOptions, user: String) throws(UsageError) -> [UInt8]? {
+        let given = ["token", "token-file", "auth-secret"].filter { parsed.has($0) }
+        guard given.count <= 1 else { throw UsageError("give only one of --token, --token-file and --auth-secret") }
+        var token: String?
+        if let text = parsed.string("token") {
+            token = text
+        } else if let path = parsed.string("token-file") {
+            guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
+                throw UsageError("cannot read --token-file \(path)")
+            }
+            token = contents.split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+        } else if let secret = parsed.string("auth-secret") {
+            guard !secret.isEmpty else { throw UsageError("--auth-secret must not be empty") }
+            return AuthToken.make(secret: secret, userID: user)
+        }
+        guard let token else { return nil }
+        guard !token.isEmpty, token.utf8.count <= ProtocolLimits.maxTokenBytes else {
+            throw UsageError("the token must be 1-\(ProtocolLimits.maxTokenBytes) bytes")
+        }
+        return Array(token.utf8)
+    }
+
+    /// User, device, call and message ids: 1-128 bytes of UTF-8 without control characters.
+    static func identifier(_ text: String, what: String) throws(UsageError) -> String {
+        guard !text.isEmpty, text.utf8.count <= ProtocolLimits.maxIdentifierBytes else {
+            throw UsageError("\(what) must be 1-\(ProtocolLimits.maxIdentifierBytes) bytes, got '\(text)'")
+        }
+        guard !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+            throw UsageError("\(what) must not contain control characters")
+        }
+        return text
+    }
+
+    static func seconds(_ parsed: ParsedOptions, _ name: String, _ range: ClosedRange<Double>) throws(UsageError) -> Duration? {
+        try parsed.double(name, in: range).map { Duration.milliseconds(Int64(($0 * 1000).rounded())) }
+    }
+}

@@ -1,0 +1,118 @@
+import Foundation
+import SignalingProtocol
+import SignalingSupport
+import TestSupport
+import Testing
+@testable import VoipClientKit
+
+@Suite("Command line")
+struct OptionsTests {
+    private let base = ["--server", "127.0.0.1:7443", "--user", "alice"]
+
+    private func command(_ arguments: [String]) throws -> VoipClientCommand {
+        guard case .run(let command) = try VoipClientOptions.parse(arguments) else { throw UsageError("help") }
+        return command
+    }
+
+    private func mistake(_ arguments: [String]) -> String? {
+        do {
+            _ = try VoipClientOptions.parse(arguments)
+            return nil
+        } catch {
+            return error.message
+        }
+    }
+
+    @Test("each mode with its options, in any order")
+    func modes() throws {
+        guard case .interactive(let common) = try command(base) else { Issue.record("not interactive"); return }
+        #expect(common.server == ServerAddress(host: "127.0.0.1", port: 7443) && common.device == "voipclient" && !common.json)
+
+        guard case .call(let callCommon, let call) = try command(["call", "bob", "--hangup-after", "2.5"] + base + ["--json", "--timeout", "9"])
+        else { Issue.record("not call"); return }
+        #expect(call == {
+            var expected = CallOptions(callee: "bob")
+            expected.hangupAfter = .milliseconds(2500)
+            expected.timeout = .seconds(9)
+            return expected
+        }())
+        #expect(callCommon.json)
+
+        guard case .listen(_, let listen) = try command(base + ["listen", "--auto-answer", "--count", "3", "--answer-after", "0.2"])
+        else { Issue.record("not listen"); return }
+        #expect(listen.answering == .autoAnswer && listen.count == 3 && listen.answerAfter == .milliseconds(200) && listen.timeout == nil)
+
+        guard case .send(_, let send) = try command(base + ["send", "--wait-delivered", "bob", "--", "-not an option"]) else {
+            Issue.record("not send")
+            return
+        }
+        #expect(send.recipient == "bob" && send.body == .text("-not an option") && send.waitDelivered,
+                "after '--' everything is an operand")
+        guard case .send(_, let fromInput) = try command(base + ["send", "bob", "-", "--message-id", "m-1"]) else { return }
+        #expect(fromInput.body == .standardInput && fromInput.messageID == "m-1")
+    }
+
+    @Test("server addresses: host, port, IPv6 in brackets, default port")
+    func serverAddresses() throws {
+        #expect(try ServerAddress(parsing: "signal.example.net") == ServerAddress(host: "signal.example.net", port: 7443))
+        #expect(try ServerAddress(parsing: "10.0.0.1:9000") == ServerAddress(host: "10.0.0.1", port: 9000))
+        #expect(try ServerAddress(parsing: "[::1]:9000") == ServerAddress(host: "::1", port: 9000))
+        #expect(try ServerAddress(parsing: "[::1]").description == "[::1]:7443")
+        for bad in ["::1", "host:", "host:0", "host:70000", ":7443", "[::1", "[::1]x", "a b:1"] {
+            #expect(throws: UsageError.self, "\(bad)") { try ServerAddress(parsing: bad) }
+        }
+    }
+
+    @Test("credentials: a token, a token file, or the token computed from the server's secret")
+    func credentials() throws {
+        #expect(try command(base + ["--token", "abc"]).common.credentials == Array("abc".utf8))
+        #expect(try command(base + ["--auth-secret", "s3cret"]).common.credentials == AuthToken.make(secret: "s3cret", userID: "alice"))
+        let directory = try TemporaryDirectory("voipclient-options")
+        let path = directory.file("token")
+        try "  0123abcd  \nignored\n".write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(try command(base + ["--token-file", path]).common.credentials == Array("0123abcd".utf8))
+        #expect(mistake(base + ["--token", "a", "--auth-secret", "b"])?.contains("only one of") == true)
+        #expect(mistake(base + ["--token-file", directory.file("missing")])?.contains("cannot read") == true)
+    }
+
+    @Test("media options")
+    func media() throws {
+        let common = try command(base + ["call", "bob", "--media-address", "::1", "--media-port", "40000", "--probe-packets", "5",
+                                         "--probe-interval", "10", "--max-loss", "20"]).common
+        #expect(common.media.address == "::1" && common.media.port == 40000 && common.media.packets == 5)
+        #expect(common.media.interval == .milliseconds(10) && common.media.maximumLossPercent == 20)
+        #expect(try command(base + ["listen", "--require-media"]).common.media.maximumLossPercent == ProbeVerdict.anythingButTotalLoss)
+        #expect(try command(base + ["listen"]).common.media.maximumLossPercent == nil)
+        #expect(mistake(base + ["--media-address", "localhost"])?.contains("numeric") == true)
+        #expect(mistake(base + ["listen", "--require-media", "--probe-packets", "0"])?.contains("need probe packets") == true)
+    }
+
+    @Test("mistakes are explained", arguments: [
+        ([], "--server"),
+        (["--server", "h:1"], "--user"),
+        (["--server", "h:1", "--user", "a", "dance"], "unknown mode"),
+        (["--server", "h:1", "--user", "a", "call"], "one callee"),
+        (["--server", "h:1", "--user", "a", "call", "a"], "yourself"),
+        (["--server", "h:1", "--user", "a", "listen", "--auto-answer", "--auto-reject"], "not both"),
+        (["--server", "h:1", "--user", "a", "listen", "--hangup-after", "1"], "does not apply to 'listen'"),
+        (["--server", "h:1", "--user", "a", "--count", "1"], "does not apply to the interactive mode"),
+        (["--server", "h:1", "--user", "a", "--json"], "--json does not apply to the interactive mode"),
+        (["--server", "h:1", "--user", "a", "send", "b", "x", "--require-media"], "does not apply to 'send'"),
+        (["--server", "h:1", "--user", "a", "listen", "--answer-after", "1"], "needs --auto-answer"),
+        (["--server", "h:1", "--user", "a", "send", "bob"], "a recipient and a text"),
+        (["--server", "h:1", "--user", String(repeating: "u", count: 129)], "1-128 bytes"),
+        (["--server", "h:1", "--user", "a\u{7}b"], "control characters"),
+        (["--server", "h:1", "--user", "a", "call", "b", "--timeout", "0"], "--timeout"),
+        (["--server", "h:1", "--user", "a", "--log-level", "loud"], "--log-level"),
+    ])
+    func mistakes(arguments: [String], expected: String) {
+        let message = mistake(arguments)
+        #expect(message?.contains(expected) == true, "\(arguments): \(message ?? "accepted")")
+    }
+
+    @Test("--help anywhere asks for help")
+    func help() throws {
+        #expect(try VoipClientOptions.parse(["call", "--help"]) == .help)
+        #expect(try VoipClientOptions.parse(["-h"]) == .help)
+    }
+}
