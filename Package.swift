@@ -15,6 +15,9 @@ let package = Package(
         // --- SignalingClient (issue 3) ---
         .library(name: "SignalingClient", targets: ["SignalingClient"]),
         // --- end SignalingClient ---
+        // --- voipclient (issue 4) ---
+        .executable(name: "voipclient", targets: ["voipclient"]),
+        // --- end voipclient ---
     ],
     targets: [
         // libevent (event loop, timers). Debian: libevent-dev.
@@ -147,12 +150,17 @@ let package = Package(
         // --- end SignalingClient ---
 
         // --- voipclient (issue 4): the terminal for test calls and messages ---------------
-        // The logic is a library so its parts can be unit-tested; the executable only
-        // parses and runs. Built on SignalingClient's public API only.
+        // The logic (options, scripted commands, interactive console and its line editor,
+        // the UDP call-path probe) is a library so its parts can be unit-tested; the
+        // executable only parses and runs. Built on SignalingClient's public API only.
         // See docs/VOIPCLIENT.md.
         .target(
             name: "VoipClientKit",
             dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport"]
+        ),
+        .executableTarget(
+            name: "voipclient",
+            dependencies: ["VoipClientKit", "SignalingSupport"]
         ),
         .testTarget(
             name: "VoipClientTests",

@@ -1,0 +1,245 @@
+import Foundation
+import SignalingClient
+import SignalingProtocol
+import SignalingSupport
+import TestSupport
+import Testing
+@testable import VoipClientKit
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `voipclient` as operators and scripts run it: real subprocesses against a real
+/// `voipserver` subprocess on an ephemeral loopback port.
+@Suite("voipclient scripted modes")
+struct VoipClientExecutableTests {
+    /// A server whose calls ring out after a second, so "no answer" is quick.
+    private func startServer(_ extra: [String] = []) throws -> ServerProcess {
+        try ServerProcess(["--store", "memory", "--ring-timeout", "1", "--call-grace", "1"] + extra)
+    }
+
+    /// A short probe: 10 packets 5 ms apart.
+    private let quickProbe = ["--probe-packets", "10", "--probe-interval", "5"]
+
+    private func client(_ server: ServerProcess, _ user: String, _ arguments: [String]) -> [String] {
+        ["--server", "127.0.0.1:\(server.port)", "--user", user] + arguments
+    }
+
+    private func run(_ arguments: [String], timeout: Double = 30) throws -> ExecutableRun {
+        try ExecutableRun.run("voipclient", arguments, timeoutSeconds: timeout)
+    }
+
+    // MARK: Command line
+
+    @Test("--help documents every option, the modes and the exit statuses, and exits 0")
+    func help() throws {
+        let result = try run(["--help"])
+        #expect(result.exitCode == 0)
+        for option in VoipClientOptions.parser.options {
+            #expect(result.stdout.contains("--\(option.name)"), "--help does not mention --\(option.name)")
+        }
+        for text in ["listen", "call CALLEE", "send RECIPIENT", "EXIT STATUS", "69 server unreachable"] {
+            #expect(result.stdout.contains(text), "--help does not mention \(text)")
+        }
+    }
+
+    @Test("bad usage prints the reason and the usage, and exits 64", arguments: [
+        [], ["--server", "127.0.0.1:1"], ["--server", "127.0.0.1:1", "--user", "a", "--no-such-option"],
+        ["--server", "nowhere:port", "--user", "a"], ["--server", "127.0.0.1:1", "--user", "a", "call"],
+        ["--server", "127.0.0.1:1", "--user", "a", "listen", "--auto-answer", "--auto-reject"],
+        ["--server", "127.0.0.1:1", "--user", "a", "send", "b", "--timeout", "soon", "x"],
+    ])
+    func badUsage(arguments: [String]) throws {
+        let result = try run(arguments)
+        #expect(result.exitCode == 64)
+        #expect(result.stderr.hasPrefix("voipclient: "), "\(result.stderr)")
+        #expect(result.stderr.contains("USAGE: voipclient") && result.stderr.contains("--help"))
+        #expect(result.stdout.isEmpty)
+    }
+
+    // MARK: Calls
+
+    @Test("a listener answers and a caller completes the call: exit 0 on both sides, sensible timings, a probe both ways")
+    func answeredCall() throws {
+        let server = try startServer()
+        let bob = try VoipClientProcess(client(server, "bob", ["listen", "--auto-answer", "--count", "1", "--json"] + quickProbe))
+        #expect(bob.waitForOutput(#""event":"listening""#), "\(bob.stderr)")
+
+        let alice = try run(client(server, "alice", ["call", "bob", "--hangup-after", "0.3", "--json", "--require-media"] + quickProbe))
+        #expect(alice.exitCode == 0, "\(alice.stderr)\n\(alice.stdout)")
+        let events = JSONLines(alice.stdout)
+        #expect(events.events == ["connected", "call_invited", "call_ringing", "call_answered", "probe", "call_hangup", "result"])
+        let result = try #require(events.first("result"))
+        #expect(result["status"] as? String == "ok" && result["exit_code"] as? Int == 0)
+        let ringing = try #require(result["invite_to_ringing_ms"] as? Double)
+        let answer = try #require(result["invite_to_answer_ms"] as? Double)
+        let call = try #require(result["answer_to_hangup_ms"] as? Double)
+        #expect(ringing >= 0 && ringing <= answer && answer < 10_000, "invite→ringing \(ringing) ms, invite→answer \(answer) ms")
+        #expect(call >= 300 && call < 20_000, "answer→hang-up \(call) ms, asked for 300")
+        let probe = try #require(events.first("probe"))
+        #expect(probe["sent"] as? Int == 10 && (probe["received"] as? Int ?? 0) > 0)
+        #expect(probe["peer"] as? String == events.first("call_answered")?["peer_media"] as? String)
+
+        #expect(bob.exitCode() == 0, "\(bob.stderr)")
+        let bobEvents = JSONLines(bob.stdout)
+        #expect(bobEvents.first("call_incoming")?["caller"] as? String == "alice")
+        #expect(bobEvents.first("call_accepted") != nil)
+        #expect((bobEvents.first("probe")?["received"] as? Int ?? 0) > 0, "the callee's probe came back too")
+        #expect(bobEvents.first("call_ended")?["reason"] as? String == "hungUp")
+        #expect(bobEvents.first("result")?["handled"] as? Int == 1)
+    }
+
+    @Test("a declined call exits 3 with the reason")
+    func rejectedCall() throws {
+        let server = try startServer()
+        let bob = try VoipClientProcess(client(server, "bob", ["listen", "--auto-reject", "--count", "1"]))
+        #expect(bob.waitForOutput("listening as bob"), "\(bob.stderr)")
+        let alice = try run(client(server, "alice", ["call", "bob"]))
+        #expect(alice.exitCode == 3)
+        #expect(alice.stderr == "voipclient: bob declined the call\n")
+        #expect(bob.exitCode() == 0)
+        #expect(bob.stdout.contains("rejected call"))
+    }
+
+    @Test("a call nobody answers rings out: exit 4, and the listener reports the missed call")
+    func unansweredCall() throws {
+        let server = try startServer()
+        let bob = try VoipClientProcess(client(server, "bob", ["listen", "--count", "1"]))
+        #expect(bob.waitForOutput("listening as bob"), "\(bob.stderr)")
+        let alice = try run(client(server, "alice", ["call", "bob"]))
+        #expect(alice.exitCode == 4)
+        #expect(alice.stderr.contains("no answer") && alice.stderr.contains("rang out"), "\(alice.stderr)")
+        #expect(bob.exitCode() == 0)
+        #expect(bob.stdout.contains("incoming call from alice") && bob.stdout.contains("no answer"))
+    }
+
+    @Test("--timeout cancels a ringing call and exits 4")
+    func callTimeout() throws {
+        let server = try ServerProcess(["--store", "memory"])  // rings for 60 s
+        let bob = try VoipClientProcess(client(server, "bob", ["listen", "--count", "1", "--json"]))
+        #expect(bob.waitForOutput(#""event":"listening""#), "\(bob.stderr)")
+        let alice = try run(client(server, "alice", ["call", "bob", "--timeout", "0.5", "--json"]))
+        #expect(alice.exitCode == 4)
+        #expect(alice.stderr.contains("within --timeout") && alice.stderr.contains("cancelled"), "\(alice.stderr)")
+        #expect(JSONLines(alice.stdout).first("call_cancelled") != nil)
+        #expect(bob.exitCode() == 0)
+        #expect(JSONLines(bob.stdout).first("call_ended")?["reason"] as? String == "cancelled")
+    }
+
+    @Test("a callee with no device online: exit 2")
+    func offlineCallee() throws {
+        let server = try startServer()
+        let alice = try run(client(server, "alice", ["call", "nobody"]))
+        #expect(alice.exitCode == 2)
+        #expect(alice.stderr == "voipclient: nobody is unreachable: no device online\n")
+    }
+
+    @Test("a server that cannot be reached: exit 69 with the reason, quickly")
+    func unreachableServer() throws {
+        let port = closedLoopbackPort()
+        for mode in [["call", "bob"], ["listen"], ["send", "bob", "hi"]] {
+            let result = try run(["--server", "127.0.0.1:\(port)", "--user", "alice", "--json"] + mode, timeout: 20)
+            #expect(result.exitCode == 69, "\(mode): \(result.stderr)")
+            #expect(result.stderr.hasPrefix("voipclient: cannot reach 127.0.0.1:\(port)"), "\(result.stderr)")
+            #expect(JSONLines(result.stdout).first("result")?["status"] as? String == "server_unreachable")
+        }
+    }
+
+    @Test("SIGINT while ringing cancels the call and exits 130")
+    func interruptedCall() throws {
+        let server = try ServerProcess(["--store", "memory"])
+        let bob = try VoipClientProcess(client(server, "bob", ["listen", "--count", "1"]))
+        #expect(bob.waitForOutput("listening as bob"), "\(bob.stderr)")
+        let alice = try VoipClientProcess(client(server, "alice", ["call", "bob"]))
+        #expect(alice.waitForOutput("calling bob"), "\(alice.stderr)")
+        #expect(bob.waitForOutput("incoming call from alice"))
+        alice.process.send(signal: SIGINT)
+        #expect(alice.exitCode() == 130)
+        #expect(alice.stderr.contains("interrupted; the call was cancelled"), "\(alice.stderr)")
+        #expect(bob.exitCode() == 0)
+        #expect(bob.stdout.contains("alice cancelled"))
+    }
+
+    @Test("--require-media fails with exit 6 when the callee's announced probe address never answers")
+    func mediaRequired() throws {
+        let server = try startServer()
+        // A callee in process that answers with the address of a socket nobody reads.
+        let silent = try UDPProbeSocket(bindingTo: UDPEndpoint(host: "127.0.0.1", port: 0)!)
+        defer { silent.close() }
+        let answer = MediaDescription(endpoint: silent.local, origin: "test silent").bytes
+        let events = DispatchQueue(label: "test.callee")
+        let callee = LockedCallee()
+        let bob = try SignalingClient(configuration: ClientConfiguration(host: "127.0.0.1", port: server.port, userID: "bob", deviceID: "test"),
+                                      eventQueue: events) { event in
+            if case .incomingCall(let call) = event { callee.answer(call.callID, with: answer) }
+        }
+        callee.client = bob
+        defer { bob.shutdown() }
+        try bob.connect(timeout: .seconds(10))
+
+        let alice = try run(client(server, "alice", ["call", "bob", "--require-media", "--json", "--probe-packets", "5", "--probe-interval", "5"]))
+        #expect(alice.exitCode == 6, "\(alice.stderr)")
+        #expect(alice.stderr.contains("no probe packet came back (5 sent)"), "\(alice.stderr)")
+        let probe = JSONLines(alice.stdout).first("probe")
+        #expect(probe?["received"] as? Int == 0 && probe?["loss_pct"] as? Double == 100)
+    }
+
+    // MARK: Messages and credentials
+
+    @Test("a message: send exits 0 once accepted (and delivered, when asked); the listener gets it once")
+    func message() throws {
+        let server = try startServer()
+        let bob = try VoipClientProcess(client(server, "bob", ["listen", "--count", "1", "--json"]))
+        #expect(bob.waitForOutput(#""event":"listening""#), "\(bob.stderr)")
+        let alice = try run(client(server, "alice", ["send", "bob", "hello there", "--wait-delivered", "--json"]))
+        #expect(alice.exitCode == 0, "\(alice.stderr)")
+        #expect(JSONLines(alice.stdout).events == ["connected", "message_accepted", "delivered", "result"])
+        #expect(bob.exitCode() == 0)
+        let received = try #require(JSONLines(bob.stdout).first("message"))
+        #expect(received["body"] as? String == "hello there" && received["sender"] as? String == "alice")
+
+        // Acknowledged before the listener exited: the next run does not get it again.
+        let again = try run(client(server, "bob", ["listen", "--count", "1", "--timeout", "1"]))
+        #expect(again.exitCode == 4)
+        #expect(!again.stdout.contains("hello there"))
+    }
+
+    @Test("credentials: a wrong token is refused with exit 5, --auth-secret computes the right one")
+    func credentials() throws {
+        let server = try startServer(["--auth-secret", "s3cret"])
+        let wrong = try run(client(server, "alice", ["--token", String(repeating: "0", count: 64), "send", "bob", "hi"]))
+        #expect(wrong.exitCode == 5)
+        #expect(wrong.stderr.contains("unauthorized"), "\(wrong.stderr)")
+        let missing = try run(client(server, "alice", ["send", "bob", "hi"]))
+        #expect(missing.exitCode == 5)
+        let right = try run(client(server, "alice", ["--auth-secret", "s3cret", "send", "bob", "hi"]))
+        #expect(right.exitCode == 0, "\(right.stderr)")
+    }
+
+    @Test("a second copy of the same device takes over: the first listener is told to stop and exits 5")
+    func replaced() throws {
+        let server = try startServer()
+        let first = try VoipClientProcess(client(server, "bob", ["listen"]))
+        #expect(first.waitForOutput("listening as bob"), "\(first.stderr)")
+        let second = try VoipClientProcess(client(server, "bob", ["listen", "--count", "1"]))
+        #expect(first.exitCode() == 5)
+        #expect(first.stderr.contains("for good: replaced"), "\(first.stderr)")
+        #expect(second.waitForOutput("listening as bob"), "\(second.stderr)")
+    }
+}
+
+/// The in-process callee of `mediaRequired`: answers each incoming call once.
+private final class LockedCallee: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _client: SignalingClient?
+
+    var client: SignalingClient? {
+        get { lock.withLock { _client } }
+        set { lock.withLock { _client = newValue } }
+    }
+
+    func answer(_ callID: String, with answer: [UInt8]) {
+        client?.sendRinging(callID: callID)
+        client?.accept(callID: callID, answer: answer)
+    }
+}
