@@ -31,9 +31,10 @@ public enum VoipClientMain {
             let send = SendCommand(common: common, options: options)
             SignalWatcher.start { signal in if signal != SIGWINCH { send.interrupt(signal) } }
             return send.run().status.rawValue
-        case .interactive:
-            StandardStreams.error("voipclient: give a mode: listen, call or send (the interactive mode is not built yet)\n")
-            return ExitStatus.usage.rawValue
+        case .interactive(let common):
+            let console = InteractiveSession(common: common)
+            SignalWatcher.start { signal in console.signalReceived(signal) }
+            return console.run().status.rawValue
         }
     }
 }
