@@ -5,9 +5,10 @@ import TestSupport
 import Glibc
 #endif
 
-/// A tmux server of the test's own (unique `-L` socket name) running one program in a
-/// pseudo-terminal: the test types with `send-keys` and reads the screen with
-/// `capture-pane`. The server is killed when this object goes away.
+/// A tmux server of the test's own (its socket in a fresh temporary directory, `-S`)
+/// running one program in a pseudo-terminal: the test types with `send-keys` and reads the
+/// screen with `capture-pane`. The server is killed and its socket removed when this
+/// object goes away.
 final class Tmux {
     static let executable = "/usr/bin/tmux"
     static var isAvailable: Bool { FileManager.default.isExecutableFile(atPath: executable) }
@@ -16,8 +17,8 @@ final class Tmux {
         let description: String
     }
 
-    let socketName = "voipclient-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
     private let directory: TemporaryDirectory
+    private var socketPath: String { directory.file("tmux.sock") }
 
     /// Starts `command` (a shell command line) in a detached session of `columns` × `rows`.
     init(command: String, columns: Int = 120, rows: Int = 40) throws {
@@ -56,7 +57,7 @@ final class Tmux {
     private func run(_ arguments: [String]) throws -> String {
         let output = directory.file("output-\(UInt32.random(in: 0...UInt32.max))")
         defer { unlink(output) }
-        let process = try ChildProcess.spawn(Self.executable, arguments: ["-L", socketName] + arguments, pipeInput: false,
+        let process = try ChildProcess.spawn(Self.executable, arguments: ["-S", socketPath] + arguments, pipeInput: false,
                                              stdout: .file(output), stderr: .file(output))
         guard let status = process.waitForExit(timeoutSeconds: 10) else {
             process.send(signal: SIGKILL)
