@@ -15,7 +15,7 @@ struct InteractiveModeTests {
 
     @Test("an incoming call rings on screen without garbling the line being typed; answer, probe, status, quit")
     func incomingCall() throws {
-        let server = try ServerProcess(["--store", "memory"])
+        let server = try ServerProcess(["--store", "memory", "--workers", "1"])
         let server127 = "127.0.0.1:\(server.port)"
         let tmux = try Tmux(command: Self.shellQuoted([ExecutableRun.path(of: "voipclient"), "--server", server127,
                                                        "--user", "bob", "--device", "desk",
@@ -57,7 +57,7 @@ struct InteractiveModeTests {
 
     @Test("commands and mistakes at the prompt; a message arrives while typing; history recalls the last command")
     func messagesAndHistory() throws {
-        let server = try ServerProcess(["--store", "memory"])
+        let server = try ServerProcess(["--store", "memory", "--workers", "1"])
         let server127 = "127.0.0.1:\(server.port)"
         let tmux = try Tmux(command: Self.shellQuoted([ExecutableRun.path(of: "voipclient"), "--server", server127, "--user", "carol"]))
         #expect(try tmux.waitForScreen { $0.contains("carol@voipclient [connected]> ") }.matched)

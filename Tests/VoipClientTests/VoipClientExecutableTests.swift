@@ -13,9 +13,10 @@ import Glibc
 /// `voipserver` subprocess on an ephemeral loopback port.
 @Suite("voipclient scripted modes")
 struct VoipClientExecutableTests {
-    /// A server whose calls ring out after a second, so "no answer" is quick.
+    /// A server whose calls ring out after a second, so "no answer" is quick. One event
+    /// loop: a client's last ACK is read before the next client's HELLO, whatever the load.
     private func startServer(_ extra: [String] = []) throws -> ServerProcess {
-        try ServerProcess(["--store", "memory", "--ring-timeout", "1", "--call-grace", "1"] + extra)
+        try ServerProcess(["--store", "memory", "--workers", "1", "--ring-timeout", "1", "--call-grace", "1"] + extra)
     }
 
     /// A short probe: 10 packets 5 ms apart.
@@ -115,7 +116,7 @@ struct VoipClientExecutableTests {
 
     @Test("--timeout cancels a ringing call and exits 4")
     func callTimeout() throws {
-        let server = try ServerProcess(["--store", "memory"])  // rings for 60 s
+        let server = try ServerProcess(["--store", "memory", "--workers", "1"])  // rings for 60 s
         let bob = try VoipClientProcess(client(server, "bob", ["listen", "--count", "1", "--json"]))
         #expect(bob.waitForOutput(#""event":"listening""#), "\(bob.stderr)")
         let alice = try run(client(server, "alice", ["call", "bob", "--timeout", "0.5", "--json"]))
@@ -147,7 +148,7 @@ struct VoipClientExecutableTests {
 
     @Test("SIGINT while ringing cancels the call and exits 130")
     func interruptedCall() throws {
-        let server = try ServerProcess(["--store", "memory"])
+        let server = try ServerProcess(["--store", "memory", "--workers", "1"])
         let bob = try VoipClientProcess(client(server, "bob", ["listen", "--count", "1"]))
         #expect(bob.waitForOutput("listening as bob"), "\(bob.stderr)")
         let alice = try VoipClientProcess(client(server, "alice", ["call", "bob"]))
