@@ -35,6 +35,8 @@ struct AttachGrant {
     let ackedSeq: UInt64
     /// Where the new connection starts writing: events after this are sent.
     let sentSeq: UInt64
+    /// The highest sequence number ever assigned to the device.
+    let lastSeq: UInt64
 }
 
 /// Durable changes made by one operation, and the events they make writable once the
@@ -230,7 +232,8 @@ struct SwitchboardState {
             ringIfCalled(record, activity)
         }
         return .success(AttachGrant(
-            record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq))
+            record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq,
+            lastSeq: record.lastSeq))
     }
 
     /// Messages that waited for this user's first device.
