@@ -99,7 +99,7 @@ let package = Package(
         ),
         .target(
             name: "SignalingStoreSQLite",
-            dependencies: ["SignalingStore", "CSQLite", "SignalingSupport"]
+            dependencies: ["SignalingStore", "CSQLite", "CLinuxShims", "SignalingSupport"]
         ),
         // Deterministic batches and an in-memory model of StoreChange, shared by the tests
         // and the crash-test helper (which must produce the same batches the test checks).

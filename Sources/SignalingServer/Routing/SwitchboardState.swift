@@ -82,7 +82,7 @@ struct SwitchboardState {
     let journaling: Bool
 
     /// The head of each user's device list.
-    var users: [String: DeviceRecord] = [:]
+    var users = UserIndex()
     /// Calls, held messages and recent message ids, for the users that have any.
     var activities: [String: UserActivity] = [:]
     var calls: [String: CallRecord] = [:]
