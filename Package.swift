@@ -49,7 +49,10 @@ let package = Package(
         ),
 
         // Helpers shared by test targets: running the executables as real subprocesses.
-        .target(name: "TestSupport", dependencies: ["SignalingSupport", "SignalingStore"], path: "Tests/TestSupport"),
+        .target(
+            name: "TestSupport", dependencies: ["SignalingSupport", "SignalingStore", "SQLiteStoreFixtures"],
+            path: "Tests/TestSupport"
+        ),
         .testTarget(name: "SignalingProtocolTests", dependencies: ["SignalingProtocol"]),
         .testTarget(name: "SignalingSupportTests", dependencies: ["SignalingSupport"]),
         .testTarget(

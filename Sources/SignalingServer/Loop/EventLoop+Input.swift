@@ -260,7 +260,6 @@ extension EventLoop {
         // The reply goes out before any event the request caused for this same connection
         // (those are written when the dirty list is flushed, after this callback).
         if let reply { send(reply, to: slot) }
-        _ = writer
         apply(effects)
     }
 
