@@ -52,7 +52,10 @@ let package = Package(
         ),
 
         // Helpers shared by test targets: running the executables as real subprocesses.
-        .target(name: "TestSupport", dependencies: ["SignalingSupport", "SignalingStore"], path: "Tests/TestSupport"),
+        .target(
+            name: "TestSupport", dependencies: ["SignalingSupport", "SignalingStore", "SQLiteStoreFixtures"],
+            path: "Tests/TestSupport"
+        ),
         .testTarget(name: "SignalingProtocolTests", dependencies: ["SignalingProtocol"]),
         .testTarget(name: "SignalingSupportTests", dependencies: ["SignalingSupport"]),
         .testTarget(
@@ -102,7 +105,7 @@ let package = Package(
         ),
         .target(
             name: "SignalingStoreSQLite",
-            dependencies: ["SignalingStore", "CSQLite", "SignalingSupport"]
+            dependencies: ["SignalingStore", "CSQLite", "CLinuxShims", "SignalingSupport"]
         ),
         // Deterministic batches and an in-memory model of StoreChange, shared by the tests
         // and the crash-test helper (which must produce the same batches the test checks).

@@ -90,11 +90,16 @@ public struct Welcome: Equatable, Sendable {
     /// Every event with a sequence number ≤ this is acknowledged; the server (re)sends
     /// everything after it (or after the resume point, when resumed).
     public var ackedSeq: UInt64
+    /// The highest sequence number the server has ever assigned to this device (0 for a
+    /// device it does not know). A client that has processed a higher number is talking to
+    /// a server that lost its state, whose numbering starts again: it must reset its
+    /// de-duplication floor.
+    public var lastSeq: UInt64
 
     public init(
         version: UInt16 = ProtocolLimits.version, sessionID: SessionID, resumed: Bool,
         keepAliveSeconds: UInt32, idleTimeoutSeconds: UInt32, serverTime: UInt64,
-        maxFrameLength: UInt32, ackedSeq: UInt64
+        maxFrameLength: UInt32, ackedSeq: UInt64, lastSeq: UInt64 = 0
     ) {
         self.version = version
         self.sessionID = sessionID
@@ -104,6 +109,7 @@ public struct Welcome: Equatable, Sendable {
         self.serverTime = serverTime
         self.maxFrameLength = maxFrameLength
         self.ackedSeq = ackedSeq
+        self.lastSeq = max(lastSeq, ackedSeq)
     }
 }
 

@@ -128,7 +128,7 @@ public struct FrameDecoder: Sendable {
             version: version, sessionID: session, resumed: flags & WelcomeFlags.resumed != 0,
             keepAliveSeconds: try r.u32("keepAlive"), idleTimeoutSeconds: try r.u32("idleTimeout"),
             serverTime: try r.u64("serverTime"), maxFrameLength: try r.u32("maxFrame"),
-            ackedSeq: try r.u64("ackedSeq"))
+            ackedSeq: try r.u64("ackedSeq"), lastSeq: try r.u64("lastSeq"))
     }
 
     static func decodeRequest(type: FrameType, _ r: inout ByteReader) throws(ProtocolViolation) -> Request {

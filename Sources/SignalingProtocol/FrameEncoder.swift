@@ -69,6 +69,7 @@ public enum FrameEncoder {
             w.u64(welcome.serverTime)
             w.u32(welcome.maxFrameLength)
             w.u64(welcome.ackedSeq)
+            w.u64(welcome.lastSeq)
         case .ping, .pong:
             break
         case .ack(let seq):

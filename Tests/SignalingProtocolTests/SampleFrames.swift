@@ -13,7 +13,7 @@ enum SampleFrames {
         .hello(Hello(userID: "bob", deviceID: "tablet", credentials: [], requestedKeepAliveSeconds: 600)),
         .welcome(Welcome(
             sessionID: session, resumed: true, keepAliveSeconds: 600, idleTimeoutSeconds: 900,
-            serverTime: 1_790_000_000_000, maxFrameLength: 65536, ackedSeq: .max)),
+            serverTime: 1_790_000_000_000, maxFrameLength: 65536, ackedSeq: 41, lastSeq: .max)),
         .welcome(Welcome(
             sessionID: SessionID(high: 0, low: 0), resumed: false, keepAliveSeconds: 3600,
             idleTimeoutSeconds: 5400, serverTime: 0, maxFrameLength: 1, ackedSeq: 0)),

@@ -218,3 +218,20 @@ struct CallTests {
         }
     }
 }
+
+@Suite("Call invite retries")
+struct CallInviteRetryTests {
+    @Test("an invite repeated by the same device is a retry: OK, and the callee rings once")
+    func retriedInvite() throws {
+        let server = try TestServer()
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        #expect(try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: [1])).isOK)
+        #expect(try alice.request(2, .callInvite(callID: "c1", callee: "bob", offer: [1])).isOK)
+        guard case .callIncoming = try bob.nextEvent().event else { Issue.record("no ring"); return }
+        #expect(try bob.staysSilent(for: .milliseconds(30)))
+        // Another device reusing the id is refused.
+        let (tablet, _) = try server.connect(user: "alice", device: "tablet")
+        #expect(try tablet.request(1, .callInvite(callID: "c1", callee: "bob", offer: [])).errorCode == .callIdInUse)
+    }
+}

@@ -228,6 +228,9 @@ struct MessageTests {
             }
             try client.ack(seq)
         }
+        // A PING is answered after the ACKs before it were handled: the queue has room again.
+        try client.send(.ping)
+        try client.expect("PONG") { $0 == .pong ? true : nil }
     }
 
     @Test("a disconnected session stays resumable for the session TTL, then is forgotten")

@@ -1,3 +1,4 @@
+import SignalingProtocol
 import SignalingSupport
 import Testing
 @testable import SignalingServer
@@ -153,5 +154,39 @@ struct ConfigurationTests {
         #expect(throws: UsageError("\(path):2: expected 'name = value'")) {
             try ServerOptions.configuration(from: ["--config", path])
         }
+    }
+}
+
+@Suite("User index (pure)")
+struct UserIndexTests {
+    private func record(_ user: String) -> DeviceRecord {
+        DeviceRecord(userID: user, deviceID: "d", sessionID: SessionID(high: 0, low: 1))
+    }
+
+    @Test("random inserts, replacements and deletions agree with a dictionary")
+    func agreesWithDictionary() {
+        var index = UserIndex()
+        var model: [String: DeviceRecord] = [:]
+        var generator = FastRandom(seed: (7, 11, 13, 17))
+        for step in 0..<40_000 {
+            let user = "u\(generator.next() % 3_000)"
+            switch generator.next() % 3 {
+            case 0, 1:
+                let value = record(user)
+                index[user] = value
+                model[user] = value
+            default:
+                index[user] = nil
+                model[user] = nil
+            }
+            if step % 997 == 0 {
+                #expect(index.count == model.count)
+                for (key, value) in model { #expect(index[key] === value, "lost \(key)") }
+            }
+        }
+        #expect(index.count == model.count)
+        for (key, value) in model { #expect(index[key] === value) }
+        #expect(Set(index.heads.map(\.userID)) == Set(model.keys))
+        #expect(index["nobody"] == nil)
     }
 }

@@ -42,6 +42,16 @@ struct VoipServerExecutableTests {
         _ = first
     }
 
+    @Test("a data directory that cannot be used is a start failure with a clear message")
+    func unusableDataDirectory() throws {
+        let scratch = try TemporaryDirectory("voipserver-baddata")
+        let file = scratch.file("not-a-directory")
+        #expect(writeFile(file, "x"))
+        let run = try ExecutableRun.run("voipserver", ["--listen", "127.0.0.1:0", "--data-dir", file], timeoutSeconds: 30)
+        #expect(run.exitCode == 70)
+        #expect(run.stderr.contains("event=start_failed") && run.stderr.contains(file), "\(run.stderr)")
+    }
+
     @Test("serves devices, logs structured lines, and drains on SIGTERM with exit 0")
     func servesAndDrains() throws {
         let server = try ServerProcess(["--drain-retry-after", "2", "--drain-jitter", "7", "--keepalive", "900"])

@@ -20,7 +20,7 @@ struct CrashDurabilityTests {
           arguments: SQLiteStoreConfiguration.Synchronous.allCases)
     func killMidStream(synchronous: SQLiteStoreConfiguration.Synchronous) throws {
         let directory = try TemporaryDirectory()
-        let dataDirectory = directory.appending("data")
+        let dataDirectory = directory.file("data")
         // The model of the store after `modelBatch`; batches are deterministic.
         var model = ReferenceStore()
         var modelBatch = -1

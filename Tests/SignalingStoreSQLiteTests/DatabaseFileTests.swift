@@ -1,19 +1,20 @@
 import Foundation
 import SignalingStore
 import SignalingStoreSQLite
+import TestSupport
 import Testing
 
 /// What the store finds on disk: nothing, its own file, someone else's, a newer one.
 @Suite("SQLite store: the database file")
 struct DatabaseFileTests {
     private func configuration(_ directory: TemporaryDirectory) -> SQLiteStoreConfiguration {
-        SQLiteStoreConfiguration(directory: directory.appending("data"))
+        SQLiteStoreConfiguration(directory: directory.file("data"))
     }
 
     /// Makes `data/voipserver.sqlite` with the given contents, before the store opens it.
     private func place(_ contents: [UInt8], in directory: TemporaryDirectory) throws -> String {
         let path = configuration(directory).databasePath
-        try FileManager.default.createDirectory(atPath: directory.appending("data"), withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: directory.file("data"), withIntermediateDirectories: true)
         #expect(FileManager.default.createFile(atPath: path, contents: Data(contents)))
         return path
     }
@@ -21,7 +22,7 @@ struct DatabaseFileTests {
     @Test("a new store creates its directory, with parents, and a WAL-mode file with schema version 1")
     func createsEverything() throws {
         let directory = try TemporaryDirectory()
-        let configuration = SQLiteStoreConfiguration(directory: directory.appending("a/b/data"))
+        let configuration = SQLiteStoreConfiguration(directory: directory.file("a/b/data"))
         let store = try SQLiteEventStore(configuration: configuration)
         try store.apply([Sample.device("alice", "phone")])
         let database = try RawDatabase(path: configuration.databasePath)
@@ -82,7 +83,7 @@ struct DatabaseFileTests {
     @Test("a data directory path that is a regular file is a clear error")
     func directoryIsAFile() throws {
         let directory = try TemporaryDirectory()
-        #expect(FileManager.default.createFile(atPath: directory.appending("data"), contents: Data()))
+        #expect(FileManager.default.createFile(atPath: directory.file("data"), contents: Data()))
         let error = #expect(throws: StoreError.self) { try SQLiteEventStore(configuration: configuration(directory)) }
         #expect(error?.message.contains("not a directory") == true, "\(String(describing: error))")
     }
@@ -91,12 +92,12 @@ struct DatabaseFileTests {
     func invalidSettings() throws {
         let directory = try TemporaryDirectory()
         for configuration in [
-            SQLiteStoreConfiguration(directory: directory.appending("data"), maxPageCount: 0),
-            SQLiteStoreConfiguration(directory: directory.appending("data"), busyTimeoutMilliseconds: -1),
+            SQLiteStoreConfiguration(directory: directory.file("data"), maxPageCount: 0),
+            SQLiteStoreConfiguration(directory: directory.file("data"), busyTimeoutMilliseconds: -1),
             SQLiteStoreConfiguration(directory: ""),
         ] {
             #expect(throws: StoreError.self) { try SQLiteEventStore(configuration: configuration) }
         }
-        #expect(!FileManager.default.fileExists(atPath: directory.appending("data")))
+        #expect(!FileManager.default.fileExists(atPath: directory.file("data")))
     }
 }

@@ -17,14 +17,14 @@ struct UnwritableTests {
     private func openAndApply(_ directory: TemporaryDirectory) throws -> [String] {
         // The unprivileged child must be able to reach the data directory.
         chmod(directory.path, 0o755)
-        let run = try ExecutableRun.run("sqlite-store-test-helper", ["open-and-apply", directory.appending("data")], timeoutSeconds: 30)
+        let run = try ExecutableRun.run("sqlite-store-test-helper", ["open-and-apply", directory.file("data")], timeoutSeconds: 30)
         try #require(run.exitCode == 0, "helper failed: \(run.stderr)")
         return run.stdout.split(separator: "\n").map(String.init)
     }
 
     /// A store with one device, closed, in `data`, owned by whoever runs the test.
     private func makeStore(in directory: TemporaryDirectory) throws -> SQLiteStoreConfiguration {
-        let configuration = SQLiteStoreConfiguration(directory: directory.appending("data"))
+        let configuration = SQLiteStoreConfiguration(directory: directory.file("data"))
         let store = try SQLiteEventStore(configuration: configuration)
         try store.apply([Sample.device("alice", "phone")])
         store.close()
@@ -34,7 +34,7 @@ struct UnwritableTests {
     @Test("a read-only directory without a store: opening fails with readOnly")
     func readOnlyEmptyDirectory() throws {
         let directory = try TemporaryDirectory()
-        #expect(mkdir(directory.appending("data"), 0o555) == 0)
+        #expect(mkdir(directory.file("data"), 0o555) == 0)
         let lines = try openAndApply(directory)
         #expect(lines.count == 1 && lines.first?.hasPrefix("error readOnly ") == true, "\(lines)")
         #expect(lines.first?.contains("Permission denied") == true, "\(lines)")

@@ -19,7 +19,8 @@ public final class ServerProcess {
         public let description: String
     }
 
-    /// Starts `voipserver --listen 127.0.0.1:0 <arguments>` and waits until it listens (it
+    /// Starts `voipserver <arguments>` (listening on 127.0.0.1:0 unless they say otherwise)
+    /// and waits until it listens (it
     /// reads the port from the info-level `listening` line: do not pass a higher log level).
     /// Unless the arguments name one, the server gets a fresh data directory, removed when
     /// this object goes away.
@@ -35,8 +36,9 @@ public final class ServerProcess {
             ownsDataDirectory = true
             arguments += ["--data-dir", dataDirectory]
         }
+        if !arguments.contains("--listen") { arguments = ["--listen", "127.0.0.1:0"] + arguments }
         process = try ChildProcess.spawn(
-            ExecutableRun.path(of: "voipserver"), arguments: ["--listen", "127.0.0.1:0"] + arguments,
+            ExecutableRun.path(of: "voipserver"), arguments: arguments,
             pipeInput: false, stdout: .file(logPath), stderr: .file(logPath))
         let clock = SystemClock()
         let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))

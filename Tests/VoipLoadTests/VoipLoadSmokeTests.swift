@@ -52,6 +52,14 @@ import Testing
         #expect(run.stderr.contains("cannot connect to the server at 127.0.0.1:\(port): Connection refused"), "\(run.stderr)")
     }
 
+    @Test func latencyFloorThroughARelayProcess() throws {
+        let run = try ExecutableRun.run("voipload", ["floor", "200"], timeoutSeconds: 60)
+        #expect(run.exitCode == 0, "\(run.stderr)")
+        #expect(run.stdout.contains("two-hop loopback floor") && run.stdout.contains("(200 samples)"), "\(run.stdout)")
+        let usage = try ExecutableRun.run("voipload", ["floor", "many"], timeoutSeconds: 30)
+        #expect(usage.exitCode == 64 && usage.stderr.contains("voipload floor [SAMPLES]"))
+    }
+
     @Test func badUsageExitsWithUsage() throws {
         let run = try ExecutableRun.run("voipload", ["--devices", "lots"], timeoutSeconds: 30)
         #expect(run.exitCode == 64)

@@ -25,15 +25,13 @@ struct EventSequencer {
 
     /// A connection was established. A resume point counts as an acknowledgement.
     ///
-    /// A fresh session whose WELCOME says nothing was ever acknowledged (`ackedSeq` 0)
-    /// while this client has processed events means the server lost its state (a restart
-    /// with an in-memory store, or the device was forgotten): its numbering starts again
-    /// at 1, and keeping the old floor would drop every new event as a "duplicate". The
-    /// floor is reset. The price, when the server did keep its state but never received a
-    /// single ACK from this device, is that the first batch may be shown twice; losing
-    /// events silently would be worse. (PROTOCOL gap: WELCOME has no sequence epoch.)
+    /// A WELCOME whose `lastSeq` (the highest number the server ever assigned to this
+    /// device) is below what this client already delivered means the server lost its
+    /// state (a restart with an in-memory store, or the device was forgotten): its
+    /// numbering starts again, and keeping the old floor would drop every new event as a
+    /// "duplicate". The floor is reset.
     mutating func connectionStarted(welcome: Welcome, resumedFrom: UInt64?) {
-        if !welcome.resumed && welcome.ackedSeq == 0 && lastDelivered > 0 {
+        if !welcome.resumed && welcome.lastSeq < lastDelivered {
             lastDelivered = 0
             lastProcessed = 0
             epoch += 1

@@ -176,7 +176,8 @@ extension EventLoop {
             send(.welcome(Welcome(
                 sessionID: grant.sessionID, resumed: grant.resumed, keepAliveSeconds: interval,
                 idleTimeoutSeconds: idleTimeout, serverTime: context.clock.wallMilliseconds(),
-                maxFrameLength: UInt32(configuration.maxFrameLength), ackedSeq: grant.ackedSeq)), to: slot)
+                maxFrameLength: UInt32(configuration.maxFrameLength), ackedSeq: grant.ackedSeq,
+                lastSeq: grant.lastSeq)), to: slot)
             context.logger.debug("session", [
                 "conn": ref, "user": hello.userID, "device": hello.deviceID, "resumed": grant.resumed,
                 "keepalive": interval,
@@ -259,7 +260,6 @@ extension EventLoop {
         // The reply goes out before any event the request caused for this same connection
         // (those are written when the dirty list is flushed, after this callback).
         if let reply { send(reply, to: slot) }
-        _ = writer
         apply(effects)
     }
 

@@ -27,12 +27,16 @@ final class Switchboard: Sendable {
     /// Runs `body` with exclusive access to the state. `wall` is the wall-clock time that
     /// events created by the operation are stamped with.
     func withState<Result>(wall: UInt64, _ body: (inout SwitchboardState) throws -> sending Result) rethrows -> sending Result {
-        try state.withLock { state in
+        var wakeWriter = false
+        let result = try state.withLock { state in
             state.currentWall = wall
             let result = try body(&state)
-            if let unit = state.takeCommitUnit() { writer?.submit(unit) }
+            if let unit = state.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
             return result
         }
+        // The wake-up is a system call: made after the lock is released.
+        if wakeWriter { writer?.wake() }
+        return result
     }
 
     var counters: SwitchboardCounters { state.withLock { $0.counters } }

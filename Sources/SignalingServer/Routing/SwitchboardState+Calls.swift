@@ -8,6 +8,9 @@ extension SwitchboardState {
 
     mutating func invite(callID: String, callee: String, offer: [UInt8], from device: DeviceRecord, now: Instant) -> Reply {
         guard callee != device.userID else { return .failure(RequestError(.cannotCallSelf, "you cannot call yourself")) }
+        if let existing = calls[callID], existing.caller === device {
+            return .success(())  // a retry of an invite whose reply was lost: nothing changes
+        }
         guard calls[callID] == nil else {
             return .failure(RequestError(.callIdInUse, "call id \(callID) is already in use; use a fresh (random) call id"))
         }

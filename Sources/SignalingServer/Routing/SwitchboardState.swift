@@ -35,6 +35,8 @@ struct AttachGrant {
     let ackedSeq: UInt64
     /// Where the new connection starts writing: events after this are sent.
     let sentSeq: UInt64
+    /// The highest sequence number ever assigned to the device.
+    let lastSeq: UInt64
 }
 
 /// Durable changes made by one operation, and the events they make writable once the
@@ -80,7 +82,7 @@ struct SwitchboardState {
     let journaling: Bool
 
     /// The head of each user's device list.
-    var users: [String: DeviceRecord] = [:]
+    var users = UserIndex()
     /// Calls, held messages and recent message ids, for the users that have any.
     var activities: [String: UserActivity] = [:]
     var calls: [String: CallRecord] = [:]
@@ -230,7 +232,8 @@ struct SwitchboardState {
             ringIfCalled(record, activity)
         }
         return .success(AttachGrant(
-            record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq))
+            record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq,
+            lastSeq: record.lastSeq))
     }
 
     /// Messages that waited for this user's first device.

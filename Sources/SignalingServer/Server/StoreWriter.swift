@@ -73,12 +73,18 @@ final class StoreWriter: @unchecked Sendable {
         store.close()
     }
 
-    func submit(_ unit: CommitUnit) {
-        let wasEmpty = inbox.withLock { inbox in
+    /// Queues a unit (called with the switchboard lock held, which keeps units in
+    /// sequence order). Returns true when the writer must be woken with `wake()` (the
+    /// inbox was empty), which the caller does after releasing its lock.
+    func enqueue(_ unit: CommitUnit) -> Bool {
+        inbox.withLock { inbox in
             defer { inbox.append(unit) }
             return inbox.isEmpty
         }
-        if wasEmpty { shim_eventfd_signal(wakeFD) }
+    }
+
+    func wake() {
+        shim_eventfd_signal(wakeFD)
     }
 
     // MARK: Writer thread
@@ -121,13 +127,17 @@ final class StoreWriter: @unchecked Sendable {
         commits.increment()
         let units = pending
         pending = []
-        let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
-            for unit in units {
-                for (device, seq, kind) in unit.durable { board.markDurable(device, through: seq, kind: kind) }
+        // Units that only record state (new sessions, acknowledgements) release nothing:
+        // no need to take the routing lock for them.
+        if units.contains(where: { !$0.durable.isEmpty }) {
+            let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+                for unit in units {
+                    for (device, seq, kind) in unit.durable { board.markDurable(device, through: seq, kind: kind) }
+                }
+                return board.takeEffects()
             }
-            return board.takeEffects()
+            deliver(effects)
         }
-        deliver(effects)
         for unit in units {
             guard let reply = unit.reply else { continue }
             post(.reply(reply.connection, .ok(requestID: reply.requestID, serverTime: reply.serverTime)))

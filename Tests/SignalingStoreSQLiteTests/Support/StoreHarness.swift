@@ -2,6 +2,7 @@ import SQLiteStoreFixtures
 import SignalingProtocol
 import SignalingStore
 import SignalingStoreSQLite
+import TestSupport
 import Testing
 
 /// A store in its own temporary directory, with the reference model beside it: every batch
@@ -17,7 +18,7 @@ final class StoreHarness {
          maxPageCount: Int? = nil) throws {
         directory = try TemporaryDirectory()
         configuration = SQLiteStoreConfiguration(
-            directory: dataDirectory ?? directory.appending("data"), synchronous: synchronous, maxPageCount: maxPageCount)
+            directory: dataDirectory ?? directory.file("data"), synchronous: synchronous, maxPageCount: maxPageCount)
         store = try SQLiteEventStore(configuration: configuration)
     }
 

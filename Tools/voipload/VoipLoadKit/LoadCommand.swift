@@ -13,6 +13,10 @@ public enum LoadCommand {
             return WorkerMain.run()
         case "table":
             return table(Array(arguments.dropFirst()))
+        case "floor":
+            return floor(Array(arguments.dropFirst()))
+        case "floor-relay":
+            return LatencyFloor.relayMain(port: arguments.dropFirst().first.flatMap { UInt16($0) } ?? 0)
         default:
             return load(arguments)
         }
@@ -66,6 +70,23 @@ public enum LoadCommand {
         }
         print(LoadReport.table(reports), terminator: "")
         return 0
+    }
+
+    /// `voipload floor [SAMPLES]`: the machine's two-hop loopback latency floor.
+    static func floor(_ arguments: [String]) -> Int32 {
+        let requested: Int? = arguments.isEmpty ? 5_000 : arguments.count == 1 ? Int(arguments[0]) : nil
+        guard let count = requested, (100...1_000_000).contains(count) else {
+            printError("USAGE: voipload floor [SAMPLES]   (100 to 1000000, default 5000)")
+            return 64
+        }
+        do {
+            let histogram = try LatencyFloor.measure(samples: count, gapMicroseconds: 500)
+            print("two-hop loopback floor (relay process, no protocol): " + latencyLine(LoadReport.Latency(histogram)))
+            return 0
+        } catch {
+            printError("voipload floor: \(error.message)")
+            return 1
+        }
     }
 
     static func printError(_ text: String) {

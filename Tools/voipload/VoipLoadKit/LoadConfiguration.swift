@@ -66,7 +66,7 @@ public struct LoadConfiguration: Sendable, Equatable {
 
     public static let parser = CommandLineParser(
         command: "voipload",
-        usage: "voipload [OPTIONS] [-- SERVER-ARGUMENTS...]\n       voipload table REPORT.json...",
+        usage: "voipload [OPTIONS] [-- SERVER-ARGUMENTS...]\n       voipload table REPORT.json...\n       voipload floor [SAMPLES]",
         summary: """
             Holds many authenticated, idle device connections to a voipserver (spread over \
             loopback source addresses and worker processes) and measures what they cost the \

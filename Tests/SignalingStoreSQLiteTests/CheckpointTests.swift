@@ -1,0 +1,31 @@
+import Foundation
+import SignalingStore
+import Testing
+@testable import SignalingStoreSQLite
+
+@Suite("SQLite store: background checkpoints")
+struct CheckpointTests {
+    @Test("the WAL is checkpointed off the commit path and stays bounded; nothing is lost")
+    func walStaysBounded() throws {
+        let harness = try StoreHarness()
+        try harness.apply([Sample.device("alice", "phone")])
+        // About 12 MB of events in small batches: well past the 1,000-page threshold.
+        var seq: UInt64 = 0
+        for _ in 0..<300 {
+            let batch = (0..<10).map { _ -> StoreChange in
+                seq += 1
+                return Sample.append("alice", "phone", seq, bodySize: 4_000)
+            }
+            try harness.apply(batch)
+            // Keep the store from growing: acknowledge all but the last batch.
+            if seq > 10 { try harness.apply([.acknowledge(user: "alice", device: "phone", through: seq - 10)]) }
+        }
+        let deadline = Date().addingTimeInterval(20)
+        while harness.store.checkpointsRun == 0 && Date() < deadline { usleep(1_000) }
+        #expect(harness.store.checkpointsRun > 0, "no checkpoint ran")
+        let wal = harness.store.configuration.databasePath + "-wal"
+        let size = (try FileManager.default.attributesOfItem(atPath: wal)[.size] as? NSNumber)?.intValue ?? 0
+        #expect(size < 64 << 20, "the WAL grew to \(size) bytes")
+        try harness.verify()
+    }
+}
