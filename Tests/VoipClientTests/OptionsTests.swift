@@ -69,7 +69,7 @@ struct OptionsTests {
         #expect(try command(base + ["--auth-secret", "s3cret"]).common.credentials == AuthToken.make(secret: "s3cret", userID: "alice"))
         let directory = try TemporaryDirectory("voipclient-options")
         let path = directory.file("token")
-        try "  0123abcd  \nignored\n".write(toFile: path, atomically: true, encoding: .utf8)
+        try "  0123abcd  \nignored\n".write(toFile: path, atomically: false, encoding: .utf8)
         #expect(try command(base + ["--token-file", path]).common.credentials == Array("0123abcd".utf8))
         #expect(mistake(base + ["--token", "a", "--auth-secret", "b"])?.contains("only one of") == true)
         #expect(mistake(base + ["--token-file", directory.file("missing")])?.contains("cannot read") == true)
