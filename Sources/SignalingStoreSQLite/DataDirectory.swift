@@ -1,4 +1,5 @@
 import SignalingStore
+import SignalingSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -41,13 +42,25 @@ enum DataDirectory {
 final class DataDirectoryLock {
     private let descriptor: Int32
 
+    /// How long a lock held by someone else is waited for before the directory counts as
+    /// in use. A process that is starting a child holds a copy of every descriptor (and so
+    /// of the lock) for the few microseconds until the child's exec closes it: a store closed
+    /// and reopened at that moment must not be refused.
+    static let patience: Duration = .milliseconds(500)
+
     init(path: String) throws(StoreError) {
         let descriptor = open(path, O_RDONLY | O_CREAT | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw DataDirectory.error("open the lock file \(path)", errno) }
-        var result: Int32
-        repeat { result = flock(descriptor, LOCK_EX | LOCK_NB) } while result != 0 && errno == EINTR
-        guard result == 0 else {
-            let code = errno
+        let clock = SystemClock()
+        let deadline = clock.now() + Self.patience
+        var code: Int32
+        while true {
+            code = flock(descriptor, LOCK_EX | LOCK_NB) == 0 ? 0 : errno
+            if code == EINTR { continue }
+            guard code == EWOULDBLOCK, clock.now() < deadline else { break }
+            usleep(2_000)
+        }
+        guard code == 0 else {
             close(descriptor)
             if code == EWOULDBLOCK {
                 throw StoreError(.other, "the data directory is in use: another process holds \(path); "

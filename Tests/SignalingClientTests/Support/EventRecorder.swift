@@ -44,7 +44,7 @@ final class EventRecorder: @unchecked Sendable {
     /// Waits until `predicate(events)` holds; returns false at the deadline. The predicate
     /// runs without the lock held, so it may use the recorder's other accessors.
     @discardableResult
-    func wait(within timeout: TimeInterval = 5, until predicate: ([ClientEvent]) -> Bool) -> Bool {
+    func wait(within timeout: TimeInterval = 15, until predicate: ([ClientEvent]) -> Bool) -> Bool {
         let deadline = Date(timeIntervalSinceNow: timeout)
         while true {
             condition.lock()
@@ -62,7 +62,7 @@ final class EventRecorder: @unchecked Sendable {
     }
 
     /// Waits for the first event (after `index`) matching `matches`.
-    func first(within timeout: TimeInterval = 5, after index: Int = 0, _ matches: @escaping (ClientEvent) -> Bool) -> ClientEvent? {
+    func first(within timeout: TimeInterval = 15, after index: Int = 0, _ matches: @escaping (ClientEvent) -> Bool) -> ClientEvent? {
         var found: ClientEvent?
         wait(within: timeout) { events in
             found = events.dropFirst(index).first(where: matches)
