@@ -15,6 +15,24 @@ struct AuthTokenTests {
             == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")
     }
 
+    @Test("SHA-256 of long and oddly split input (a million 'a', and updates of every size)")
+    func sha256Incremental() {
+        #expect(hex(SHA256.hash([UInt8](repeating: 0x61, count: 1_000_000)))
+            == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0")
+        let message = (0..<300).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let whole = SHA256.hash(message)
+        for chunk in [1, 3, 55, 56, 63, 64, 65, 128, 299] {
+            var hasher = SHA256.Hasher256()
+            var offset = 0
+            while offset < message.count {
+                let end = min(message.count, offset + chunk)
+                hasher.update(Array(message[offset..<end]))
+                offset = end
+            }
+            #expect(hasher.finalize() == whole, "chunks of \(chunk)")
+        }
+    }
+
     @Test("HMAC-SHA256 matches RFC 4231 test cases 2 and 6")
     func hmacVectors() {
         #expect(hex(SHA256.hmac(key: Array("Jefe".utf8), message: Array("what do ya want for nothing?".utf8)))
@@ -33,5 +51,8 @@ struct AuthTokenTests {
         #expect(!AuthToken.verify(token, secret: "s3cret", userID: "bob"))
         #expect(!AuthToken.verify(token, secret: "other", userID: "alice"))
         #expect(!AuthToken.verify(Array(token.dropLast()), secret: "s3cret", userID: "alice"))
+        let key = AuthToken.key(secret: "s3cret")
+        #expect(AuthToken.make(key: key, userID: "alice") == token)
+        #expect(AuthToken.verify(token, key: key, userID: "alice"))
     }
 }

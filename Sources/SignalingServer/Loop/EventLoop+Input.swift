@@ -146,8 +146,8 @@ extension EventLoop {
             protocolViolation(slot, violation)
             return
         }
-        if let secret = configuration.authSecret {
-            guard let credentials = hello.credentials, AuthToken.verify(credentials, secret: secret, userID: hello.userID) else {
+        if let key = context.authKey {
+            guard let credentials = hello.credentials, AuthToken.verify(credentials, key: key, userID: hello.userID) else {
                 protocolViolation(slot, ProtocolViolation(
                     .unauthorized, hello.credentials == nil ? "credentials required" : "invalid credentials for \(hello.userID)"))
                 return
@@ -183,7 +183,7 @@ extension EventLoop {
                 "keepalive": interval,
             ])
             apply(effects)
-            markDirty(slot, generation: ref.generation)
+            if grant.needsPump { markDirty(slot, generation: ref.generation) }
         }
     }
 

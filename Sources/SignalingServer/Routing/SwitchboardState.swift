@@ -37,6 +37,8 @@ struct AttachGrant {
     let sentSeq: UInt64
     /// The highest sequence number ever assigned to the device.
     let lastSeq: UInt64
+    /// Events are waiting: the loop must pump the connection after WELCOME.
+    let needsPump: Bool
 }
 
 /// Durable changes made by one operation, and the events they make writable once the
@@ -225,7 +227,10 @@ struct SwitchboardState {
         }
         record.connection = connection
         record.disconnectedSecond = 0
-        record.wakePending = true  // the loop writes pending events right after WELCOME
+        // Events already waiting are written right after WELCOME; new ones (held messages,
+        // a ringing call) wake the connection like any other.
+        let needsPump = record.durableSeq > sentSeq
+        record.wakePending = needsPump
 
         if let activity = activities[userID] {
             claimHeld(activity, for: record)
@@ -233,7 +238,7 @@ struct SwitchboardState {
         }
         return .success(AttachGrant(
             record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq,
-            lastSeq: record.lastSeq))
+            lastSeq: record.lastSeq, needsPump: needsPump))
     }
 
     /// Messages that waited for this user's first device.

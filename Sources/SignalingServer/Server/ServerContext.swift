@@ -19,6 +19,7 @@ final class ServerContext: Sendable {
     ) {
         self.configuration = configuration
         self.pushGateway = pushGateway
+        self.authKey = configuration.authSecret.map { AuthToken.key(secret: $0) }
         self.clock = clock
         self.logger = logger
         let now = clock.now()
@@ -28,6 +29,9 @@ final class ServerContext: Sendable {
             maxConnectionsPerAddress: configuration.maxConnectionsPerAddress,
             handshakeRate: configuration.handshakeRate, now: now)
     }
+
+    /// The authentication key made from the secret once (nil: no authentication).
+    let authKey: SHA256.HMACKey?
 
     /// The push gateway, when one is configured.
     let pushGateway: (any WakeUpSubmitter)?
