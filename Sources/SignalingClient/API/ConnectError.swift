@@ -1,3 +1,4 @@
+import SignalingSupport
 import SignalingProtocol
 #if canImport(Glibc)
 import Glibc
@@ -53,5 +54,15 @@ public enum ConnectError: Error, Equatable, Sendable, CustomStringConvertible {
         case .cancelled, .clientShutDown, .invalidTimeout: return false
         default: return true
         }
+    }
+}
+
+/// A wake-up pipe for a connect attempt or a connection's I/O thread; failing to make one
+/// (out of descriptors) fails the connect like any socket error.
+func makeWakePipe() throws(ConnectError) -> WakePipe {
+    do {
+        return try WakePipe()
+    } catch {
+        throw .socketError(operation: "pipe", errno: error.code)
     }
 }

@@ -40,7 +40,7 @@ final class ConnectAttempt: @unchecked Sendable {
     /// Real-time deadline of the background work (connect and handshake).
     let deadline: Instant
     let lock = NSConditionLock(condition: Condition.connecting.rawValue)
-    private let cancelSignal: WakeupSignal
+    private let cancelSignal: WakePipe
     private let cancelled = Atomic<Bool>(false)
     private let threadDone = Atomic<Bool>(false)
     /// Guarded by `lock` (see the class comment).
@@ -52,7 +52,7 @@ final class ConnectAttempt: @unchecked Sendable {
         self.id = id
         self.plan = plan
         self.deadline = SystemClock().now() + timeout
-        self.cancelSignal = try WakeupSignal()
+        self.cancelSignal = try makeWakePipe()
     }
 
     /// Starts the background thread; it takes the lock before doing anything else.

@@ -12,7 +12,7 @@ import Darwin
 struct Handshaker {
     let plan: HandshakePlan
     let deadline: Instant
-    let cancel: WakeupSignal
+    let cancel: WakePipe
 
     func run() throws(ConnectError) -> HandshakenSocket {
         let addresses = try SocketAddress.resolve(host: plan.host, port: plan.port)

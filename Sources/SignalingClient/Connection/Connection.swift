@@ -1,3 +1,4 @@
+import SignalingSupport
 import Foundation
 import Synchronization
 import SignalingProtocol
@@ -46,7 +47,7 @@ final class Connection: Sendable {
         var closeRequested = false
     }
     private let outgoing = Mutex(Outgoing())
-    private let wakeup: WakeupSignal
+    private let wakeup: WakePipe
     /// Signalled once the I/O thread has closed the socket.
     private let ended = DispatchSemaphore(value: 0)
 
@@ -61,7 +62,7 @@ final class Connection: Sendable {
         self.welcome = handshaken.welcome
         self.localAddress = handshaken.localAddress
         self.remoteAddress = handshaken.remoteAddress
-        self.wakeup = try WakeupSignal()
+        self.wakeup = try makeWakePipe()
     }
 
     /// Starts the I/O thread. `leftover` holds bytes the handshake read past WELCOME.

@@ -1,4 +1,5 @@
 #if os(Linux)
+import SignalingSupport
 import CLinuxShims
 import Foundation
 import Synchronization
@@ -9,11 +10,11 @@ import Glibc
 /// its own. Each burst of messages (everything readable at once) becomes one
 /// `NetworkChange`, so deleting an address and its routes is one report, not five.
 final class NetlinkMonitor: NetworkMonitor {
-    private let wakeup: WakeupSignal?
+    private let wakeup: WakePipe?
     private let stopped = Atomic<Bool>(false)
     private let started = Atomic<Bool>(false)
 
-    init() { wakeup = try? WakeupSignal() }
+    init() { wakeup = try? WakePipe() }
 
     func start(onChange: @escaping @Sendable (NetworkChange) -> Void) throws(ConnectError) {
         guard let wakeup else { throw .socketError(operation: "eventfd", errno: errno) }
@@ -33,7 +34,7 @@ final class NetlinkMonitor: NetworkMonitor {
         wakeup?.signal()
     }
 
-    private func run(fd: Int32, wakeup: WakeupSignal, onChange: @Sendable (NetworkChange) -> Void) {
+    private func run(fd: Int32, wakeup: WakePipe, onChange: @Sendable (NetworkChange) -> Void) {
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         while !stopped.load(ordering: .acquiring) {
             var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0),

@@ -12,7 +12,7 @@ enum PollWait {
 
     /// Waits until `descriptor` has one of `events`, `cancel` is signalled, or the
     /// monotonic clock passes `deadline`. EINTR is retried with the remaining time.
-    static func wait(for descriptor: Int32, events: Int16, cancel: WakeupSignal, deadline: Instant) -> Result {
+    static func wait(for descriptor: Int32, events: Int16, cancel: WakePipe, deadline: Instant) -> Result {
         let clock = SystemClock()
         while true {
             let now = clock.now()
