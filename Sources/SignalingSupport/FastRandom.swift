@@ -15,6 +15,24 @@ public struct FastRandom: RandomNumberGenerator, Sendable {
         state = seed == (0, 0, 0, 0) ? (1, 0, 0, 0) : seed
     }
 
+    /// A generator whose whole sequence follows from one number (repeatable tests and
+    /// load runs): the four words of state are drawn from SplitMix64, as the authors of
+    /// xoshiro recommend.
+    public init(seed: UInt64) {
+        var splitMix = seed
+        func next() -> UInt64 {
+            splitMix &+= 0x9E37_79B9_7F4A_7C15
+            var z = splitMix
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+        self.init(seed: (next(), next(), next(), next()))
+    }
+
+    /// Uniform in 0..<bound (bound > 0); the modulo bias is negligible for bounds far below 2^64.
+    public mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(bound)) }
+
     public mutating func next() -> UInt64 {
         let result = rotl(state.1 &* 5, 7) &* 9
         let t = state.1 << 17

@@ -1,18 +1,7 @@
 import Testing
 import SignalingProtocol
+import SignalingSupport
 @testable import SignalingClient
-
-/// A deterministic generator (SplitMix64) so jitter tests are repeatable.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 @Suite("Reconnect back-off")
 struct ReconnectBackoffTests {
@@ -26,7 +15,7 @@ struct ReconnectBackoffTests {
 
     @Test("full jitter: every delay lies in 0...ceiling, and they spread over the range")
     func fullJitter() {
-        var generator = SeededGenerator(state: 42)
+        var generator = FastRandom(seed: 42)
         let policy = ReconnectPolicy()
         for attempt in 0..<12 {
             var delays: [Duration] = []
@@ -44,7 +33,7 @@ struct ReconnectBackoffTests {
 
     @Test("reset goes back to the first step")
     func reset() {
-        var generator = SeededGenerator(state: 7)
+        var generator = FastRandom(seed: 7)
         var backoff = ReconnectBackoff(policy: ReconnectPolicy())
         for _ in 0..<9 { _ = backoff.nextDelay(using: &generator) }
         #expect(backoff.attempt == 9)
@@ -54,7 +43,7 @@ struct ReconnectBackoffTests {
 
     @Test("a CLOSE's advice: retryAfter plus 0...jitter")
     func advisedDelay() {
-        var generator = SeededGenerator(state: 1)
+        var generator = FastRandom(seed: 1)
         let close = Close(code: .goingAway, retryAfterMs: 1000, retryJitterMs: 30_000, message: "restart")
         let delays = (0..<500).map { _ in ReconnectBackoff.advisedDelay(for: close, using: &generator) }
         #expect(delays.allSatisfy { $0 >= .seconds(1) && $0 <= .seconds(31) })
