@@ -127,6 +127,9 @@ public final class SignalingServer: Sendable {
             $0.port = port
             $0.started = true
         }
+        if configuration.authSecret == nil {
+            context.logger.warning("auth_disabled", ["detail": "no --auth-secret: any device may claim any user id"])
+        }
         context.logger.info("listening", [
             "addr": "\(configuration.host):\(port)", "workers": configuration.workers,
             "keepalive": configuration.keepAlive.defaultInterval,
