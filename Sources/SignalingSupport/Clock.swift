@@ -26,9 +26,6 @@ public struct Instant: Comparable, Hashable, Sendable, CustomStringConvertible {
         a.nanoseconds >= b.nanoseconds ? .nanoseconds(Int64(a.nanoseconds - b.nanoseconds)) : .zero
     }
 
-    /// Whole seconds since the start of the timeline (for coarse per-connection stamps).
-    public var seconds: UInt32 { UInt32(truncatingIfNeeded: nanoseconds / 1_000_000_000) }
-
     public var description: String { "\(Double(nanoseconds) / 1e9)s" }
 }
 
@@ -101,6 +98,12 @@ public final class ManualClock: Clock {
 }
 
 extension Duration {
+    /// The duration in whole seconds, rounded up (a deadline kept to the second is never
+    /// early), clamped to the range of UInt32.
+    public var wholeSecondsRoundedUp: UInt32 {
+        UInt32(clamping: Int(seconds.rounded(.up)))
+    }
+
     /// The duration in whole microseconds, rounded down, clamped to 0.
     public var microseconds: Int64 {
         let (s, atto) = components

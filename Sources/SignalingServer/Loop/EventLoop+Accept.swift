@@ -57,7 +57,7 @@ extension EventLoop {
                 message: "more than \(configuration.maxConnectionsPerAddress) connections from your address"))
             return
         }
-        helloDeadlines.push((slot, state.pointee.generation, nowSeconds + ServerContext.wholeSeconds(configuration.handshakeTimeout)))
+        helloDeadlines.push((slot, state.pointee.generation, nowSeconds + configuration.handshakeTimeout.wholeSecondsRoundedUp))
         context.counters.acceptedConnections.increment()
     }
 

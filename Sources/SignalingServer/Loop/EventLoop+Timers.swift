@@ -16,7 +16,7 @@ extension EventLoop {
             context.counters.handshakeTimeouts.increment()
             closeConnection(due.slot, with: Close(
                 code: .handshakeTimeout, retryAfterMs: 1_000, retryJitterMs: 5_000,
-                message: "no HELLO within \(ServerContext.wholeSeconds(context.configuration.handshakeTimeout)) s"))
+                message: "no HELLO within \(context.configuration.handshakeTimeout.wholeSecondsRoundedUp) s"))
         }
         while let due = closingDeadlines.first, due.deadline <= now {
             closingDeadlines.pop()
@@ -47,9 +47,9 @@ extension EventLoop {
     private func logStatisticsIfDue(_ now: UInt32) {
         let interval = context.configuration.statsInterval
         guard interval > .zero, context.logger.enabled(.info) else { return }
-        if nextStatsSecond == 0 { nextStatsSecond = now + ServerContext.wholeSeconds(interval) }
+        if nextStatsSecond == 0 { nextStatsSecond = now + interval.wholeSecondsRoundedUp }
         guard now >= nextStatsSecond else { return }
-        nextStatsSecond = now + ServerContext.wholeSeconds(interval)
+        nextStatsSecond = now + interval.wholeSecondsRoundedUp
         let stats = context.counters.snapshot(context.switchboard.counters)
         context.logger.info("stats", [
             "connections": stats.openConnections, "established": stats.establishedConnections,
@@ -84,7 +84,7 @@ extension EventLoop {
     func beginDrain() {
         guard drainDeadline == nil else { return }
         let configuration = context.configuration
-        drainDeadline = nowSeconds + ServerContext.wholeSeconds(configuration.drainTimeout)
+        drainDeadline = nowSeconds + configuration.drainTimeout.wholeSecondsRoundedUp
         stopListening()
         let frame = Close(
             code: .goingAway,

@@ -142,10 +142,6 @@ struct SwitchboardState {
         UInt32(1 << 31) &+ UInt32(clamping: Int((instant - epoch).seconds))
     }
 
-    private func seconds(_ duration: Duration) -> UInt32 {
-        UInt32(clamping: Int(duration.seconds.rounded(.up)))
-    }
-
     // MARK: Records
 
     func devices(of userID: String) -> DeviceList { DeviceList(first: users[userID]) }
@@ -443,7 +439,7 @@ struct SwitchboardState {
             ringExpiry.pop()
             if entry.call.isLive && entry.call.state.isUnanswered { ringTimedOut(entry.call) }
         }
-        let grace = seconds(configuration.callGrace)
+        let grace = configuration.callGrace.wholeSecondsRoundedUp
         while let entry = graceChecks.first, entry.since &+ grace <= nowSecond {
             graceChecks.pop()
             let device = entry.device
@@ -451,7 +447,7 @@ struct SwitchboardState {
                 partyVanished(entry.call, device)
             }
         }
-        let sessionTTL = seconds(configuration.sessionTTL)
+        let sessionTTL = configuration.sessionTTL.wholeSecondsRoundedUp
         while let entry = sessionExpiry.first, entry.since &+ sessionTTL <= nowSecond {
             sessionExpiry.pop()
             let device = entry.device
@@ -462,7 +458,7 @@ struct SwitchboardState {
             let lastSeen = currentWall &- UInt64(nowSecond &- entry.since) * 1000
             journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: lastSeen))
         }
-        let eventTTL = seconds(configuration.eventTTL)
+        let eventTTL = configuration.eventTTL.wholeSecondsRoundedUp
         while let entry = deviceExpiry.first, entry.since &+ eventTTL <= nowSecond {
             deviceExpiry.pop()
             let device = entry.device

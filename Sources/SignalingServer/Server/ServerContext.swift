@@ -53,11 +53,6 @@ final class ServerContext: Sendable {
 
     /// Whole seconds since the server started, rounded down.
     func seconds(at instant: Instant) -> UInt32 {
-        (instant - startInstant).seconds.isFinite ? UInt32(clamping: Int((instant - startInstant).seconds)) : 0
-    }
-
-    /// A duration in whole seconds, rounded up.
-    static func wholeSeconds(_ duration: Duration) -> UInt32 {
-        UInt32(clamping: Int(duration.seconds.rounded(.up)))
+        UInt32(clamping: Int((instant - startInstant).seconds))
     }
 }
