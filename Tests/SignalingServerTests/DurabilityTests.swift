@@ -13,6 +13,18 @@ struct DurabilityTests {
         .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
     }
 
+    /// Connects alice and bob and waits until both devices are committed, so that a commit
+    /// failure the test sets up next concerns only what it does afterwards (else the
+    /// failure of their own commit would refuse the test's first message at once).
+    func connectStored(
+        _ server: TestServer, _ store: ModelEventStore
+    ) throws -> (alice: TestClient, bob: TestClient, bobSession: SessionID) {
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, welcome) = try server.connect(user: "bob")
+        try server.waitFor("both devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
+        return (alice, bob, welcome.sessionID)
+    }
+
     @Test("a message is accepted only once committed, and is stored until acknowledged")
     func acceptedAfterCommit() throws {
         let store = ModelEventStore()
@@ -29,15 +41,14 @@ struct DurabilityTests {
         #expect(store.events(user: "alice", device: "d1").map(\.type) == [FrameType.messageDelivered.rawValue])
     }
 
-    @Test("while the store cannot commit, nothing is delivered, and the sender is refused after the store timeout")
+    @Test("--delivery after-commit: while the store cannot commit, nothing is delivered, and the sender is refused after the store timeout")
     func storeFailure() throws {
         let store = ModelEventStore()
-        let server = try TestServer(store: store) { $0.storeTimeout = .seconds(5) }
-        let (alice, _) = try server.connect(user: "alice")
-        let (bob, _) = try server.connect(user: "bob")
-        // Both handshakes are committed before the store starts failing (else the failure
-        // of their commit would refuse the message below at once).
-        try server.waitFor("both devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
+        let server = try TestServer(store: store) {
+            $0.storeTimeout = .seconds(5)
+            $0.delivery = .afterCommit
+        }
+        let (alice, bob, _) = try connectStored(server, store)
         store.failCommits(with: StoreError(.full, "database or disk is full"))
 
         try alice.send(.request(id: 1, message("m1", to: "bob")))
@@ -61,6 +72,87 @@ struct DurabilityTests {
         guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
         #expect(delivered.messageID == "m1")
         #expect(try bob.staysSilent(for: .milliseconds(30)), "the cancelled copy must never be delivered")
+    }
+
+    @Test("--delivery immediate: a connected device gets the message before its commit, the sender's OK waits for it")
+    func deliveredBeforeCommit() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.storeTimeout = .seconds(5) }
+        let (alice, bob, _) = try connectStored(server, store)
+        store.failCommits(with: StoreError(.full, "database or disk is full"))
+
+        // Written to bob at once; alice hears nothing until the commit succeeds or times out.
+        try alice.send(.request(id: 1, message("m1", to: "bob")))
+        guard case .message(let early) = try bob.nextEvent().event else { Issue.record("not delivered at once"); return }
+        #expect(early.messageID == "m1")
+        try server.waitFor("a failed commit") { _ in store.failedAttempts > 0 }
+        #expect(try alice.staysSilent(for: .milliseconds(30)), "accepted before the commit")
+
+        // Once commits fail, events wait for their commit again: m2 is refused at once and
+        // never reaches bob.
+        #expect(try alice.request(2, message("m2", to: "bob")).errorCode == .storeUnavailable)
+        #expect(try bob.staysSilent(for: .milliseconds(30)), "delivered while the store is failing")
+        server.clock.advance(by: .seconds(6))
+        #expect(try alice.reply(to: 1).errorCode == .storeUnavailable)
+        #expect(store.events(user: "bob", device: "d1").isEmpty)
+    }
+
+    @Test("--delivery immediate: events acknowledged before their commit never reach the store")
+    func acknowledgedBeforeCommit() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store)
+        let (alice, bob, _) = try connectStored(server, store)
+        // Hold the commit back so that the event and its acknowledgement meet in one batch.
+        store.failCommits(with: StoreError(.io, "held back by the test"))
+        try alice.send(.request(id: 1, message("m1", to: "bob")))
+        let (seq, _) = try bob.nextEvent()
+        try bob.ack(seq)
+        try server.waitFor("the ack to reach the writer") { _ in
+            store.lastAttempt.contains { if case .acknowledge("bob", _, _) = $0 { true } else { false } }
+        }
+        store.failCommits(with: nil)
+        #expect(try alice.reply(to: 1).isOK)
+        guard case .messageDelivered = try alice.nextEvent().event else { Issue.record("no receipt"); return }
+        let inserted = store.appliedChanges.filter {
+            if case .appendEvent("bob", _, _) = $0 { true } else { false }
+        }
+        #expect(inserted.isEmpty, "bob's event was written although acknowledged in the same batch")
+        let snapshot = try store.loadSnapshot()
+        #expect(snapshot.devices.first { $0.userID == "bob" }.map { ($0.ackedSeq, $0.lastSeq, $0.events.count) } ?? (0, 0, 9) == (1, 1, 0))
+    }
+
+    @Test("--delivery immediate: after a crash lost delivered events, the device resumes past them and numbering continues")
+    func resumeAfterLostEvents() throws {
+        let store = ModelEventStore()
+        let clock = ManualClock()
+        let session: SessionID
+        do {
+            let server = try TestServer(store: store, clock: clock)
+            let (alice, bob, bobSession) = try connectStored(server, store)
+            session = bobSession
+            // The "crash": nothing is committed any more; bob has seen event 1 anyway.
+            store.failCommits(with: StoreError(.io, "the server is about to crash"))
+            try alice.send(.request(id: 1, message("m1", to: "bob")))
+            #expect(try bob.nextEvent().seq == 1)
+        }
+        store.failCommits(with: nil)
+        #expect(store.events(user: "bob", device: "d1").isEmpty, "the crashed server committed m1 after all")
+
+        // The restarted server never stored event 1; bob resumes after it.
+        let server = try TestServer(store: store, clock: clock)
+        let bob = try server.client()
+        let welcome = try bob.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 1))
+        #expect(welcome.resumed)
+        #expect(welcome.ackedSeq == 1)
+        #expect(welcome.lastSeq == 1)
+        // Alice never got her OK and sends m1 again: it is new to this server, and gets a
+        // number bob has not seen (the client library drops the copy by message id).
+        let (alice, _) = try server.connect(user: "alice")
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        let (seq, event) = try bob.nextEvent()
+        #expect(seq == 2)
+        guard case .message(let again) = event else { Issue.record("not a message"); return }
+        #expect(again.messageID == "m1")
     }
 
     /// Sends until OK (the writer may still be in its retry back-off when the store heals).

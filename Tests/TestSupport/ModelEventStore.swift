@@ -13,6 +13,8 @@ public final class ModelEventStore: EventStore {
         var failure: StoreError?
         var batches = 0
         var failedAttempts = 0
+        var applied: [StoreChange] = []
+        var lastAttempt: [StoreChange] = []
     }
     private let state = Mutex(State())
 
@@ -25,6 +27,10 @@ public final class ModelEventStore: EventStore {
 
     public var committedBatches: Int { state.withLock { $0.batches } }
     public var failedAttempts: Int { state.withLock { $0.failedAttempts } }
+    /// Every change of every committed batch, in order.
+    public var appliedChanges: [StoreChange] { state.withLock { $0.applied } }
+    /// The changes of the last `apply`, committed or failed.
+    public var lastAttempt: [StoreChange] { state.withLock { $0.lastAttempt } }
 
     public func loadSnapshot() throws(StoreError) -> StoredSnapshot {
         state.withLock { $0.model.snapshot }
@@ -39,11 +45,13 @@ public final class ModelEventStore: EventStore {
 
     public func apply(_ changes: [StoreChange]) throws(StoreError) {
         let failure: StoreError? = state.withLock { state in
+            state.lastAttempt = changes
             if let failure = state.failure {
                 state.failedAttempts += 1
                 return failure
             }
             state.model.apply(changes)
+            state.applied += changes
             state.batches += 1
             return nil
         }

@@ -47,7 +47,13 @@ extension ClientCore {
             replied(requestID, .failure(ServerRefusal(code: code, message: message)), now: now)
         case .event(let seq, let event):
             if sequencer.receive(seq: seq) {
-                deliver(event, seq: seq)
+                if case .message(let message) = event,
+                   !recentMessages.insert(sender: message.sender, messageID: message.messageID) {
+                    logger.info("duplicate_message_dropped", ["sender": message.sender, "messageId": message.messageID])
+                    skip(seq: seq)
+                } else {
+                    deliver(event, seq: seq)
+                }
             } else {
                 // Already handed to the app: drop it, but let the server release it.
                 scheduleAcknowledgement()
@@ -102,6 +108,16 @@ extension ClientCore {
         let epoch = sequencer.epoch
         eventQueue.async { [weak self] in
             handler(clientEvent)
+            guard let self else { return }
+            self.queue.async { self.eventProcessed(seq, epoch: epoch) }
+        }
+    }
+
+    /// A new number carrying a message the app already has: processed without the app, in
+    /// turn (after the handlers of earlier events), so the ACK never overtakes them.
+    private func skip(seq: UInt64) {
+        let epoch = sequencer.epoch
+        eventQueue.async { [weak self] in
             guard let self else { return }
             self.queue.async { self.eventProcessed(seq, epoch: epoch) }
         }

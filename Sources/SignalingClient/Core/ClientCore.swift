@@ -55,6 +55,7 @@ final class ClientCore: @unchecked Sendable {
     var reconnectCount = 0
     var lastNetworkTriggeredAttempt: Instant?
     var sequencer = EventSequencer()
+    var recentMessages = RecentMessageIDs()
     var ackFlushScheduled = false
     var outbox = Outbox()
     var keepAlive: KeepAliveSchedule

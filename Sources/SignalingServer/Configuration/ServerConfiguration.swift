@@ -65,6 +65,9 @@ public struct ServerConfiguration: Sendable {
     public var logLevel: LogLevel = .info
     /// Where events are kept until devices acknowledge them.
     public var storage: StorageConfiguration = StorageConfiguration()
+    /// With the SQLite store: whether connected devices get events at once or only after
+    /// their commit (the sender's OK waits for the commit either way).
+    public var delivery = Delivery.immediate
     /// How long an accepted message may wait for its commit before the sender gets
     /// ERROR storeUnavailable instead (the store is full or unwritable).
     public var storeTimeout: Duration = .seconds(5)
@@ -82,7 +85,7 @@ public struct ServerConfiguration: Sendable {
     var switchboard: SwitchboardConfiguration {
         SwitchboardConfiguration(
             maxPendingEvents: maxPendingEvents, sessionTTL: sessionTTL, eventTTL: eventTTL, ringTimeout: ringTimeout,
-            callGrace: callGrace, dedupWindow: dedupWindow, dedupCapacity: dedupCapacity)
+            callGrace: callGrace, dedupWindow: dedupWindow, dedupCapacity: dedupCapacity, delivery: delivery)
     }
 
     /// Checks relations between fields that no single option can check.

@@ -36,6 +36,7 @@ public enum ServerOptions {
             OptionSpec("sync", value: "normal|full", default: "normal", help: "normal survives a process crash; full also a power loss (slower commits)."),
             OptionSpec("store-max-bytes", value: "BYTES", help: "Cap the store's size; past it messages are refused until space is freed."),
             OptionSpec("store-timeout", value: "SECONDS", default: "5", help: "A message the store cannot commit within this is refused (storeUnavailable)."),
+            OptionSpec("delivery", value: "immediate|after-commit", default: "immediate", help: "Write events to connected devices at once, or only once committed (the sender's OK always waits for the commit)."),
             OptionSpec("dedup-window", value: "SECONDS", default: "86400", help: "How long message ids are remembered for de-duplication."),
             OptionSpec("dedup-capacity", value: "IDS", default: "1000000", help: "Most message ids remembered at once."),
             OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent bytes allowed for a client that does not read."),
@@ -146,6 +147,10 @@ public enum ServerOptions {
         if let sync = options.string("sync") {
             guard let parsed = SQLiteStoreConfiguration.Synchronous(rawValue: sync) else { throw UsageError("--sync must be normal or full") }
             configuration.storage.synchronous = parsed
+        }
+        if let delivery = options.string("delivery") {
+            guard let parsed = Delivery(rawValue: delivery) else { throw UsageError("--delivery must be immediate or after-commit") }
+            configuration.delivery = parsed
         }
         if let bytes = try options.int("store-max-bytes", in: 65_536...Int.max) { configuration.storage.maxBytes = bytes }
         if let value = try seconds("dedup-window", 0...(86_400 * 365)) { configuration.dedupWindow = value }

@@ -58,6 +58,8 @@ extension EventLoop {
             "events_queued": stats.eventsQueued, "events_written": stats.eventsWritten,
             "events_dropped": stats.eventsDropped, "messages": stats.messagesAccepted,
             "calls": stats.callsStarted, "store_failures": context.switchboard.writer?.failedCommits.load(ordering: .relaxed) ?? 0,
+            "store_commits": context.switchboard.writer?.commits.load(ordering: .relaxed) ?? 0,
+            "store_changes_skipped": context.switchboard.writer?.compactedChanges.load(ordering: .relaxed) ?? 0,
         ])
     }
 

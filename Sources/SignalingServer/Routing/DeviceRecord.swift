@@ -50,9 +50,10 @@ final class DeviceRecord: @unchecked Sendable {
     var queue: EventQueue
     /// Seconds (switchboard timeline) when the device last lost its connection, or 0.
     var disconnectedSecond: UInt32 = 0
-    /// Every event ≤ this is committed to the store (or needs no commit), so it may be
-    /// written to the device.
-    var durableSeq: UInt64
+    /// Every event ≤ this may be written to the device: it is committed to the store, or
+    /// needs no commit, or was released to the live connection before its commit
+    /// (`Delivery.immediate`).
+    var writableSeq: UInt64
     private var connectionBits: UInt64 = 0
     /// A wake-up for `connection` is already on its way; further events need none.
     var wakePending = false
@@ -62,7 +63,7 @@ final class DeviceRecord: @unchecked Sendable {
         self.deviceID = deviceID
         self.sessionID = sessionID
         self.queue = EventQueue(nextSeq: nextSeq)
-        self.durableSeq = nextSeq - 1
+        self.writableSeq = nextSeq - 1
     }
 
     /// Everything ≤ this has been acknowledged by the device.

@@ -30,6 +30,7 @@ final class Switchboard: Sendable {
         var wakeWriter = false
         let result = try state.withLock { state in
             state.currentWall = wall
+            if let writer { state.storeHealthy = writer.isHealthy }
             let result = try body(&state)
             if let unit = state.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
             return result

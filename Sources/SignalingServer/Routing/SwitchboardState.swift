@@ -15,6 +15,8 @@ struct SwitchboardConfiguration: Sendable {
     var callGrace: Duration = .seconds(10)
     var dedupWindow: Duration = .seconds(86_400)
     var dedupCapacity = 1_000_000
+    /// With a store: whether events go to connected devices before their commit.
+    var delivery = Delivery.immediate
 }
 
 /// Something the event loops must do after the switchboard changed state.
@@ -75,8 +77,10 @@ struct SwitchboardCounters: Sendable, Equatable {
 /// what must be made durable (`takeCommitUnit()`). Nothing here does I/O or reads a clock.
 /// The server keeps one instance behind the `Switchboard` lock; tests drive it directly.
 ///
-/// With a store (`journaling`), an event is written to devices only once the change that
-/// created it is committed (`markDurable`); without one, at once.
+/// With a store (`journaling`), an event is written to a connected device at once
+/// (`Delivery.immediate`, while the store is healthy) or once the change that created it
+/// is committed (`markDurable`); to an offline device's wake-up only after the commit.
+/// Without a store, at once.
 struct SwitchboardState {
     let configuration: SwitchboardConfiguration
     /// Time zero of the 32-bit second timeline used in device records.
@@ -92,6 +96,10 @@ struct SwitchboardState {
     var counters = SwitchboardCounters()
     /// Whether a push gateway is configured (offline devices with a token can be woken).
     var pushAvailable = false
+    /// False while the store fails to commit (set by `Switchboard.withState`): events then
+    /// wait for their commit even with `Delivery.immediate`, so that a message refused
+    /// with storeUnavailable was not delivered first.
+    var storeHealthy = true
     /// Wall-clock time of the operation in progress (set by `Switchboard.withState`).
     var currentWall: UInt64 = 0
     /// Session ids come from here (no system call per handshake).
@@ -195,7 +203,11 @@ struct SwitchboardState {
                 return .failure(ProtocolViolation(
                     .sessionUnknown, "session \(resume.sessionID) is unknown or expired; start a new session"))
             }
-            guard resume.lastReceivedSeq <= known.lastSeq else {
+            // Beyond the last event is impossible unless events were written before their
+            // commit and the server then crashed (`Delivery.immediate`): the device saw
+            // numbers this server never stored. The resume acknowledges them as a gap, and
+            // numbering continues after them so that no number is used twice.
+            guard resume.lastReceivedSeq <= known.lastSeq || (journaling && configuration.delivery == .immediate) else {
                 return .failure(ProtocolViolation(
                     .invalidSequence,
                     "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.lastSeq))"))
@@ -225,7 +237,7 @@ struct SwitchboardState {
         record.disconnectedSecond = 0
         // Events already waiting are written right after WELCOME; new ones (held messages,
         // a ringing call) wake the connection like any other.
-        let needsPump = record.durableSeq > sentSeq
+        let needsPump = record.writableSeq > sentSeq
         record.wakePending = needsPump
 
         if let activity = activities[userID] {
@@ -290,13 +302,23 @@ struct SwitchboardState {
                 seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
                 receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
                 createdAt: event.createdAt)))
-            unit.durable.append((device, seq, event.wakeUpKind))
+            if device.connection != nil && releasesBeforeCommit {
+                // Written now; the commit no longer gates it (and, acknowledged quickly,
+                // the store batch drops it before it reaches the disk).
+                device.writableSeq = seq
+                announce(device, event.wakeUpKind)
+            } else {
+                unit.durable.append((device, seq, event.wakeUpKind))
+            }
         } else {
-            device.durableSeq = seq
+            device.writableSeq = seq
             announce(device, event.wakeUpKind)
         }
         return true
     }
+
+    /// Whether events for connected devices skip the wait for their commit.
+    var releasesBeforeCommit: Bool { configuration.delivery == .immediate && storeHealthy }
 
     func hasRoom(_ device: DeviceRecord) -> Bool {
         device.queue.count < configuration.maxPendingEvents
@@ -304,8 +326,8 @@ struct SwitchboardState {
 
     /// Events up to `seq` of `device` are committed: they may be written now.
     mutating func markDurable(_ device: DeviceRecord, through seq: UInt64, kind: WakeUpKind) {
-        guard seq > device.durableSeq else { return }
-        device.durableSeq = seq
+        guard seq > device.writableSeq else { return }
+        device.writableSeq = seq
         announce(device, kind)
     }
 
@@ -342,8 +364,8 @@ struct SwitchboardState {
         device.wakePending = false
         var position = max(sentSeq, device.ackedSeq)
         var batch: [(UInt64, QueuedEvent)] = []
-        while position < device.durableSeq && batch.count < limit {
-            let available = device.queue.events(after: position, limit: min(limit, Int(device.durableSeq - position)))
+        while position < device.writableSeq && batch.count < limit {
+            let available = device.queue.events(after: position, limit: min(limit, Int(device.writableSeq - position)))
             guard !available.isEmpty else { break }
             for event in available {
                 position += 1
@@ -503,7 +525,7 @@ struct SwitchboardState {
             }
             // Numbers handed out before the restart are never handed out again.
             while device.lastSeq < stored.lastSeq { _ = device.queue.append(.placeholder()) }
-            device.durableSeq = device.lastSeq
+            device.writableSeq = device.lastSeq
             device.disconnectedSecond = nowSecond &- age(stored.lastSeen)
             addDevice(device)
             if let push = stored.push { pushRegistrations[ObjectIdentifier(device)] = push }

@@ -48,6 +48,9 @@ final class StoreWriter: @unchecked Sendable {
 
     let commits = Atomic<Int>(0)
     let failedCommits = Atomic<Int>(0)
+    /// Changes that never reached the store: events acknowledged within their own batch
+    /// (`StoreBatch.compacted`).
+    let compactedChanges = Atomic<Int>(0)
 
     init(store: any EventStore, context: ServerContext) throws(ServerError) {
         self.store = store
@@ -109,7 +112,8 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func commitPending() {
-        let changes = pending.flatMap(\.changes)
+        let all = pending.flatMap(\.changes)
+        let changes = StoreBatch.compacted(all)
         do {
             try store.apply(changes)
         } catch {
@@ -125,6 +129,7 @@ final class StoreWriter: @unchecked Sendable {
         failures = 0
         healthy.store(true, ordering: .relaxed)
         commits.increment()
+        compactedChanges.add(all.count - changes.count, ordering: .relaxed)
         let units = pending
         pending = []
         // Units that only record state (new sessions, acknowledgements) release nothing:
