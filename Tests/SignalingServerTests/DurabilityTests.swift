@@ -155,6 +155,26 @@ struct DurabilityTests {
         #expect(again.messageID == "m1")
     }
 
+    @Test("operations within the commit interval share one commit; their OKs follow it")
+    func commitInterval() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.commitInterval = .milliseconds(400) }
+        let (alice, bob, _) = try connectStored(server, store)
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        _ = try bob.nextEvent()
+        let before = store.committedBatches
+        // One at a time: each is delivered (so the server has handled it, and handed its
+        // unit to the writer) before the next is sent. Without the interval each would be
+        // a commit of its own.
+        for index in 2...6 {
+            try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob")))
+            guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
+            #expect(delivered.messageID == "m\(index)")
+        }
+        for index in 2...6 { #expect(try alice.reply(to: UInt32(index)).isOK) }
+        #expect(store.committedBatches - before == 1)
+    }
+
     /// Sends until OK (the writer may still be in its retry back-off when the store heals).
     private func retryUntilAccepted(_ client: TestClient, id: UInt32, _ request: Request) throws -> Bool {
         let deadline = SystemClock().now() + .seconds(10)

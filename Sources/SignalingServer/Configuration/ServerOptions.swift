@@ -37,6 +37,7 @@ public enum ServerOptions {
             OptionSpec("store-max-bytes", value: "BYTES", help: "Cap the store's size; past it messages are refused until space is freed."),
             OptionSpec("store-timeout", value: "SECONDS", default: "5", help: "A message the store cannot commit within this is refused (storeUnavailable)."),
             OptionSpec("delivery", value: "immediate|after-commit", default: "immediate", help: "Write events to connected devices at once, or only once committed (the sender's OK always waits for the commit)."),
+            OptionSpec("commit-interval", value: "MILLISECONDS", default: "2", help: "Least time between two store commits; operations meanwhile share one (delays the sender's OK, and with after-commit delivery the push)."),
             OptionSpec("dedup-window", value: "SECONDS", default: "86400", help: "How long message ids are remembered for de-duplication."),
             OptionSpec("dedup-capacity", value: "IDS", default: "1000000", help: "Most message ids remembered at once."),
             OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent bytes allowed for a client that does not read."),
@@ -160,6 +161,9 @@ public enum ServerOptions {
         if let value = try seconds("tcp-user-timeout", 1...3600) { configuration.tcpUserTimeout = value }
         if let value = try seconds("tick", 0.001...1) { configuration.tickInterval = value }
         if let value = try seconds("stats-interval", 0...86_400) { configuration.statsInterval = value }
+        if let value = try options.double("commit-interval", in: 0...1000) {
+            configuration.commitInterval = .microseconds(Int64((value * 1000).rounded()))
+        }
         if let value = try options.int("busy-poll", in: 0...1_000_000) { configuration.busyPoll = .microseconds(value) }
         if let value = try options.int("max-frame", in: 256...(16 << 20)) { configuration.maxFrameLength = value }
         if let value = try options.int("max-pending", in: 1...10_000_000) { configuration.maxPendingEvents = value }

@@ -45,6 +45,12 @@ final class StoreWriter: @unchecked Sendable {
     // Writer-thread state.
     private var pending: [CommitUnit] = []
     private var failures = 0
+    /// When the last commit started (monotonic), for `commitInterval`.
+    private var lastCommitStarted: Instant?
+    /// Least time between the starts of two commits: units arriving meanwhile join the
+    /// next one. Each commit rewrites every B-tree page it touches in the WAL, so at a
+    /// moderate rate (one unit per commit) the page writes, not the rows, are the cost.
+    private let commitInterval: Duration
 
     let commits = Atomic<Int>(0)
     let failedCommits = Atomic<Int>(0)
@@ -55,6 +61,7 @@ final class StoreWriter: @unchecked Sendable {
     init(store: any EventStore, context: ServerContext) throws(ServerError) {
         self.store = store
         self.context = context
+        commitInterval = context.configuration.commitInterval
         wakeFD = shim_eventfd()
         guard wakeFD >= 0 else { throw ServerError("cannot create an eventfd for the store writer") }
     }
@@ -93,13 +100,24 @@ final class StoreWriter: @unchecked Sendable {
     // MARK: Writer thread
 
     private func run() {
+        let monotonic = SystemClock()
         while true {
             let stop = stopping.load(ordering: .acquiring)
+            // Not too soon after the last commit (this is a throttle on real time, not a
+            // deadline of the protocol, so it reads the system clock, not the injected one).
+            // Loops do not wake the writer meanwhile: the inbox is not empty.
+            if !stop, let last = lastCommitStarted {
+                let wait = last + commitInterval - monotonic.now()
+                if wait > .zero { sleep(wait) }
+            }
             pending += inbox.withLock { inbox in
                 defer { inbox.removeAll(keepingCapacity: true) }
                 return inbox
             }
-            if !pending.isEmpty { commitPending() }
+            if !pending.isEmpty {
+                lastCommitStarted = monotonic.now()
+                commitPending()
+            }
             if stop && (pending.isEmpty || failures > 0) {
                 if !pending.isEmpty { refuseAll(reason: "the server is stopping and the store cannot commit") }
                 return
@@ -180,6 +198,13 @@ final class StoreWriter: @unchecked Sendable {
         for reply in replies {
             post(.reply(reply.connection, .error(requestID: reply.requestID, code: .storeUnavailable, message: reason)))
         }
+    }
+
+    private func sleep(_ duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        var request = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
+        var remaining = timespec()
+        while nanosleep(&request, &remaining) != 0 && errno == EINTR { request = remaining }
     }
 
     /// 10 ms, doubling to 1 s.
