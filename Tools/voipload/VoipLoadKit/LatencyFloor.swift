@@ -11,9 +11,23 @@ import Glibc
 /// sleeps in read(2) until data arrives, the receiver sleeps in read(2) until the relay
 /// writes) but no protocol work at all. On a virtual machine these wake-ups dominate; no
 /// server can push faster than this floor.
+///
+/// How long a wake-up takes depends on how long the woken thread slept: a guest's idle
+/// CPU polls for a while before it halts (cpuidle haltpoll), and waking a halted one costs
+/// a trip through the hypervisor. So there are two floors:
+/// - `.receiverJustSent`: the thread that sent the stamp reads it back, so it has just
+///   gone to sleep when it is woken. The best case, below anything a load test sees.
+/// - `.idleReceiver`: another thread receives, and sleeps between stamps like an idle
+///   device of the benchmark does between probes. This is the floor to read the
+///   benchmark's push latency against.
 enum LatencyFloor {
-    /// Measures `samples` stamps, one at a time, `gapMicroseconds` apart.
-    static func measure(samples: Int, gapMicroseconds: Int) throws(LoadError) -> LatencyHistogram {
+    enum Receiver {
+        case receiverJustSent
+        case idleReceiver
+    }
+
+    /// Measures `samples` stamps, `gapMicroseconds` apart.
+    static func measure(samples: Int, gapMicroseconds: Int, receiver: Receiver) throws(LoadError) -> LatencyHistogram {
         guard let port = SocketCalls.freeLoopbackPort() else { throw LoadError("no free loopback port for the floor relay") }
         let relay: ChildProcess
         do {
@@ -33,6 +47,10 @@ enum LatencyFloor {
         defer { close(receiving) }
 
         let clock = SystemClock()
+        if receiver == .idleReceiver {
+            return try measureWithIdleReceiver(
+                samples: samples, gapMicroseconds: gapMicroseconds, sending: sending, receiving: receiving)
+        }
         var histogram = LatencyHistogram()
         for _ in 0..<samples {
             var stamp = clock.now().nanoseconds
@@ -43,6 +61,36 @@ enum LatencyFloor {
             usleep(UInt32(gapMicroseconds))
         }
         return histogram
+    }
+
+    private static func measureWithIdleReceiver(
+        samples: Int, gapMicroseconds: Int, sending: Int32, receiving: Int32
+    ) throws(LoadError) -> LatencyHistogram {
+        final class Result: @unchecked Sendable {
+            var histogram = LatencyHistogram()
+            var complete = false
+        }
+        let result = Result()
+        let receiverThread = JoinableThread {
+            let clock = SystemClock()
+            for _ in 0..<samples {
+                var echoed: UInt64 = 0
+                guard readFully(receiving, &echoed) else { return }
+                result.histogram.record(nanoseconds: clock.now().nanoseconds - echoed)
+            }
+            result.complete = true
+        }
+        let clock = SystemClock()
+        var failed = false
+        for _ in 0..<samples {
+            var stamp = clock.now().nanoseconds
+            if write(sending, &stamp, 8) != 8 { failed = true; break }
+            usleep(UInt32(gapMicroseconds))
+        }
+        if failed { shutdown(receiving, Int32(SHUT_RDWR)) }
+        receiverThread.join()
+        guard !failed, result.complete else { throw LoadError("floor relay: the relay went away") }
+        return result.histogram
     }
 
     /// The relay (hidden subcommand `voipload floor-relay PORT`): accepts the sending and

@@ -80,8 +80,11 @@ public enum LoadCommand {
             return 64
         }
         do {
-            let histogram = try LatencyFloor.measure(samples: count, gapMicroseconds: 500)
-            print("two-hop loopback floor (relay process, no protocol): " + latencyLine(LoadReport.Latency(histogram)))
+            let hot = try LatencyFloor.measure(samples: count, gapMicroseconds: 500, receiver: .receiverJustSent)
+            let idle = try LatencyFloor.measure(samples: count, gapMicroseconds: 500, receiver: .idleReceiver)
+            print("two-hop loopback floor (relay process, no protocol):")
+            print("  receiver idle between stamps, as a benchmark device: " + latencyLine(LoadReport.Latency(idle)))
+            print("  receiver is the sender, just asleep (best case):     " + latencyLine(LoadReport.Latency(hot)))
             return 0
         } catch {
             printError("voipload floor: \(error.message)")
