@@ -1,9 +1,25 @@
+import CSQLite
 import SignalingStore
 
 /// Applies batches of `StoreChange`s, each in one transaction, with statements prepared
 /// once per connection and re-used for every change of every batch.
+///
+/// A device's counters (`last_seq`, `acked_seq`) only ever rise, so the raises a batch
+/// makes are collected and written once per device at the end of the batch, instead of
+/// one UPDATE per event and per acknowledgement.
 final class ChangeWriter {
     private let connection: SQLiteConnection
+
+    private struct DeviceKey: Hashable {
+        var user: String
+        var device: String
+    }
+
+    /// SQLITE_CONSTRAINT_FOREIGNKEY (a macro Swift does not import).
+    private static let foreignKeyViolation = SQLITE_CONSTRAINT | (3 << 8)
+
+    /// The highest `last_seq` and `acked_seq` the current batch raises each device to.
+    private var counterRaises: [DeviceKey: (lastSeq: Int64, ackedSeq: Int64)] = [:]
 
     private let begin: SQLiteStatement
     private let commit: SQLiteStatement
@@ -11,9 +27,8 @@ final class ChangeWriter {
 
     private let upsertDevice: SQLiteStatement
     private let insertDeviceEvent: SQLiteStatement
-    private let raiseLastSeq: SQLiteStatement
     private let deleteAcknowledgedEvents: SQLiteStatement
-    private let raiseAckedSeq: SQLiteStatement
+    private let raiseCounters: SQLiteStatement
     private let deleteDeviceEvents: SQLiteStatement
     private let deleteDevice: SQLiteStatement
     private let insertHeldEvent: SQLiteStatement
@@ -41,19 +56,17 @@ final class ChangeWriter {
                                        receipt_sender, receipt_message_id, receipt_recipient, created_at)
             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
             """, as: "insert device event")
-        raiseLastSeq = try connection.prepare("""
-            UPDATE devices SET last_seq = max(last_seq, ?3) WHERE user_id = ?1 AND device_id = ?2
-            """, as: "raise last_seq")
         deleteAcknowledgedEvents = try connection.prepare("""
             DELETE FROM device_events WHERE user_id = ?1 AND device_id = ?2 AND seq <= ?3
             """, as: "delete acknowledged events")
-        // last_seq too, to keep last_seq >= acked_seq: a restarted server continues the
-        // sequence after last_seq, and numbers at or below acked_seq would be dropped by
-        // the client as already processed.
-        raiseAckedSeq = try connection.prepare("""
-            UPDATE devices SET acked_seq = max(acked_seq, ?3), last_seq = max(last_seq, ?3)
+        // An acknowledgement raises last_seq too (the caller passes ?3 >= ?4), to keep
+        // last_seq >= acked_seq: a restarted server continues the sequence after last_seq,
+        // and numbers at or below acked_seq would be dropped by the client as already
+        // processed.
+        raiseCounters = try connection.prepare("""
+            UPDATE devices SET last_seq = max(last_seq, ?3), acked_seq = max(acked_seq, ?4)
             WHERE user_id = ?1 AND device_id = ?2
-            """, as: "raise acked_seq")
+            """, as: "raise counters")
         deleteDeviceEvents = try connection.prepare("""
             DELETE FROM device_events WHERE user_id = ?1 AND device_id = ?2
             """, as: "delete device events")
@@ -90,6 +103,7 @@ final class ChangeWriter {
         // make this BEGIN fail forever; finish it first.
         if !connection.isAutocommit { rollBack() }
         try begin.run()
+        counterRaises.removeAll(keepingCapacity: true)
         do throws(StoreError) {
             for (index, change) in changes.enumerated() {
                 do throws(StoreError) {
@@ -98,10 +112,30 @@ final class ChangeWriter {
                     throw StoreError(error.kind, "change \(index + 1) of \(changes.count) (\(change.summary)): \(error.message)")
                 }
             }
+            try writeCounterRaises()
             try commit.run()
         } catch {
             rollBack()
             throw error
+        }
+    }
+
+    private func raise(_ user: String, _ device: String, lastSeq: Int64, ackedSeq: Int64 = 0) {
+        let key = DeviceKey(user: user, device: device)
+        if let raised = counterRaises[key] {
+            counterRaises[key] = (max(raised.lastSeq, lastSeq), max(raised.ackedSeq, ackedSeq))
+        } else {
+            counterRaises[key] = (lastSeq, ackedSeq)
+        }
+    }
+
+    private func writeCounterRaises() throws(StoreError) {
+        for (key, raised) in counterRaises {
+            try raiseCounters.bind(1, key.user)
+            try raiseCounters.bind(2, key.device)
+            try raiseCounters.bind(3, raised.lastSeq)
+            try raiseCounters.bind(4, raised.ackedSeq)
+            try raiseCounters.run()
         }
     }
 
@@ -123,19 +157,16 @@ final class ChangeWriter {
 
         case .appendEvent(let user, let device, let event):
             let seq = try StoredValue.sequence(event.seq, "seq")
-            try raiseLastSeq.bind(1, user)
-            try raiseLastSeq.bind(2, device)
-            try raiseLastSeq.bind(3, seq)
-            try raiseLastSeq.run()
-            // The foreign key would refuse the event too; this says why in plain words.
-            guard connection.changes == 1 else {
-                throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its events")
-            }
             try insertDeviceEvent.bind(1, user)
             try insertDeviceEvent.bind(2, device)
             try insertDeviceEvent.bind(3, seq)
             try bindEventFields(of: event, to: insertDeviceEvent, from: 4)
-            try insertDeviceEvent.run()
+            do throws(StoreError) {
+                try insertDeviceEvent.run()
+            } catch where connection.extendedErrorCode == Self.foreignKeyViolation {
+                throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its events")
+            }
+            raise(user, device, lastSeq: seq)
 
         case .acknowledge(let user, let device, let through):
             let through = try StoredValue.sequence(through, "acknowledged seq")
@@ -143,12 +174,12 @@ final class ChangeWriter {
             try deleteAcknowledgedEvents.bind(2, device)
             try deleteAcknowledgedEvents.bind(3, through)
             try deleteAcknowledgedEvents.run()
-            try raiseAckedSeq.bind(1, user)
-            try raiseAckedSeq.bind(2, device)
-            try raiseAckedSeq.bind(3, through)
-            try raiseAckedSeq.run()
+            raise(user, device, lastSeq: through, ackedSeq: through)
 
         case .removeDevice(let user, let device):
+            // Raises for this life of the device die with it (a later upsertDevice starts a
+            // new life at zero).
+            counterRaises[DeviceKey(user: user, device: device)] = nil
             try deleteDeviceEvents.bind(1, user)
             try deleteDeviceEvents.bind(2, device)
             try deleteDeviceEvents.run()

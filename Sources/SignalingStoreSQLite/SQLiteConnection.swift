@@ -64,6 +64,9 @@ final class SQLiteConnection {
     /// Rows changed by the last INSERT, UPDATE or DELETE.
     var changes: Int32 { sqlite3_changes(handle) }
 
+    /// The extended result code of the last failed call (e.g. SQLITE_CONSTRAINT_FOREIGNKEY).
+    var extendedErrorCode: Int32 { sqlite3_extended_errcode(handle) }
+
     /// Compiles a statement to be kept and re-used (SQLITE_PREPARE_PERSISTENT).
     /// `name` says what the statement does in error messages (the SQL when omitted).
     func prepare(_ sql: String, as name: String? = nil) throws(StoreError) -> SQLiteStatement {

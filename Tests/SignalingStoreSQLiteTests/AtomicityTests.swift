@@ -98,6 +98,9 @@ struct AtomicityTests {
         let error = harness.applyFailing(batch)
         #expect(error?.kind == .other, "\(name)")
         #expect(error?.message.hasPrefix("change 3 of 4") == true, "\(name): \(String(describing: error))")
+        if case .appendEvent(user: "nobody", _, _) = invalid {
+            #expect(error?.message.contains("no such device") == true, "\(String(describing: error))")
+        }
         try harness.verify()
         // The connection is ready for the next batch.
         try harness.apply([Sample.append("alice", "phone", 2)])
