@@ -19,50 +19,63 @@ public enum StoreBatch {
     /// anything after it. Applying the result leaves the store exactly as applying
     /// `changes` would (for a batch the store accepts).
     public static func compacted(_ changes: [StoreChange]) -> [StoreChange] {
-        // Backwards: for each acknowledgement, the highest one of the same device from
-        // there to the end of the device's life in the batch; events below it go.
-        var highestLater: [DeviceKey: UInt64] = [:]
-        var mergedThrough: [Int: UInt64] = [:]
+        var result = changes
+        compact(&result)
+        return result
+    }
+
+    /// `compacted`, in place: kept changes are moved, not copied (the writer compacts
+    /// hundreds of thousands of changes a second, and copying an enum with strings and
+    /// arrays in it costs more than deciding whether to keep it).
+    public static func compact(_ changes: inout [StoreChange]) {
+        // One backward pass. For each device it tracks the highest acknowledgement still
+        // to come in the batch (events at or below it go) and the earliest one seen so far
+        // (which absorbs the later ones of the same life of the device).
+        struct Acknowledgements {
+            var highest: UInt64
+            var earliestIndex: Int
+        }
+        var pending: [DeviceKey: Acknowledgements] = [:]
         var keep = [Bool](repeating: true, count: changes.count)
-        var acknowledgements = 0
+        var merged: [(index: Int, through: UInt64)] = []
+        var dropped = 0
+        func settle(_ acknowledgements: Acknowledgements) {
+            merged.append((acknowledgements.earliestIndex, acknowledgements.highest))
+        }
         for index in changes.indices.reversed() {
             switch changes[index] {
             case .acknowledge(let user, let device, let through):
                 let key = DeviceKey(user: user, device: device)
-                let highest = max(through, highestLater[key] ?? 0)
-                highestLater[key] = highest
-                mergedThrough[index] = highest
-                acknowledgements += 1
+                if let later = pending[key] {
+                    keep[later.earliestIndex] = false
+                    dropped += 1
+                    pending[key] = Acknowledgements(highest: max(through, later.highest), earliestIndex: index)
+                } else {
+                    pending[key] = Acknowledgements(highest: through, earliestIndex: index)
+                }
             case .appendEvent(let user, let device, let event):
-                if let later = highestLater[DeviceKey(user: user, device: device)], event.seq <= later {
+                if let later = pending[DeviceKey(user: user, device: device)], event.seq <= later.highest {
                     keep[index] = false
+                    dropped += 1
                 }
             case .removeDevice(let user, let device):
-                highestLater[DeviceKey(user: user, device: device)] = nil
+                if let later = pending.removeValue(forKey: DeviceKey(user: user, device: device)) { settle(later) }
             default:
                 break
             }
         }
-        guard acknowledgements > 0 else { return changes }
-        // Forwards: the first acknowledgement of each life carries the merged one.
-        var acknowledged: Set<DeviceKey> = []
-        var result: [StoreChange] = []
-        result.reserveCapacity(changes.count)
-        for index in changes.indices where keep[index] {
-            switch changes[index] {
-            case .acknowledge(let user, let device, _):
-                let key = DeviceKey(user: user, device: device)
-                if acknowledged.insert(key).inserted {
-                    result.append(.acknowledge(user: user, device: device, through: mergedThrough[index]!))
-                }
-            case .removeDevice(let user, let device):
-                acknowledged.remove(DeviceKey(user: user, device: device))
-                result.append(changes[index])
-            default:
-                result.append(changes[index])
-            }
+        for acknowledgements in pending.values { settle(acknowledgements) }
+        for (index, through) in merged {
+            guard case .acknowledge(let user, let device, let own) = changes[index], own != through else { continue }
+            changes[index] = .acknowledge(user: user, device: device, through: through)
         }
-        return result
+        guard dropped > 0 else { return }
+        var kept = 0
+        for index in changes.indices where keep[index] {
+            if index != kept { changes.swapAt(index, kept) }
+            kept += 1
+        }
+        changes.removeSubrange(kept...)
     }
 
     private struct DeviceKey: Hashable {

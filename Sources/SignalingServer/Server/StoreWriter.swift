@@ -130,8 +130,11 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func commitPending() {
-        let all = pending.flatMap(\.changes)
-        let changes = StoreBatch.compacted(all)
+        var changes: [StoreChange] = []
+        changes.reserveCapacity(pending.reduce(0) { $0 + $1.changes.count })
+        for unit in pending { changes.append(contentsOf: unit.changes) }
+        let collected = changes.count
+        StoreBatch.compact(&changes)
         do {
             try store.apply(changes)
         } catch {
@@ -147,7 +150,7 @@ final class StoreWriter: @unchecked Sendable {
         failures = 0
         healthy.store(true, ordering: .relaxed)
         commits.increment()
-        compactedChanges.add(all.count - changes.count, ordering: .relaxed)
+        compactedChanges.add(collected - changes.count, ordering: .relaxed)
         let units = pending
         pending = []
         // Units that only record state (new sessions, acknowledgements) release nothing:
