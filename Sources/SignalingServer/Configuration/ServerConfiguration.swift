@@ -68,8 +68,8 @@ public struct ServerConfiguration: Sendable {
     /// With the SQLite store: whether connected devices get events at once or only after
     /// their commit (the sender's OK waits for the commit either way).
     public var delivery = Delivery.immediate
-    /// Least time between two commits of the store writer (group commit window). With
-    /// `.immediate` delivery it delays only the senders' OKs, not the push.
+    /// How long the store writer gathers operations before it commits them (group commit
+    /// window). With `.immediate` delivery it delays only the senders' OKs, not the push.
     public var commitInterval: Duration = .milliseconds(2)
     /// How long an accepted message may wait for its commit before the sender gets
     /// ERROR storeUnavailable instead (the store is full or unwritable).

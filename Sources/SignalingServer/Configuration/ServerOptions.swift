@@ -37,7 +37,7 @@ public enum ServerOptions {
             OptionSpec("store-max-bytes", value: "BYTES", help: "Cap the store's size; past it messages are refused until space is freed."),
             OptionSpec("store-timeout", value: "SECONDS", default: "5", help: "A message the store cannot commit within this is refused (storeUnavailable)."),
             OptionSpec("delivery", value: "immediate|after-commit", default: "immediate", help: "Write events to connected devices at once, or only once committed (the sender's OK always waits for the commit)."),
-            OptionSpec("commit-interval", value: "MILLISECONDS", default: "2", help: "Least time between two store commits; operations meanwhile share one (delays the sender's OK, and with after-commit delivery the push)."),
+            OptionSpec("commit-interval", value: "MILLISECONDS", default: "2", help: "How long the store writer gathers operations before it commits them together (delays the sender's OK, and with after-commit delivery the push)."),
             OptionSpec("dedup-window", value: "SECONDS", default: "86400", help: "How long message ids are remembered for de-duplication."),
             OptionSpec("dedup-capacity", value: "IDS", default: "1000000", help: "Most message ids remembered at once."),
             OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent bytes allowed for a client that does not read."),

@@ -45,11 +45,14 @@ final class StoreWriter: @unchecked Sendable {
     // Writer-thread state.
     private var pending: [CommitUnit] = []
     private var failures = 0
-    /// When the last commit started (monotonic), for `commitInterval`.
-    private var lastCommitStarted: Instant?
-    /// Least time between the starts of two commits: units arriving meanwhile join the
-    /// next one. Each commit rewrites every B-tree page it touches in the WAL, so at a
-    /// moderate rate (one unit per commit) the page writes, not the rows, are the cost.
+    /// When the writer last woke up to work (monotonic): the next commit starts
+    /// `commitInterval` after it.
+    private var wokeAt: Instant?
+    /// How long the writer gathers units before it commits them. Each commit rewrites
+    /// every B-tree page it touches in the WAL, so at a moderate rate (one unit per
+    /// commit) the page writes, not the rows, would be the cost. And the commit's burst of
+    /// CPU then comes after the push it belongs to, not during it (with
+    /// `Delivery.immediate`, events are already on their way when the writer is woken).
     private let commitInterval: Duration
 
     let commits = Atomic<Int>(0)
@@ -103,21 +106,18 @@ final class StoreWriter: @unchecked Sendable {
         let monotonic = SystemClock()
         while true {
             let stop = stopping.load(ordering: .acquiring)
-            // Not too soon after the last commit (this is a throttle on real time, not a
-            // deadline of the protocol, so it reads the system clock, not the injected one).
-            // Loops do not wake the writer meanwhile: the inbox is not empty.
-            if !stop, let last = lastCommitStarted {
-                let wait = last + commitInterval - monotonic.now()
+            // Gather for a while (a throttle on real time, not a deadline of the protocol,
+            // so it reads the system clock, not the injected one). Loops do not wake the
+            // writer meanwhile: the inbox is not empty.
+            if !stop, let wokeAt {
+                let wait = wokeAt + commitInterval - monotonic.now()
                 if wait > .zero { sleep(wait) }
             }
             pending += inbox.withLock { inbox in
                 defer { inbox.removeAll(keepingCapacity: true) }
                 return inbox
             }
-            if !pending.isEmpty {
-                lastCommitStarted = monotonic.now()
-                commitPending()
-            }
+            if !pending.isEmpty { commitPending() }
             if stop && (pending.isEmpty || failures > 0) {
                 if !pending.isEmpty { refuseAll(reason: "the server is stopping and the store cannot commit") }
                 return
@@ -126,6 +126,7 @@ final class StoreWriter: @unchecked Sendable {
             var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
             let timeout: Int32 = pending.isEmpty ? -1 : retryDelayMilliseconds()
             if poll(&descriptor, 1, timeout) > 0 { shim_eventfd_drain(wakeFD) }
+            wokeAt = monotonic.now()
         }
     }
 
