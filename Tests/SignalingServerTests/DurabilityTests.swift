@@ -175,6 +175,24 @@ struct DurabilityTests {
         #expect(store.committedBatches - before == 1)
     }
 
+    @Test("after a slow commit the writer gathers at least as long as it took, so a slow store gets bigger batches")
+    func slowCommitsGatherLonger() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.commitInterval = .zero }
+        let (alice, bob, _) = try connectStored(server, store)
+        store.delayCommits(by: .milliseconds(500))
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)  // a commit of 500 ms
+        _ = try bob.nextEvent()
+        let before = store.committedBatches
+        for index in 2...6 {
+            try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob")))
+            _ = try bob.nextEvent()
+        }
+        for index in 2...6 { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(10)).isOK) }
+        // Without gathering, m2 would be committed alone at once, the rest after it.
+        #expect(store.committedBatches - before == 1)
+    }
+
     /// Sends until OK (the writer may still be in its retry back-off when the store heals).
     private func retryUntilAccepted(_ client: TestClient, id: UInt32, _ request: Request) throws -> Bool {
         let deadline = SystemClock().now() + .seconds(10)

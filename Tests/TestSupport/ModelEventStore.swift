@@ -1,7 +1,11 @@
 import SQLiteStoreFixtures
 import SignalingProtocol
 import SignalingStore
+import SignalingSupport
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// An `EventStore` kept in memory, for server tests: the reference model of the store's
 /// semantics (`ReferenceStore`, which the SQLite store is also checked against), plus
@@ -14,6 +18,7 @@ public final class ModelEventStore: EventStore {
         var batches = 0
         var failedAttempts = 0
         var applied: [StoreChange] = []
+        var applyDelay: Duration = .zero
         var lastAttempt: [StoreChange] = []
     }
     private let state = Mutex(State())
@@ -23,6 +28,11 @@ public final class ModelEventStore: EventStore {
     /// While set, every `apply` fails with this error and changes nothing.
     public func failCommits(with error: StoreError?) {
         state.withLock { $0.failure = error }
+    }
+
+    /// Every `apply` takes at least this long (a slow disk).
+    public func delayCommits(by delay: Duration) {
+        state.withLock { $0.applyDelay = delay }
     }
 
     public var committedBatches: Int { state.withLock { $0.batches } }
@@ -44,6 +54,11 @@ public final class ModelEventStore: EventStore {
     }
 
     public func apply(_ changes: [StoreChange]) throws(StoreError) {
+        let delay = state.withLock { $0.applyDelay }
+        if delay > .zero {
+            let deadline = SystemClock().now() + delay
+            while SystemClock().now() < deadline { usleep(1_000) }
+        }
         let failure: StoreError? = state.withLock { state in
             state.lastAttempt = changes
             if let failure = state.failure {
