@@ -63,14 +63,18 @@ enum ProbeCommand {
         let received = ResultSlot<Receiver.Outcome>()
         let published = ResultSlot<Publisher.Outcome>()
         let expectsReplies = options.wireProtocol == .voip
+        let clock = SystemClock()
+        let cpuBefore = CPUAccounting.sample(serverPID: options.serverPID, at: clock.now().nanoseconds)
         let receiverThread = JoinableThread { received.put(receiver.run()) }
         let publisherThread = JoinableThread { published.put(publisher.run(expectsReplies: expectsReplies)) }
         publisherThread.join()
         receiverThread.join()
+        let cpuAfter = CPUAccounting.sample(serverPID: options.serverPID, at: clock.now().nanoseconds)
 
         return ProbeReport(
             options: options, connect: connect, rssBefore: rssBefore, rssAfter: rssAfter,
-            publisher: published.take()!, receiver: received.take()!)
+            publisher: published.take()!, receiver: received.take()!,
+            cpu: CPUAccounting.usage(from: cpuBefore, to: cpuAfter))
     }
 
     /// A blocking connection from 127.0.0.1 whose handshake (CONNACK / WELCOME) is done.

@@ -7,6 +7,7 @@ struct ProbeReport {
     var rssAfter: UInt64?
     var publisher: Publisher.Outcome
     var receiver: Receiver.Outcome
+    var cpu: CPUAccounting.Usage
 
     var lost: Int { max(0, publisher.sent - receiver.received) }
 
@@ -54,6 +55,11 @@ struct ProbeReport {
         lines.append("latency (µs)    p50 \(micro(latency.value(atPercent: 50)))  p90 \(micro(latency.value(atPercent: 90)))  "
             + "p99 \(micro(latency.value(atPercent: 99)))  p99.9 \(micro(latency.value(atPercent: 99.9)))  "
             + "max \(micro(latency.maximum))  mean \(fixed(latency.mean / 1000, 1))  (n=\(latency.count))")
+        lines.append("CPU (% of a core) while measuring: server \(cpu.server.map { fixed($0, 1) } ?? "?"), probe \(fixed(cpu.probe, 1)), "
+            + "irq+softirq \(fixed(cpu.interrupts, 1)), steal \(fixed(cpu.steal, 1)), other processes \(fixed(cpu.others, 1))")
+        if cpu.others > 10 {
+            lines.append("                other processes used the cores meanwhile: the tails are not the servers' alone")
+        }
         lines.append(summary())
         lines.append(clean ? "result          OK" : "result          FAILED")
         return lines.joined(separator: "\n") + "\n"
@@ -75,6 +81,8 @@ struct ProbeReport {
             ("max_us", micro(latency.maximum)),
             ("samples", "\(latency.count)"),
             ("lost", "\(lost)"),
+            ("server_cpu_pct", cpu.server.map { fixed($0, 1) } ?? "-"),
+            ("other_cpu_pct", fixed(cpu.others, 1)),
         ]
         return "SUMMARY " + pairs.map { "\($0.0)=\($0.1)" }.joined(separator: " ")
     }
