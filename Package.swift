@@ -133,6 +133,13 @@ let package = Package(
             dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
             path: "Tools/sqlite-store-bench"
         ),
+        // Push latency of an MQTT broker and of voipserver measured with the same client-side
+        // method, to calibrate what the machine and the method cost (Tools/bench-reference).
+        .executableTarget(
+            name: "reference-probe",
+            dependencies: ["SignalingProtocol", "SignalingSupport"],
+            path: "Tools/reference-probe"
+        ),
 
         // --- SignalingClient (issue 3): the client library, its tests, and the small
         // executable the tests run inside network namespaces. ---

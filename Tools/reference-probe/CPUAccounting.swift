@@ -1,0 +1,80 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where the machine's CPU time went during the measurement, from /proc: the server's
+/// and the probe's own user+system time, the kernel's interrupt work (loopback delivery
+/// runs mostly in softirq), time the hypervisor stole, and what is left: other
+/// processes sharing the cores, which make any latency figure worse.
+struct CPUAccounting {
+    struct Sample {
+        var machineBusy: UInt64 = 0  // user + nice + system, all cores
+        var interrupts: UInt64 = 0  // irq + softirq
+        var steal: UInt64 = 0
+        var probe: UInt64 = 0
+        var server: UInt64?
+        var nanoseconds: UInt64 = 0
+    }
+
+    /// Percentages of one core over the interval.
+    struct Usage: Sendable {
+        var server: Double?
+        var probe: Double
+        var interrupts: Double
+        var steal: Double
+        var others: Double
+    }
+
+    static func sample(serverPID: Int32?, at nanoseconds: UInt64) -> Sample {
+        var sample = Sample(nanoseconds: nanoseconds)
+        if let fields = firstLineFields("/proc/stat"), fields.count > 8, fields[0] == "cpu" {
+            let value = { (index: Int) in UInt64(fields[index]) ?? 0 }
+            sample.machineBusy = value(1) + value(2) + value(3)
+            sample.interrupts = value(6) + value(7)
+            sample.steal = value(8)
+        }
+        sample.probe = processTicks("/proc/self/stat") ?? 0
+        sample.server = serverPID.flatMap { processTicks("/proc/\($0)/stat") }
+        return sample
+    }
+
+    static func usage(from start: Sample, to end: Sample) -> Usage {
+        let ticksPerSecond = Double(sysconf(Int32(_SC_CLK_TCK)))
+        let seconds = Double(end.nanoseconds - start.nanoseconds) / 1e9
+        func percent(_ ticks: UInt64) -> Double { seconds > 0 ? Double(ticks) / ticksPerSecond / seconds * 100 : 0 }
+        func delta(_ a: UInt64, _ b: UInt64) -> UInt64 { b >= a ? b - a : 0 }
+        let busy = delta(start.machineBusy, end.machineBusy)
+        let probe = delta(start.probe, end.probe)
+        var server: UInt64?
+        if let a = start.server, let b = end.server { server = delta(a, b) }
+        let ours = probe + (server ?? 0)
+        return Usage(
+            server: server.map(percent), probe: percent(probe),
+            interrupts: percent(delta(start.interrupts, end.interrupts)), steal: percent(delta(start.steal, end.steal)),
+            others: percent(busy > ours ? busy - ours : 0))
+    }
+
+    /// utime + stime (fields 14 and 15) of a /proc/PID/stat file.
+    private static func processTicks(_ path: String) -> UInt64? {
+        guard let line = firstLine(path), let close = line.lastIndex(of: ")") else { return nil }
+        let fields = line[line.index(after: close)...].split(separator: " ")
+        // After "pid (comm)", fields[0] is the state (field 3): utime is field 14, stime 15.
+        guard fields.count > 12, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return nil }
+        return user + system
+    }
+
+    private static func firstLineFields(_ path: String) -> [Substring]? {
+        firstLine(path)?.split(separator: " ")
+    }
+
+    private static func firstLine(_ path: String) -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 1024)
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard count > 0 else { return nil }
+        let text = String(decoding: buffer[0..<count], as: UTF8.self)
+        return text.split(separator: "\n", maxSplits: 1).first.map(String.init)
+    }
+}

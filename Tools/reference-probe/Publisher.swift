@@ -1,0 +1,107 @@
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The publisher thread: open loop. Event k is due at start + k / rate; the thread sleeps
+/// until then, stamps the payload with the monotonic time and sends at once, whatever has
+/// or has not arrived. Between sends it reads (without waiting) and handles what the
+/// server sent it: OK/ERROR replies and delivery receipts, which it acknowledges (voip).
+struct Publisher {
+    var fd: Int32
+    var dialect: any Dialect
+    var subscribers: Int
+    var events: Int
+    var rate: Double
+    var payloadBytes: Int
+    var seed: UInt64
+    var board: ProgressBoard
+    /// How long to wait for outstanding replies after the last send (voip).
+    var replyTimeoutNanoseconds: UInt64
+
+    struct Outcome: Sendable {
+        var sent = 0
+        var seconds = 0.0
+        /// How late the sends were against their due times (scheduling, blocking sends).
+        var lateness = LatencyHistogram()
+        var oks = 0
+        var errors = 0
+        var lastError: String?
+        var problem: String?
+        var achievedRate: Double { seconds > 0 ? Double(max(0, sent - 1)) / seconds : 0 }
+    }
+
+    func run(expectsReplies: Bool) -> Outcome {
+        let clock = SystemClock()
+        var outcome = Outcome()
+        var random = FastRandom(seed: seed)
+        var inbound = Inbound()
+        var pending: [UInt8] = []
+        let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
+        defer { scratch.deallocate() }
+        let payload = [UInt8](repeating: 0, count: payloadBytes)
+        let interval = 1e9 / rate
+        let start = clock.now().nanoseconds + 10_000_000
+        var firstSend: UInt64 = 0
+
+        /// Reads what has arrived without waiting; false when the connection is unusable.
+        func drainReplies() -> Bool {
+            while true {
+                let count = recv(fd, scratch.baseAddress, scratch.count, Int32(MSG_DONTWAIT))
+                if count < 0 && errno == EINTR { continue }
+                if count < 0 && errno == EAGAIN { return true }
+                if count <= 0 {
+                    outcome.problem = count == 0 ? "the server closed the publisher's connection" : ProbeError(call: "recv").message
+                    return false
+                }
+                pending.append(contentsOf: scratch[0..<count])
+                inbound.reset()
+                let used = pending.withUnsafeBytes { dialect.consume($0, subscriber: nil, into: &inbound) }
+                pending.removeFirst(used)
+                outcome.oks += inbound.oks
+                outcome.errors += inbound.errors
+                if let error = inbound.lastError { outcome.lastError = error }
+                if let problem = inbound.problem { outcome.problem = problem; return false }
+                if !inbound.reply.isEmpty && !Sockets.sendAll(fd, inbound.reply) {
+                    outcome.problem = ProbeError(call: "send").message
+                    return false
+                }
+            }
+        }
+
+        for number in 0..<events {
+            var packet = dialect.publication(number: number, subscriber: random.below(subscribers), payload: payload)
+            let stampOffset = packet.count - payloadBytes
+            let due = start + UInt64(Double(number) * interval)
+            sleep(untilMonotonicNanoseconds: due)
+            let sent = packet.withUnsafeMutableBytes { bytes in
+                let stamp = clock.now().nanoseconds
+                bytes.storeBytes(of: stamp.littleEndian, toByteOffset: stampOffset, as: UInt64.self)
+                let ok = Sockets.sendAll(fd, UnsafeRawBufferPointer(bytes))
+                board.lastSendNanoseconds.store(stamp, ordering: .releasing)
+                return ok ? stamp : nil
+            }
+            guard let stamp = sent else {
+                outcome.problem = ProbeError(call: "send").message
+                break
+            }
+            if number == 0 { firstSend = stamp }
+            outcome.lateness.record(stamp > due ? stamp - due : 0)
+            outcome.sent += 1
+            board.sent.store(outcome.sent, ordering: .releasing)
+            outcome.seconds = Double(stamp - firstSend) / 1e9
+            guard drainReplies() else { break }
+        }
+        board.finished.store(true, ordering: .releasing)
+
+        // Collect the outstanding replies (and acknowledge the receipts still coming).
+        if expectsReplies && outcome.problem == nil {
+            let deadline = clock.now().nanoseconds + replyTimeoutNanoseconds
+            while outcome.oks + outcome.errors < outcome.sent && clock.now().nanoseconds < deadline {
+                usleep(1_000)
+                guard drainReplies() else { break }
+            }
+        }
+        return outcome
+    }
+}

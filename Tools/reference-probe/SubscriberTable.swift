@@ -1,0 +1,81 @@
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The subscriber connections, indexed by subscriber number, and the epoll set they are
+/// registered in (token = subscriber number). Built by `SubscriberConnector` on the main
+/// thread, then handed whole to the receiver thread: one thread at a time uses it, and
+/// thread start and join order those uses.
+final class SubscriberTable: @unchecked Sendable {
+    let epoll: EpollSet
+    /// -1 for a subscriber without a connection.
+    var descriptors: [Int32]
+    /// The bytes of a packet that has not fully arrived, per connection (usually empty).
+    var partial: [[UInt8]]
+    /// One read's worth of bytes.
+    let scratch: UnsafeMutableRawBufferPointer
+    let dialect: any Dialect
+    let clock = SystemClock()
+
+    init(count: Int, dialect: any Dialect) throws(ProbeError) {
+        epoll = try EpollSet()
+        descriptors = [Int32](repeating: -1, count: count)
+        partial = [[UInt8]](repeating: [], count: count)
+        scratch = .allocate(byteCount: 256 * 1024, alignment: 8)
+        self.dialect = dialect
+    }
+
+    deinit {
+        for fd in descriptors where fd >= 0 { close(fd) }
+        scratch.deallocate()
+    }
+
+    var count: Int { descriptors.count }
+
+    /// What one read on a connection gave.
+    enum ReadOutcome {
+        /// Nothing to read after all.
+        case nothing
+        /// Bytes arrived at `at` (monotonic ns, read right after recv returned); their
+        /// packets are in the `Inbound`, and any reply was sent.
+        case received(at: UInt64)
+        /// The connection is unusable (closed by the server, refused, malformed).
+        case failed(String)
+    }
+
+    /// One recv on subscriber `index`'s connection, then parsing, then the reply.
+    func read(_ index: Int, into inbound: inout Inbound) -> ReadOutcome {
+        let fd = descriptors[index]
+        let count = recv(fd, scratch.baseAddress, scratch.count, 0)
+        let now = clock.now().nanoseconds
+        if count == 0 { return .failed("the server closed the connection") }
+        if count < 0 {
+            if errno == EAGAIN || errno == EINTR { return .nothing }
+            return .failed(ProbeError(call: "recv").message)
+        }
+        inbound.reset()
+        let arrived = UnsafeRawBufferPointer(rebasing: scratch[0..<count])
+        if partial[index].isEmpty {
+            let used = dialect.consume(arrived, subscriber: index, into: &inbound)
+            if used < count { partial[index] = Array(arrived[used...]) }
+        } else {
+            partial[index].append(contentsOf: arrived)
+            let used = partial[index].withUnsafeBytes { dialect.consume($0, subscriber: index, into: &inbound) }
+            partial[index].removeFirst(used)
+        }
+        if let problem = inbound.problem { return .failed(problem) }
+        if !inbound.reply.isEmpty && !Sockets.sendAll(fd, inbound.reply) {
+            return .failed(ProbeError(call: "send").message)
+        }
+        return .received(at: now)
+    }
+
+    /// Closes subscriber `index`'s connection (which also takes it out of the epoll set).
+    func drop(_ index: Int) {
+        guard descriptors[index] >= 0 else { return }
+        close(descriptors[index])
+        descriptors[index] = -1
+        partial[index] = []
+    }
+}
