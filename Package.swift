@@ -137,7 +137,7 @@ let package = Package(
         // method, to calibrate what the machine and the method cost (Tools/bench-reference).
         .executableTarget(
             name: "reference-probe",
-            dependencies: ["SignalingProtocol", "SignalingSupport"],
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "VoipLoadKit"],
             path: "Tools/reference-probe"
         ),
 

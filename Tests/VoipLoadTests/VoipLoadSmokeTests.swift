@@ -70,3 +70,26 @@ import Testing
         #expect(table.exitCode == 1 && table.stderr.contains("cannot read /nonexistent.json"))
     }
 }
+
+/// The calibration probe (Tools/reference-probe) against a real voipserver. Its MQTT side
+/// needs Mosquitto, which only `Tools/bench-reference` installs; it is not run here.
+@Suite struct ReferenceProbeSmokeTests {
+    @Test func voipProbeLosesNothing() throws {
+        let server = try ServerProcess(["--store", "memory", "--log-level", "info", "--workers", "1"])
+        defer { _ = server.terminate() }
+        let run = try ExecutableRun.run("reference-probe", [
+            "--protocol", "voip", "--server", "127.0.0.1:\(server.port)", "--subscribers", "50",
+            "--events", "200", "--rate", "1000", "--source-addresses", "4", "--settle", "0.1",
+            "--server-pid", "\(server.process.pid)",
+        ], timeoutSeconds: 60)
+        #expect(run.exitCode == 0, "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        let summary = try #require(run.stdout.split(separator: "\n").first { $0.hasPrefix("SUMMARY ") })
+        #expect(summary.contains(" subscribers=50 failed=0 "), "\(summary)")
+        #expect(summary.contains(" samples=200 lost=0 "), "\(summary)")
+    }
+
+    @Test func badUsageIsExit64() throws {
+        let run = try ExecutableRun.run("reference-probe", ["--protocol", "carrier-pigeon"], timeoutSeconds: 30)
+        #expect(run.exitCode == 64, "\(run.stderr)")
+    }
+}

@@ -1,3 +1,4 @@
+import VoipLoadKit
 /// The probe's printed result: a readable block, then one `SUMMARY` line of key=value pairs
 /// for scripts (Tools/bench-reference collects them into a table).
 struct ProbeReport {
@@ -42,8 +43,8 @@ struct ProbeReport {
         }
         lines.append("events          \(publisher.sent) sent in \(fixed(publisher.seconds, 2)) s (\(fixed(publisher.achievedRate, 0))/s), "
             + "\(receiver.received) received, \(lost) lost, \(receiver.misrouted) misrouted")
-        lines.append("send lateness   p50 \(micro(publisher.lateness.value(atPercent: 50))) µs, "
-            + "p99 \(micro(publisher.lateness.value(atPercent: 99))) µs, max \(micro(publisher.lateness.maximum)) µs (against the schedule)")
+        lines.append("send lateness   p50 \(micro(publisher.lateness.value(atPercentile: 50))) µs, "
+            + "p99 \(micro(publisher.lateness.value(atPercentile: 99))) µs, max \(micro(publisher.lateness.maximum)) µs (against the schedule)")
         if options.wireProtocol == .voip {
             lines.append("replies         \(publisher.oks) OK, \(publisher.errors) ERROR" + (publisher.lastError.map { " (last: \($0))" } ?? ""))
         }
@@ -52,9 +53,9 @@ struct ProbeReport {
             lines.append("receiver        \(receiver.connectionsLost) subscriber connections failed; first: \(receiver.firstProblem ?? "?")")
         }
         if receiver.stampsFromTheFuture > 0 { lines.append("receiver        \(receiver.stampsFromTheFuture) stamps later than their arrival") }
-        lines.append("latency (µs)    p50 \(micro(latency.value(atPercent: 50)))  p90 \(micro(latency.value(atPercent: 90)))  "
-            + "p99 \(micro(latency.value(atPercent: 99)))  p99.9 \(micro(latency.value(atPercent: 99.9)))  "
-            + "max \(micro(latency.maximum))  mean \(fixed(latency.mean / 1000, 1))  (n=\(latency.count))")
+        lines.append("latency (µs)    p50 \(micro(latency.value(atPercentile: 50)))  p90 \(micro(latency.value(atPercentile: 90)))  "
+            + "p99 \(micro(latency.value(atPercentile: 99)))  p99.9 \(micro(latency.value(atPercentile: 99.9)))  "
+            + "max \(micro(latency.maximum))  mean \(fixed(latency.mean / 1000, 1))  (n=\(latency.totalCount))")
         lines.append("CPU (% of a core) while measuring: server \(cpu.server.map { fixed($0, 1) } ?? "?"), probe \(fixed(cpu.probe, 1)), "
             + "irq+softirq \(fixed(cpu.interrupts, 1)), steal \(fixed(cpu.steal, 1)), other processes \(fixed(cpu.others, 1))")
         if cpu.others > 10 {
@@ -74,12 +75,12 @@ struct ProbeReport {
             ("handshakes_per_s", fixed(connect.handshakesPerSecond, 0)),
             ("listen_overflows", connect.listenOverflows.map { "\($0)" } ?? "-"),
             ("rss_bytes_per_conn", rssPerConnection.map { fixed($0, 0) } ?? "-"),
-            ("p50_us", micro(latency.value(atPercent: 50))),
-            ("p90_us", micro(latency.value(atPercent: 90))),
-            ("p99_us", micro(latency.value(atPercent: 99))),
-            ("p999_us", micro(latency.value(atPercent: 99.9))),
+            ("p50_us", micro(latency.value(atPercentile: 50))),
+            ("p90_us", micro(latency.value(atPercentile: 90))),
+            ("p99_us", micro(latency.value(atPercentile: 99))),
+            ("p999_us", micro(latency.value(atPercentile: 99.9))),
             ("max_us", micro(latency.maximum)),
-            ("samples", "\(latency.count)"),
+            ("samples", "\(latency.totalCount)"),
             ("lost", "\(lost)"),
             ("server_cpu_pct", cpu.server.map { fixed($0, 1) } ?? "-"),
             ("other_cpu_pct", fixed(cpu.others, 1)),

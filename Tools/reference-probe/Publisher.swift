@@ -1,3 +1,4 @@
+import VoipLoadKit
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -86,7 +87,7 @@ struct Publisher {
                 break
             }
             if number == 0 { firstSend = stamp }
-            outcome.lateness.record(stamp > due ? stamp - due : 0)
+            outcome.lateness.record(nanoseconds: stamp > due ? stamp - due : 0)
             outcome.sent += 1
             board.sent.store(outcome.sent, ordering: .releasing)
             outcome.seconds = Double(stamp - firstSend) / 1e9

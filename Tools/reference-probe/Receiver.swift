@@ -1,3 +1,4 @@
+import VoipLoadKit
 import SignalingSupport
 
 /// The receiver thread: one epoll loop over every subscriber connection. Each event's
@@ -35,7 +36,7 @@ struct Receiver {
                 case .received(let now):
                     for stamp in inbound.stamps {
                         if stamp <= now {
-                            outcome.latency.record(now - stamp)
+                            outcome.latency.record(nanoseconds: now - stamp)
                         } else {
                             outcome.stampsFromTheFuture += 1
                         }
