@@ -155,6 +155,23 @@ struct DurabilityTests {
         #expect(again.messageID == "m1")
     }
 
+    @Test("--delivery immediate: a resume point further beyond than a crash can explain is refused, and breaks nothing")
+    func resumeFarBeyondIsRefused() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store)
+        let (alice, _, bobSession) = try connectStored(server, store)
+        for lastReceived: UInt64 in [.max, (1 << 20) + 1] {
+            let liar = try server.client()
+            try liar.send(.hello(Hello(userID: "bob", deviceID: "d1", resume: ResumePoint(sessionID: bobSession, lastReceivedSeq: lastReceived))))
+            #expect(try liar.expectClose().code == .invalidSequence, "resume point \(lastReceived)")
+        }
+        // The store took nothing it cannot hold, and the server still delivers.
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        let bob = try server.client()
+        #expect(try bob.hello(user: "bob", resume: ResumePoint(sessionID: bobSession, lastReceivedSeq: 0)).resumed)
+        #expect(try bob.nextEvent().seq == 1)
+    }
+
     @Test("operations within the commit interval share one commit; their OKs follow it")
     func commitInterval() throws {
         let store = ModelEventStore()

@@ -206,8 +206,11 @@ struct SwitchboardState {
             // Beyond the last event is impossible unless events were written before their
             // commit and the server then crashed (`Delivery.immediate`): the device saw
             // numbers this server never stored. The resume acknowledges them as a gap, and
-            // numbering continues after them so that no number is used twice.
-            guard resume.lastReceivedSeq <= known.lastSeq || (journaling && configuration.delivery == .immediate) else {
+            // numbering continues after them so that no number is used twice. The gap is
+            // bounded: a crash loses at most what arrived since the last commit.
+            let beyond = resume.lastReceivedSeq > known.lastSeq ? resume.lastReceivedSeq - known.lastSeq : 0
+            let lostToACrash = journaling && configuration.delivery == .immediate && beyond <= Self.largestCrashGap
+            guard beyond == 0 || lostToACrash else {
                 return .failure(ProtocolViolation(
                     .invalidSequence,
                     "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.lastSeq))"))
@@ -316,6 +319,11 @@ struct SwitchboardState {
         }
         return true
     }
+
+    /// How far beyond the last stored event a resume point may be (see `attach`). Events
+    /// a crash can take back arrived within one commit window; a million is far beyond
+    /// that, and keeps sequence numbers far from the store's 2^63 limit.
+    static let largestCrashGap: UInt64 = 1 << 20
 
     /// Whether events for connected devices skip the wait for their commit.
     var releasesBeforeCommit: Bool { configuration.delivery == .immediate && storeHealthy }
