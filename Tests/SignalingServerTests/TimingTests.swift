@@ -93,6 +93,7 @@ struct ConfigurationTests {
             "--listen", "127.0.0.1:9000", "--workers", "3", "--keepalive", "900", "--ring-timeout", "45",
             "--call-grace", "5", "--max-frame", "1024", "--max-pending", "50", "--handshake-rate", "0",
             "--session-ttl", "3600", "--log-level", "debug", "--auth-secret", "x",
+            "--delivery", "after-commit", "--commit-interval", "0.5",
         ])
         #expect(!help)
         #expect(configuration.host == "127.0.0.1" && configuration.port == 9000)
@@ -107,6 +108,8 @@ struct ConfigurationTests {
         #expect(configuration.sessionTTL == .seconds(3600))
         #expect(configuration.logLevel == .debug)
         #expect(configuration.authSecret == "x")
+        #expect(configuration.delivery == .afterCommit)
+        #expect(configuration.commitInterval == .microseconds(500))
     }
 
     @Test("a configuration file, overridden by the command line")
@@ -136,6 +139,8 @@ struct ConfigurationTests {
         (["--log-level", "loud"], "debug"),
         (["--config", "/nonexistent/file"], "cannot read"),
         (["positional"], "unexpected argument"),
+        (["--delivery", "eventually"], "immediate or after-commit"),
+        (["--commit-interval", "-1"], "commit-interval"),
     ])
     func mistakes(arguments: [String], fragment: String) {
         do {
