@@ -55,10 +55,15 @@ final class StoreWriter: @unchecked Sendable {
     /// `Delivery.immediate`, events are already on their way when the writer is woken).
     private let commitInterval: Duration
     /// How long the last commit took. Under sustained load the writer gathers at least as
-    /// long as that: batches double in size, and more of their events meet their
-    /// acknowledgement in the same batch (and never reach the disk), so the store keeps up
-    /// with less work per event. A sender's OK then waits about two commits instead of one.
+    /// long as that (up to `longestGather`): batches double in size, and more of their
+    /// events meet their acknowledgement in the same batch (and never reach the disk), so
+    /// the store keeps up with less work per event. A sender's OK then waits about two
+    /// commits instead of one.
     private var lastCommitDuration: Duration = .zero
+    /// The most the writer gathers for, however long a commit took: one stalled commit
+    /// (a slow disk, a huge first batch) must not hold the next one back until messages
+    /// run into the store timeout.
+    private let longestGather: Duration
 
     let commits = Atomic<Int>(0)
     let failedCommits = Atomic<Int>(0)
@@ -70,6 +75,7 @@ final class StoreWriter: @unchecked Sendable {
         self.store = store
         self.context = context
         commitInterval = context.configuration.commitInterval
+        longestGather = max(commitInterval, min(.milliseconds(250), context.configuration.storeTimeout / 4))
         wakeFD = shim_eventfd()
         guard wakeFD >= 0 else { throw ServerError("cannot create an eventfd for the store writer") }
     }
@@ -115,7 +121,8 @@ final class StoreWriter: @unchecked Sendable {
             // so it reads the system clock, not the injected one). Loops do not wake the
             // writer meanwhile: the inbox is not empty.
             if !stop, let wokeAt {
-                let wait = wokeAt + max(commitInterval, lastCommitDuration) - monotonic.now()
+                let gather = max(commitInterval, min(lastCommitDuration, longestGather))
+                let wait = wokeAt + gather - monotonic.now()
                 if wait > .zero { sleep(wait) }
             }
             pending += inbox.withLock { inbox in
