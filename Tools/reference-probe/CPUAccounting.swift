@@ -1,3 +1,4 @@
+import VoipLoadKit
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -54,27 +55,12 @@ struct CPUAccounting {
             others: percent(busy > ours ? busy - ours : 0))
     }
 
-    /// utime + stime (fields 14 and 15) of a /proc/PID/stat file.
+    /// utime + stime of a /proc/PID/stat file.
     private static func processTicks(_ path: String) -> UInt64? {
-        guard let line = firstLine(path), let close = line.lastIndex(of: ")") else { return nil }
-        let fields = line[line.index(after: close)...].split(separator: " ")
-        // After "pid (comm)", fields[0] is the state (field 3): utime is field 14, stime 15.
-        guard fields.count > 12, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return nil }
-        return user + system
+        ProcessStats.readFile(path).flatMap(ProcessStats.parseCPUTicks(stat:))
     }
 
     private static func firstLineFields(_ path: String) -> [Substring]? {
-        firstLine(path)?.split(separator: " ")
-    }
-
-    private static func firstLine(_ path: String) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 1024)
-        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        guard count > 0 else { return nil }
-        let text = String(decoding: buffer[0..<count], as: UTF8.self)
-        return text.split(separator: "\n", maxSplits: 1).first.map(String.init)
+        ProcessStats.readFile(path)?.split(separator: "\n", maxSplits: 1).first?.split(separator: " ")
     }
 }

@@ -1,3 +1,4 @@
+import VoipLoadKit
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -29,15 +30,15 @@ enum ProbeCommand {
     }
 
     static func run(_ options: ProbeOptions) throws(ProbeError) -> ProbeReport {
-        let limit = Sockets.raiseDescriptorLimit()
+        let limit = Int(clamping: SocketCalls.raiseDescriptorLimit())
         guard options.subscribers + 64 <= limit else {
             throw ProbeError("\(options.subscribers) subscribers need more file descriptors than the limit of \(limit)")
         }
         let dialect: any Dialect = options.wireProtocol == .mqtt ? MQTTDialect() : VoipDialect()
-        let server = Sockets.socketAddress(options.server.address, port: options.server.port)
+        let server = SocketCalls.socketAddress(options.server.address, port: options.server.port)
         let table = try SubscriberTable(count: options.subscribers, dialect: dialect)
 
-        let rssBefore = options.serverPID.flatMap { ServerMemory.residentBytes(pid: $0) }
+        let rssBefore = options.serverPID.flatMap { ProcessStats.residentBytes(pid: $0) }
         let connector = SubscriberConnector(server: server, sources: options.sources, maxInFlight: options.maxInFlight)
         let overflowsBefore = ListenOverflows.current()
         var connect = connector.connectAll(table)
@@ -48,7 +49,7 @@ enum ProbeCommand {
             throw ProbeError("no subscriber could connect (\(connect.firstFailure ?? "no reason recorded"))")
         }
         usleep(UInt32(options.settleSeconds * 1_000_000))
-        let rssAfter = options.serverPID.flatMap { ServerMemory.residentBytes(pid: $0) }
+        let rssAfter = options.serverPID.flatMap { ProcessStats.residentBytes(pid: $0) }
 
         let publisherFD = try connectPublisher(to: server, dialect: dialect)
         defer { close(publisherFD) }

@@ -1,4 +1,5 @@
 import SignalingSupport
+import VoipLoadKit
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -6,32 +7,16 @@ import Glibc
 /// The socket calls the probe makes. Addresses are IPv4 in host byte order; the probe only
 /// talks to loopback (127.0.0.0/8).
 enum Sockets {
-    /// Parses "A.B.C.D:PORT" with A = 127.
+    /// Parses "A.B.C.D:PORT" with A = 127 and a port other than 0.
     static func parseLoopbackEndpoint(_ text: String) -> (address: UInt32, port: UInt16)? {
-        guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]), port != 0 else {
+        guard let endpoint = SocketCalls.parseEndpoint(text), endpoint.address >> 24 == 127, endpoint.port != 0 else {
             return nil
         }
-        let parts = text[..<colon].split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 4 else { return nil }
-        var address: UInt32 = 0
-        for part in parts {
-            guard let byte = UInt8(part) else { return nil }
-            address = address << 8 | UInt32(byte)
-        }
-        guard address >> 24 == 127 else { return nil }
-        return (address, port)
+        return endpoint
     }
 
     static func dottedQuad(_ address: UInt32) -> String {
         "\(address >> 24).\(address >> 16 & 255).\(address >> 8 & 255).\(address & 255)"
-    }
-
-    static func socketAddress(_ address: UInt32, port: UInt16) -> sockaddr_in {
-        var result = sockaddr_in()
-        result.sin_family = sa_family_t(AF_INET)
-        result.sin_port = port.bigEndian
-        result.sin_addr.s_addr = address.bigEndian
-        return result
     }
 
     /// A TCP socket with TCP_NODELAY (every connection of the probe, for both protocols),
@@ -46,7 +31,7 @@ enum Sockets {
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &yes, socklen_t(MemoryLayout<Int32>.size))
         if let source {
             setsockopt(fd, Int32(IPPROTO_IP), IP_BIND_ADDRESS_NO_PORT, &yes, socklen_t(MemoryLayout<Int32>.size))
-            var local = socketAddress(source, port: 0)
+            var local = SocketCalls.socketAddress(source, port: 0)
             let bound = withUnsafePointer(to: &local) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
             }
@@ -72,14 +57,6 @@ enum Sockets {
         return errno
     }
 
-    /// The outcome of a non-blocking connect, once the socket is writable: 0 or errno.
-    static func pendingError(_ fd: Int32) -> Int32 {
-        var error: Int32 = 0
-        var length = socklen_t(MemoryLayout<Int32>.size)
-        guard getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 else { return errno }
-        return error
-    }
-
     /// Writes all of `bytes`. On a non-blocking socket a full send buffer counts as failure
     /// (the probe only writes small frames to sockets that are otherwise idle).
     static func sendAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Bool {
@@ -95,17 +72,6 @@ enum Sockets {
 
     static func sendAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
         bytes.withUnsafeBytes { sendAll(fd, $0) }
-    }
-
-    /// Makes the descriptor limit as large as the hard limit allows; returns the new limit.
-    static func raiseDescriptorLimit() -> Int {
-        var limit = rlimit()
-        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 1024 }
-        if limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max
-            setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
-        }
-        return Int(clamping: limit.rlim_cur)
     }
 }
 

@@ -1,3 +1,4 @@
+import VoipLoadKit
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -69,7 +70,7 @@ struct SubscriberConnector {
             table.descriptors[index] = fd
             let error = Sockets.connect(fd, to: server)
             guard error == 0 else { return fail(index, ProbeError(call: "connect", code: error).message) }
-            guard table.epoll.add(fd, token: UInt64(index), events: EpollSet.output | EpollSet.input) else {
+            guard table.epoll.add(fd, token: UInt64(index), events: Epoll.output | Epoll.input) == 0 else {
                 return fail(index, ProbeError(call: "epoll_ctl").message)
             }
         }
@@ -77,12 +78,12 @@ struct SubscriberConnector {
         func ready(_ index: Int, _ events: UInt32) {
             switch stage[index] {
             case .connecting:
-                let error = Sockets.pendingError(table.descriptors[index])
+                let error = SocketCalls.pendingError(table.descriptors[index])
                 guard error == 0 else { return fail(index, ProbeError(call: "connect", code: error).message) }
-                guard events & EpollSet.output != 0 else { return }
+                guard events & Epoll.output != 0 else { return }
                 let fd = table.descriptors[index]
                 guard Sockets.sendAll(fd, table.dialect.subscriberGreeting(index)),
-                      table.epoll.modify(fd, token: UInt64(index), events: EpollSet.input) else {
+                      table.epoll.modify(fd, token: UInt64(index), events: Epoll.input) == 0 else {
                     return fail(index, ProbeError(call: "send").message)
                 }
                 stage[index] = .greeted

@@ -1,4 +1,5 @@
 import SignalingSupport
+import VoipLoadKit
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -8,7 +9,7 @@ import Glibc
 /// thread, then handed whole to the receiver thread: one thread at a time uses it, and
 /// thread start and join order those uses.
 final class SubscriberTable: @unchecked Sendable {
-    let epoll: EpollSet
+    let epoll: Epoll
     /// -1 for a subscriber without a connection.
     var descriptors: [Int32]
     /// The bytes of a packet that has not fully arrived, per connection (usually empty).
@@ -19,7 +20,11 @@ final class SubscriberTable: @unchecked Sendable {
     let clock = SystemClock()
 
     init(count: Int, dialect: any Dialect) throws(ProbeError) {
-        epoll = try EpollSet()
+        do {
+            epoll = try Epoll(capacity: 1024)
+        } catch {
+            throw ProbeError("\(error)")
+        }
         descriptors = [Int32](repeating: -1, count: count)
         partial = [[UInt8]](repeating: [], count: count)
         scratch = .allocate(byteCount: 256 * 1024, alignment: 8)

@@ -7,12 +7,12 @@ import Glibc
 /// A level-triggered epoll set whose entries carry a 64-bit token (a connection slot).
 /// The C shim copies ready entries into plain arrays, so Swift never touches the packed
 /// `struct epoll_event`.
-struct Epoll: ~Copyable {
-    let fd: Int32
+public struct Epoll: ~Copyable {
+    public let fd: Int32
     private let tokens: UnsafeMutableBufferPointer<UInt64>
     private let readiness: UnsafeMutableBufferPointer<UInt32>
 
-    init(capacity: Int = 256) throws(SystemError) {
+    public init(capacity: Int = 256) throws(SystemError) {
         fd = voipload_epoll_create()
         guard fd >= 0 else { throw SystemError("epoll_create1", errno) }
         tokens = .allocate(capacity: capacity)
@@ -25,25 +25,27 @@ struct Epoll: ~Copyable {
         readiness.deallocate()
     }
 
-    static let input = UInt32(VOIPLOAD_EPOLLIN)
-    static let output = UInt32(VOIPLOAD_EPOLLOUT)
-    static let error = UInt32(VOIPLOAD_EPOLLERR)
-    static let hangUp = UInt32(VOIPLOAD_EPOLLHUP)
-    static let peerClosed = UInt32(VOIPLOAD_EPOLLRDHUP)
-    static let readable = input | peerClosed
-    static let writable = output
+    public static let input = UInt32(VOIPLOAD_EPOLLIN)
+    public static let output = UInt32(VOIPLOAD_EPOLLOUT)
+    public static let error = UInt32(VOIPLOAD_EPOLLERR)
+    public static let hangUp = UInt32(VOIPLOAD_EPOLLHUP)
+    public static let peerClosed = UInt32(VOIPLOAD_EPOLLRDHUP)
+    public static let readable = input | peerClosed
+    public static let writable = output
 
     /// Returns 0 or errno.
-    func add(_ descriptor: Int32, token: UInt64, events mask: UInt32) -> Int32 {
+    public func add(_ descriptor: Int32, token: UInt64, events mask: UInt32) -> Int32 {
         voipload_epoll_control(fd, descriptor, 0, mask, token) == 0 ? 0 : errno
     }
 
-    func modify(_ descriptor: Int32, token: UInt64, events mask: UInt32) {
-        _ = voipload_epoll_control(fd, descriptor, 1, mask, token)
+    /// Returns 0 or errno.
+    @discardableResult
+    public func modify(_ descriptor: Int32, token: UInt64, events mask: UInt32) -> Int32 {
+        voipload_epoll_control(fd, descriptor, 1, mask, token) == 0 ? 0 : errno
     }
 
     /// Waits up to `timeoutMilliseconds` and calls `body(token, events)` for each ready entry.
-    func wait(timeoutMilliseconds: Int32, _ body: (UInt64, UInt32) -> Void) {
+    public func wait(timeoutMilliseconds: Int32, _ body: (UInt64, UInt32) -> Void) {
         let count = voipload_epoll_wait(fd, tokens.baseAddress, readiness.baseAddress, Int32(tokens.count), timeoutMilliseconds)
         guard count > 0 else { return }
         for index in 0..<Int(count) { body(tokens[index], readiness[index]) }

@@ -72,7 +72,7 @@ public enum ProcessStats {
     static var clockTicksPerSecond: Int { max(1, sysconf(Int32(_SC_CLK_TCK))) }
 
     /// A small text file from /proc (read in one go; these files have no size on stat).
-    static func readFile(_ path: String) -> String? {
+    public static func readFile(_ path: String) -> String? {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }

@@ -5,9 +5,9 @@ import Glibc
 #endif
 
 /// Thin wrappers over the few socket calls the tool makes, returning errno on failure.
-enum SocketCalls {
+public enum SocketCalls {
     /// Parses "A.B.C.D:PORT" (IPv4 only: the tool only ever talks to loopback).
-    static func parseEndpoint(_ text: String) -> (address: UInt32, port: UInt16)? {
+    public static func parseEndpoint(_ text: String) -> (address: UInt32, port: UInt16)? {
         guard let colon = text.lastIndex(of: ":") else { return nil }
         guard let port = UInt16(text[text.index(after: colon)...]) else { return nil }
         var host = String(text[..<colon])
@@ -22,7 +22,7 @@ enum SocketCalls {
         return (address, port)
     }
 
-    static func socketAddress(_ address: UInt32, port: UInt16) -> sockaddr_in {
+    public static func socketAddress(_ address: UInt32, port: UInt16) -> sockaddr_in {
         var socketAddress = sockaddr_in()
         socketAddress.sin_family = sa_family_t(AF_INET)
         socketAddress.sin_port = port.bigEndian
@@ -58,7 +58,7 @@ enum SocketCalls {
     }
 
     /// The outcome of a non-blocking connect, once the socket is writable.
-    static func pendingError(_ fd: Int32) -> Int32 {
+    public static func pendingError(_ fd: Int32) -> Int32 {
         var error: Int32 = 0
         var length = socklen_t(MemoryLayout<Int32>.size)
         guard getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 else { return errno }
@@ -103,7 +103,7 @@ enum SocketCalls {
 
     /// Raises the soft descriptor limit to the hard one; returns the limit now in force.
     @discardableResult
-    static func raiseDescriptorLimit() -> UInt64 {
+    public static func raiseDescriptorLimit() -> UInt64 {
         var limit = rlimit()
         guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 1024 }
         if limit.rlim_cur < limit.rlim_max {
