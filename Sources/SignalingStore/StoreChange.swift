@@ -10,6 +10,10 @@ public enum StoreChange: Sendable, Equatable {
     case appendEvent(user: String, device: String, event: StoredEvent)
     /// Deletes the device's events ≤ `through` and raises its `ackedSeq` to `through`.
     case acknowledge(user: String, device: String, through: UInt64)
+    /// Raises the device's `lastSeq` to `through` without an event: the server may hand
+    /// numbers up to it to the device before their events are committed, and a restarted
+    /// server continues after them, so no number is ever given to two events.
+    case reserveSequence(user: String, device: String, through: UInt64)
     /// Deletes a device and everything stored for it (it expired).
     case removeDevice(user: String, device: String)
     /// Holds an event for a user that has no device yet (`event.seq` is its ordinal).

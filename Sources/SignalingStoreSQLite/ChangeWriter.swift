@@ -103,7 +103,9 @@ final class ChangeWriter {
         // make this BEGIN fail forever; finish it first.
         if !connection.isAutocommit { rollBack() }
         try begin.run()
-        counterRaises.removeAll(keepingCapacity: true)
+        // A batch of every device's handshake (a restart storm) must not leave its table
+        // allocated for ever; ordinary batches keep theirs.
+        counterRaises.removeAll(keepingCapacity: counterRaises.count <= 4096)
         do throws(StoreError) {
             for (index, change) in changes.enumerated() {
                 do throws(StoreError) {
@@ -176,6 +178,9 @@ final class ChangeWriter {
             try deleteAcknowledgedEvents.run()
             raise(user, device, lastSeq: through, ackedSeq: through)
 
+        case .reserveSequence(let user, let device, let through):
+            raise(user, device, lastSeq: try StoredValue.sequence(through, "reserved seq"))
+
         case .removeDevice(let user, let device):
             // Raises for this life of the device die with it (a later upsertDevice starts a
             // new life at zero).
@@ -241,6 +246,7 @@ extension StoreChange {
         case .upsertDevice(let user, let device, _, _): return "upsertDevice \(user)/\(device)"
         case .appendEvent(let user, let device, let event): return "appendEvent \(user)/\(device) seq \(event.seq)"
         case .acknowledge(let user, let device, let through): return "acknowledge \(user)/\(device) through \(through)"
+        case .reserveSequence(let user, let device, let through): return "reserveSequence \(user)/\(device) through \(through)"
         case .removeDevice(let user, let device): return "removeDevice \(user)/\(device)"
         case .holdForUser(let user, let event): return "holdForUser \(user) ordinal \(event.seq)"
         case .releaseHeld(let user, let through): return "releaseHeld \(user) through \(through)"

@@ -48,6 +48,10 @@ public struct ReferenceStore: Sendable {
             devices[key]!.events.removeAll { $0.seq <= through }
             devices[key]!.ackedSeq = max(devices[key]!.ackedSeq, through)
             devices[key]!.lastSeq = max(devices[key]!.lastSeq, through)
+        case .reserveSequence(let user, let device, let through):
+            let key = DeviceKey(user: user, device: device)
+            guard devices[key] != nil else { return }
+            devices[key]!.lastSeq = max(devices[key]!.lastSeq, through)
         case .removeDevice(let user, let device):
             devices[DeviceKey(user: user, device: device)] = nil
         case .holdForUser(let user, let event):

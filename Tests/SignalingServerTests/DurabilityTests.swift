@@ -1,5 +1,5 @@
 import SignalingProtocol
-import SignalingServer
+@testable import SignalingServer
 import SignalingStore
 import SignalingSupport
 import TestSupport
@@ -13,15 +13,19 @@ struct DurabilityTests {
         .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
     }
 
-    /// Connects alice and bob and waits until both devices are committed, so that a commit
-    /// failure the test sets up next concerns only what it does afterwards (else the
-    /// failure of their own commit would refuse the test's first message at once).
+    /// Connects alice and bob and waits until both devices, and the sequence numbers
+    /// reserved for them, are committed, so that a commit failure the test sets up next
+    /// concerns only what it does afterwards (else the failure of their own commit would
+    /// refuse the test's first message at once).
     func connectStored(
         _ server: TestServer, _ store: ModelEventStore
     ) throws -> (alice: TestClient, bob: TestClient, bobSession: SessionID) {
         let (alice, _) = try server.connect(user: "alice")
         let (bob, welcome) = try server.connect(user: "bob")
         try server.waitFor("both devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
+        // The writer confirms a batch's reservations after the batch; the OK of a later
+        // message (held for a user with no device) comes after that.
+        #expect(try alice.request(999, message("warm-up", to: "nobody")).isOK)
         return (alice, bob, welcome.sessionID)
     }
 
@@ -118,10 +122,12 @@ struct DurabilityTests {
         }
         #expect(inserted.isEmpty, "bob's event was written although acknowledged in the same batch")
         let snapshot = try store.loadSnapshot()
-        #expect(snapshot.devices.first { $0.userID == "bob" }.map { ($0.ackedSeq, $0.lastSeq, $0.events.count) } ?? (0, 0, 9) == (1, 1, 0))
+        let stored = try #require(snapshot.devices.first { $0.userID == "bob" })
+        #expect(stored.ackedSeq == 1 && stored.events.isEmpty)
+        #expect(stored.lastSeq == SwitchboardState.reservationWindow, "the numbers reserved at the handshake")
     }
 
-    @Test("--delivery immediate: after a crash lost delivered events, the device resumes past them and numbering continues")
+    @Test("--delivery immediate: after a crash lost delivered events, the device resumes and no number is used twice")
     func resumeAfterLostEvents() throws {
         let store = ModelEventStore()
         let clock = ManualClock()
@@ -138,24 +144,54 @@ struct DurabilityTests {
         store.failCommits(with: nil)
         #expect(store.events(user: "bob", device: "d1").isEmpty, "the crashed server committed m1 after all")
 
-        // The restarted server never stored event 1; bob resumes after it.
+        // The restarted server never stored event 1, but it knows number 1 was reserved.
+        // Carol writes to bob before he is back: her message must not take number 1, which
+        // bob would drop as already seen.
         let server = try TestServer(store: store, clock: clock)
+        let (carol, _) = try server.connect(user: "carol")
+        #expect(try carol.request(1, message("from carol", to: "bob")).isOK)
         let bob = try server.client()
         let welcome = try bob.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 1))
         #expect(welcome.resumed)
-        #expect(welcome.ackedSeq == 1)
-        #expect(welcome.lastSeq == 1)
+        // The reserved numbers have no events behind them: they count as acknowledged.
+        #expect(welcome.ackedSeq == SwitchboardState.reservationWindow)
+        let first = try bob.nextEvent()
+        #expect(first.seq == 1 + SwitchboardState.reservationWindow)
+        guard case .message(let fromCarol) = first.event else { Issue.record("not a message"); return }
+        #expect(fromCarol.messageID == "from carol")
         // Alice never got her OK and sends m1 again: it is new to this server, and gets a
         // number bob has not seen (the client library drops the copy by message id).
         let (alice, _) = try server.connect(user: "alice")
         #expect(try alice.request(1, message("m1", to: "bob")).isOK)
         let (seq, event) = try bob.nextEvent()
-        #expect(seq == 2)
+        #expect(seq == first.seq + 1)
         guard case .message(let again) = event else { Issue.record("not a message"); return }
         #expect(again.messageID == "m1")
     }
 
-    @Test("--delivery immediate: a resume point further beyond than a crash can explain is refused, and breaks nothing")
+    @Test("--delivery immediate: only reserved numbers go out before their commit; a device that outruns its reservation gets a bigger one")
+    func reservationBoundsEarlyDelivery() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store)
+        let (alice, bob, _) = try connectStored(server, store)  // reserved: 1...64
+        let window = SwitchboardState.reservationWindow
+        store.delayCommits(by: .seconds(2))
+        for index in 1...(window + 6) {
+            try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob")))
+        }
+        for expected in 1...window { #expect(try bob.nextEvent().seq == expected) }
+        #expect(try bob.staysSilent(for: .milliseconds(50)), "an unreserved number went out before its commit")
+        // The rest follow their commit.
+        for expected in (window + 1)...(window + 6) { #expect(try bob.nextEvent(timeout: .seconds(20)).seq == expected) }
+        store.delayCommits(by: .zero)
+        for index in 1...(window + 6) { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(20)).isOK) }
+        // The device was outrun, so its next reservation reaches further.
+        try server.waitFor("a wider reservation committed") { _ in
+            (try? store.loadSnapshot().devices.first { $0.userID == "bob" }?.lastSeq).flatMap { $0 } ?? 0 >= window + 1 + 2 * window
+        }
+    }
+
+    @Test("a resume point beyond the last number handed out is refused, and breaks nothing")
     func resumeFarBeyondIsRefused() throws {
         let store = ModelEventStore()
         let server = try TestServer(store: store)
@@ -239,6 +275,9 @@ struct DurabilityTests {
             try server.waitFor("the ack to be committed") { _ in store.events(user: "bob", device: "d1").count == 2 }
             #expect(try alice.request(9, message("m5", to: "bob")).isOK)  // while bob... still connected
         }
+        // Numbers the old server reserved for bob (it may have handed them out).
+        let reserved = try #require(try store.loadSnapshot().devices.first { $0.userID == "bob" }).lastSeq
+        #expect(reserved >= 5)
         // A new server on the same store: bob resumes where it left off.
         let server = try TestServer(store: store, clock: clock)
         let bob = try server.client()
@@ -257,9 +296,10 @@ struct DurabilityTests {
         let (alice, _) = try server.connect(user: "alice")
         #expect(try alice.request(1, message("m5", to: "bob")).isOK)
         #expect(try bob.staysSilent(for: .milliseconds(30)))
-        // New events continue the sequence.
+        // New events continue after the numbers reserved before the restart (a device may
+        // have seen reserved numbers whose events the store never got).
         #expect(try alice.request(2, message("m6", to: "bob")).isOK)
-        #expect(try bob.nextEvent().seq == 6)
+        #expect(try bob.nextEvent().seq == reserved + 1)
     }
 
     @Test("messages for a user with no device yet are kept across a restart and delivered in order")

@@ -36,7 +36,7 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
 /// references to records (a connection knows its device) but read or write them only
 /// inside `Switchboard.withState`. That is why the class can be marked Sendable.
 ///
-/// Memory: one of these exists per device, so it is kept to 113 bytes (a 128-byte heap
+/// Memory: one of these exists per device, so it is kept to 122 bytes (a 128-byte heap
 /// block): no optionals that widen fields, times in 32-bit seconds, the per-connection
 /// write position kept by the connection instead.
 final class DeviceRecord: @unchecked Sendable {
@@ -54,6 +54,14 @@ final class DeviceRecord: @unchecked Sendable {
     /// needs no commit, or was released to the live connection before its commit
     /// (`Delivery.immediate`).
     var writableSeq: UInt64
+    /// Numbers up to this are reserved in the store (`StoreChange.reserveSequence`,
+    /// committed): an event numbered at or below it may go to the connected device before
+    /// its own commit, because a restarted server never hands out these numbers again.
+    var reservedSeq: UInt64 = 0
+    /// The device's reservation window is `SwitchboardState.reservationWindow << this`: it
+    /// grows each time events outrun the reservation (a device that receives thousands of
+    /// events a second, such as a bot or a fan-out sender collecting receipts).
+    var reservationScale: UInt8 = 0
     private var connectionBits: UInt64 = 0
     /// A wake-up for `connection` is already on its way; further events need none.
     var wakePending = false

@@ -27,6 +27,13 @@ struct EventQueue {
         return lastSeq
     }
 
+    /// Makes an empty queue continue after `seq` (numbers a restarted server must not hand
+    /// out again, with no events behind them).
+    mutating func skip(through seq: UInt64) {
+        precondition(isEmpty, "skipping numbers of a queue that holds events")
+        firstSeq = max(firstSeq, seq &+ 1)
+    }
+
     /// Drops every event numbered ≤ `seq`, handing each to `body` first.
     mutating func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
         while Int(head) < storage.count && firstSeq <= seq {

@@ -29,12 +29,13 @@ final class QueuedEvent: @unchecked Sendable {
         self.createdAt = createdAt
     }
 
-    /// A cancelled event that only occupies a sequence number.
-    static func placeholder() -> QueuedEvent {
+    /// A cancelled event that only occupies a sequence number. One instance serves every
+    /// queue (a restarted server may fill many numbers; each costs a pointer, no object).
+    static let placeholder: QueuedEvent = {
         let event = QueuedEvent(encoded: EncodedEvent(type: .callRang, body: []), receipt: nil, createdAt: 0)
         event.isCancelled = true
         return event
-    }
+    }()
 }
 
 extension QueuedEvent {

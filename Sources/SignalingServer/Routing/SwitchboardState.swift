@@ -49,6 +49,9 @@ struct CommitUnit: Sendable {
     var changes: [StoreChange] = []
     /// (device, seq): after the commit, events of `device` up to `seq` may be written.
     var durable: [(device: DeviceRecord, seq: UInt64, kind: WakeUpKind)] = []
+    /// (device, through): after the commit, numbers of `device` up to `through` are
+    /// reserved (`DeviceRecord.reservedSeq`).
+    var reservations: [(device: DeviceRecord, through: UInt64)] = []
     /// The OK of a MESSAGE_SEND, sent once this unit is committed.
     var reply: DeferredReply?
     var isEmpty: Bool { changes.isEmpty && reply == nil }
@@ -203,14 +206,10 @@ struct SwitchboardState {
                 return .failure(ProtocolViolation(
                     .sessionUnknown, "session \(resume.sessionID) is unknown or expired; start a new session"))
             }
-            // Beyond the last event is impossible unless events were written before their
-            // commit and the server then crashed (`Delivery.immediate`): the device saw
-            // numbers this server never stored. The resume acknowledges them as a gap, and
-            // numbering continues after them so that no number is used twice. The gap is
-            // bounded: a crash loses at most what arrived since the last commit.
-            let beyond = resume.lastReceivedSeq > known.lastSeq ? resume.lastReceivedSeq - known.lastSeq : 0
-            let lostToACrash = journaling && configuration.delivery == .immediate && beyond <= Self.largestCrashGap
-            guard beyond == 0 || lostToACrash else {
+            // Events written before their commit (`Delivery.immediate`) carry reserved
+            // numbers, which a restarted server knows too: even after a crash, a device has
+            // seen nothing beyond `lastSeq`.
+            guard resume.lastReceivedSeq <= known.lastSeq else {
                 return .failure(ProtocolViolation(
                     .invalidSequence,
                     "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.lastSeq))"))
@@ -230,6 +229,11 @@ struct SwitchboardState {
         let record = device!
         if !resumed {
             journal(.upsertDevice(user: userID, device: deviceID, sessionID: record.sessionID, lastSeen: currentWall))
+        }
+        // Numbers for what comes next, so that events can go out before their commit.
+        let window = reservationWindow(of: record)
+        if record.reservedSeq < record.lastSeq + window - window / 4 {
+            reserve(record, through: record.lastSeq + window)
         }
 
         if let old = record.connection, old != connection {
@@ -306,8 +310,17 @@ struct SwitchboardState {
                 receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
                 createdAt: event.createdAt)))
             if device.connection != nil && releasesBeforeCommit {
+                if seq > device.reservedSeq && device.reservationScale < Self.maximumReservationScale {
+                    device.reservationScale += 1  // outrun: reserve further ahead from now on
+                    reserve(device, through: seq + reservationWindow(of: device))
+                } else if seq % (reservationWindow(of: device) / 4) == 0 {
+                    reserve(device, through: seq + reservationWindow(of: device))
+                }
+            }
+            if device.connection != nil && releasesBeforeCommit && seq <= device.reservedSeq {
                 // Written now; the commit no longer gates it (and, acknowledged quickly,
-                // the store batch drops it before it reaches the disk).
+                // the store batch drops it before it reaches the disk). Its number is
+                // reserved, so a crash before the commit cannot make it reused.
                 device.writableSeq = seq
                 announce(device, event.wakeUpKind)
             } else {
@@ -320,10 +333,30 @@ struct SwitchboardState {
         return true
     }
 
-    /// How far beyond the last stored event a resume point may be (see `attach`). Events
-    /// a crash can take back arrived within one commit window; a million is far beyond
-    /// that, and keeps sequence numbers far from the store's 2^63 limit.
-    static let largestCrashGap: UInt64 = 1 << 20
+    /// How many numbers ahead of its last event a device's reservation reaches, at first. A
+    /// new reservation is asked for every quarter window, so a device that keeps receiving
+    /// finds its numbers reserved; when events outrun it anyway (they then wait for their
+    /// commit), the device's window doubles, up to `reservationWindow << maximumReservationScale`.
+    /// A restarted server skips at most one window of numbers per device, and fills them
+    /// with a pointer each for a device that has events pending.
+    static let reservationWindow: UInt64 = 64
+    static let maximumReservationScale: UInt8 = 10
+
+    private func reservationWindow(of device: DeviceRecord) -> UInt64 {
+        Self.reservationWindow << UInt64(device.reservationScale)
+    }
+
+    /// Reserves `device`'s numbers through `through` (with a store and immediate delivery).
+    private mutating func reserve(_ device: DeviceRecord, through: UInt64) {
+        guard journaling && configuration.delivery == .immediate else { return }
+        unit.changes.append(.reserveSequence(user: device.userID, device: device.deviceID, through: through))
+        unit.reservations.append((device, through))
+    }
+
+    /// A reservation is committed.
+    mutating func confirmReservation(_ device: DeviceRecord, through: UInt64) {
+        device.reservedSeq = max(device.reservedSeq, through)
+    }
 
     /// Whether events for connected devices skip the wait for their commit.
     var releasesBeforeCommit: Bool { configuration.delivery == .immediate && storeHealthy }
@@ -528,12 +561,18 @@ struct SwitchboardState {
                 nextSeq: stored.ackedSeq + 1)
             for event in stored.events where event.seq > device.lastSeq {
                 guard let type = FrameType(rawValue: event.type) else { continue }
-                while device.lastSeq + 1 < event.seq { _ = device.queue.append(.placeholder()) }
+                while device.lastSeq + 1 < event.seq { _ = device.queue.append(.placeholder) }
                 _ = device.queue.append(Self.queuedEvent(event, type: type))
             }
-            // Numbers handed out before the restart are never handed out again.
-            while device.lastSeq < stored.lastSeq { _ = device.queue.append(.placeholder()) }
+            // Numbers handed out (or reserved) before the restart are never handed out
+            // again. An empty queue just starts after them; a non-empty one fills them.
+            if device.queue.isEmpty {
+                device.queue.skip(through: stored.lastSeq)
+            } else {
+                while device.lastSeq < stored.lastSeq { _ = device.queue.append(.placeholder) }
+            }
             device.writableSeq = device.lastSeq
+            device.reservedSeq = stored.lastSeq
             device.disconnectedSecond = nowSecond &- age(stored.lastSeen)
             addDevice(device)
             if let push = stored.push { pushRegistrations[ObjectIdentifier(device)] = push }
@@ -546,7 +585,7 @@ struct SwitchboardState {
             activity.firstHeldOrdinal = first.seq
             for event in events {
                 guard let type = FrameType(rawValue: event.type) else { continue }
-                while activity.nextHeldOrdinal < event.seq { activity.held.append(.placeholder()) }
+                while activity.nextHeldOrdinal < event.seq { activity.held.append(.placeholder) }
                 let queued = Self.queuedEvent(event, type: type)
                 activity.held.append(queued)
             }

@@ -170,11 +170,12 @@ final class StoreWriter: @unchecked Sendable {
         compactedChanges.add(collected - changes.count, ordering: .relaxed)
         let units = pending
         pending = []
-        // Units that only record state (new sessions, acknowledgements) release nothing:
-        // no need to take the routing lock for them.
-        if units.contains(where: { !$0.durable.isEmpty }) {
+        // Units that only record state (acknowledgements, most sessions and events) release
+        // nothing: no need to take the routing lock for them.
+        if units.contains(where: { !$0.durable.isEmpty || !$0.reservations.isEmpty }) {
             let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
                 for unit in units {
+                    for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
                     for (device, seq, kind) in unit.durable { board.markDurable(device, through: seq, kind: kind) }
                 }
                 return board.takeEffects()
