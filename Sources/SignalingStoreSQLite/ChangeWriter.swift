@@ -103,9 +103,10 @@ final class ChangeWriter {
         // make this BEGIN fail forever; finish it first.
         if !connection.isAutocommit { rollBack() }
         try begin.run()
-        // A batch of every device's handshake (a restart storm) must not leave its table
-        // allocated for ever; ordinary batches keep theirs.
-        counterRaises.removeAll(keepingCapacity: counterRaises.count <= 4096)
+        // Not keeping the capacity: a batch of a ramp's or a storm's handshakes would leave
+        // a table for thousands of devices allocated for ever (memory per idle connection
+        // is a target), and allocating one per batch costs little next to the batch.
+        counterRaises.removeAll()
         do throws(StoreError) {
             for (index, change) in changes.enumerated() {
                 do throws(StoreError) {

@@ -36,8 +36,8 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
 /// references to records (a connection knows its device) but read or write them only
 /// inside `Switchboard.withState`. That is why the class can be marked Sendable.
 ///
-/// Memory: one of these exists per device, so it is kept to 122 bytes (a 128-byte heap
-/// block): no optionals that widen fields, times in 32-bit seconds, the per-connection
+/// Memory: one of these exists per device, so it is kept to 118 bytes (with malloc's
+/// 8-byte header, a 128-byte heap block; declaration order matters for the padding): no optionals that widen fields, times in 32-bit seconds, the per-connection
 /// write position kept by the connection instead.
 final class DeviceRecord: @unchecked Sendable {
     let userID: String
@@ -54,15 +54,17 @@ final class DeviceRecord: @unchecked Sendable {
     /// needs no commit, or was released to the live connection before its commit
     /// (`Delivery.immediate`).
     var writableSeq: UInt64
-    /// Numbers up to this are reserved in the store (`StoreChange.reserveSequence`,
-    /// committed): an event numbered at or below it may go to the connected device before
-    /// its own commit, because a restarted server never hands out these numbers again.
-    var reservedSeq: UInt64 = 0
+    private var connectionBits: UInt64 = 0
+    /// How many numbers after `lastSeq` the store has reserved for this device (committed
+    /// `StoreChange.reserveSequence`s): the next event may go to the connected device
+    /// before its own commit only while this is positive, because a restarted server never
+    /// hands out reserved numbers again. Kept relative to `lastSeq` in 32 bits (a window
+    /// is at most 65,536) so that the record stays in its heap block.
+    var reservedAhead: UInt32 = 0
     /// The device's reservation window is `SwitchboardState.reservationWindow << this`: it
     /// grows each time events outrun the reservation (a device that receives thousands of
     /// events a second, such as a bot or a fan-out sender collecting receipts).
     var reservationScale: UInt8 = 0
-    private var connectionBits: UInt64 = 0
     /// A wake-up for `connection` is already on its way; further events need none.
     var wakePending = false
 

@@ -50,7 +50,7 @@ struct CommitUnit: Sendable {
     /// (device, seq): after the commit, events of `device` up to `seq` may be written.
     var durable: [(device: DeviceRecord, seq: UInt64, kind: WakeUpKind)] = []
     /// (device, through): after the commit, numbers of `device` up to `through` are
-    /// reserved (`DeviceRecord.reservedSeq`).
+    /// reserved (`DeviceRecord.reservedAhead`).
     var reservations: [(device: DeviceRecord, through: UInt64)] = []
     /// The OK of a MESSAGE_SEND, sent once this unit is committed.
     var reply: DeferredReply?
@@ -232,7 +232,7 @@ struct SwitchboardState {
         }
         // Numbers for what comes next, so that events can go out before their commit.
         let window = reservationWindow(of: record)
-        if record.reservedSeq < record.lastSeq + window - window / 4 {
+        if UInt64(record.reservedAhead) < window - window / 4 {
             reserve(record, through: record.lastSeq + window)
         }
 
@@ -302,6 +302,9 @@ struct SwitchboardState {
             counters.eventsDropped += 1
             return false
         }
+        // Whether this event's number is reserved (see `DeviceRecord.reservedAhead`).
+        let reserved = device.reservedAhead > 0
+        if reserved { device.reservedAhead -= 1 }
         let seq = device.queue.append(event)
         counters.eventsQueued += 1
         if journaling {
@@ -310,14 +313,14 @@ struct SwitchboardState {
                 receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
                 createdAt: event.createdAt)))
             if device.connection != nil && releasesBeforeCommit {
-                if seq > device.reservedSeq && device.reservationScale < Self.maximumReservationScale {
+                if !reserved && device.reservationScale < Self.maximumReservationScale {
                     device.reservationScale += 1  // outrun: reserve further ahead from now on
                     reserve(device, through: seq + reservationWindow(of: device))
                 } else if seq % (reservationWindow(of: device) / 4) == 0 {
                     reserve(device, through: seq + reservationWindow(of: device))
                 }
             }
-            if device.connection != nil && releasesBeforeCommit && seq <= device.reservedSeq {
+            if device.connection != nil && releasesBeforeCommit && reserved {
                 // Written now; the commit no longer gates it (and, acknowledged quickly,
                 // the store batch drops it before it reaches the disk). Its number is
                 // reserved, so a crash before the commit cannot make it reused.
@@ -355,7 +358,8 @@ struct SwitchboardState {
 
     /// A reservation is committed.
     mutating func confirmReservation(_ device: DeviceRecord, through: UInt64) {
-        device.reservedSeq = max(device.reservedSeq, through)
+        guard through > device.lastSeq else { return }
+        device.reservedAhead = max(device.reservedAhead, UInt32(clamping: through - device.lastSeq))
     }
 
     /// Whether events for connected devices skip the wait for their commit.
@@ -572,7 +576,7 @@ struct SwitchboardState {
                 while device.lastSeq < stored.lastSeq { _ = device.queue.append(.placeholder) }
             }
             device.writableSeq = device.lastSeq
-            device.reservedSeq = stored.lastSeq
+            device.reservedAhead = 0  // the reservation ends at `stored.lastSeq`
             device.disconnectedSecond = nowSecond &- age(stored.lastSeen)
             addDevice(device)
             if let push = stored.push { pushRegistrations[ObjectIdentifier(device)] = push }

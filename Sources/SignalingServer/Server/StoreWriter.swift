@@ -125,10 +125,14 @@ final class StoreWriter: @unchecked Sendable {
                 let wait = wokeAt + gather - monotonic.now()
                 if wait > .zero { sleep(wait) }
             }
-            pending += inbox.withLock { inbox in
-                defer { inbox.removeAll(keepingCapacity: true) }
-                return inbox
+            // Take the inbox's buffer whole (no copy, and no buffer the size of the last
+            // burst kept for ever: a ramp of handshakes can queue thousands of units).
+            let arrived = inbox.withLock { inbox in
+                var taken: [CommitUnit] = []
+                swap(&taken, &inbox)
+                return taken
             }
+            if pending.isEmpty { pending = arrived } else { pending += arrived }
             if !pending.isEmpty {
                 let started = monotonic.now()
                 commitPending()
