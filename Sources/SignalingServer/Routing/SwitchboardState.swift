@@ -312,7 +312,8 @@ struct SwitchboardState {
                 seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
                 receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
                 createdAt: event.createdAt)))
-            if device.connection != nil && releasesBeforeCommit {
+            let mayGoEarly = device.connection != nil && releasesBeforeCommit
+            if mayGoEarly {
                 if !reserved && device.reservationScale < Self.maximumReservationScale {
                     device.reservationScale += 1  // outrun: reserve further ahead from now on
                     reserve(device, through: seq + reservationWindow(of: device))
@@ -320,7 +321,7 @@ struct SwitchboardState {
                     reserve(device, through: seq + reservationWindow(of: device))
                 }
             }
-            if device.connection != nil && releasesBeforeCommit && reserved {
+            if mayGoEarly && reserved {
                 // Written now; the commit no longer gates it (and, acknowledged quickly,
                 // the store batch drops it before it reaches the disk). Its number is
                 // reserved, so a crash before the commit cannot make it reused.
