@@ -1,3 +1,4 @@
+import Foundation
 import SignalingProtocol
 import SignalingSupport
 import Testing
@@ -148,6 +149,16 @@ struct ConfigurationTests {
             Issue.record("accepted \(arguments)")
         } catch {
             #expect(error.message.contains(fragment), "\(error.message)")
+        }
+    }
+
+    @Test("docs/CONFIGURATION.md documents every option voipserver accepts")
+    func everyOptionIsDocumented() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let text = try String(contentsOf: root.appendingPathComponent("docs/CONFIGURATION.md"), encoding: .utf8)
+        for option in ServerOptions.parser.options {
+            let documented = text.contains("`\(option.name)`") || text.contains("`--\(option.name)")
+            #expect(documented, "--\(option.name) is missing from docs/CONFIGURATION.md")
         }
     }
 
