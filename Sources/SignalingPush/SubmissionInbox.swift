@@ -1,3 +1,4 @@
+import SignalingStore
 /// Wake-ups handed over by `submit` and not yet taken by the gateway's thread, already
 /// coalesced per device so that a burst of events for one device costs one entry.
 /// Used only under the gateway's inbox lock; every operation is O(1) (amortized).

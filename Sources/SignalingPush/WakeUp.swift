@@ -63,12 +63,6 @@ public struct WakeUp: Sendable, Equatable {
     var device: DeviceKey { DeviceKey(userID: userID, deviceID: deviceID) }
 }
 
-/// Identifies a device across users (device ids are only unique within a user).
-struct DeviceKey: Hashable, Sendable {
-    var userID: String
-    var deviceID: String
-}
-
 /// What the server holds to send wake-ups: a `PushGateway`, or nothing at all when no
 /// gateway is configured (the server then only logs the wake-up at debug level).
 public protocol WakeUpSubmitter: Sendable {

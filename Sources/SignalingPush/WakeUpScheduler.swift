@@ -1,3 +1,4 @@
+import SignalingStore
 import SignalingSupport
 
 /// Decides which wake-up goes out when: coalescing per device, the per-device minimum

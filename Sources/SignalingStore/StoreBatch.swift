@@ -45,7 +45,7 @@ public enum StoreBatch {
         for index in changes.indices.reversed() {
             switch changes[index] {
             case .acknowledge(let user, let device, let through):
-                let key = DeviceKey(user: user, device: device)
+                let key = DeviceKey(userID: user, deviceID: device)
                 if let later = pending[key] {
                     keep[later.earliestIndex] = false
                     dropped += 1
@@ -54,12 +54,12 @@ public enum StoreBatch {
                     pending[key] = Acknowledgements(highest: through, earliestIndex: index)
                 }
             case .appendEvent(let user, let device, let event):
-                if let later = pending[DeviceKey(user: user, device: device)], event.seq <= later.highest {
+                if let later = pending[DeviceKey(userID: user, deviceID: device)], event.seq <= later.highest {
                     keep[index] = false
                     dropped += 1
                 }
             case .removeDevice(let user, let device):
-                if let later = pending.removeValue(forKey: DeviceKey(user: user, device: device)) { settle(later) }
+                if let later = pending.removeValue(forKey: DeviceKey(userID: user, deviceID: device)) { settle(later) }
             default:
                 break
             }
@@ -76,10 +76,5 @@ public enum StoreBatch {
             kept += 1
         }
         changes.removeSubrange(kept...)
-    }
-
-    private struct DeviceKey: Hashable {
-        var user: String
-        var device: String
     }
 }

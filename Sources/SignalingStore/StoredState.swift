@@ -1,5 +1,17 @@
 import SignalingProtocol
 
+/// Identifies a device across users (device ids are only unique within a user): the key
+/// of every per-device table, in the store and in memory.
+public struct DeviceKey: Hashable, Sendable {
+    public var userID: String
+    public var deviceID: String
+
+    public init(userID: String, deviceID: String) {
+        self.userID = userID
+        self.deviceID = deviceID
+    }
+}
+
 /// One event as stored: for a device (with its sequence number) or held for a user that
 /// has no device yet (with an ordinal that orders the held events).
 public struct StoredEvent: Sendable, Equatable {

@@ -10,11 +10,6 @@ import SignalingStore
 final class ChangeWriter {
     private let connection: SQLiteConnection
 
-    private struct DeviceKey: Hashable {
-        var user: String
-        var device: String
-    }
-
     /// SQLITE_CONSTRAINT_FOREIGNKEY (a macro Swift does not import).
     private static let foreignKeyViolation = SQLITE_CONSTRAINT | (3 << 8)
 
@@ -124,7 +119,7 @@ final class ChangeWriter {
     }
 
     private func raise(_ user: String, _ device: String, lastSeq: Int64, ackedSeq: Int64 = 0) {
-        let key = DeviceKey(user: user, device: device)
+        let key = DeviceKey(userID: user, deviceID: device)
         if let raised = counterRaises[key] {
             counterRaises[key] = (max(raised.lastSeq, lastSeq), max(raised.ackedSeq, ackedSeq))
         } else {
@@ -134,8 +129,8 @@ final class ChangeWriter {
 
     private func writeCounterRaises() throws(StoreError) {
         for (key, raised) in counterRaises {
-            try raiseCounters.bind(1, key.user)
-            try raiseCounters.bind(2, key.device)
+            try raiseCounters.bind(1, key.userID)
+            try raiseCounters.bind(2, key.deviceID)
             try raiseCounters.bind(3, raised.lastSeq)
             try raiseCounters.bind(4, raised.ackedSeq)
             try raiseCounters.run()
@@ -185,7 +180,7 @@ final class ChangeWriter {
         case .removeDevice(let user, let device):
             // Raises for this life of the device die with it (a later upsertDevice starts a
             // new life at zero).
-            counterRaises[DeviceKey(user: user, device: device)] = nil
+            counterRaises[DeviceKey(userID: user, deviceID: device)] = nil
             try deleteDeviceEvents.bind(1, user)
             try deleteDeviceEvents.bind(2, device)
             try deleteDeviceEvents.run()

@@ -8,11 +8,6 @@ struct SnapshotReader {
     let connection: SQLiteConnection
     let logger: Logger
 
-    private struct DeviceKey: Hashable {
-        var user: String
-        var device: String
-    }
-
     func read() throws(StoreError) -> StoredSnapshot {
         try connection.execute("BEGIN")
         defer { try? connection.execute("COMMIT") }  // read-only: nothing to lose
@@ -42,7 +37,7 @@ struct SnapshotReader {
             if let platform = deviceRows.optionalText(6), let token = deviceRows.optionalBlob(7) {
                 push = PushRegistration(platform: platform, token: token)
             }
-            indexByKey[DeviceKey(user: user, device: device)] = devices.count
+            indexByKey[DeviceKey(userID: user, deviceID: device)] = devices.count
             devices.append(StoredDevice(
                 userID: user, deviceID: device, sessionID: sessionID,
                 ackedSeq: StoredValue.sequence(from: deviceRows.int64(3)),
@@ -60,7 +55,7 @@ struct SnapshotReader {
         var current: (key: DeviceKey, index: Int?)?
         var orphans = 0
         while try eventRows.step() {
-            let key = DeviceKey(user: eventRows.text(0), device: eventRows.text(1))
+            let key = DeviceKey(userID: eventRows.text(0), deviceID: eventRows.text(1))
             if current?.key != key { current = (key, indexByKey[key]) }
             guard let index = current?.index else {
                 orphans += 1  // impossible while foreign keys are enforced; never fatal

@@ -6,11 +6,6 @@ import SignalingStore
 /// Its snapshot is in the SQLite store's order: devices by (user, device) and message ids
 /// by (sender, message id), comparing UTF-8 bytes.
 public struct ReferenceStore: Sendable {
-    private struct DeviceKey: Hashable, Sendable {
-        var user: String
-        var device: String
-    }
-
     private struct MessageKey: Hashable, Sendable {
         var sender: String
         var messageID: String
@@ -29,7 +24,7 @@ public struct ReferenceStore: Sendable {
     public mutating func apply(_ change: StoreChange) {
         switch change {
         case .upsertDevice(let user, let device, let sessionID, let lastSeen):
-            let key = DeviceKey(user: user, device: device)
+            let key = DeviceKey(userID: user, deviceID: device)
             if devices[key] == nil {
                 devices[key] = StoredDevice(userID: user, deviceID: device, sessionID: sessionID,
                                             ackedSeq: 0, lastSeq: 0, lastSeen: lastSeen)
@@ -38,22 +33,22 @@ public struct ReferenceStore: Sendable {
                 devices[key]!.lastSeen = lastSeen
             }
         case .appendEvent(let user, let device, let event):
-            let key = DeviceKey(user: user, device: device)
+            let key = DeviceKey(userID: user, deviceID: device)
             guard devices[key] != nil else { return }
             devices[key]!.lastSeq = max(devices[key]!.lastSeq, event.seq)
             Self.insertInOrder(event, into: &devices[key]!.events)
         case .acknowledge(let user, let device, let through):
-            let key = DeviceKey(user: user, device: device)
+            let key = DeviceKey(userID: user, deviceID: device)
             guard devices[key] != nil else { return }
             devices[key]!.events.removeAll { $0.seq <= through }
             devices[key]!.ackedSeq = max(devices[key]!.ackedSeq, through)
             devices[key]!.lastSeq = max(devices[key]!.lastSeq, through)
         case .reserveSequence(let user, let device, let through):
-            let key = DeviceKey(user: user, device: device)
+            let key = DeviceKey(userID: user, deviceID: device)
             guard devices[key] != nil else { return }
             devices[key]!.lastSeq = max(devices[key]!.lastSeq, through)
         case .removeDevice(let user, let device):
-            devices[DeviceKey(user: user, device: device)] = nil
+            devices[DeviceKey(userID: user, deviceID: device)] = nil
         case .holdForUser(let user, let event):
             Self.insertInOrder(event, into: &held[user, default: []])
         case .releaseHeld(let user, let through):
@@ -64,7 +59,7 @@ public struct ReferenceStore: Sendable {
         case .forgetMessageID(let sender, let messageID):
             messageIDs[MessageKey(sender: sender, messageID: messageID)] = nil
         case .registerPush(let user, let device, let registration):
-            devices[DeviceKey(user: user, device: device)]?.push = registration
+            devices[DeviceKey(userID: user, deviceID: device)]?.push = registration
         }
     }
 
