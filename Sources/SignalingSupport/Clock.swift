@@ -67,6 +67,13 @@ public struct SystemClock: Clock {
         clock_gettime(CLOCK_REALTIME, &ts)
         return UInt64(ts.tv_sec) * 1000 + UInt64(ts.tv_nsec) / 1_000_000
     }
+
+    /// Sleeps until `deadline` on this clock's timeline (at once if it has passed).
+    /// Signals do not cut the sleep short.
+    public func sleep(until deadline: Instant) {
+        var when = timespec(tv_sec: Int(deadline.nanoseconds / 1_000_000_000), tv_nsec: Int(deadline.nanoseconds % 1_000_000_000))
+        while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &when, nil) == EINTR {}
+    }
 }
 
 /// A clock that moves only when told to. Thread-safe: tests advance it from their own

@@ -74,7 +74,7 @@ struct Publisher {
             var packet = dialect.publication(number: number, subscriber: random.below(subscribers), payload: payload)
             let stampOffset = packet.count - payloadBytes
             let due = start + UInt64(Double(number) * interval)
-            sleep(untilMonotonicNanoseconds: due)
+            clock.sleep(until: Instant(nanoseconds: due))
             let sent = packet.withUnsafeMutableBytes { bytes in
                 let stamp = clock.now().nanoseconds
                 bytes.storeBytes(of: stamp.littleEndian, toByteOffset: stampOffset, as: UInt64.self)

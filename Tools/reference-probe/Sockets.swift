@@ -74,9 +74,3 @@ enum Sockets {
         bytes.withUnsafeBytes { sendAll(fd, $0) }
     }
 }
-
-/// Sleeps until a point on the CLOCK_MONOTONIC timeline (the one `SystemClock` reads).
-func sleep(untilMonotonicNanoseconds deadline: UInt64) {
-    var when = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
-    while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &when, nil) == EINTR {}
-}

@@ -121,9 +121,7 @@ final class StoreWriter: @unchecked Sendable {
             // so it reads the system clock, not the injected one). Loops do not wake the
             // writer meanwhile: the inbox is not empty.
             if !stop, let wokeAt {
-                let gather = max(commitInterval, min(lastCommitDuration, longestGather))
-                let wait = wokeAt + gather - monotonic.now()
-                if wait > .zero { sleep(wait) }
+                monotonic.sleep(until: wokeAt + max(commitInterval, min(lastCommitDuration, longestGather)))
             }
             // Take the inbox's buffer whole (no copy, and no buffer the size of the last
             // burst kept for ever: a ramp of handshakes can queue thousands of units).
@@ -223,13 +221,6 @@ final class StoreWriter: @unchecked Sendable {
         for reply in replies {
             post(.reply(reply.connection, .error(requestID: reply.requestID, code: .storeUnavailable, message: reason)))
         }
-    }
-
-    private func sleep(_ duration: Duration) {
-        let (seconds, attoseconds) = duration.components
-        var request = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
-        var remaining = timespec()
-        while nanosleep(&request, &remaining) != 0 && errno == EINTR { request = remaining }
     }
 
     /// 10 ms, doubling to 1 s.
