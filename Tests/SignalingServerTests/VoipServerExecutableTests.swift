@@ -71,6 +71,30 @@ struct VoipServerExecutableTests {
         #expect(server.log.contains("event=stopped"))
     }
 
+    @Test("--cpu-latency-limit holds a PM QoS request while the server runs, or warns where the host refuses it")
+    func cpuLatencyLimit() throws {
+        let server = try ServerProcess(["--cpu-latency-limit", "0", "--store", "memory"])
+        let heldPaths = { openFiles(of: server.process.pid).filter { $0 == CPULatencyRequest.devicePath } }
+        if access(CPULatencyRequest.devicePath, W_OK) == 0 {
+            #expect(heldPaths().count == 1, "the server does not hold \(CPULatencyRequest.devicePath)")
+            // The kernel takes the lowest request of all processes: ours is 0.
+            #expect(CPULatencyRequest.currentLimit() == 0)
+            #expect(server.log.contains("cpu_latency_limit=0us"), "\(server.log)")
+        } else {
+            #expect(heldPaths().isEmpty)
+            #expect(server.log.contains("event=cpu_latency_limit_unavailable"), "\(server.log)")
+            #expect(server.log.contains("cpu_latency_limit=none"), "\(server.log)")
+        }
+        // Either way the server serves.
+        let client = try RawSocket(port: server.port)
+        try client.send(.hello(Hello(userID: "alice", deviceID: "phone")))
+        guard case .welcome? = try client.next() else { Issue.record("no WELCOME"); return }
+        #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
+
+        let run = try ExecutableRun.run("voipserver", ["--cpu-latency-limit", "-1"], timeoutSeconds: 30)
+        #expect(run.exitCode == 64 && run.stderr.contains("--cpu-latency-limit"), "\(run.stderr)")
+    }
+
     @Test("a configuration file is honoured")
     func configurationFile() throws {
         let path = "/tmp/voipserver-test-\(UInt32.random(in: 0...UInt32.max)).conf"
@@ -104,4 +128,19 @@ struct StatisticsLogTests {
             usleep(20_000)
         }
     }
+}
+
+/// What the descriptors of process `pid` refer to (targets of /proc/PID/fd/*).
+private func openFiles(of pid: pid_t) -> [String] {
+    guard let directory = opendir("/proc/\(pid)/fd") else { return [] }
+    defer { closedir(directory) }
+    var targets: [String] = []
+    while let entry = readdir(directory) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        guard name != "." && name != ".." else { continue }
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let length = readlink("/proc/\(pid)/fd/\(name)", &buffer, buffer.count - 1)
+        if length > 0 { targets.append(String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)) }
+    }
+    return targets
 }

@@ -57,6 +57,12 @@ public struct ServerConfiguration: Sendable {
     /// saves the wake-up of a sleeping thread on the next event (lower push latency, at the
     /// cost of CPU while traffic flows). Zero: always sleep in epoll_wait.
     public var busyPoll: Duration = .zero
+    /// While the server runs, ask the kernel to keep every CPU able to wake within this
+    /// (a PM QoS request on /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting).
+    /// Saves the wake-up of a halted CPU on each hop of a push, which dominates push
+    /// latency on virtual machines; costs power and host CPU while idle. Nil: leave the
+    /// host's idle policy alone. Needs root; without it the server warns and runs anyway.
+    public var cpuLatencyLimit: Duration?
     /// Where push wake-ups go for devices with no connection (nil: none are sent).
     public var pushGateway: PushGatewayConfiguration?
     /// How often a `stats` line is logged (zero: never).
@@ -101,6 +107,9 @@ public struct ServerConfiguration: Sendable {
         guard maxPendingEvents >= 1 else { throw UsageError("max-pending must be at least 1") }
         guard tickInterval > .zero && tickInterval <= .seconds(1) else {
             throw UsageError("tick must be between 1 ms and 1 s")
+        }
+        if let limit = cpuLatencyLimit, limit < .zero || limit > .seconds(1) {
+            throw UsageError("cpu-latency-limit must be between 0 and 1,000,000 microseconds")
         }
     }
 }

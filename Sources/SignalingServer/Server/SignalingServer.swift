@@ -26,6 +26,8 @@ public final class SignalingServer: Sendable {
         var loops: [EventLoop] = []
         var threads: [JoinableThread] = []
         var port: UInt16 = 0
+        /// Held from start until the loops have stopped (see `cpuLatencyLimit`).
+        var cpuLatencyRequest: CPULatencyRequest?
         var started = false
         var stopped = false
     }
@@ -120,8 +122,10 @@ public final class SignalingServer: Sendable {
             writer.start()
         }
 
+        let cpuLatencyRequest = requestCPULatencyLimit()
         let threads = loops.map { loop in JoinableThread { loop.run() } }
         state.withLock {
+            $0.cpuLatencyRequest = cpuLatencyRequest
             $0.loops = loops
             $0.threads = threads
             $0.port = port
@@ -134,7 +138,24 @@ public final class SignalingServer: Sendable {
             "addr": "\(configuration.host):\(port)", "workers": configuration.workers,
             "keepalive": configuration.keepAlive.defaultInterval,
             "auth": configuration.authSecret == nil ? "off" : "hmac",
+            "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
         ])
+    }
+
+    /// Opens the configured PM QoS request. A host that does not allow it (no root, no
+    /// such device) costs latency, not correctness: the server warns and runs anyway.
+    private func requestCPULatencyLimit() -> CPULatencyRequest? {
+        guard let limit = configuration.cpuLatencyLimit else { return nil }
+        let microseconds = Int32(clamping: limit.microseconds)
+        do {
+            return try CPULatencyRequest(microseconds: microseconds)
+        } catch {
+            context.logger.warning("cpu_latency_limit_unavailable", [
+                "error": error.description, "requested_us": microseconds,
+                "detail": "CPUs keep the host's idle policy; run as root or use tuned's latency-performance profile",
+            ])
+            return nil
+        }
     }
 
     /// The port the server listens on (useful with port 0).
@@ -170,6 +191,7 @@ public final class SignalingServer: Sendable {
         if !threads.isEmpty {
             writer?.stop()
             pushGateway?.stop()
+            state.withLock { $0.cpuLatencyRequest = nil }  // closes the request
         }
         let wasStopped = state.withLock { state -> Bool in
             defer { state.stopped = true }
