@@ -74,7 +74,7 @@ extension EventLoop {
         let argument = UnsafeMutableRawPointer(bitPattern: UInt(slot) + 1)
         vs_event_assign(event, base, state.pointee.fd, Int16(flags), { _, what, argument in
             let loop = Unmanaged<EventLoop>.fromOpaque(shim_current_loop()!).takeUnretainedValue()
-            loop.connectionReady(UInt32(UInt(bitPattern: argument) - 1), what: Int32(what))
+            loop.owned { loop.connectionReady(UInt32(UInt(bitPattern: argument) - 1), what: Int32(what)) }
         }, argument)
         vs_event_add(event, -1)
         state.pointee.wantsWrite = writable

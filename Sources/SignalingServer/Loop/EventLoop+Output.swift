@@ -64,7 +64,7 @@ extension EventLoop {
         if state.pointee.phase != .free { assignEvent(slot, writable: true) }
     }
 
-    private func enforceQueueLimit(_ slot: UInt32) {
+    func enforceQueueLimit(_ slot: UInt32) {
         let state = table.state(slot)
         guard let outbound = state.pointee.outbound,
               outbound.count - Int(state.pointee.outboundOffset) > context.configuration.maxQueuedBytes
@@ -131,24 +131,81 @@ extension EventLoop {
     /// socket is full; the writable callback resumes it.
     private func pump(_ slot: UInt32) {
         let state = table.state(slot)
-        guard state.pointee.phase == .established, let device = state.pointee.device else { return }
-        let ref = reference(slot)
         while state.pointee.outbound == nil && state.pointee.phase == .established {
-            let sentSeq = state.pointee.sentSeq
-            let batch = context.switchboard.withState(wall: 0) { board in
-                board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch)
-            }
-            guard let batch else { return }
-            state.pointee.sentSeq = batch.sentSeq
-            guard !batch.events.isEmpty else { return }
-            scratch.removeAll(keepingCapacity: true)
-            for (seq, event) in batch.events {
-                FrameEncoder.append(event: event.encoded, seq: seq, to: &scratch)
-            }
-            context.counters.eventsWritten.increment(by: batch.events.count)
+            guard let count = encodeNextBatch(slot) else { return }
             writeScratch(to: slot)
-            if batch.events.count < Self.pumpBatch { return }
+            if count < Self.pumpBatch { return }
         }
+    }
+
+    /// Takes the next batch of the device's unsent events from the switchboard, advances
+    /// `sentSeq` past it and encodes it into `scratch`. Returns how many events it holds,
+    /// or nil when there is nothing to write.
+    private func encodeNextBatch(_ slot: UInt32) -> Int? {
+        let state = table.state(slot)
+        guard state.pointee.phase == .established, let device = state.pointee.device else { return nil }
+        let ref = reference(slot)
+        let sentSeq = state.pointee.sentSeq
+        let batch = context.switchboard.withState(wall: 0) { board in
+            board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch)
+        }
+        guard let batch else { return nil }
+        state.pointee.sentSeq = batch.sentSeq
+        guard !batch.events.isEmpty else { return nil }
+        scratch.removeAll(keepingCapacity: true)
+        for (seq, event) in batch.events {
+            FrameEncoder.append(event: event.encoded, seq: seq, to: &scratch)
+        }
+        context.counters.eventsWritten.increment(by: batch.events.count)
+        return batch.events.count
+    }
+
+    // MARK: Writes by other loops
+
+    /// Called on another loop's thread, which routed new events to `ref`'s device: writes
+    /// them to the socket at once if this loop is not inside a callback. That spares the
+    /// hand-off (an eventfd write and a wake-up of this loop's thread, which on a virtual
+    /// machine costs as much as the rest of the push). Returns false when the caller must
+    /// post the wake-up instead: this loop is busy, or the write did not go as planned.
+    ///
+    /// Runs under `ownership`, so never alongside this loop's callbacks, and never calls
+    /// libevent, which is not thread-safe here: whatever needs the event base (watching
+    /// for writability, destroying a broken connection) is left to this loop.
+    func writeFromPeer(_ ref: ConnectionRef) -> Bool {
+        let handled = ownership.withLockIfAvailable { running -> Bool in
+            // A stopped loop or a closed connection: the events stay pending for a resume.
+            guard running, table.isLive(ref.slot, generation: ref.generation) else { return true }
+            let state = table.state(ref.slot)
+            // Bytes already wait for writability: the writable callback pumps the rest.
+            guard state.pointee.outbound == nil else { return true }
+            let before = state.pointee.sentSeq
+            guard let count = encodeNextBatch(ref.slot) else { return true }
+            let written = scratch.withUnsafeBytes { shim_send(state.pointee.fd, $0.baseAddress, $0.count) }
+            if written == scratch.count {
+                context.counters.crossLoopWrites.increment()
+                return count < Self.pumpBatch  // a full batch: the owner pumps the rest
+            }
+            if written <= 0 {
+                // Socket full or broken: nothing went out, so the owner writes it again
+                // (and queues it, or destroys the connection, as `writeScratch` does).
+                state.pointee.sentSeq = before
+                return false
+            }
+            state.pointee.outbound = Array(scratch[written...])
+            state.pointee.outboundOffset = 0
+            context.counters.crossLoopWrites.increment()
+            post(.watchWritable(ref))
+            return true
+        }
+        return handled ?? false
+    }
+
+    /// Bytes another loop could not write wait in `outbound`: watch for writability.
+    func watchWritable(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard state.pointee.outbound != nil, !state.pointee.wantsWrite else { return }
+        enforceQueueLimit(slot)
+        if state.pointee.phase != .free { assignEvent(slot, writable: true) }
     }
 
     // MARK: Closing

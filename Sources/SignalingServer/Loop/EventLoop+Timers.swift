@@ -56,6 +56,7 @@ extension EventLoop {
             "handshakes": stats.handshakesCompleted, "throttled": stats.handshakesThrottled,
             "idle_timeouts": stats.idleTimeouts, "protocol_errors": stats.protocolErrors,
             "events_queued": stats.eventsQueued, "events_written": stats.eventsWritten,
+            "cross_loop_writes": stats.crossLoopWrites,
             "events_dropped": stats.eventsDropped, "messages": stats.messagesAccepted,
             "calls": stats.callsStarted, "store_failures": context.switchboard.writer?.failedCommits.load(ordering: .relaxed) ?? 0,
             "store_commits": context.switchboard.writer?.commits.load(ordering: .relaxed) ?? 0,

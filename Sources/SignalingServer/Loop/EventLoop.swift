@@ -15,6 +15,9 @@ enum LoopTask: Sendable {
     case close(ConnectionRef, Close)
     /// Send this reply (an OK deferred until the store committed a message, or its ERROR).
     case reply(ConnectionRef, Frame)
+    /// Another loop wrote part of this connection's events; the rest waits in `outbound`:
+    /// watch the socket for writability (only the owning loop may touch its event base).
+    case watchWritable(ConnectionRef)
     /// Server shutdown: stop accepting, tell every client to go away, exit when done.
     case drain
 }
@@ -23,10 +26,14 @@ enum LoopTask: Sendable {
 /// own SO_REUSEPORT listening socket, and owns every connection it accepted until that
 /// connection closes.
 ///
-/// Concurrency: everything here is confined to the loop's thread, except `post(_:)`,
-/// which any thread may call: tasks go into a locked inbox and an eventfd wakes the loop.
-/// The class is `@unchecked Sendable` only so that it can be handed to its thread and to
-/// other loops for `post`.
+/// Concurrency: the loop's state (connection table, buffers, deadlines) is touched only
+/// while `ownership` is held. The loop's own thread holds it for each libevent callback
+/// and releases it while it waits in epoll. Another loop may take it, only with a try-lock
+/// and never while waiting, to write pending events to an idle connection of this loop
+/// directly (`writeFromPeer`), which spares a hand-off and a wake-up of this thread.
+/// libevent's event base is only ever called from the loop's own thread. Any thread may
+/// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. The class
+/// is `@unchecked Sendable` so that it can be handed to its thread and to other loops.
 final class EventLoop: @unchecked Sendable {
     let index: UInt16
     let context: ServerContext
@@ -61,6 +68,9 @@ final class EventLoop: @unchecked Sendable {
     private var tickEvent: OpaquePointer?
     private let wakeFD: Int32
     private let inbox = Mutex<[LoopTask]>([])
+    /// Held while the loop's state is used (see the type's comment). Its value says
+    /// whether the loop still runs: false once it has released its connections.
+    let ownership = Mutex<Bool>(true)
     /// Set when the loop has been told to drain; holds the time by which it must be done.
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
@@ -95,18 +105,27 @@ final class EventLoop: @unchecked Sendable {
 
     private var unmanagedSelf: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
 
+    /// Runs one libevent callback of this loop with `ownership` held.
+    @inline(__always)
+    func owned(_ callback: () -> Void) {
+        ownership.withLock { _ in callback() }
+    }
+
     /// Runs the loop on the calling thread until it has drained.
     func run() {
         shim_set_current_loop(unmanagedSelf)
         let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
         listenEvent = vs_event_new(base, listenFD, persistRead, { _, _, arg in
-            Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().acceptConnections()
+            let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
+            loop.owned { loop.acceptConnections() }
         }, unmanagedSelf)
         wakeEvent = vs_event_new(base, wakeFD, persistRead, { _, _, arg in
-            Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().runInbox()
+            let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
+            loop.owned { loop.runInbox() }
         }, unmanagedSelf)
         tickEvent = vs_event_new(base, -1, Int16(VS_EV_PERSIST), { _, _, arg in
-            Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue().tick()
+            let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
+            loop.owned { loop.tick() }
         }, unmanagedSelf)
         vs_event_add(listenEvent, -1)
         vs_event_add(wakeEvent, -1)
@@ -114,11 +133,14 @@ final class EventLoop: @unchecked Sendable {
 
         runUntilBroken()
 
-        for slot in table.liveSlots() { destroy(slot) }
+        ownership.withLock { running in
+            running = false  // peers stop writing here
+            for slot in table.liveSlots() { destroy(slot) }
+            table.deallocate()
+        }
         stopListening()
         for event in [wakeEvent, tickEvent] { if let event { vs_event_free(event) } }
         close(wakeFD)
-        table.deallocate()
         vs_event_base_free(base)
         shim_set_current_loop(nil)
         finished.store(true, ordering: .releasing)
@@ -186,6 +208,8 @@ final class EventLoop: @unchecked Sendable {
                 markDirty(ref.slot, generation: ref.generation)
             case .close(let ref, let frame):
                 if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
+            case .watchWritable(let ref):
+                if table.isLive(ref.slot, generation: ref.generation) { watchWritable(ref.slot) }
             case .reply(let ref, let frame):
                 if table.isLive(ref.slot, generation: ref.generation), table.state(ref.slot).pointee.phase == .established {
                     send(frame, to: ref.slot)
@@ -216,15 +240,21 @@ final class EventLoop: @unchecked Sendable {
         ConnectionRef(loop: index, slot: slot, generation: table.state(slot).pointee.generation)
     }
 
-    /// Carries out what the switchboard asked for: local wakes are coalesced, remote ones
-    /// are posted to their loops in one batch per loop.
+    /// Most remote wakes for one loop that this loop writes itself (`writeFromPeer`). A
+    /// larger batch (a fan-out) is handed over, so that both loops write in parallel.
+    static let peerWriteLimit = 8
+
+    /// Carries out what the switchboard asked for: local wakes are coalesced; a few remote
+    /// ones are written directly when their loop is idle, the rest are posted to their
+    /// loops in one batch per loop.
     func apply(_ effects: [SwitchboardEffect]) {
         guard !effects.isEmpty else { return }
         var remote: [UInt16: [LoopTask]] = [:]
+        var remoteWakes: [UInt16: [ConnectionRef]] = [:]
         for effect in effects {
             switch effect {
             case .wake(let ref):
-                if ref.loop == index { markDirty(ref.slot, generation: ref.generation) } else { remote[ref.loop, default: []].append(.wake(ref)) }
+                if ref.loop == index { markDirty(ref.slot, generation: ref.generation) } else { remoteWakes[ref.loop, default: []].append(ref) }
             case .close(let ref, let frame):
                 context.counters.takeovers.increment()
                 if ref.loop == index {
@@ -234,6 +264,13 @@ final class EventLoop: @unchecked Sendable {
                 }
             case .wakeUp:
                 context.requestWakeUp(effect)
+            }
+        }
+        for (loop, refs) in remoteWakes {
+            let peer = peers[Int(loop)]
+            let direct = refs.count <= Self.peerWriteLimit
+            for ref in refs where !(direct && peer.writeFromPeer(ref)) {
+                remote[loop, default: []].append(.wake(ref))
             }
         }
         for (loop, tasks) in remote { peers[Int(loop)].post(contentsOf: tasks) }

@@ -20,6 +20,9 @@ public struct ServerStatistics: Sendable, Equatable {
     public var takeovers = 0
     /// Event frames written to sockets (re-sends included).
     public var eventsWritten = 0
+    /// Writes of events made by the loop that routed them, straight to an idle
+    /// connection owned by another loop (no hand-off to that loop's thread).
+    public var crossLoopWrites = 0
     public var requestsHandled = 0
     /// From the routing core.
     public var eventsQueued = 0
@@ -45,6 +48,7 @@ final class StatisticsCounters: Sendable {
     let slowConsumerCloses = Atomic<Int>(0)
     let takeovers = Atomic<Int>(0)
     let eventsWritten = Atomic<Int>(0)
+    let crossLoopWrites = Atomic<Int>(0)
     let requestsHandled = Atomic<Int>(0)
 
     func snapshot(_ routing: SwitchboardCounters) -> ServerStatistics {
@@ -61,6 +65,7 @@ final class StatisticsCounters: Sendable {
             slowConsumerCloses: slowConsumerCloses.load(ordering: .relaxed),
             takeovers: takeovers.load(ordering: .relaxed),
             eventsWritten: eventsWritten.load(ordering: .relaxed),
+            crossLoopWrites: crossLoopWrites.load(ordering: .relaxed),
             requestsHandled: requestsHandled.load(ordering: .relaxed),
             eventsQueued: routing.eventsQueued,
             eventsDropped: routing.eventsDropped,

@@ -241,7 +241,7 @@ final class StoreWriter: @unchecked Sendable {
     private func post(_ task: LoopTask) {
         let loop: Int
         switch task {
-        case .wake(let ref), .close(let ref, _), .reply(let ref, _): loop = Int(ref.loop)
+        case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref): loop = Int(ref.loop)
         case .drain: loop = 0
         }
         guard loop < loops.count else { return }

@@ -23,9 +23,17 @@ final class TestClient {
     }
 
     /// Connects to 127.0.0.1:port (or `host`), optionally from a given source address.
-    init(port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil) throws {
+    /// `receiveWindow` shrinks the socket's receive buffer (and the segment size with it,
+    /// so that TCP keeps flowing through the small window instead of crawling): the
+    /// server's writes to this client then stop part-way as soon as it stops reading.
+    init(port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(errno)") }
+        if var window = receiveWindow {
+            var segment = max(536, window / 8)
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &window, socklen_t(MemoryLayout<Int32>.size))
+            setsockopt(fd, Int32(IPPROTO_TCP), TCP_MAXSEG, &segment, socklen_t(MemoryLayout<Int32>.size))
+        }
         if let sourceAddress {
             var local = sockaddr_in()
             local.sin_family = sa_family_t(AF_INET)

@@ -1,0 +1,78 @@
+import SignalingProtocol
+import SignalingServer
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Two loops: events routed on one loop to a connection of the other are written either
+/// by the routing loop itself (the other one asleep) or by their own loop (handed over).
+/// Whichever path each write takes, every device must get its events once, in order.
+@Suite("Cross-loop delivery")
+struct CrossLoopDeliveryTests {
+    func message(_ id: String, to recipient: String, bytes: Int = 5) -> Request {
+        .messageSend(OutgoingMessage(
+            messageID: id, recipient: recipient, contentType: "application/octet-stream",
+            body: [UInt8](repeating: 7, count: bytes)))
+    }
+
+    /// The message ids of the next `count` events, checking that their sequence numbers
+    /// follow `after` without a gap or a repeat.
+    func receive(_ count: Int, on client: TestClient, after: UInt64 = 0) throws -> [String] {
+        var ids: [String] = []
+        for expected in (after + 1)...(after + UInt64(count)) {
+            let (seq, event) = try client.nextEvent()
+            #expect(seq == expected)
+            guard case .message(let message) = event else { throw TestClient.Failure("not a message: \(event)") }
+            ids.append(message.messageID)
+        }
+        return ids
+    }
+
+    @Test("a loop writes events for idle connections of the other loop itself; nothing is lost or reordered")
+    func directWrites() throws {
+        let server = try TestServer(workers: 2)
+        let (alice, _) = try server.connect(user: "alice")
+        // With 16 receivers, some are (with overwhelming odds) on the other loop than alice.
+        let receivers = try (0..<16).map { try server.connect(user: "r\($0)").0 }
+        var requestID: UInt32 = 0
+        for round in 0..<3 {
+            for index in receivers.indices {
+                requestID += 1
+                #expect(try alice.request(requestID, message("m\(round)-\(index)", to: "r\(index)")).isOK)
+            }
+        }
+        for (index, receiver) in receivers.enumerated() {
+            #expect(try receive(3, on: receiver) == (0..<3).map { "m\($0)-\(index)" })
+        }
+        #expect(server.server.statistics.crossLoopWrites > 0)
+    }
+
+    @Test("devices that stop reading get every event, in order, once they read again")
+    func backpressure() throws {
+        let server = try TestServer(workers: 2) { $0.maxQueuedBytes = 8 << 20 }
+        let (alice, _) = try server.connect(user: "alice")
+        let receivers = try (0..<6).map { index in
+            let client = try TestClient(port: server.port, receiveWindow: 8192)
+            try client.hello(user: "r\(index)")
+            return client
+        }
+        // Far more than the sockets' buffers hold: writes stop part-way, and the rest waits
+        // in the server until the devices read.
+        let perReceiver = 100
+        var requestID: UInt32 = 0
+        for number in 0..<perReceiver {
+            for index in receivers.indices {
+                requestID += 1
+                #expect(try alice.request(requestID, message("m\(number)-r\(index)", to: "r\(index)", bytes: 2000)).isOK)
+            }
+        }
+        for (index, receiver) in receivers.enumerated() {
+            #expect(try receive(perReceiver, on: receiver) == (0..<perReceiver).map { "m\($0)-r\(index)" })
+            #expect(try receiver.staysSilent(for: .milliseconds(20)))  // and nothing twice
+        }
+        let statistics = server.server.statistics
+        #expect(statistics.slowConsumerCloses == 0)
+        #expect(statistics.crossLoopWrites > 0)
+    }
+}
