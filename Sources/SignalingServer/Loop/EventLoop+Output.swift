@@ -163,18 +163,20 @@ extension EventLoop {
     // MARK: Writes by other loops
 
     /// Called on another loop's thread, which routed new events to `ref`'s device: writes
-    /// them to the socket at once if this loop is not inside a callback. That spares the
+    /// them to the socket at once if this loop is asleep in epoll. That spares the
     /// hand-off (an eventfd write and a wake-up of this loop's thread, which on a virtual
     /// machine costs as much as the rest of the push). Returns false when the caller must
-    /// post the wake-up instead: this loop is busy, or the write did not go as planned.
+    /// post the wake-up instead: this loop is awake (it will see the hand-off soon, and
+    /// coalesce it with others), or the write did not go as planned.
     ///
     /// Runs under `ownership`, so never alongside this loop's callbacks, and never calls
     /// libevent, which is not thread-safe here: whatever needs the event base (watching
     /// for writability, destroying a broken connection) is left to this loop.
     func writeFromPeer(_ ref: ConnectionRef) -> Bool {
-        let handled = ownership.withLockIfAvailable { running -> Bool in
+        let handled = ownership.withLockIfAvailable { ownership -> Bool in
             // A stopped loop or a closed connection: the events stay pending for a resume.
-            guard running, table.isLive(ref.slot, generation: ref.generation) else { return true }
+            guard ownership.running, table.isLive(ref.slot, generation: ref.generation) else { return true }
+            guard ownership.waiting else { return false }
             let state = table.state(ref.slot)
             // Bytes already wait for writability: the writable callback pumps the rest.
             guard state.pointee.outbound == nil else { return true }

@@ -28,9 +28,9 @@ enum LoopTask: Sendable {
 ///
 /// Concurrency: the loop's state (connection table, buffers, deadlines) is touched only
 /// while `ownership` is held. The loop's own thread holds it for each libevent callback
-/// and releases it while it waits in epoll. Another loop may take it, only with a try-lock
-/// and never while waiting, to write pending events to an idle connection of this loop
-/// directly (`writeFromPeer`), which spares a hand-off and a wake-up of this thread.
+/// and releases it while it waits in epoll. While it waits, another loop may take it, only
+/// with a try-lock, to write pending events to a connection of this loop directly
+/// (`writeFromPeer`), which spares a hand-off and a wake-up of this thread.
 /// libevent's event base is only ever called from the loop's own thread. Any thread may
 /// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. The class
 /// is `@unchecked Sendable` so that it can be handed to its thread and to other loops.
@@ -68,9 +68,8 @@ final class EventLoop: @unchecked Sendable {
     private var tickEvent: OpaquePointer?
     private let wakeFD: Int32
     private let inbox = Mutex<[LoopTask]>([])
-    /// Held while the loop's state is used (see the type's comment). Its value says
-    /// whether the loop still runs: false once it has released its connections.
-    let ownership = Mutex<Bool>(true)
+    /// Held while the loop's state is used (see the type's comment).
+    let ownership = Mutex(LoopOwnership())
     /// Set when the loop has been told to drain; holds the time by which it must be done.
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
@@ -108,7 +107,10 @@ final class EventLoop: @unchecked Sendable {
     /// Runs one libevent callback of this loop with `ownership` held.
     @inline(__always)
     func owned(_ callback: () -> Void) {
-        ownership.withLock { _ in callback() }
+        ownership.withLock { ownership in
+            ownership.waiting = false
+            callback()
+        }
     }
 
     /// Runs the loop on the calling thread until it has drained.
@@ -133,8 +135,8 @@ final class EventLoop: @unchecked Sendable {
 
         runUntilBroken()
 
-        ownership.withLock { running in
-            running = false  // peers stop writing here
+        ownership.withLock { ownership in
+            ownership.running = false  // peers stop writing here
             for slot in table.liveSlots() { destroy(slot) }
             table.deallocate()
         }
@@ -157,17 +159,16 @@ final class EventLoop: @unchecked Sendable {
     /// dominates push latency); otherwise it sleeps in epoll_wait like any libevent loop.
     private func runUntilBroken() {
         let window = context.configuration.busyPoll
-        guard window > .zero else {
-            vs_event_base_dispatch(base)
-            return
-        }
         let clock = SystemClock()
         var lastActivity = clock.now()
         var seen = activity
         while vs_event_base_got_break(base) == 0 {
-            if clock.now() - lastActivity < window {
+            if window > .zero && clock.now() - lastActivity < window {
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE | VS_EVLOOP_NONBLOCK) < 0 { return }
             } else {
+                // Until a callback runs, this thread is asleep in epoll: peers write to its
+                // connections themselves rather than wake it (`writeFromPeer`).
+                ownership.withLock { $0.waiting = true }
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE) < 0 { return }
             }
             if activity != seen {
@@ -275,6 +276,16 @@ final class EventLoop: @unchecked Sendable {
         }
         for (loop, tasks) in remote { peers[Int(loop)].post(contentsOf: tasks) }
     }
+}
+
+/// What `EventLoop.ownership` guards besides the loop's state itself.
+struct LoopOwnership {
+    /// False once the loop has released its connections: peers must not touch them.
+    var running = true
+    /// The loop's thread is asleep in epoll (or about to be) and runs no callback. Only
+    /// then do peers write to its connections: a busy loop picks up a hand-off soon
+    /// anyway, and coalesces many events for one connection into one write.
+    var waiting = false
 }
 
 /// A server that cannot start.
