@@ -18,7 +18,8 @@ enum ConnectionPhase: UInt8 {
 /// table of fixed-size chunks: no per-connection object, and nothing allocated while the
 /// connection is idle (`inbound` and `outbound` exist only while bytes are in flight).
 ///
-/// Confined to the owning event loop's thread.
+/// Touched only while its event loop's `ownership` lock is held: by that loop's thread,
+/// or by another loop writing events to it while the owner sleeps (`writeFromPeer`).
 struct ConnectionState {
     var fd: Int32 = -1
     /// Incremented each time the slot is reused; part of `ConnectionRef`.

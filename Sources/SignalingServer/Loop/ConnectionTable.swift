@@ -8,7 +8,7 @@ import CLibeventShims
 /// 64-byte state plus one `struct event` (128 bytes on x86-64), whatever its lifetime.
 /// Free slots are reused most-recently-freed first, which keeps the touched memory small.
 ///
-/// Confined to the owning event loop's thread.
+/// Used only while the owning event loop's `ownership` lock is held (see `EventLoop`).
 struct ConnectionTable {
     static let chunkSize = 1024
 
