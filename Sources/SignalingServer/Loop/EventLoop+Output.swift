@@ -60,8 +60,7 @@ extension EventLoop {
         }
         state.pointee.outbound = Array(scratch[max(0, written)...])
         state.pointee.outboundOffset = 0
-        enforceQueueLimit(slot)
-        if state.pointee.phase != .free { assignEvent(slot, writable: true) }
+        watchWritable(slot)
     }
 
     func enforceQueueLimit(_ slot: UInt32) {
@@ -202,7 +201,8 @@ extension EventLoop {
         return handled ?? false
     }
 
-    /// Bytes another loop could not write wait in `outbound`: watch for writability.
+    /// Bytes the socket did not take (from this loop or a peer) wait in `outbound`: keep
+    /// them within the queue limit and watch for writability.
     func watchWritable(_ slot: UInt32) {
         let state = table.state(slot)
         guard state.pointee.outbound != nil, !state.pointee.wantsWrite else { return }
