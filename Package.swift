@@ -93,7 +93,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VoipLoadTests",
-            dependencies: ["VoipLoadKit", "SignalingProtocol", "SignalingSupport", "TestSupport"]
+            dependencies: ["VoipLoadKit", "CLinuxShims", "SignalingProtocol", "SignalingSupport", "TestSupport"]
         ),
 
         // ---- Durable store (issue 6): the SQLite EventStore ----------------------------

@@ -24,6 +24,11 @@ import Testing
         #expect(push.sent == 300 && push.received == 300 && push.lost == 0 && push.refused == 0)
         #expect(push.messageLatency.count == 150 && push.callLatency.count == 150)
         #expect(push.latency.p50 > 0 && push.latency.p50 <= push.latency.p99 && push.latency.p99 <= push.latency.max)
+        // Arrival is the kernel's receive timestamp, which every loopback read carries, and
+        // it precedes the read: no percentile of arrival can exceed the read's.
+        let read = try #require(push.readLatency)
+        #expect(push.unstampedEvents == 0 && read.count == 300)
+        #expect(push.latency.p50 <= read.p50 && push.latency.p99 <= read.p99 && push.latency.max <= read.max)
         let fanout = try #require(report.fanout)
         #expect(fanout.messages > 0 && fanout.lost == 0)
         #expect(fanout.delivered == fanout.messages * 20 && fanout.receipts == fanout.delivered)
@@ -56,6 +61,7 @@ import Testing
         let run = try ExecutableRun.run("voipload", ["floor", "200"], timeoutSeconds: 60)
         #expect(run.exitCode == 0, "\(run.stderr)")
         #expect(run.stdout.contains("two-hop loopback floor") && run.stdout.contains("(200 samples)"), "\(run.stdout)")
+        #expect(run.stdout.contains("arrival at the receiving socket") && run.stdout.contains("read by the receiver"), "\(run.stdout)")
         let usage = try ExecutableRun.run("voipload", ["floor", "many"], timeoutSeconds: 30)
         #expect(usage.exitCode == 64 && usage.stderr.contains("voipload floor [SAMPLES]"))
     }
@@ -85,7 +91,17 @@ import Testing
         #expect(run.exitCode == 0, "stdout: \(run.stdout)\nstderr: \(run.stderr)")
         let summary = try #require(run.stdout.split(separator: "\n").first { $0.hasPrefix("SUMMARY ") })
         #expect(summary.contains(" subscribers=50 failed=0 "), "\(summary)")
-        #expect(summary.contains(" samples=200 lost=0 "), "\(summary)")
+        #expect(summary.contains(" samples=200 ") && summary.contains(" lost=0 "), "\(summary)")
+        // Every event is timed twice: its arrival (the kernel's receive timestamp) comes
+        // before its read, so no percentile of the first can exceed the second's.
+        let fields = Dictionary(uniqueKeysWithValues: summary.split(separator: " ").dropFirst().compactMap { pair -> (String, Double)? in
+            let parts = pair.split(separator: "=", maxSplits: 1)
+            guard parts.count == 2, let value = Double(parts[1]) else { return nil }
+            return (String(parts[0]), value)
+        })
+        let arrival = try #require(fields["p50_us"]), read = try #require(fields["read_p50_us"])
+        #expect(arrival > 0 && arrival <= read, "\(summary)")
+        #expect(try #require(fields["p99_us"]) <= (try #require(fields["read_p99_us"])), "\(summary)")
     }
 
     @Test func badUsageIsExit64() throws {

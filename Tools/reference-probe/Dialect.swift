@@ -47,7 +47,8 @@ struct Inbound {
     }
 }
 
-/// The send stamp at the start of an event payload: CLOCK_MONOTONIC nanoseconds, little-endian.
+/// The send stamp at the start of an event payload: CLOCK_REALTIME nanoseconds (the clock of
+/// the kernel's receive timestamps), little-endian.
 func sendStamp(_ payload: UnsafeRawBufferPointer) -> UInt64? {
     payload.count >= 8 ? UInt64(littleEndian: payload.loadUnaligned(as: UInt64.self)) : nil
 }

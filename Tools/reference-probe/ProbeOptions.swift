@@ -22,7 +22,7 @@ struct ProbeOptions {
         usage: "reference-probe --protocol mqtt|voip --server 127.0.0.1:PORT [options]",
         summary: """
             Measures push latency with one client-side method for an MQTT broker or voipserver: \
-            N idle subscribers, one open-loop publisher whose payloads carry a CLOCK_MONOTONIC \
+            N idle subscribers, one open-loop publisher whose payloads carry a CLOCK_REALTIME \
             send stamp, and one epoll receiver thread.
             """,
         options: [

@@ -24,6 +24,12 @@ struct ProbeReport {
             && receiver.stampsFromTheFuture == 0
     }
 
+    private func percentiles(_ histogram: LatencyHistogram) -> String {
+        "p50 \(micro(histogram.value(atPercentile: 50)))  p90 \(micro(histogram.value(atPercentile: 90)))  "
+            + "p99 \(micro(histogram.value(atPercentile: 99)))  p99.9 \(micro(histogram.value(atPercentile: 99.9)))  "
+            + "max \(micro(histogram.maximum))  mean \(fixed(histogram.mean / 1000, 1))  (n=\(histogram.totalCount))"
+    }
+
     func text() -> String {
         let latency = receiver.latency
         var lines: [String] = []
@@ -53,9 +59,13 @@ struct ProbeReport {
             lines.append("receiver        \(receiver.connectionsLost) subscriber connections failed; first: \(receiver.firstProblem ?? "?")")
         }
         if receiver.stampsFromTheFuture > 0 { lines.append("receiver        \(receiver.stampsFromTheFuture) stamps later than their arrival") }
-        lines.append("latency (µs)    p50 \(micro(latency.value(atPercentile: 50)))  p90 \(micro(latency.value(atPercentile: 90)))  "
-            + "p99 \(micro(latency.value(atPercentile: 99)))  p99.9 \(micro(latency.value(atPercentile: 99.9)))  "
-            + "max \(micro(latency.maximum))  mean \(fixed(latency.mean / 1000, 1))  (n=\(latency.totalCount))")
+        lines.append("latency (µs)    send to arrival at the subscriber's socket (kernel receive timestamp):")
+        lines.append("                " + percentiles(latency))
+        lines.append("                send to read by the subscriber (adds its wake-up and recv):")
+        lines.append("                " + percentiles(receiver.readLatency))
+        if receiver.unstamped > 0 {
+            lines.append("receiver        \(receiver.unstamped) events came without a kernel receive timestamp (read latency only)")
+        }
         lines.append("CPU (% of a core) while measuring: server \(cpu.server.map { fixed($0, 1) } ?? "?"), probe \(fixed(cpu.probe, 1)), "
             + "irq+softirq \(fixed(cpu.interrupts, 1)), steal \(fixed(cpu.steal, 1)), other processes \(fixed(cpu.others, 1))")
         if cpu.others > 10 {
@@ -81,6 +91,8 @@ struct ProbeReport {
             ("p999_us", micro(latency.value(atPercentile: 99.9))),
             ("max_us", micro(latency.maximum)),
             ("samples", "\(latency.totalCount)"),
+            ("read_p50_us", micro(receiver.readLatency.value(atPercentile: 50))),
+            ("read_p99_us", micro(receiver.readLatency.value(atPercentile: 99))),
             ("lost", "\(lost)"),
             ("server_cpu_pct", cpu.server.map { fixed($0, 1) } ?? "-"),
             ("other_cpu_pct", fixed(cpu.others, 1)),

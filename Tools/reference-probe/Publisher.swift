@@ -1,3 +1,4 @@
+import CLinuxShims
 import VoipLoadKit
 import SignalingSupport
 #if canImport(Glibc)
@@ -5,7 +6,7 @@ import Glibc
 #endif
 
 /// The publisher thread: open loop. Event k is due at start + k / rate; the thread sleeps
-/// until then, stamps the payload with the monotonic time and sends at once, whatever has
+/// until then, stamps the payload with the time (CLOCK_REALTIME) and sends at once, whatever has
 /// or has not arrived. Between sends it reads (without waiting) and handles what the
 /// server sent it: OK/ERROR replies and delivery receipts, which it acknowledges (voip).
 struct Publisher {
@@ -76,8 +77,10 @@ struct Publisher {
             let due = start + UInt64(Double(number) * interval)
             clock.sleep(until: Instant(nanoseconds: due))
             let sent = packet.withUnsafeMutableBytes { bytes in
+                // The payload carries CLOCK_REALTIME: the clock of the kernel's receive
+                // timestamps. Pacing and the loss timeout stay on the monotonic clock.
                 let stamp = clock.now().nanoseconds
-                bytes.storeBytes(of: stamp.littleEndian, toByteOffset: stampOffset, as: UInt64.self)
+                bytes.storeBytes(of: voipload_realtime_ns().littleEndian, toByteOffset: stampOffset, as: UInt64.self)
                 let ok = Sockets.sendAll(fd, UnsafeRawBufferPointer(bytes))
                 board.lastSendNanoseconds.store(stamp, ordering: .releasing)
                 return ok ? stamp : nil

@@ -1,17 +1,28 @@
 import VoipLoadKit
 import SignalingSupport
 
-/// The receiver thread: one epoll loop over every subscriber connection. Each event's
-/// latency is the monotonic time right after the recv(2) that brought it minus the send
-/// stamp in its payload. Stops once every sent event has arrived, or `lossTimeout` after
-/// the last send.
+/// The receiver thread: one epoll loop over every subscriber connection. Each event has
+/// two latencies, both from the send stamp in its payload:
+/// - arrival: to the kernel's receive timestamp of the bytes on the subscriber's socket
+///   (SO_TIMESTAMPNS), the moment the server's write reached the device. This is the
+///   server's push latency; it does not include how long the device takes to wake up.
+/// - read: to right after the recv(2) that brought it, which adds the wake-up of this
+///   thread (an idle device) and the read itself.
+/// For TCP the kernel stamps a read with its last segment, so an event that shared a
+/// read with a later one is given the later arrival (never an earlier one).
+/// Stops once every sent event has arrived, or `lossTimeout` after the last send.
 struct Receiver {
     var table: SubscriberTable
     var board: ProgressBoard
     var lossTimeoutNanoseconds: UInt64
 
     struct Outcome: Sendable {
+        /// Send stamp to the kernel's receive timestamp.
         var latency = LatencyHistogram()
+        /// Send stamp to this thread having read the event.
+        var readLatency = LatencyHistogram()
+        /// Reads for which the kernel gave no receive timestamp (not in `latency`).
+        var unstamped = 0
         var received = 0
         var misrouted = 0
         /// Subscriber connections that failed during the measurement.
@@ -33,12 +44,19 @@ struct Receiver {
                     table.drop(index)
                     outcome.connectionsLost += 1
                     if outcome.firstProblem == nil { outcome.firstProblem = "subscriber \(index): \(reason)" }
-                case .received(let now):
+                case .received(let arrived, let read):
                     for stamp in inbound.stamps {
-                        if stamp <= now {
-                            outcome.latency.record(nanoseconds: now - stamp)
-                        } else {
+                        guard stamp <= read else {
                             outcome.stampsFromTheFuture += 1
+                            continue
+                        }
+                        outcome.readLatency.record(nanoseconds: read - stamp)
+                        if arrived == 0 {
+                            outcome.unstamped += 1
+                        } else {
+                            // A stamp a hair after the arrival is the two clocks' reading
+                            // granularity, not a time machine: count it as zero.
+                            outcome.latency.record(nanoseconds: arrived > stamp ? arrived - stamp : 0)
                         }
                     }
                     outcome.received += inbound.stamps.count

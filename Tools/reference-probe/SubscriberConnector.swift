@@ -1,3 +1,4 @@
+import CLinuxShims
 import VoipLoadKit
 import SignalingSupport
 #if canImport(Glibc)
@@ -68,6 +69,8 @@ struct SubscriberConnector {
                 return fail(index, error.message)
             }
             table.descriptors[index] = fd
+            // Every read then also tells when the kernel received the bytes (the arrival).
+            _ = voipload_enable_receive_timestamps(fd)
             let error = Sockets.connect(fd, to: server)
             guard error == 0 else { return fail(index, ProbeError(call: "connect", code: error).message) }
             guard table.epoll.add(fd, token: UInt64(index), events: Epoll.output | Epoll.input) == 0 else {

@@ -1,3 +1,4 @@
+import CLinuxShims
 import SignalingSupport
 import VoipLoadKit
 #if canImport(Glibc)
@@ -42,9 +43,11 @@ final class SubscriberTable: @unchecked Sendable {
     enum ReadOutcome {
         /// Nothing to read after all.
         case nothing
-        /// Bytes arrived at `at` (monotonic ns, read right after recv returned); their
-        /// packets are in the `Inbound`, and any reply was sent.
-        case received(at: UInt64)
+        /// Bytes arrived: the kernel received them at `arrived` (its receive timestamp, 0
+        /// when it gave none) and this process had read them at `read` (both
+        /// CLOCK_REALTIME ns, the clock of the send stamps). Their packets are in the
+        /// `Inbound`, and any reply was sent.
+        case received(arrived: UInt64, read: UInt64)
         /// The connection is unusable (closed by the server, refused, malformed).
         case failed(String)
     }
@@ -52,18 +55,19 @@ final class SubscriberTable: @unchecked Sendable {
     /// One recv on subscriber `index`'s connection, then parsing, then the reply.
     func read(_ index: Int, into inbound: inout Inbound) -> ReadOutcome {
         let fd = descriptors[index]
-        let count = recv(fd, scratch.baseAddress, scratch.count, 0)
-        let now = clock.now().nanoseconds
+        var arrivedAt: UInt64 = 0
+        let count = voipload_read_stamped(fd, scratch.baseAddress, UInt(scratch.count), &arrivedAt)
+        let readAt = voipload_realtime_ns()
         if count == 0 { return .failed("the server closed the connection") }
         if count < 0 {
             if errno == EAGAIN || errno == EINTR { return .nothing }
             return .failed(ProbeError(call: "recv").message)
         }
         inbound.reset()
-        let arrived = UnsafeRawBufferPointer(rebasing: scratch[0..<count])
+        let arrived = UnsafeRawBufferPointer(rebasing: scratch[0..<Int(count)])
         if partial[index].isEmpty {
             let used = dialect.consume(arrived, subscriber: index, into: &inbound)
-            if used < count { partial[index] = Array(arrived[used...]) }
+            if used < arrived.count { partial[index] = Array(arrived[used...]) }
         } else {
             partial[index].append(contentsOf: arrived)
             let used = partial[index].withUnsafeBytes { dialect.consume($0, subscriber: index, into: &inbound) }
@@ -73,7 +77,7 @@ final class SubscriberTable: @unchecked Sendable {
         if !inbound.reply.isEmpty && !Sockets.sendAll(fd, inbound.reply) {
             return .failed(ProbeError(call: "send").message)
         }
-        return .received(at: now)
+        return .received(arrived: arrivedAt, read: readAt)
     }
 
     /// Closes subscriber `index`'s connection (which also takes it out of the epoll set).

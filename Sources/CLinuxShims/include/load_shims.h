@@ -24,11 +24,31 @@ int voipload_epoll_create(void);
 int voipload_epoll_control(int epoll_fd, int fd, int modify, uint32_t events, uint64_t token);
 /// epoll_wait into two parallel arrays of at most max entries. Returns the count, or -1.
 int voipload_epoll_wait(int epoll_fd, uint64_t *tokens, uint32_t *events, int max, int timeout_ms);
+/// The same with a timeout in nanoseconds (epoll_pwait2; negative = no timeout), so that
+/// probes can be sent on their schedule rather than on millisecond ticks. Falls back to
+/// epoll_wait, rounding up to a millisecond, on kernels without epoll_pwait2.
+int voipload_epoll_wait_ns(int epoll_fd, uint64_t *tokens, uint32_t *events, int max, int64_t timeout_ns);
+/// PR_SET_TIMERSLACK for the calling thread: how late the kernel may end its sleeps
+/// (50 µs by default). Returns 0 or -1 (errno set).
+int voipload_set_timer_slack(unsigned long nanoseconds);
 
 /// Before bind/connect of a client socket: IP_BIND_ADDRESS_NO_PORT (the port is chosen at
 /// connect time, so one source address reaches a server from every ephemeral port) and
 /// TCP_NODELAY (probes and ACKs are tiny; Nagle would hold them back).
 void voipload_prepare_client_socket(int fd);
+
+/// SO_TIMESTAMPNS on: every later read of fd through voipload_read_stamped also reports
+/// when the kernel received the bytes. Returns 0 or -1 (errno set). When no other socket
+/// of the machine has timestamps on, the kernel turns them on a moment later (from a work
+/// queue): reads just after this call may carry none.
+int voipload_enable_receive_timestamps(int fd);
+/// read(2) through recvmsg(2): reads at most `length` bytes into `buffer`. When the kernel
+/// attached a receive timestamp (SCM_TIMESTAMPNS, CLOCK_REALTIME) it is stored in
+/// `*kernel_realtime_ns`, else 0 is. For TCP it is the timestamp of the last segment
+/// the read took bytes from. Returns what read(2) would (count, 0 at end, -1 with errno).
+long voipload_read_stamped(int fd, void *buffer, unsigned long length, uint64_t *kernel_realtime_ns);
+/// CLOCK_REALTIME in nanoseconds: the clock of kernel receive timestamps.
+uint64_t voipload_realtime_ns(void);
 
 /// Asks the kernel to send `signal` to this process when its parent dies, so that load
 /// workers never outlive a coordinator that was killed. Returns 0 or -1 (errno set).

@@ -203,10 +203,11 @@ public final class Coordinator {
                 && total.probeReceipts + total.callsEnded >= total.probesAccepted
         }, describe: nil)
         let reports = try collectReports()
-        var message = LatencyHistogram(), call = LatencyHistogram()
+        var message = LatencyHistogram(), call = LatencyHistogram(), read = LatencyHistogram()
         for report in reports {
             message.merge(LatencyHistogram(report.messageLatency) ?? LatencyHistogram())
             call.merge(LatencyHistogram(report.callLatency) ?? LatencyHistogram())
+            read.merge(LatencyHistogram(report.readLatency) ?? LatencyHistogram())
         }
         var all = message
         all.merge(call)
@@ -223,7 +224,8 @@ public final class Coordinator {
             callsEnded: after.callsEnded - before.callsEnded,
             serverCPUMicrosPerProbe: cpu.flatMap { sent > 0 ? $0 * 1e6 / Double(sent) : nil },
             latency: LoadReport.Latency(all),
-            messageLatency: LoadReport.Latency(message), callLatency: LoadReport.Latency(call))
+            messageLatency: LoadReport.Latency(message), callLatency: LoadReport.Latency(call),
+            readLatency: LoadReport.Latency(read), unstampedEvents: after.unstampedEvents - before.unstampedEvents)
     }
 
     func measureFanout() throws(LoadError) -> LoadReport.Fanout {

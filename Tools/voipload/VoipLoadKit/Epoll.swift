@@ -45,6 +45,13 @@ public struct Epoll: ~Copyable {
     }
 
     /// Waits up to `timeoutMilliseconds` and calls `body(token, events)` for each ready entry.
+    /// As `wait(timeoutMilliseconds:)`, to the nanosecond (negative: no timeout).
+    public func wait(timeoutNanoseconds: Int64, _ body: (UInt64, UInt32) -> Void) {
+        let count = voipload_epoll_wait_ns(fd, tokens.baseAddress, readiness.baseAddress, Int32(tokens.count), timeoutNanoseconds)
+        guard count > 0 else { return }
+        for index in 0..<Int(count) { body(tokens[index], readiness[index]) }
+    }
+
     public func wait(timeoutMilliseconds: Int32, _ body: (UInt64, UInt32) -> Void) {
         let count = voipload_epoll_wait(fd, tokens.baseAddress, readiness.baseAddress, Int32(tokens.count), timeoutMilliseconds)
         guard count > 0 else { return }

@@ -1,3 +1,4 @@
+import CLinuxShims
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -10,7 +11,9 @@ import Glibc
 /// server forwards an event from a sender to a device, with the same wake-ups (the relay
 /// sleeps in read(2) until data arrives, the receiver sleeps in read(2) until the relay
 /// writes) but no protocol work at all. On a virtual machine these wake-ups dominate; no
-/// server can push faster than this floor.
+/// server can push faster than this floor. Each stamp gets the benchmark's two latencies:
+/// to its arrival at the receiving socket (the kernel's receive timestamp: one wake-up,
+/// the relay's) and to its read by the receiver (both wake-ups).
 ///
 /// How long a wake-up takes depends on how long the woken thread slept: a guest's idle
 /// CPU polls for a while before it halts (cpuidle haltpoll), and waking a halted one costs
@@ -26,8 +29,20 @@ enum LatencyFloor {
         case idleReceiver
     }
 
+    /// Send to arrival at the receiving socket, and send to read by the receiver.
+    struct Result {
+        var arrival = LatencyHistogram()
+        var read = LatencyHistogram()
+
+        mutating func record(sentAt: UInt64, arrivedAt: UInt64, readAt: UInt64) {
+            read.record(nanoseconds: readAt > sentAt ? readAt - sentAt : 0)
+            let arrived = arrivedAt == 0 ? readAt : arrivedAt
+            arrival.record(nanoseconds: arrived > sentAt ? arrived - sentAt : 0)
+        }
+    }
+
     /// Measures `samples` stamps, `gapMicroseconds` apart.
-    static func measure(samples: Int, gapMicroseconds: Int, receiver: Receiver) throws(LoadError) -> LatencyHistogram {
+    static func measure(samples: Int, gapMicroseconds: Int, receiver: Receiver) throws(LoadError) -> Result {
         guard let port = SocketCalls.freeLoopbackPort() else { throw LoadError("no free loopback port for the floor relay") }
         let relay: ChildProcess
         do {
@@ -45,52 +60,49 @@ enum LatencyFloor {
         defer { close(sending) }
         let receiving = try connectWithRetry(port: port, role: 2)
         defer { close(receiving) }
+        _ = voipload_enable_receive_timestamps(receiving)
 
-        let clock = SystemClock()
         if receiver == .idleReceiver {
             return try measureWithIdleReceiver(
                 samples: samples, gapMicroseconds: gapMicroseconds, sending: sending, receiving: receiving)
         }
-        var histogram = LatencyHistogram()
+        var result = Result()
         for _ in 0..<samples {
-            var stamp = clock.now().nanoseconds
+            var stamp = voipload_realtime_ns()
             guard write(sending, &stamp, 8) == 8 else { throw LoadError("floor relay: write failed") }
-            var echoed: UInt64 = 0
-            guard readFully(receiving, &echoed) else { throw LoadError("floor relay: the relay went away") }
-            histogram.record(nanoseconds: clock.now().nanoseconds - echoed)
+            guard let (echoed, arrivedAt) = readStamp(receiving) else { throw LoadError("floor relay: the relay went away") }
+            result.record(sentAt: echoed, arrivedAt: arrivedAt, readAt: voipload_realtime_ns())
             usleep(UInt32(gapMicroseconds))
         }
-        return histogram
+        return result
     }
 
     private static func measureWithIdleReceiver(
         samples: Int, gapMicroseconds: Int, sending: Int32, receiving: Int32
-    ) throws(LoadError) -> LatencyHistogram {
-        final class Result: @unchecked Sendable {
-            var histogram = LatencyHistogram()
+    ) throws(LoadError) -> Result {
+        /// Written by the receiver thread only, read after it is joined.
+        final class Outcome: @unchecked Sendable {
+            var result = Result()
             var complete = false
         }
-        let result = Result()
+        let outcome = Outcome()
         let receiverThread = JoinableThread {
-            let clock = SystemClock()
             for _ in 0..<samples {
-                var echoed: UInt64 = 0
-                guard readFully(receiving, &echoed) else { return }
-                result.histogram.record(nanoseconds: clock.now().nanoseconds - echoed)
+                guard let (echoed, arrivedAt) = readStamp(receiving) else { return }
+                outcome.result.record(sentAt: echoed, arrivedAt: arrivedAt, readAt: voipload_realtime_ns())
             }
-            result.complete = true
+            outcome.complete = true
         }
-        let clock = SystemClock()
         var failed = false
         for _ in 0..<samples {
-            var stamp = clock.now().nanoseconds
+            var stamp = voipload_realtime_ns()
             if write(sending, &stamp, 8) != 8 { failed = true; break }
             usleep(UInt32(gapMicroseconds))
         }
         if failed { shutdown(receiving, Int32(SHUT_RDWR)) }
         receiverThread.join()
-        guard !failed, result.complete else { throw LoadError("floor relay: the relay went away") }
-        return result.histogram
+        guard !failed, outcome.complete else { throw LoadError("floor relay: the relay went away") }
+        return outcome.result
     }
 
     /// The relay (hidden subcommand `voipload floor-relay PORT`): accepts the sending and
@@ -142,6 +154,24 @@ enum LatencyFloor {
             guard clock.now() < deadline else { throw LoadError("the floor relay did not start listening") }
             usleep(2_000)
         }
+    }
+
+    /// One 8-byte stamp and the kernel's receive timestamp of its (last) segment.
+    private static func readStamp(_ fd: Int32) -> (UInt64, UInt64)? {
+        var value: UInt64 = 0
+        var arrivedAt: UInt64 = 0
+        var received = 0
+        let complete = withUnsafeMutableBytes(of: &value) { bytes in
+            while received < 8 {
+                var stamp: UInt64 = 0
+                let count = voipload_read_stamped(fd, bytes.baseAddress! + received, UInt(8 - received), &stamp)
+                if count <= 0 { return false }
+                received += count
+                arrivedAt = stamp
+            }
+            return true
+        }
+        return complete ? (value, arrivedAt) : nil
     }
 
     private static func readFully(_ fd: Int32, _ value: inout UInt64) -> Bool {

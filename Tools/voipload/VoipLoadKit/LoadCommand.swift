@@ -84,14 +84,19 @@ public enum LoadCommand {
             let hot = try LatencyFloor.measure(samples: count, gapMicroseconds: 500, receiver: .receiverJustSent)
             let idle = try LatencyFloor.measure(samples: count, gapMicroseconds: 500, receiver: .idleReceiver)
             print("two-hop loopback floor (relay process, no protocol), CPU latency limit in effect: \(policy):")
-            print("  receiver idle between stamps, as a benchmark device: " + latencyLine(LoadReport.Latency(idle)))
-            print("  receiver is the sender, just asleep (best case):     " + latencyLine(LoadReport.Latency(hot)))
+            print("  arrival at the receiving socket (one wake-up: the relay's):")
+            print("    receiver idle between stamps, as a benchmark device: " + latencyLine(LoadReport.Latency(idle.arrival)))
+            print("  read by the receiver (two wake-ups):")
+            print("    receiver idle between stamps, as a benchmark device: " + latencyLine(LoadReport.Latency(idle.read)))
+            print("    receiver is the sender, just asleep (best case):     " + latencyLine(LoadReport.Latency(hot.read)))
             // What the host would gain from `voipserver --cpu-latency-limit 0` (idle CPUs
             // poll instead of halting), where this process may ask for it.
             if CPULatencyRequest.currentLimit() != 0, let request = try? CPULatencyRequest(microseconds: 0) {
                 let polled = try LatencyFloor.measure(samples: count, gapMicroseconds: 500, receiver: .idleReceiver)
                 withExtendedLifetime(request) {}
-                print("  receiver idle, CPU latency limit 0 (idle CPUs poll): " + latencyLine(LoadReport.Latency(polled)))
+                print("  CPU latency limit 0 (idle CPUs poll), receiver idle:")
+                print("    arrival: " + latencyLine(LoadReport.Latency(polled.arrival)))
+                print("    read:    " + latencyLine(LoadReport.Latency(polled.read)))
             }
             return 0
         } catch {

@@ -80,9 +80,16 @@ public struct LoadReport: Codable, Sendable {
         /// Server CPU time (utime + stime) per probe over the phase: the whole exchange of
         /// request, reply, event, ACK and receipt (or reject and CALL_ENDED).
         public var serverCPUMicrosPerProbe: Double?
+        /// Send to arrival at the device's socket (the kernel's receive timestamp): the
+        /// server's push latency, messages and calls.
         public var latency: Latency
         public var messageLatency: Latency
         public var callLatency: Latency
+        /// Send to read by the device's process: adds the tool's wake-up and read (nil in
+        /// reports of older versions).
+        public var readLatency: Latency?
+        /// Events read without a kernel receive timestamp (their arrival is the read).
+        public var unstampedEvents: UInt64?
     }
 
     public struct Fanout: Codable, Sendable {
@@ -100,7 +107,7 @@ public struct LoadReport: Codable, Sendable {
         public var eventsPerSecond: Double
         /// (delivered + receipts) / server CPU seconds: events per second per core.
         public var eventsPerCPUSecond: Double?
-        /// Send to arrival at each fan-out device.
+        /// Send to arrival at each fan-out device's socket.
         public var latency: Latency
     }
 

@@ -9,8 +9,10 @@ import Glibc
 extension LoadWorker {
     func readSocket(slot: Int) {
         let fd = table.fd[slot]
-        let count = read(fd, readBuffer.baseAddress, readBuffer.count)
+        var arrivedAt: UInt64 = 0
+        let count = Int(voipload_read_stamped(fd, readBuffer.baseAddress, UInt(readBuffer.count), &arrivedAt))
         // Stamped before decoding, so the tool's own decoding is not counted as latency.
+        currentRead = ReadStamps(arrived: arrivedAt, read: voipload_realtime_ns())
         let receivedAt = clock.now().nanoseconds
         if count > 0 {
             process(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]), slot: slot, receivedAt: receivedAt)

@@ -1,3 +1,4 @@
+import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
 
@@ -62,7 +63,8 @@ extension LoadWorker {
         var frame = FrameEncoder.encode(.request(id: nextRequestID, request))
         nextRequestID &+= 1
         let stampOffset = frame.count - max(Self.probeHeaderBytes, setup.payloadBytes)
-        let sentAt = clock.now().nanoseconds
+        // CLOCK_REALTIME: the clock of the kernel's receive timestamps.
+        let sentAt = voipload_realtime_ns()
         for index in 0..<8 { frame[stampOffset + index] = UInt8(truncatingIfNeeded: sentAt >> UInt64(56 - 8 * index)) }
         send(frame, slot: slot)
     }
@@ -83,11 +85,13 @@ extension LoadWorker {
         switch (layout.role(ofSlot: slot), event) {
         case (.idleDevice, .message(let message)):
             guard let sentAt = probeSentAt(message.body) else { status.unexpectedEvents += 1; return }
-            messageLatency.record(nanoseconds: receivedAt &- sentAt)
+            messageLatency.record(nanoseconds: arrival(sentAt))
+            readLatency.record(nanoseconds: currentRead.read &- sentAt)
             status.probesReceived += 1
         case (.idleDevice, .callIncoming(let callID, _, _, let offer, _)):
             guard let sentAt = probeSentAt(offer) else { status.unexpectedEvents += 1; return }
-            callLatency.record(nanoseconds: receivedAt &- sentAt)
+            callLatency.record(nanoseconds: arrival(sentAt))
+            readLatency.record(nanoseconds: currentRead.read &- sentAt)
             status.probesReceived += 1
             // Decline at once, which ends the call on the server (no ring timeout to wait).
             send(FrameEncoder.encode(.request(id: nextRequestID, .callReject(callID: callID, reason: .declined))), slot: slot)
@@ -102,11 +106,22 @@ extension LoadWorker {
             status.fanoutReceipts += 1
         case (.fanoutDevice, .message(let message)):
             guard let sentAt = probeSentAt(message.body) else { status.unexpectedEvents += 1; return }
-            fanoutLatency.record(nanoseconds: receivedAt &- sentAt)
+            fanoutLatency.record(nanoseconds: arrival(sentAt))
             status.fanoutDelivered += 1
         default:
             status.unexpectedEvents += 1
         }
+    }
+
+    /// Send to arrival at the device's socket, for a probe stamped `sentAt` in the read
+    /// being processed. Without a kernel timestamp (counted) the read stands in for it.
+    func arrival(_ sentAt: UInt64) -> UInt64 {
+        guard currentRead.arrived != 0 else {
+            status.unstampedEvents += 1
+            return currentRead.read &- sentAt
+        }
+        // The two clocks are read a hair apart: an arrival stamped before the send is 0.
+        return currentRead.arrived > sentAt ? currentRead.arrived - sentAt : 0
     }
 
     /// OK or ERROR for one of this connection's requests.

@@ -45,9 +45,15 @@ public final class LoadWorker {
     var lastStatusSent = WorkerStatus()
     var lastStatusAt: UInt64 = 0
 
+    /// Send to arrival at the device's socket (the kernel's receive timestamp).
     var messageLatency = LatencyHistogram()
     var callLatency = LatencyHistogram()
     var fanoutLatency = LatencyHistogram()
+    /// Send to the device's read, messages and calls.
+    var readLatency = LatencyHistogram()
+    /// The read being processed: when its bytes arrived (kernel receive timestamp, 0 if
+    /// none) and when it returned, CLOCK_REALTIME ns like the probes' send stamps.
+    var currentRead = ReadStamps()
     var handshakeLatency = LatencyHistogram()
 
     var probe = ProbeSchedule()
@@ -80,7 +86,7 @@ public final class LoadWorker {
         _ = fcntl(Self.controlDescriptor, F_SETFL, fcntl(Self.controlDescriptor, F_GETFL) | O_NONBLOCK)
         _ = epoll.add(Self.controlDescriptor, token: Self.controlToken, events: Epoll.input)
         while running {
-            epoll.wait(timeoutMilliseconds: loopTimeout()) { token, events in
+            epoll.wait(timeoutNanoseconds: loopTimeout()) { token, events in
                 if token == Self.controlToken {
                     readControl()
                 } else {
@@ -97,13 +103,22 @@ public final class LoadWorker {
         for slot in 0..<table.count where table.fd[slot] >= 0 { close(table.fd[slot]) }
     }
 
-    /// Short waits while something is paced (ramp, probes); long ones while just holding.
-    func loopTimeout() -> Int32 {
-        if probe.isSending || fanout.isSending { return 1 }
-        if connectQueueHead < connectQueue.count { return 2 }
+    /// Nanoseconds to wait for readiness: until the next probe is due while probing (each
+    /// goes out on its own schedule, never two in one burst, which would time the second
+    /// behind the first), short waits while something else is paced (ramp, fan-out), long
+    /// ones while just holding.
+    func loopTimeout() -> Int64 {
+        let millisecond: Int64 = 1_000_000
+        if probe.isSending {
+            let now = clock.now().nanoseconds
+            let due = probe.dueAt(probe.sent)
+            return due <= now ? 0 : min(millisecond, Int64(due - now))
+        }
+        if fanout.isSending { return millisecond }
+        if connectQueueHead < connectQueue.count { return 2 * millisecond }
         let now = millisecondsNow()
         if nextTimerDue <= now { return 0 }
-        return Int32(min(100, nextTimerDue - now))
+        return Int64(min(100, nextTimerDue - now)) * millisecond
     }
 
     func millisecondsNow() -> UInt32 { milliseconds(clock.now().nanoseconds) }
@@ -150,7 +165,7 @@ public final class LoadWorker {
             emit(.report(WorkerReport(
                 status: status, messageLatency: HistogramSnapshot(messageLatency),
                 callLatency: HistogramSnapshot(callLatency), fanoutLatency: HistogramSnapshot(fanoutLatency),
-                handshakeLatency: HistogramSnapshot(handshakeLatency))))
+                readLatency: HistogramSnapshot(readLatency), handshakeLatency: HistogramSnapshot(handshakeLatency))))
         case .quit:
             running = false
         }
@@ -205,6 +220,14 @@ public final class LoadWorker {
     }
 }
 
+/// When the bytes of one read arrived and when the read returned (CLOCK_REALTIME ns).
+struct ReadStamps {
+    /// The kernel's receive timestamp (SO_TIMESTAMPNS; for TCP, of the read's last
+    /// segment), 0 when it gave none.
+    var arrived: UInt64 = 0
+    var read: UInt64 = 0
+}
+
 /// The pacing of this worker's share of latency probes.
 struct ProbeSchedule {
     var count = 0
@@ -214,6 +237,12 @@ struct ProbeSchedule {
     var sent = 0
 
     var isSending: Bool { sent < count }
+
+    /// When probe `number` is due (monotonic ns).
+    func dueAt(_ number: Int) -> UInt64 {
+        guard rate > 0 else { return startedAt }
+        return startedAt + UInt64(Double(number) / rate * 1e9)
+    }
 
     /// How many probes should have been sent by `now`.
     func due(now: UInt64) -> Int {

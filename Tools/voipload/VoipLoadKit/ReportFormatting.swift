@@ -21,7 +21,11 @@ extension LoadReport {
         lines.append("             this tool: \(megabytes(m.toolRSS)), \(Int(m.toolBytesPerConnection.rounded())) B per connection")
         if let p = push {
             lines.append("push         \(p.sent) sent (\(p.mix), \(Int(p.rate))/s), \(p.received) received, \(p.lost) lost, \(p.refused) refused, \(p.duplicates) duplicates")
-            lines.append("             latency \(latencyLine(p.latency))")
+            lines.append("             latency \(latencyLine(p.latency))   (send → arrival at the device's socket)")
+            if let read = p.readLatency { lines.append("             read    \(latencyLine(read))   (send → read by the device)") }
+            if let unstamped = p.unstampedEvents, unstamped > 0 {
+                lines.append("             \(unstamped) events came without a kernel receive timestamp: their arrival is their read")
+            }
             if let cpu = p.serverCPUMicrosPerProbe { lines.append("             server CPU \(format(cpu)) µs per probe (whole exchange)") }
             if p.messageLatency.count > 0 { lines.append("             message \(latencyLine(p.messageLatency))") }
             if p.callLatency.count > 0 { lines.append("             call    \(latencyLine(p.callLatency))") }
@@ -50,7 +54,7 @@ extension LoadReport {
     /// The benchmark table: one row per report, sizes ascending.
     public static func table(_ reports: [LoadReport]) -> String {
         let header = ["devices", "B/conn", "kernel B/conn", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs",
-                      "handshakes/s", "fan-out ev/s/core", "storm s", "storm peak/s", "result"]
+                      "read p50 µs", "read p99 µs", "handshakes/s", "fan-out ev/s/core", "storm s", "storm peak/s", "result"]
         var rows = [header]
         for r in reports.sorted(by: { $0.setup.devices < $1.setup.devices }) {
             rows.append([
@@ -62,6 +66,8 @@ extension LoadReport {
                 r.push.map { format($0.latency.p99) } ?? "-",
                 r.push.map { format($0.latency.p999) } ?? "-",
                 r.push.map { format($0.latency.max) } ?? "-",
+                r.push?.readLatency.map { format($0.p50) } ?? "-",
+                r.push?.readLatency.map { format($0.p99) } ?? "-",
                 "\(Int(r.connections.handshakesPerSecond))",
                 r.fanout?.eventsPerCPUSecond.map { "\(Int($0))" } ?? "-",
                 r.storm.map { format($0.recoverySeconds) } ?? "-",

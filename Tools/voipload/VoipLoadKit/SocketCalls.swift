@@ -37,6 +37,9 @@ public enum SocketCalls {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return .failure(SystemError("socket", errno)) }
         voipload_prepare_client_socket(fd)
+        // Every read then also tells when the kernel received the bytes: an event's
+        // arrival at the device, whatever the tool is doing at that moment.
+        _ = voipload_enable_receive_timestamps(fd)
         var local = socketAddress(source, port: 0)
         let bound = withUnsafePointer(to: &local) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }

@@ -26,6 +26,7 @@ extension WorkerStatus {
             total.probesDone = total.probesDone && s.probesDone
             total.duplicates += s.duplicates
             total.unexpectedEvents += s.unexpectedEvents
+            total.unstampedEvents += s.unstampedEvents
             total.sequenceResets += s.sequenceResets
             total.fanoutSent += s.fanoutSent
             total.fanoutAccepted += s.fanoutAccepted

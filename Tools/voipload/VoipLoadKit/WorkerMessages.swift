@@ -81,6 +81,8 @@ public struct WorkerStatus: Codable, Sendable, Equatable {
     public var duplicates: UInt64 = 0
     /// Events from another run or of a kind this connection should never get.
     public var unexpectedEvents: UInt64 = 0
+    /// Probe events read without a kernel receive timestamp: their arrival is the read.
+    public var unstampedEvents: UInt64 = 0
     /// The server forgot a device's sequence (restart without persistence).
     public var sequenceResets: UInt64 = 0
 
@@ -101,6 +103,9 @@ public struct WorkerReport: Codable, Sendable, Equatable {
     public var messageLatency: HistogramSnapshot
     public var callLatency: HistogramSnapshot
     public var fanoutLatency: HistogramSnapshot
+    /// Send to read by the device's process (messages and calls): adds the tool's own
+    /// wake-up and read to the arrival latencies above.
+    public var readLatency: HistogramSnapshot
     public var handshakeLatency: HistogramSnapshot
 }
 
