@@ -154,7 +154,7 @@ extension EventLoop {
             }
         }
         let ref = reference(slot)
-        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds(), writerWake: .afterCallback(of: self)) { board in
             let outcome = board.attach(
                 userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
             return (outcome, board.takeEffects())
@@ -192,7 +192,7 @@ extension EventLoop {
     private func acknowledge(_ slot: UInt32, _ seq: UInt64) {
         guard let device = table.state(slot).pointee.device else { return }
         let ref = reference(slot)
-        let (violation, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+        let (violation, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds(), writerWake: .afterCallback(of: self)) { board in
             let violation = board.ack(device, connection: ref, through: seq)
             return (violation, board.takeEffects())
         }
@@ -217,7 +217,7 @@ extension EventLoop {
             }
         }
         let storeTimeout = context.configuration.storeTimeout
-        let (reply, effects) = context.switchboard.withState(wall: wall) { board -> (Frame?, [SwitchboardEffect]) in
+        let (reply, effects) = context.switchboard.withState(wall: wall, writerWake: .afterCallback(of: self)) { board -> (Frame?, [SwitchboardEffect]) in
             let outcome: Result<UInt64, RequestError>
             switch request {
             case .callInvite(let callID, let callee, let offer):

@@ -111,6 +111,11 @@ final class EventLoop: @unchecked Sendable {
             ownership.waiting = false
             callback()
         }
+        // Outside the lock: peers may write to our connections during the system call.
+        if writerWakePending {
+            writerWakePending = false
+            context.switchboard.writer?.wake()
+        }
     }
 
     /// Runs the loop on the calling thread until it has drained.
@@ -152,6 +157,9 @@ final class EventLoop: @unchecked Sendable {
     var nextStatsSecond: UInt32 = 0
     /// Callbacks run so far; the busy-poll window restarts whenever it moves.
     var activity: UInt64 = 0
+    /// A commit unit was queued during the current callback and the store writer must be
+    /// woken once it ends (`Switchboard.WriterWake.afterCallback`). Loop-thread state.
+    var writerWakePending = false
 
     /// Runs the event loop until `event_base_loopbreak`. With a busy-poll window, the loop
     /// keeps polling without sleeping for that long after its last activity, so that the

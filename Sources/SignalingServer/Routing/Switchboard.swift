@@ -24,9 +24,22 @@ final class Switchboard: Sendable {
         self.writer = writer
     }
 
+    /// When a caller that queued a commit unit wakes the store writer.
+    enum WriterWake {
+        /// Before `withState` returns.
+        case now
+        /// When `loop` has finished its current callback (`EventLoop.owned`): the events
+        /// the operation pushes are written first, and the wake-up's system call (and the
+        /// writer thread it starts) do not stand between a sender and the devices.
+        /// Only for a loop calling from its own thread.
+        case afterCallback(of: EventLoop)
+    }
+
     /// Runs `body` with exclusive access to the state. `wall` is the wall-clock time that
     /// events created by the operation are stamped with.
-    func withState<Result>(wall: UInt64, _ body: (inout SwitchboardState) throws -> sending Result) rethrows -> sending Result {
+    func withState<Result>(
+        wall: UInt64, writerWake: WriterWake = .now, _ body: (inout SwitchboardState) throws -> sending Result
+    ) rethrows -> sending Result {
         var wakeWriter = false
         let result = try state.withLock { state in
             state.currentWall = wall
@@ -36,7 +49,12 @@ final class Switchboard: Sendable {
             return result
         }
         // The wake-up is a system call: made after the lock is released.
-        if wakeWriter { writer?.wake() }
+        if wakeWriter {
+            switch writerWake {
+            case .now: writer?.wake()
+            case .afterCallback(let loop): loop.writerWakePending = true
+            }
+        }
         return result
     }
 
