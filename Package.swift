@@ -34,7 +34,7 @@ let package = Package(
         // The wire protocol: frames, codec, error and close codes. Pure Swift, no I/O.
         .target(name: "SignalingProtocol"),
         // Clocks, logging, command-line parsing and locks shared by every component.
-        .target(name: "SignalingSupport"),
+        .target(name: "SignalingSupport", dependencies: ["CLinuxShims"]),
 
         // What must survive a restart: the EventStore protocol and its record types.
         .target(name: "SignalingStore", dependencies: ["SignalingProtocol"]),

@@ -1,3 +1,4 @@
+import CLinuxShims
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -8,20 +9,36 @@ import Glibc
 public struct JoinableThread: @unchecked Sendable {
     private let handle: pthread_t
 
-    /// Starts the thread; crashes if the system cannot create one (nothing sensible to do).
-    public init(_ body: @escaping @Sendable () -> Void) {
+    /// Starts the thread, named `name` when given (what `top -H` shows: at most 15
+    /// bytes); crashes if the system cannot create one (nothing sensible to do).
+    public init(name: String? = nil, _ body: @escaping @Sendable () -> Void) {
+        let named: @Sendable () -> Void
+        if let name {
+            named = {
+                shim_name_current_thread(name)
+                body()
+            }
+        } else {
+            named = body
+        }
         final class Box {
             let body: @Sendable () -> Void
             init(_ body: @escaping @Sendable () -> Void) { self.body = body }
         }
         var handle = pthread_t()
-        let box = Unmanaged.passRetained(Box(body)).toOpaque()
+        let box = Unmanaged.passRetained(Box(named)).toOpaque()
         let rc = pthread_create(&handle, nil, { argument in
             Unmanaged<Box>.fromOpaque(argument!).takeRetainedValue().body()
             return nil
         }, box)
         precondition(rc == 0, "pthread_create failed: \(rc)")
         self.handle = handle
+    }
+
+    /// Restricts the thread to CPU `cpu`. Returns 0 or the error number (EINVAL: no such
+    /// CPU, or one this process may not use).
+    public func pin(toCPU cpu: Int) -> Int32 {
+        shim_pin_thread(UInt(handle), Int32(clamping: cpu))
     }
 
     /// Waits for the thread to finish. Call once.

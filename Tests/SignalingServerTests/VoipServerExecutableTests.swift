@@ -95,6 +95,33 @@ struct VoipServerExecutableTests {
         #expect(run.exitCode == 64 && run.stderr.contains("--cpu-latency-limit"), "\(run.stderr)")
     }
 
+    @Test("--loop-cpus keeps each loop thread on its CPU; a CPU the machine lacks stops the start")
+    func loopCPUs() throws {
+        let lastCPU = CPUList.configuredCount - 1
+        let server = try ServerProcess(["--loop-cpus", "\(lastCPU),0", "--workers", "3", "--store", "memory"])
+        // Loop i on the i-th CPU of the list, wrapping: 0 → last, 1 → 0, 2 → last again.
+        var allowed: [String: String] = [:]
+        for task in listDirectory("/proc/\(server.process.pid)/task") {
+            let name = readFile("/proc/\(server.process.pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init) ?? ""
+            let status = readFile("/proc/\(server.process.pid)/task/\(task)/status") ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
+            if name.hasPrefix("vs-loop-"), let line { allowed[name] = line.split(separator: "\t").last.map(String.init) }
+        }
+        #expect(allowed == ["vs-loop-0": "\(lastCPU)", "vs-loop-1": "0", "vs-loop-2": "\(lastCPU)"], "\(allowed)")
+        #expect(server.log.contains("loop_cpus=\(lastCPU),0,\(lastCPU)"), "\(server.log)")
+        let client = try RawSocket(port: server.port)
+        try client.send(.hello(Hello(userID: "alice", deviceID: "phone")))
+        guard case .welcome? = try client.next() else { Issue.record("no WELCOME"); return }
+        #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
+
+        let missing = try ExecutableRun.run("voipserver", [
+            "--listen", "127.0.0.1:0", "--store", "memory", "--loop-cpus", "\(CPUList.configuredCount)",
+        ], timeoutSeconds: 30)
+        #expect(missing.exitCode == 70 && missing.stderr.contains("there is no CPU \(CPUList.configuredCount)"), "\(missing.stderr)")
+        let malformed = try ExecutableRun.run("voipserver", ["--loop-cpus", "1-"], timeoutSeconds: 30)
+        #expect(malformed.exitCode == 64 && malformed.stderr.contains("--loop-cpus"), "\(malformed.stderr)")
+    }
+
     @Test("a configuration file is honoured")
     func configurationFile() throws {
         let path = "/tmp/voipserver-test-\(UInt32.random(in: 0...UInt32.max)).conf"

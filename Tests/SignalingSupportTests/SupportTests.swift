@@ -71,6 +71,18 @@ struct SupportTests {
         #expect(clock.wallMilliseconds() == wall + 600_000)
     }
 
+    @Test("CPU lists: numbers and ranges in order, mistakes refused")
+    func cpuLists() throws {
+        #expect(try CPUList.parse("3") == [3])
+        #expect(try CPUList.parse("0-3,6") == [0, 1, 2, 3, 6])
+        #expect(try CPUList.parse("5,1,1") == [5, 1, 1], "order and repeats are the caller's")
+        #expect(try CPUList.parse("1023") == [1023])
+        for bad in ["", ",", "1,", "a", "-1", "1-", "3-1", "1024", "0-1024", "1.5", "+2", "1--2", " 1"] {
+            #expect(throws: UsageError.self, "'\(bad)'") { try CPUList.parse(bad) }
+        }
+        #expect(CPUList.configuredCount >= 1)
+    }
+
     @Test("the fast generator is deterministic for a seed and varies between seeds")
     func fastRandom() {
         var a = FastRandom(seed: (1, 2, 3, 4))

@@ -5,4 +5,5 @@
 #include "socket_shims.h"
 #include "load_shims.h"
 #include "netlink_shims.h"
+#include "thread_shims.h"
 #endif

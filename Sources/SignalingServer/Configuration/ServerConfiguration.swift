@@ -63,6 +63,9 @@ public struct ServerConfiguration: Sendable {
     /// latency on virtual machines; costs power and host CPU while idle. Nil: leave the
     /// host's idle policy alone. Needs root; without it the server warns and runs anyway.
     public var cpuLatencyLimit: Duration?
+    /// CPUs for the event loops: loop i runs only on `loopCPUs[i % count]`. Empty: the
+    /// scheduler places them. For a polling loop (`busyPoll`) on a core of its own.
+    public var loopCPUs: [Int] = []
     /// Where push wake-ups go for devices with no connection (nil: none are sent).
     public var pushGateway: PushGatewayConfiguration?
     /// How often a `stats` line is logged (zero: never).

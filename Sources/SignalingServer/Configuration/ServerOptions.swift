@@ -55,6 +55,7 @@ public enum ServerOptions {
             OptionSpec("tcp-user-timeout", value: "SECONDS", default: "30", help: "Kill connections whose sent data stays unacknowledged this long."),
             OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
             OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
+            OptionSpec("loop-cpus", value: "LIST", help: "Run event loop i only on the i-th CPU of LIST (such as 1 or 2-5,7), for loops on cores of their own. (default: any CPU)"),
             OptionSpec("cpu-latency-limit", value: "MICROSECONDS", help: "While running, keep the host's CPUs able to wake within this (PM QoS; 0 = idle CPUs poll, lowest push latency on VMs, more power). Needs root."),
             OptionSpec("log-level", value: "LEVEL", default: "info", help: "debug, info, warn or error."),
             OptionSpec("stats-interval", value: "SECONDS", default: "60", help: "Log a 'stats' line this often; 0 = never."),
@@ -167,6 +168,13 @@ public enum ServerOptions {
         }
         if let value = try options.int("busy-poll", in: 0...1_000_000) { configuration.busyPoll = .microseconds(value) }
         if let value = try options.int("cpu-latency-limit", in: 0...1_000_000) { configuration.cpuLatencyLimit = .microseconds(value) }
+        if let list = options.string("loop-cpus") {
+            do {
+                configuration.loopCPUs = try CPUList.parse(list)
+            } catch {
+                throw UsageError("--loop-cpus: \(error.message)")
+            }
+        }
         if let value = try options.int("max-frame", in: 256...(16 << 20)) { configuration.maxFrameLength = value }
         if let value = try options.int("max-pending", in: 1...10_000_000) { configuration.maxPendingEvents = value }
         if let value = try options.int("dedup-capacity", in: 1...100_000_000) { configuration.dedupCapacity = value }

@@ -91,6 +91,10 @@ public final class SignalingServer: Sendable {
                 throw ServerError("push gateway: \(error)")
             }
         }
+        let loopCPUs = configuration.loopCPUs
+        if let missing = loopCPUs.first(where: { $0 >= CPUList.configuredCount }) {
+            throw ServerError("--loop-cpus: there is no CPU \(missing) (this machine has \(CPUList.configuredCount): 0-\(CPUList.configuredCount - 1))")
+        }
         var loops: [EventLoop] = []
         var port = configuration.port
         var errorText = [CChar](repeating: 0, count: 256)
@@ -123,13 +127,25 @@ public final class SignalingServer: Sendable {
         }
 
         let cpuLatencyRequest = requestCPULatencyLimit()
-        let threads = loops.map { loop in JoinableThread { loop.run() } }
+        let threads = loops.map { loop in JoinableThread(name: "vs-loop-\(loop.index)") { loop.run() } }
         state.withLock {
             $0.cpuLatencyRequest = cpuLatencyRequest
             $0.loops = loops
             $0.threads = threads
             $0.port = port
             $0.started = true
+        }
+        // Loop i on the i-th CPU of the list (wrapping): a polling loop keeps its core
+        // and its caches, and the scheduler never moves it next to whoever woke it.
+        if !loopCPUs.isEmpty {
+            for (index, thread) in threads.enumerated() {
+                let cpu = loopCPUs[index % loopCPUs.count]
+                let error = thread.pin(toCPU: cpu)
+                guard error == 0 else {
+                    shutdown()
+                    throw ServerError("--loop-cpus: cannot run loop \(index) on CPU \(cpu): \(SystemError("pthread_setaffinity_np", error).reason)")
+                }
+            }
         }
         if configuration.authSecret == nil {
             context.logger.warning("auth_disabled", ["detail": "no --auth-secret: any device may claim any user id"])
@@ -139,6 +155,7 @@ public final class SignalingServer: Sendable {
             "keepalive": configuration.keepAlive.defaultInterval,
             "auth": configuration.authSecret == nil ? "off" : "hmac",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
+            "loop_cpus": loopCPUs.isEmpty ? "any" : (0..<loops.count).map { String(loopCPUs[$0 % loopCPUs.count]) }.joined(separator: ","),
         ])
     }
 

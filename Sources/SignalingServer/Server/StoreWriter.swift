@@ -86,7 +86,7 @@ final class StoreWriter: @unchecked Sendable {
     var isHealthy: Bool { healthy.load(ordering: .relaxed) }
 
     func start() {
-        thread = JoinableThread { self.run() }
+        thread = JoinableThread(name: "vs-store") { self.run() }
     }
 
     /// Commits what is queued, then stops the thread and closes the store.

@@ -1,0 +1,17 @@
+#ifndef THREAD_SHIMS_H
+#define THREAD_SHIMS_H
+// pthread calls that Swift's Glibc module does not export (GNU extensions) or whose
+// arguments are macros (CPU_SET). Only <stdint.h>-level types here: a pthread_t is an
+// unsigned long on Linux.
+
+/// Names the calling thread (what `top -H` and `ps -L` show; at most 15 bytes are kept).
+void shim_name_current_thread(const char *name);
+
+/// Restricts `thread` to the one CPU `cpu`. Returns 0, or the error number
+/// (EINVAL: no such CPU, or not one this process may use).
+int shim_pin_thread(unsigned long thread, int cpu);
+
+/// CPUs the system has configured (online or not): valid CPU numbers are below this.
+int shim_configured_cpus(void);
+
+#endif
