@@ -36,14 +36,24 @@ public struct ByteWriter {
     /// A `text` field. Text longer than 65,535 UTF-8 bytes is cut at a character
     /// boundary; callers validate real limits before encoding.
     public mutating func text(_ value: String) {
-        var utf8 = Array(value.utf8)
-        if utf8.count > Int(UInt16.max) {
-            var cut = Int(UInt16.max)
-            while cut > 0 && (utf8[cut] & 0xC0) == 0x80 { cut -= 1 }
-            utf8.removeSubrange(cut...)
+        let utf8 = value.utf8
+        let count = utf8.count
+        guard count > Int(UInt16.max) else {
+            // The common case copies straight from the string's storage: no array of its
+            // own per field (this runs for every field of every event pushed).
+            u16(UInt16(count))
+            bytes.append(contentsOf: utf8)
+            return
         }
-        u16(UInt16(utf8.count))
-        bytes.append(contentsOf: utf8)
+        var cut = Int(UInt16.max)
+        let index = utf8.index(utf8.startIndex, offsetBy: cut)
+        var boundary = index
+        while cut > 0 && (utf8[boundary] & 0xC0) == 0x80 {
+            cut -= 1
+            boundary = utf8.index(before: boundary)
+        }
+        u16(UInt16(cut))
+        bytes.append(contentsOf: utf8[utf8.startIndex..<boundary])
     }
 
     public mutating func blob(_ value: [UInt8]) {

@@ -27,6 +27,27 @@ struct FrameCodecTests {
         #expect(covered == Set(FrameType.allCases))
     }
 
+    @Test("text fields: UTF-8 with a u16 length, cut at a character boundary past 65,535 bytes")
+    func textFields() throws {
+        func encoded(_ value: String) -> [UInt8] {
+            var writer = ByteWriter()
+            writer.text(value)
+            return writer.bytes
+        }
+        #expect(encoded("") == [0, 0])
+        #expect(encoded("hé") == [0, 3, 0x68, 0xC3, 0xA9])
+        // "é" spans bytes 65,534 and 65,535: the whole character goes, not half of it.
+        let straddling = String(repeating: "a", count: 65_534) + "é" + "zzz"
+        let cut = encoded(straddling)
+        #expect(cut.count == 2 + 65_534 && cut[0] == 0xFF && cut[1] == 0xFE)
+        #expect(cut[2...].allSatisfy { $0 == 0x61 })
+        let ascii = encoded(String(repeating: "b", count: 70_000))
+        #expect(ascii.count == 2 + 65_535 && ascii[0] == 0xFF && ascii[1] == 0xFF)
+        // A bridged or foreign string takes the same path: a substring's copy.
+        let substring = String(("x" + String(repeating: "y", count: 10)).dropFirst())
+        #expect(encoded(substring) == [0, 10] + [UInt8](repeating: 0x79, count: 10))
+    }
+
     @Test("a keep-alive costs five bytes on the wire")
     func pingIsTiny() {
         #expect(FrameEncoder.encode(.ping) == [0, 0, 0, 1, FrameType.ping.rawValue])
