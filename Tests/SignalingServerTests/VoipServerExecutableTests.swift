@@ -102,8 +102,8 @@ struct VoipServerExecutableTests {
         // Loop i on the i-th CPU of the list, wrapping: 0 → last, 1 → 0, 2 → last again.
         var allowed: [String: String] = [:]
         for task in listDirectory("/proc/\(server.process.pid)/task") {
-            let name = readFile("/proc/\(server.process.pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init) ?? ""
-            let status = readFile("/proc/\(server.process.pid)/task/\(task)/status") ?? ""
+            let name = readTextFile("/proc/\(server.process.pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init) ?? ""
+            let status = readTextFile("/proc/\(server.process.pid)/task/\(task)/status") ?? ""
             let line = status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
             if name.hasPrefix("vs-loop-"), let line { allowed[name] = line.split(separator: "\t").last.map(String.init) }
         }

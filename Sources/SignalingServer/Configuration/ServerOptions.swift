@@ -214,21 +214,6 @@ public enum ServerOptions {
     }
 }
 
-/// The whole file as UTF-8 text, or nil.
-func readTextFile(_ path: String) -> String? {
-    guard let file = fopen(path, "r") else { return nil }
-    defer { fclose(file) }
-    var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 4096)
-    while true {
-        let count = fread(&chunk, 1, chunk.count, file)
-        if count <= 0 { break }
-        bytes += chunk[..<count]
-        if bytes.count > 1 << 20 { return nil }
-    }
-    return String(validating: bytes, as: UTF8.self)
-}
-
 extension Substring {
     func trimmingWhitespace() -> Substring {
         var result = self

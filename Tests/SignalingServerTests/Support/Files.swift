@@ -10,20 +10,6 @@ func writeFile(_ path: String, _ text: String) -> Bool {
 
 func removeFile(_ path: String) { unlink(path) }
 
-/// The whole of a (small) text file, such as one under /proc; nil if it cannot be read.
-func readFile(_ path: String) -> String? {
-    guard let file = fopen(path, "r") else { return nil }
-    defer { fclose(file) }
-    var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 4096)
-    while true {
-        let count = fread(&chunk, 1, chunk.count, file)
-        if count == 0 { break }
-        bytes.append(contentsOf: chunk[..<count])
-    }
-    return String(decoding: bytes, as: UTF8.self)
-}
-
 /// The entry names of a directory (without "." and ".."); empty if it cannot be read.
 func listDirectory(_ path: String) -> [String] {
     guard let directory = opendir(path) else { return [] }
