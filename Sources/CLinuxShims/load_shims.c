@@ -45,14 +45,7 @@ int voipload_set_timer_slack(unsigned long nanoseconds) {
 }
 
 int voipload_epoll_wait(int epoll_fd, uint64_t *tokens, uint32_t *events, int max, int timeout_ms) {
-    struct epoll_event ready[256];
-    if (max > 256) max = 256;
-    int count = epoll_wait(epoll_fd, ready, max, timeout_ms);
-    for (int i = 0; i < count; i++) {
-        tokens[i] = ready[i].data.u64;
-        events[i] = ready[i].events;
-    }
-    return count;
+    return voipload_epoll_wait_ns(epoll_fd, tokens, events, max, timeout_ms < 0 ? -1 : (int64_t)timeout_ms * 1000000);
 }
 
 void voipload_prepare_client_socket(int fd) {

@@ -64,7 +64,7 @@ struct ProbeReport {
         lines.append("                send to read by the subscriber (adds its wake-up and recv):")
         lines.append("                " + percentiles(receiver.readLatency))
         if receiver.unstamped > 0 {
-            lines.append("receiver        \(receiver.unstamped) events came without a kernel receive timestamp (read latency only)")
+            lines.append("receiver        \(receiver.unstamped) events came without a kernel receive timestamp: their arrival is their read")
         }
         lines.append("CPU (% of a core) while measuring: server \(cpu.server.map { fixed($0, 1) } ?? "?"), probe \(fixed(cpu.probe, 1)), "
             + "irq+softirq \(fixed(cpu.interrupts, 1)), steal \(fixed(cpu.steal, 1)), other processes \(fixed(cpu.others, 1))")

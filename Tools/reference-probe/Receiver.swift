@@ -21,7 +21,7 @@ struct Receiver {
         var latency = LatencyHistogram()
         /// Send stamp to this thread having read the event.
         var readLatency = LatencyHistogram()
-        /// Reads for which the kernel gave no receive timestamp (not in `latency`).
+        /// Events read without a kernel receive timestamp: their arrival is their read.
         var unstamped = 0
         var received = 0
         var misrouted = 0
@@ -51,13 +51,11 @@ struct Receiver {
                             continue
                         }
                         outcome.readLatency.record(nanoseconds: read - stamp)
-                        if arrived == 0 {
-                            outcome.unstamped += 1
-                        } else {
-                            // A stamp a hair after the arrival is the two clocks' reading
-                            // granularity, not a time machine: count it as zero.
-                            outcome.latency.record(nanoseconds: arrived > stamp ? arrived - stamp : 0)
-                        }
+                        if arrived == 0 { outcome.unstamped += 1 }
+                        let arrival = arrived == 0 ? read : arrived
+                        // A stamp a hair after the arrival is the two clocks' reading
+                        // granularity, not a time machine: count it as zero.
+                        outcome.latency.record(nanoseconds: arrival > stamp ? arrival - stamp : 0)
                     }
                     outcome.received += inbound.stamps.count
                     outcome.misrouted += inbound.misrouted

@@ -84,16 +84,16 @@ public final class SignalingServer: Sendable {
 
     /// Binds the listening sockets and starts the loops. Returns once the server accepts.
     public func start() throws(ServerError) {
+        let loopCPUs = configuration.loopCPUs
+        if let missing = loopCPUs.first(where: { $0 >= CPUList.configuredCount }) {
+            throw ServerError("--loop-cpus: there is no CPU \(missing) (this machine has \(CPUList.configuredCount): 0-\(CPUList.configuredCount - 1))")
+        }
         if let pushGateway {
             do {
                 try pushGateway.start()
             } catch {
                 throw ServerError("push gateway: \(error)")
             }
-        }
-        let loopCPUs = configuration.loopCPUs
-        if let missing = loopCPUs.first(where: { $0 >= CPUList.configuredCount }) {
-            throw ServerError("--loop-cpus: there is no CPU \(missing) (this machine has \(CPUList.configuredCount): 0-\(CPUList.configuredCount - 1))")
         }
         var loops: [EventLoop] = []
         var port = configuration.port
@@ -137,14 +137,12 @@ public final class SignalingServer: Sendable {
         }
         // Loop i on the i-th CPU of the list (wrapping): a polling loop keeps its core
         // and its caches, and the scheduler never moves it next to whoever woke it.
-        if !loopCPUs.isEmpty {
-            for (index, thread) in threads.enumerated() {
-                let cpu = loopCPUs[index % loopCPUs.count]
-                let error = thread.pin(toCPU: cpu)
-                guard error == 0 else {
-                    shutdown()
-                    throw ServerError("--loop-cpus: cannot run loop \(index) on CPU \(cpu): \(SystemError("pthread_setaffinity_np", error).reason)")
-                }
+        let placement = loopCPUs.isEmpty ? [] : threads.indices.map { loopCPUs[$0 % loopCPUs.count] }
+        for (index, cpu) in placement.enumerated() {
+            let error = threads[index].pin(toCPU: cpu)
+            guard error == 0 else {
+                shutdown()
+                throw ServerError("--loop-cpus: cannot run loop \(index) on CPU \(cpu): \(SystemError("pthread_setaffinity_np", error).reason)")
             }
         }
         if configuration.authSecret == nil {
@@ -155,7 +153,7 @@ public final class SignalingServer: Sendable {
             "keepalive": configuration.keepAlive.defaultInterval,
             "auth": configuration.authSecret == nil ? "off" : "hmac",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
-            "loop_cpus": loopCPUs.isEmpty ? "any" : (0..<loops.count).map { String(loopCPUs[$0 % loopCPUs.count]) }.joined(separator: ","),
+            "loop_cpus": placement.isEmpty ? "any" : placement.map(String.init).joined(separator: ","),
         ])
     }
 
