@@ -133,8 +133,9 @@ struct SwitchboardState {
     /// The durable changes made since the last call (nil when there are none).
     mutating func takeCommitUnit() -> CommitUnit? {
         guard !unit.isEmpty else { return nil }
-        defer { unit = CommitUnit() }
-        return unit
+        var taken = CommitUnit()
+        swap(&taken, &unit)
+        return taken
     }
 
     /// Holds the reply of the current operation until its commit unit is committed.

@@ -102,10 +102,14 @@ final class StoreWriter: @unchecked Sendable {
     /// inbox was empty), which the caller does after releasing its lock.
     func enqueue(_ unit: CommitUnit) -> Bool {
         inbox.withLock { inbox in
-            defer { inbox.append(unit) }
-            return inbox.isEmpty
+            let wasEmpty = inbox.isEmpty
+            inbox.append(unit)
+            return wasEmpty
         }
     }
+
+    /// Room in a fresh inbox: a 2 ms gathering at a few thousand operations per second.
+    private static let inboxCapacity = 16
 
     func wake() {
         shim_eventfd_signal(wakeFD)
@@ -125,10 +129,13 @@ final class StoreWriter: @unchecked Sendable {
             }
             // Take the inbox's buffer whole (no copy, and no buffer the size of the last
             // burst kept for ever: a ramp of handshakes can queue thousands of units).
+            // The loops get a fresh one with room for a usual gathering, allocated here
+            // rather than grown by them, under the routing lock, one append at a time.
+            var fresh: [CommitUnit] = []
+            fresh.reserveCapacity(Self.inboxCapacity)
             let arrived = inbox.withLock { inbox in
-                var taken: [CommitUnit] = []
-                swap(&taken, &inbox)
-                return taken
+                swap(&fresh, &inbox)
+                return fresh
             }
             if pending.isEmpty { pending = arrived } else { pending += arrived }
             if !pending.isEmpty {
