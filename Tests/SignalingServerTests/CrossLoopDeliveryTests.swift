@@ -33,8 +33,13 @@ struct CrossLoopDeliveryTests {
     func directWrites() throws {
         let server = try TestServer(workers: 2)
         let (alice, _) = try server.connect(user: "alice")
-        // With 16 receivers, some are (with overwhelming odds) on the other loop than alice.
-        let receivers = try (0..<16).map { try server.connect(user: "r\($0)").0 }
+        // At least 16 receivers, and until some are on the other loop than alice.
+        var receivers: [TestClient] = []
+        while receivers.count < 16 || server.server.openConnectionsPerLoop.contains(0) {
+            try #require(receivers.count < 60, "the kernel put \(receivers.count + 1) connections on one loop")
+            receivers.append(try server.connect(user: "r\(receivers.count)").0)
+        }
+        #expect(server.server.openConnectionsPerLoop.reduce(0, +) == receivers.count + 1)
         var requestID: UInt32 = 0
         for round in 0..<3 {
             for index in receivers.indices {
@@ -52,10 +57,15 @@ struct CrossLoopDeliveryTests {
     func backpressure() throws {
         let server = try TestServer(workers: 2) { $0.maxQueuedBytes = 8 << 20 }
         let (alice, _) = try server.connect(user: "alice")
-        let receivers = try (0..<6).map { index in
+        // The kernel spreads connections over the loops at random: connect until both
+        // hold some (with all on alice's loop nothing would cross, and the test would
+        // prove nothing about cross-loop writes).
+        var receivers: [TestClient] = []
+        while receivers.count < 6 || server.server.openConnectionsPerLoop.contains(0) {
+            try #require(receivers.count < 40, "the kernel put \(receivers.count + 1) connections on one loop")
             let client = try TestClient(port: server.port, receiveWindow: 8192)
-            try client.hello(user: "r\(index)")
-            return client
+            try client.hello(user: "r\(receivers.count)")
+            receivers.append(client)
         }
         // Far more than the sockets' buffers hold: writes stop part-way, and the rest waits
         // in the server until the devices read.

@@ -48,6 +48,7 @@ extension EventLoop {
         state.pointee.countsTowardAddress = admitted
         assignEvent(slot, writable: false)
         context.counters.openConnections.increment()
+        openConnections.increment()
         guard admitted else {
             // Refused through the normal lingering close, so the client reads the CLOSE
             // (closing at once, with its HELLO unread, would reset the connection).

@@ -243,6 +243,7 @@ extension EventLoop {
         close(state.pointee.fd)
         if state.pointee.countsTowardAddress { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
+        openConnections.decrement()
         table.release(slot)
     }
 

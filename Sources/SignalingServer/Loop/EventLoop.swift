@@ -74,6 +74,8 @@ final class EventLoop: @unchecked Sendable {
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
     let ticks = Atomic<Int>(0)
+    /// Connections this loop holds open (read by `SignalingServer.openConnectionsPerLoop`).
+    let openConnections = Atomic<Int>(0)
     /// Set when `run` has returned.
     let finished = Atomic<Bool>(false)
 

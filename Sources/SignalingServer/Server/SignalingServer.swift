@@ -222,6 +222,12 @@ public final class SignalingServer: Sendable {
     /// The push gateway's counters (nil without a gateway).
     public var pushStatistics: PushStatistics? { pushGateway?.statistics }
 
+    /// The connections each loop holds open, loop 0 first: how the kernel spread them
+    /// (`SO_REUSEPORT`). For tests and tools.
+    public var openConnectionsPerLoop: [Int] {
+        state.withLock { $0.loops }.map { $0.openConnections.load(ordering: .relaxed) }
+    }
+
     /// Waits until every loop has run `count` more timer ticks, so that a time change made
     /// on an injected clock has been seen by all of them. For tests and tools. Returns false
     /// on timeout.
