@@ -74,12 +74,13 @@ struct TimingTests {
         var queue = EventQueue(nextSeq: 1)
         let event = QueuedEvent(.callRang(callID: "c", device: "d"), createdAt: 0)
         for expected in UInt64(1)...5 { #expect(queue.append(event) == expected) }
-        #expect(queue.events(after: 2, limit: 10).count == 3)
-        #expect(queue.events(after: 0, limit: 2).count == 2)
+        #expect(queue.event(3) === event && queue.event(5) === event)
+        #expect(queue.event(0) == nil && queue.event(6) == nil)
         var removed: [UInt64] = []
         queue.removeThrough(3) { seq, _ in removed.append(seq) }
         #expect(removed == [1, 2, 3])
         #expect(queue.firstSeq == 4 && queue.count == 2 && queue.lastSeq == 5)
+        #expect(queue.event(3) == nil && queue.event(4) === event)
         queue.removeThrough(5) { _, _ in }
         #expect(queue.isEmpty && queue.lastSeq == 5)
         #expect(queue.append(event) == 6)

@@ -111,19 +111,24 @@ extension EventLoop {
     /// Writes pending events to every connection marked since the last flush (except
     /// `excluded`, which stays marked).
     func flushDirty(excluding excluded: UInt32? = nil) {
-        var kept: [(slot: UInt32, generation: UInt32)] = []
+        var kept: (slot: UInt32, generation: UInt32)?
         while !dirtySlots.isEmpty {
-            let batch = dirtySlots
-            dirtySlots.removeAll(keepingCapacity: true)
+            // Walk the marks while pumps mark more in the other (empty) buffer. Should a
+            // pump ever flush again, the inner call just finds no spare buffer.
+            var batch: [(slot: UInt32, generation: UInt32)] = []
+            swap(&batch, &flushingSlots)
+            swap(&batch, &dirtySlots)
             for (slot, generation) in batch where table.isLive(slot, generation: generation) {
                 if slot == excluded {
-                    kept.append((slot, generation))
+                    kept = (slot, generation)
                 } else {
                     pump(slot)
                 }
             }
+            batch.removeAll(keepingCapacity: true)
+            flushingSlots = batch
         }
-        dirtySlots = kept
+        if let kept { dirtySlots.append(kept) }
     }
 
     /// Writes the device's unsent events while the socket takes them. Stops when the
@@ -140,23 +145,31 @@ extension EventLoop {
     /// Takes the next batch of the device's unsent events from the switchboard, advances
     /// `sentSeq` past it and encodes it into `scratch`. Returns how many events it holds,
     /// or nil when there is nothing to write.
+    ///
+    /// The frames are encoded while the switchboard lock is held: an event's body is one
+    /// copy, cheaper than the array of events (and their retains and releases) that
+    /// would otherwise carry them out of the lock.
     private func encodeNextBatch(_ slot: UInt32) -> Int? {
         let state = table.state(slot)
         guard state.pointee.phase == .established, let device = state.pointee.device else { return nil }
         let ref = reference(slot)
         let sentSeq = state.pointee.sentSeq
-        let batch = context.switchboard.withState(wall: 0) { board in
-            board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch)
+        var out: [UInt8] = []
+        swap(&out, &scratch)
+        out.removeAll(keepingCapacity: true)
+        var count = 0
+        let position = context.switchboard.withDevices { board in
+            board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
+                FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
+                count += 1
+            }
         }
-        guard let batch else { return nil }
-        state.pointee.sentSeq = batch.sentSeq
-        guard !batch.events.isEmpty else { return nil }
-        scratch.removeAll(keepingCapacity: true)
-        for (seq, event) in batch.events {
-            FrameEncoder.append(event: event.encoded, seq: seq, to: &scratch)
-        }
-        context.counters.eventsWritten.increment(by: batch.events.count)
-        return batch.events.count
+        swap(&out, &scratch)
+        guard let position else { return nil }
+        state.pointee.sentSeq = position
+        guard count > 0 else { return nil }
+        context.counters.eventsWritten.increment(by: count)
+        return count
     }
 
     // MARK: Writes by other loops

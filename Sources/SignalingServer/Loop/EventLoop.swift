@@ -51,6 +51,9 @@ final class EventLoop: @unchecked Sendable {
     /// Connections whose device has new events to write once the current callback is done
     /// (coalesces many events for one connection into one write).
     var dirtySlots: [(slot: UInt32, generation: UInt32)] = []
+    /// The other half of `dirtySlots`' double buffer: `flushDirty` walks one while new
+    /// marks go to the other, so marking a connection allocates nothing.
+    var flushingSlots: [(slot: UInt32, generation: UInt32)] = []
     /// Shared input buffer: every connection reads into it; only partial frames are copied.
     let readBuffer: UnsafeMutableRawBufferPointer
     /// Shared output scratch buffer.

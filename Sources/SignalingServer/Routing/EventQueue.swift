@@ -51,10 +51,10 @@ struct EventQueue {
         }
     }
 
-    /// Events numbered after `seq`, at most `limit` of them, in order.
-    func events(after seq: UInt64, limit: Int) -> ArraySlice<QueuedEvent> {
-        let start = seq < firstSeq ? 0 : Int(min(UInt64(count), seq - firstSeq + 1))
-        let end = min(count, start + limit)
-        return storage[(Int(head) + start)..<(Int(head) + end)]
+    /// The event numbered `seq`, or nil when it is not queued (acknowledged, or not yet
+    /// assigned).
+    func event(_ seq: UInt64) -> QueuedEvent? {
+        guard seq >= firstSeq && seq <= lastSeq else { return nil }
+        return storage[Int(head) + Int(seq - firstSeq)]
     }
 }

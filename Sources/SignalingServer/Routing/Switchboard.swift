@@ -58,5 +58,11 @@ final class Switchboard: Sendable {
         return result
     }
 
+    /// Runs a read of the state (and of the device records it links to) under the lock,
+    /// without the per-operation bookkeeping of `withState`: nothing it does is journaled.
+    func withDevices<Result>(_ body: (borrowing SwitchboardState) throws -> sending Result) rethrows -> sending Result {
+        try state.withLock { state in try body(state) }
+    }
+
     var counters: SwitchboardCounters { state.withLock { $0.counters } }
 }

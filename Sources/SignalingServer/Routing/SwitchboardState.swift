@@ -400,26 +400,29 @@ struct SwitchboardState {
         announce(device, kind)
     }
 
-    /// The next events to write to `connection` after `sentSeq`: committed ones only,
-    /// cancelled ones skipped. Returns nil when the connection no longer speaks for the
-    /// device (it was taken over), else the new write position and the events to write
-    /// with their sequence numbers.
-    mutating func nextBatch(
-        for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int
-    ) -> (sentSeq: UInt64, events: [(seq: UInt64, event: QueuedEvent)])? {
+    /// Hands `body` the next events to write to `connection` after `sentSeq`, with their
+    /// sequence numbers: committed ones only, cancelled ones skipped, at most `limit` of
+    /// them. Returns nil when the connection no longer speaks for the device (it was
+    /// taken over), else the new write position.
+    ///
+    /// Touches only the device record (a class), never the state itself: the `Switchboard`
+    /// runs it under its lock without the bookkeeping of a state change.
+    func nextBatch(
+        for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int,
+        _ body: (UInt64, QueuedEvent) -> Void
+    ) -> UInt64? {
         guard device.connection == connection else { return nil }
         device.wakePending = false
         var position = max(sentSeq, device.ackedSeq)
-        var batch: [(UInt64, QueuedEvent)] = []
-        while position < device.writableSeq && batch.count < limit {
-            let available = device.queue.events(after: position, limit: min(limit, Int(device.writableSeq - position)))
-            guard !available.isEmpty else { break }
-            for event in available {
-                position += 1
-                if !event.isCancelled { batch.append((position, event)) }
+        var handed = 0
+        while position < device.writableSeq && handed < limit, let event = device.queue.event(position + 1) {
+            position += 1
+            if !event.isCancelled {
+                body(position, event)
+                handed += 1
             }
         }
-        return (position, batch)
+        return position
     }
 
     /// A cumulative ACK from the device's live connection.
