@@ -37,23 +37,30 @@ public struct ByteWriter {
     /// boundary; callers validate real limits before encoding.
     public mutating func text(_ value: String) {
         let utf8 = value.utf8
-        let count = utf8.count
-        guard count > Int(UInt16.max) else {
+        let length = Self.encodedTextLength(utf8)
+        u16(UInt16(length))
+        if length == utf8.count {
             // The common case copies straight from the string's storage: no array of its
-            // own per field (this runs for every field of every event pushed).
-            u16(UInt16(count))
+            // own per field.
             bytes.append(contentsOf: utf8)
-            return
+        } else {
+            bytes.append(contentsOf: utf8.prefix(length))
         }
+    }
+
+    /// How many of these UTF-8 bytes a `text` field holds: all of them, or, past 65,535,
+    /// as many as end on a character boundary.
+    static func encodedTextLength<Bytes: Collection<UInt8>>(_ utf8: Bytes) -> Int {
+        let count = utf8.count
+        guard count > Int(UInt16.max) else { return count }
         var cut = Int(UInt16.max)
-        let index = utf8.index(utf8.startIndex, offsetBy: cut)
-        var boundary = index
+        var boundary = utf8.index(utf8.startIndex, offsetBy: cut)
+        // A continuation byte (10xxxxxx) at the cut belongs to the character before it.
         while cut > 0 && (utf8[boundary] & 0xC0) == 0x80 {
             cut -= 1
-            boundary = utf8.index(before: boundary)
+            boundary = utf8.index(utf8.startIndex, offsetBy: cut)
         }
-        u16(UInt16(cut))
-        bytes.append(contentsOf: utf8[utf8.startIndex..<boundary])
+        return cut
     }
 
     public mutating func blob(_ value: [UInt8]) {

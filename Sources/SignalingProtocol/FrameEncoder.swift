@@ -132,41 +132,7 @@ public struct EncodedEvent: Sendable, Equatable {
     }
 
     public init(_ event: Event) {
-        var w = ByteWriter(capacity: 64)
-        switch event {
-        case .callIncoming(let callID, let caller, let callerDevice, let offer, let serverTime):
-            w.text(callID)
-            w.text(caller)
-            w.text(callerDevice)
-            w.u64(serverTime)
-            w.blob(offer)
-        case .callRang(let callID, let device):
-            w.text(callID)
-            w.text(device)
-        case .callAccepted(let callID, let device, let answer):
-            w.text(callID)
-            w.text(device)
-            w.blob(answer)
-        case .callEnded(let callID, let reason, let peer, let serverTime):
-            w.text(callID)
-            w.u8(reason.rawValue)
-            w.text(peer)
-            w.u64(serverTime)
-        case .message(let message):
-            w.text(message.messageID)
-            w.text(message.sender)
-            w.text(message.senderDevice)
-            w.text(message.recipient)
-            w.text(message.contentType)
-            w.u64(message.serverTime)
-            w.blob(message.body)
-        case .messageDelivered(let messageID, let recipient, let recipientDevice, let serverTime):
-            w.text(messageID)
-            w.text(recipient)
-            w.text(recipientDevice)
-            w.u64(serverTime)
-        }
-        self.init(type: event.type, body: w.bytes)
+        self.init(type: event.type, body: Self.encodeBody(of: event))
     }
 
     /// The size of the full frame for this event, prefix included.

@@ -48,6 +48,20 @@ struct FrameCodecTests {
         #expect(encoded(substring) == [0, 10] + [UInt8](repeating: 0x79, count: 10))
     }
 
+    @Test("event bodies, encoded in one exact-size allocation, cut text fields as ByteWriter does")
+    func eventBodyText() {
+        let straddling = String(repeating: "a", count: 65_534) + "é" + "zzz"
+        let small = String(("x" + "yé").dropFirst())  // a substring's copy
+        var reference = ByteWriter()
+        reference.text(straddling)
+        reference.text(small)
+        let body = EncodedEvent(.callRang(callID: straddling, device: small)).body
+        #expect(body.count == 2 + 65_534 + 2 + 3)
+        #expect(body == reference.bytes)
+        let empty = EncodedEvent(.callAccepted(callID: "", device: "", answer: [])).body
+        #expect(empty == [0, 0, 0, 0, 0, 0, 0, 0])
+    }
+
     @Test("a keep-alive costs five bytes on the wire")
     func pingIsTiny() {
         #expect(FrameEncoder.encode(.ping) == [0, 0, 0, 1, FrameType.ping.rawValue])
