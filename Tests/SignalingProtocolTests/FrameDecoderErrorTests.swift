@@ -92,6 +92,22 @@ struct FrameDecoderErrorTests {
         w.raw(Array("VSIG".utf8)); w.u16(1); w.u8(0); w.u32(0)
         w.u16(2); w.raw([0xC3, 0x28]); w.text("d")
         #expect(violation(frame(0x01, w.bytes))?.code == .malformedFrame)
+        // ASCII text skips full validation, eight bytes at a time: a bad byte inside a
+        // word, in the tail after words, or alone after ASCII words is still caught.
+        for bad: [UInt8] in [
+            Array("abc".utf8) + [0xC3, 0x28] + Array("defgh".utf8),
+            Array("abcdefgh".utf8) + [0xC3, 0x28],
+            Array("abcdefghabcdefgh".utf8) + [0xFF],
+        ] {
+            var message = ByteWriter()
+            message.text("m1"); message.text("bob"); message.u16(UInt16(bad.count)); message.raw(bad); message.blob([1])
+            #expect(violation(frame(FrameType.messageSend.rawValue, [0, 0, 0, 7] + message.bytes))?.code == .malformedFrame)
+        }
+        let accented = "text/plain; é=ü, 日本"
+        let request = Frame.request(id: 7, .messageSend(OutgoingMessage(
+            messageID: "m1", recipient: "bob", contentType: accented, body: [1])))
+        let decoded = FrameEncoder.encode(request).withUnsafeBytes { try? decoder.decode($0) }
+        #expect(decoded?.frame == request)
     }
 
     @Test("a blob length larger than the frame is malformed, never an allocation")
