@@ -14,7 +14,8 @@ struct MessageAcceptance {
 extension SwitchboardState {
     /// Accepts a message and queues it to the recipient's devices.
     mutating func send(_ message: OutgoingMessage, from device: DeviceRecord, now: Instant) -> Result<MessageAcceptance, RequestError> {
-        if let original = activities[device.userID]?.recentMessageIDs[message.messageID] {
+        let senderActivity = activities[device.userID]
+        if let original = senderActivity?.recentMessageIDs[message.messageID] {
             counters.messagesDeduplicated += 1
             return .success(MessageAcceptance(serverTime: original, event: nil))
         }
@@ -45,7 +46,9 @@ extension SwitchboardState {
         } else {
             for target in targets { enqueue(event, to: target) }
         }
-        rememberMessageID(message.messageID, sender: device.userID, serverTime: serverTime, now: now)
+        rememberMessageID(
+            message.messageID, sender: device.userID, serverTime: serverTime, now: now,
+            activity: senderActivity ?? activity(device.userID))
         counters.messagesAccepted += 1
         return .success(MessageAcceptance(serverTime: serverTime, event: event))
     }

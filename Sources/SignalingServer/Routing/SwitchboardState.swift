@@ -55,6 +55,14 @@ struct CommitUnit: Sendable {
     /// The OK of a MESSAGE_SEND, sent once this unit is committed.
     var reply: DeferredReply?
     var isEmpty: Bool { changes.isEmpty && reply == nil }
+
+    /// Adds a change. A unit starts with room for a few: a message takes two or three
+    /// (its event, its id, now and then a reservation), and growing the array one
+    /// element at a time would allocate for each.
+    mutating func add(_ change: StoreChange) {
+        if changes.capacity == 0 { changes.reserveCapacity(4) }
+        changes.append(change)
+    }
 }
 
 /// Counters exported as server statistics.
@@ -119,8 +127,12 @@ struct SwitchboardState {
     private var dedupExpiry = FIFOQueue<(sender: String, messageID: String, deadline: Instant)>()
     private var heldExpiry = FIFOQueue<(user: String, event: QueuedEvent, deadline: Instant)>()
 
+    /// `configuration.dedupWindow` in milliseconds, worked out once (every message needs it).
+    private let dedupWindowMilliseconds: UInt64
+
     init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool = false) {
         self.configuration = configuration
+        dedupWindowMilliseconds = UInt64(configuration.dedupWindow.milliseconds)
         self.epoch = epoch
         self.journaling = journaling
     }
@@ -145,7 +157,7 @@ struct SwitchboardState {
 
     /// Adds a durable change to the current operation's commit unit (with a store only).
     mutating func journal(_ change: StoreChange) {
-        if journaling { unit.changes.append(change) }
+        if journaling { unit.add(change) }
     }
 
     /// Seconds on the device-record timeline. It starts 2^31 s in (68 years), so that
@@ -309,7 +321,7 @@ struct SwitchboardState {
         let seq = device.queue.append(event)
         counters.eventsQueued += 1
         if journaling {
-            unit.changes.append(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
+            unit.add(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
                 seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
                 receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
                 createdAt: event.createdAt)))
@@ -354,7 +366,7 @@ struct SwitchboardState {
     /// Reserves `device`'s numbers through `through` (with a store and immediate delivery).
     private mutating func reserve(_ device: DeviceRecord, through: UInt64) {
         guard journaling && configuration.delivery == .immediate else { return }
-        unit.changes.append(.reserveSequence(user: device.userID, device: device.deviceID, through: through))
+        unit.add(.reserveSequence(user: device.userID, device: device.deviceID, through: through))
         unit.reservations.append((device, through))
     }
 
@@ -475,12 +487,15 @@ struct SwitchboardState {
         ringExpiry.push((call, now + configuration.ringTimeout))
     }
 
-    mutating func rememberMessageID(_ messageID: String, sender: String, serverTime: UInt64, now: Instant) {
-        activity(sender).recentMessageIDs[messageID] = serverTime
+    /// Remembers a sender's message id for the de-duplication window. `activity` is the
+    /// sender's, when the caller already looked it up.
+    mutating func rememberMessageID(
+        _ messageID: String, sender: String, serverTime: UInt64, now: Instant, activity known: UserActivity? = nil
+    ) {
+        (known ?? activity(sender)).recentMessageIDs[messageID] = serverTime
         dedupExpiry.push((sender, messageID, now + configuration.dedupWindow))
         journal(.rememberMessageID(StoredMessageID(
-            sender: sender, messageID: messageID, serverTime: serverTime,
-            expiresAt: currentWall + UInt64(configuration.dedupWindow.milliseconds))))
+            sender: sender, messageID: messageID, serverTime: serverTime, expiresAt: currentWall + dedupWindowMilliseconds)))
         // Bound memory under a message flood: forget the oldest ids early.
         while dedupExpiry.count > configuration.dedupCapacity, let oldest = dedupExpiry.pop() {
             forgetMessageID(oldest.messageID, sender: oldest.sender)
