@@ -25,6 +25,28 @@ struct HandshakeTests {
         try client.send(.ping)
         #expect(try client.next() == .pong)
     }
+
+    @Test("frames spanning many reads (peeked, handled, then taken) are each handled exactly once")
+    func manyReads() throws {
+        let server = try TestServer()
+        let (client, _) = try server.connect(user: "alice")
+        // 150 KB of 5-byte PINGs: more than two 64 KiB read buffers, with frames cut at
+        // the buffer boundaries, so every callback peeks and takes several times.
+        let pings = 30_000
+        try client.sendRaw(Array(repeating: FrameEncoder.encode(.ping), count: pings).flatMap { $0 })
+        try client.send(.request(id: 9, .pushRegister(platform: "apns", token: [1, 2, 3])))
+        var pongs = 0
+        var next = try client.next()
+        while next == .pong {
+            pongs += 1
+            next = try client.next()
+        }
+        #expect(pongs == pings)
+        // What ended the PONGs was the request's reply: no frame was handled twice.
+        guard case .ok(9, _)? = next else { Issue.record("expected the OK of request 9, got \(String(describing: next))"); return }
+        try client.send(.ping)
+        #expect(try client.next() == .pong)
+    }
 }
 
 @Suite("Bad input gets the documented error, and others are unharmed")
