@@ -6,9 +6,10 @@ import Glibc
 #endif
 
 /// The publisher thread: open loop. Event k is due at start + k / rate; the thread sleeps
-/// until then, stamps the payload with the time (CLOCK_REALTIME) and sends at once, whatever has
-/// or has not arrived. Between sends it reads (without waiting) and handles what the
-/// server sent it: OK/ERROR replies and delivery receipts, which it acknowledges (voip).
+/// until then, reads (without waiting) and handles what the server sent it since the last
+/// send (OK/ERROR replies, and delivery receipts, which it acknowledges (voip)), then stamps
+/// the payload with the time (CLOCK_REALTIME) and sends at once, whatever has or has not
+/// arrived.
 struct Publisher {
     var fd: Int32
     var dialect: any Dialect
@@ -72,10 +73,17 @@ struct Publisher {
         }
 
         for number in 0..<events {
-            var packet = dialect.publication(number: number, subscriber: random.below(subscribers), payload: payload)
-            let stampOffset = packet.count - payloadBytes
             let due = start + UInt64(Double(number) * interval)
             clock.sleep(until: Instant(nanoseconds: due))
+            // The thread's own work (replies, receipts and their ACKs, the next packet) comes
+            // before the send, never after it: a server thread woken by the send is often
+            // placed on this thread's CPU and waits until this thread sleeps again. Reading
+            // the voip replies after the send (an ACK's write included, ~12 µs) made
+            // voipserver pay that wait where Mosquitto, whose QoS 0 publisher has nothing to
+            // read, did not.
+            guard drainReplies() else { break }
+            var packet = dialect.publication(number: number, subscriber: random.below(subscribers), payload: payload)
+            let stampOffset = packet.count - payloadBytes
             let sent = packet.withUnsafeMutableBytes { bytes in
                 // The payload carries CLOCK_REALTIME: the clock of the kernel's receive
                 // timestamps. Pacing and the loss timeout stay on the monotonic clock.
@@ -94,7 +102,6 @@ struct Publisher {
             outcome.sent += 1
             board.sent.store(outcome.sent, ordering: .releasing)
             outcome.seconds = Double(stamp - firstSend) / 1e9
-            guard drainReplies() else { break }
         }
         board.finished.store(true, ordering: .releasing)
 
