@@ -66,6 +66,7 @@ extension EncodedEvent {
     static func encodeBody(of event: Event) -> [UInt8] {
         var sizer = FieldSizer()
         writeFields(of: event, to: &sizer)
+        guard sizer.count > 0 else { return [] }  // every body has a field; no buffer to write into
         return [UInt8](unsafeUninitializedCapacity: sizer.count) { buffer, initialized in
             var store = FieldStore(UnsafeMutableRawPointer(buffer.baseAddress!))
             writeFields(of: event, to: &store)
