@@ -62,7 +62,7 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
         let address = try HostResolver.numericAddress(of: configuration.endpoint.host)
         let loop = try GatewayLoop(
             configuration: configuration, address: address, inbox: inbox, counters: counters, clock: clock, logger: logger)
-        let thread = JoinableThread { loop.run() }
+        let thread = JoinableThread(name: "vs-push") { loop.run() }
         run.withLock {
             $0.loop = loop
             $0.thread = thread

@@ -37,7 +37,7 @@ final class WALCheckpointer: @unchecked Sendable {
         wakeFD = shim_eventfd()
         guard wakeFD >= 0 else { throw StoreError(.other, "cannot create an eventfd for the checkpointer") }
         self.logger = logger
-        thread = JoinableThread { [self] in run() }
+        thread = JoinableThread(name: "vs-checkpoint") { [self] in run() }
     }
 
     deinit {

@@ -95,6 +95,18 @@ struct VoipServerExecutableTests {
         #expect(run.exitCode == 64 && run.stderr.contains("--cpu-latency-limit"), "\(run.stderr)")
     }
 
+    @Test("the server's threads are named for top -H: loops, store writer, checkpointer")
+    func threadNames() throws {
+        let server = try ServerProcess(["--workers", "2"])  // the SQLite store, in a fresh directory
+        let names = listDirectory("/proc/\(server.process.pid)/task").compactMap { task in
+            readTextFile("/proc/\(server.process.pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init)
+        }
+        for expected in ["vs-loop-0", "vs-loop-1", "vs-store", "vs-checkpoint"] {
+            #expect(names.contains(expected), "\(names)")
+        }
+        #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
+    }
+
     @Test("--loop-cpus keeps each loop thread on its CPU; a CPU the machine lacks stops the start")
     func loopCPUs() throws {
         let lastCPU = CPUList.configuredCount - 1
