@@ -5,11 +5,11 @@
 #include <string.h>
 #include <unistd.h>
 
-void shim_name_current_thread(const char *name) {
+void shim_name_thread(unsigned long thread, const char *name) {
     char truncated[16];
     strncpy(truncated, name, sizeof truncated - 1);
     truncated[sizeof truncated - 1] = 0;
-    pthread_setname_np(pthread_self(), truncated);
+    (void)pthread_setname_np((pthread_t)thread, truncated);
 }
 
 int shim_pin_thread(unsigned long thread, int cpu) {

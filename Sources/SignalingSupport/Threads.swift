@@ -10,28 +10,22 @@ public struct JoinableThread: @unchecked Sendable {
     private let handle: pthread_t
 
     /// Starts the thread, named `name` when given (what `top -H` shows: at most 15
-    /// bytes); crashes if the system cannot create one (nothing sensible to do).
+    /// bytes); crashes if the system cannot create one (nothing sensible to do). The name
+    /// is set here, before this returns, not by the new thread once it runs: whoever looks
+    /// right after (a test, `top`) sees it.
     public init(name: String? = nil, _ body: @escaping @Sendable () -> Void) {
-        let named: @Sendable () -> Void
-        if let name {
-            named = {
-                shim_name_current_thread(name)
-                body()
-            }
-        } else {
-            named = body
-        }
         final class Box {
             let body: @Sendable () -> Void
             init(_ body: @escaping @Sendable () -> Void) { self.body = body }
         }
         var handle = pthread_t()
-        let box = Unmanaged.passRetained(Box(named)).toOpaque()
+        let box = Unmanaged.passRetained(Box(body)).toOpaque()
         let rc = pthread_create(&handle, nil, { argument in
             Unmanaged<Box>.fromOpaque(argument!).takeRetainedValue().body()
             return nil
         }, box)
         precondition(rc == 0, "pthread_create failed: \(rc)")
+        if let name { shim_name_thread(UInt(handle), name) }
         self.handle = handle
     }
 

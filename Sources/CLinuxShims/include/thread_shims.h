@@ -4,8 +4,9 @@
 // arguments are macros (CPU_SET). Only <stdint.h>-level types here: a pthread_t is an
 // unsigned long on Linux.
 
-/// Names the calling thread (what `top -H` and `ps -L` show; at most 15 bytes are kept).
-void shim_name_current_thread(const char *name);
+/// Names a thread of this process (what `top -H` and `ps -L` show; at most 15 bytes are
+/// kept). Errors (the thread is already gone) are ignored: a name is a convenience.
+void shim_name_thread(unsigned long thread, const char *name);
 
 /// Restricts `thread` to the one CPU `cpu`. Returns 0, or the error number
 /// (EINVAL: no such CPU, or not one this process may use).
