@@ -48,7 +48,7 @@ extension SwitchboardState {
         }
         rememberMessageID(
             message.messageID, sender: device.userID, serverTime: serverTime, now: now,
-            activity: senderActivity ?? activity(device.userID))
+            in: senderActivity ?? activity(device.userID))
         counters.messagesAccepted += 1
         return .success(MessageAcceptance(serverTime: serverTime, event: event))
     }

@@ -487,12 +487,12 @@ struct SwitchboardState {
         ringExpiry.push((call, now + configuration.ringTimeout))
     }
 
-    /// Remembers a sender's message id for the de-duplication window. `activity` is the
-    /// sender's, when the caller already looked it up.
+    /// Remembers a sender's message id for the de-duplication window, in `activity`, the
+    /// sender's (looked up once by the caller, which checked the id against it).
     mutating func rememberMessageID(
-        _ messageID: String, sender: String, serverTime: UInt64, now: Instant, activity known: UserActivity? = nil
+        _ messageID: String, sender: String, serverTime: UInt64, now: Instant, in activity: UserActivity
     ) {
-        (known ?? activity(sender)).recentMessageIDs[messageID] = serverTime
+        activity.recentMessageIDs[messageID] = serverTime
         dedupExpiry.push((sender, messageID, now + configuration.dedupWindow))
         journal(.rememberMessageID(StoredMessageID(
             sender: sender, messageID: messageID, serverTime: serverTime, expiresAt: currentWall + dedupWindowMilliseconds)))
