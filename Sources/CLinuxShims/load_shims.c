@@ -44,10 +44,6 @@ int voipload_set_timer_slack(unsigned long nanoseconds) {
     return prctl(PR_SET_TIMERSLACK, nanoseconds, 0, 0, 0);
 }
 
-int voipload_epoll_wait(int epoll_fd, uint64_t *tokens, uint32_t *events, int max, int timeout_ms) {
-    return voipload_epoll_wait_ns(epoll_fd, tokens, events, max, timeout_ms < 0 ? -1 : (int64_t)timeout_ms * 1000000);
-}
-
 void voipload_prepare_client_socket(int fd) {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);

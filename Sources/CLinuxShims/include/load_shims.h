@@ -22,11 +22,10 @@ int voipload_epoll_create(void);
 /// Adds (modify = 0) or changes (modify = 1) fd's entry, level-triggered, carrying token.
 /// Returns 0 or -1 (errno set).
 int voipload_epoll_control(int epoll_fd, int fd, int modify, uint32_t events, uint64_t token);
-/// epoll_wait into two parallel arrays of at most max entries. Returns the count, or -1.
-int voipload_epoll_wait(int epoll_fd, uint64_t *tokens, uint32_t *events, int max, int timeout_ms);
-/// The same with a timeout in nanoseconds (epoll_pwait2; negative = no timeout), so that
-/// probes can be sent on their schedule rather than on millisecond ticks. Falls back to
-/// epoll_wait, rounding up to a millisecond, on kernels without epoll_pwait2.
+/// epoll_wait into two parallel arrays of at most max entries, with a timeout in
+/// nanoseconds (epoll_pwait2; negative = no timeout), so that probes can be sent on their
+/// schedule rather than on millisecond ticks. Falls back to epoll_wait, rounding up to a
+/// millisecond, on kernels without epoll_pwait2. Returns the count, or -1.
 int voipload_epoll_wait_ns(int epoll_fd, uint64_t *tokens, uint32_t *events, int max, int64_t timeout_ns);
 /// PR_SET_TIMERSLACK for the calling thread: how late the kernel may end its sleeps
 /// (50 µs by default). Returns 0 or -1 (errno set).

@@ -44,17 +44,16 @@ public struct Epoll: ~Copyable {
         voipload_epoll_control(fd, descriptor, 1, mask, token) == 0 ? 0 : errno
     }
 
-    /// Waits up to `timeoutMilliseconds` and calls `body(token, events)` for each ready entry.
-    /// As `wait(timeoutMilliseconds:)`, to the nanosecond (negative: no timeout).
+    /// Waits up to `timeoutNanoseconds` (negative: no timeout) and calls
+    /// `body(token, events)` for each ready entry.
     public func wait(timeoutNanoseconds: Int64, _ body: (UInt64, UInt32) -> Void) {
         let count = voipload_epoll_wait_ns(fd, tokens.baseAddress, readiness.baseAddress, Int32(tokens.count), timeoutNanoseconds)
         guard count > 0 else { return }
         for index in 0..<Int(count) { body(tokens[index], readiness[index]) }
     }
 
+    /// As `wait(timeoutNanoseconds:)`, in milliseconds (negative: no timeout).
     public func wait(timeoutMilliseconds: Int32, _ body: (UInt64, UInt32) -> Void) {
-        let count = voipload_epoll_wait(fd, tokens.baseAddress, readiness.baseAddress, Int32(tokens.count), timeoutMilliseconds)
-        guard count > 0 else { return }
-        for index in 0..<Int(count) { body(tokens[index], readiness[index]) }
+        wait(timeoutNanoseconds: timeoutMilliseconds < 0 ? -1 : Int64(timeoutMilliseconds) * 1_000_000, body)
     }
 }
