@@ -228,6 +228,33 @@ struct DurabilityTests {
         #expect(store.committedBatches - before == 1)
     }
 
+    @Test("the OKs of one commit reach each of several senders in the order of their requests")
+    func oneCommitsOKsKeepEachSendersOrder() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.commitInterval = .milliseconds(400) }
+        let (alice, bob, _) = try connectStored(server, store)
+        let (carol, _) = try server.connect(user: "carol")
+        #expect(try carol.request(999, message("warm-up", to: "nobody")).isOK)
+        let before = store.committedBatches
+        // Interleaved, each delivered before the next is sent: one commit, whose OKs the
+        // loop receives as one batch and writes grouped by connection.
+        for index in 1...5 {
+            for (sender, name) in [(alice, "a"), (carol, "c")] {
+                try sender.send(.request(id: UInt32(index), message("\(name)\(index)", to: "bob")))
+                guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
+                #expect(delivered.messageID == "\(name)\(index)")
+            }
+        }
+        for sender in [alice, carol] {
+            var order: [UInt32] = []
+            while order.count < 5, let frame = try sender.next() {
+                if case .ok(let requestID, _) = frame { order.append(requestID) }
+            }
+            #expect(order == [1, 2, 3, 4, 5])
+        }
+        #expect(store.committedBatches - before == 1)
+    }
+
     @Test("after a slow commit the writer gathers at least as long as it took, so a slow store gets bigger batches")
     func slowCommitsGatherLonger() throws {
         let store = ModelEventStore()

@@ -61,6 +61,8 @@ final class EventLoop: @unchecked Sendable {
     /// Replies collected for `replySlot` while its input is handled (see `send`).
     var replies: [UInt8] = []
     var replySlot: UInt32?
+    /// Replies taken from the inbox, written by `sendPostedReplies` (loop thread only).
+    private var postedReplies: [(ref: ConnectionRef, frame: Frame)] = []
     let decoder: FrameDecoder
     /// Cached once per callback: the current time on the server's second timeline.
     var nowSeconds: UInt32 = 0
@@ -220,19 +222,45 @@ final class EventLoop: @unchecked Sendable {
             switch task {
             case .wake(let ref):
                 markDirty(ref.slot, generation: ref.generation)
+            case .reply(let ref, let frame):
+                postedReplies.append((ref, frame))
             case .close(let ref, let frame):
+                // Replies posted before the close still go out first.
+                sendPostedReplies()
                 if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
             case .watchWritable(let ref):
                 if table.isLive(ref.slot, generation: ref.generation) { watchWritable(ref.slot) }
-            case .reply(let ref, let frame):
-                if table.isLive(ref.slot, generation: ref.generation), table.state(ref.slot).pointee.phase == .established {
-                    send(frame, to: ref.slot)
-                }
             case .drain:
+                sendPostedReplies()
                 beginDrain()
             }
         }
+        sendPostedReplies()
         flushDirty()
+    }
+
+    /// Writes the replies gathered from the inbox with one write per connection. The store
+    /// writer posts a whole commit's OKs at once, mostly to a few busy senders: written
+    /// one by one, they were a system call each, and a request arriving meanwhile waited
+    /// behind all of them. Each connection's replies keep their order.
+    private func sendPostedReplies() {
+        guard !postedReplies.isEmpty else { return }
+        if postedReplies.count > 1 {
+            // By connection, then by position: a stable grouping.
+            postedReplies = postedReplies.enumerated()
+                .sorted { ($0.element.ref.slot, $0.offset) < ($1.element.ref.slot, $1.offset) }
+                .map(\.element)
+        }
+        for (ref, frame) in postedReplies {
+            guard table.isLive(ref.slot, generation: ref.generation), table.state(ref.slot).pointee.phase == .established else { continue }
+            if replySlot != ref.slot {
+                endReplies()
+                beginReplies(to: ref.slot)
+            }
+            send(frame, to: ref.slot)
+        }
+        endReplies()
+        postedReplies.removeAll(keepingCapacity: true)
     }
 
     func stopListening() {

@@ -191,10 +191,9 @@ final class StoreWriter: @unchecked Sendable {
             }
             deliver(effects)
         }
-        for unit in units {
-            guard let reply = unit.reply else { continue }
-            post(.reply(reply.connection, .ok(requestID: reply.requestID, serverTime: reply.serverTime)))
-        }
+        post(units.compactMap { unit in
+            unit.reply.map { .reply($0.connection, .ok(requestID: $0.requestID, serverTime: $0.serverTime)) }
+        })
     }
 
     /// Messages whose deadline passed are refused and cancelled; their changes are not
@@ -225,9 +224,7 @@ final class StoreWriter: @unchecked Sendable {
         context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
             for reply in replies { board.cancelMessage(reply.message, sender: reply.sender, messageID: reply.messageID) }
         }
-        for reply in replies {
-            post(.reply(reply.connection, .error(requestID: reply.requestID, code: .storeUnavailable, message: reason)))
-        }
+        post(replies.map { .reply($0.connection, .error(requestID: $0.requestID, code: .storeUnavailable, message: reason)) })
     }
 
     /// 10 ms, doubling to 1 s.
@@ -236,23 +233,36 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func deliver(_ effects: [SwitchboardEffect]) {
+        var tasks: [LoopTask] = []
         for effect in effects {
             switch effect {
-            case .wake(let ref): post(.wake(ref))
-            case .close(let ref, let frame): post(.close(ref, frame))
+            case .wake(let ref): tasks.append(.wake(ref))
+            case .close(let ref, let frame): tasks.append(.close(ref, frame))
             case .wakeUp: context.requestWakeUp(effect)
             }
         }
+        post(tasks)
     }
 
-    private func post(_ task: LoopTask) {
-        let loop: Int
-        switch task {
-        case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref): loop = Int(ref.loop)
-        case .drain: loop = 0
+    /// Hands the tasks of one commit to their loops, one batch (one inbox lock, at most
+    /// one eventfd write) per loop: posted one at a time, a busy loop would take the first
+    /// of a commit's OKs alone and come back for the rest, each time between two requests.
+    private func post(_ tasks: [LoopTask]) {
+        guard !tasks.isEmpty else { return }
+        if loops.count == 1 {
+            loops[0].post(contentsOf: tasks)
+            return
         }
-        guard loop < loops.count else { return }
-        loops[loop].post(task)
+        var perLoop = [[LoopTask]](repeating: [], count: loops.count)
+        for task in tasks {
+            let loop: Int
+            switch task {
+            case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref): loop = Int(ref.loop)
+            case .drain: loop = 0
+            }
+            if loop < loops.count { perLoop[loop].append(task) }
+        }
+        for (loop, tasks) in zip(loops, perLoop) { loop.post(contentsOf: tasks) }
     }
 }
 
