@@ -1,5 +1,6 @@
 #include "load_shims.h"
 #include <errno.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -38,6 +39,11 @@ int voipload_epoll_wait_ns(int epoll_fd, uint64_t *tokens, uint32_t *events, int
         events[i] = ready[i].events;
     }
     return count;
+}
+
+int voipload_set_realtime(int on) {
+    struct sched_param parameter = { .sched_priority = on ? 1 : 0 };
+    return sched_setscheduler(0, on ? SCHED_FIFO : SCHED_OTHER, &parameter) == 0 ? 0 : errno;
 }
 
 int voipload_set_timer_slack(unsigned long nanoseconds) {

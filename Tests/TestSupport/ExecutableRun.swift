@@ -22,13 +22,22 @@ public struct ExecutableRun: Sendable {
     /// Starts the executable and waits for it; kills it and records an issue after
     /// `timeoutSeconds`.
     public static func run(_ executable: String, _ arguments: [String], timeoutSeconds: Double) throws -> ExecutableRun {
+        try run(executable, arguments, through: [], timeoutSeconds: timeoutSeconds)
+    }
+
+    /// Runs the executable through `wrapper` (a program and its arguments, e.g. one that
+    /// drops a capability), which is handed the executable's path and arguments.
+    public static func run(
+        _ executable: String, _ arguments: [String], through wrapper: [String], timeoutSeconds: Double
+    ) throws -> ExecutableRun {
+        let command = wrapper + [path(of: executable)] + arguments
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("voipload-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let out = directory.appendingPathComponent("stdout").path
         let err = directory.appendingPathComponent("stderr").path
-        let process = try ChildProcess.spawn(path(of: executable), arguments: arguments, pipeInput: false, stdout: .file(out), stderr: .file(err))
+        let process = try ChildProcess.spawn(command[0], arguments: Array(command.dropFirst()), pipeInput: false, stdout: .file(out), stderr: .file(err))
         guard let status = process.waitForExit(timeoutSeconds: timeoutSeconds) else {
             process.send(signal: SIGKILL)
             _ = process.waitForExit(timeoutSeconds: 10)

@@ -7,7 +7,7 @@ import Testing
         let (config, help) = try LoadConfiguration.parse([])
         #expect(!help)
         #expect(config.server == "127.0.0.1:7443" && config.idleDevices == 1000 && config.events == 1000)
-        #expect(config.effectiveWorkers == 2)
+        #expect(config.effectiveWorkers == 2 && config.probePriority == .normal)
         let (big, _) = try LoadConfiguration.parse(["--devices", "30000", "--source-addresses", "100"])
         #expect(big.effectiveWorkers == 3)
     }
@@ -17,13 +17,14 @@ import Testing
             "--server", "127.0.0.9:9000", "--devices", "5000", "--workers", "4", "--connect-rate", "2500",
             "--max-in-flight", "64", "--source-addresses", "200", "--auth-secret", "k", "--keepalive", "900",
             "--events", "10", "--rate", "50", "--event-mix", "call", "--payload-bytes", "32", "--loss-deadline", "2",
+            "--probe-priority", "realtime",
             "--fanout-devices", "100", "--fanout-seconds", "3", "--fanout-window", "8", "--storm", "restart",
             "--storm-deadline", "30", "--server-bin", "/bin/true", "--server-log", "/tmp/s.log", "--json", "--quiet",
             "--", "--workers", "2",
         ])
         #expect(config.serverEndpoint.address == (127 << 24 | 9) && config.serverEndpoint.port == 9000)
         #expect(config.workers == 4 && config.connectRate == 2500 && config.maxInFlight == 64)
-        #expect(config.authSecret == "k" && config.keepAlive == 900 && config.mix == .call)
+        #expect(config.authSecret == "k" && config.keepAlive == 900 && config.mix == .call && config.probePriority == .realtime)
         #expect(config.fanoutDevices == 100 && config.fanoutWindow == 8 && config.storm == .restart)
         #expect(config.serverBinary == "/bin/true" && config.serverArguments == ["--workers", "2"])
         #expect(config.json && !config.progress)
@@ -37,6 +38,7 @@ import Testing
         (["--storm", "restart"], "needs --server-bin"),
         (["--storm", "sometimes"], "none, drop or restart"),
         (["--event-mix", "video"], "message, call or both"),
+        (["--probe-priority", "high"], "normal or realtime"),
         (["--devices", "30000", "--workers", "2"], "use --workers 3"),
         (["--devices", "50000", "--source-addresses", "1", "--workers", "5"], "raise --source-addresses"),
         (["--server-pid", "12", "--server-bin", "/bin/true"], "exclude each other"),

@@ -7,9 +7,10 @@ import Testing
         a.idleConnected = 10; b.idleConnected = 5
         a.probesSent = 7; b.probesSent = 3
         a.probesDone = true; b.probesDone = false
+        a.realtimeWorkers = 1; b.realtimeWorkers = 1
         a.disconnects = ["CLOSE goingAway": 2]; b.disconnects = ["CLOSE goingAway": 1, "read: reset": 4]
         let total = WorkerStatus.total([a, b])
-        #expect(total.idleConnected == 15 && total.probesSent == 10 && !total.probesDone)
+        #expect(total.idleConnected == 15 && total.probesSent == 10 && !total.probesDone && total.realtimeWorkers == 2)
         #expect(total.disconnects == ["CLOSE goingAway": 3, "read: reset": 4])
         #expect(total.disconnects.summary == "read: reset (4), CLOSE goingAway (3)")
         #expect(total.disconnects.growth(since: a.disconnects) == ["CLOSE goingAway": 1, "read: reset": 4])

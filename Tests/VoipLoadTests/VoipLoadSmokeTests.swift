@@ -1,3 +1,4 @@
+import CLinuxShims
 import Foundation
 import TestSupport
 import Testing
@@ -36,6 +37,46 @@ import Testing
         #expect(storm.recovered && storm.handshakes >= 300 && storm.resumed >= 300)
         #expect(report.memory.serverRSSAfter != nil && report.memory.serverBytesPerConnection != nil)
         #expect(run.stderr.contains("result       PASS"), "the human summary goes to stderr with --json")
+    }
+
+    /// Whether this process may use SCHED_FIFO (root, CAP_SYS_NICE or an RLIMIT_RTPRIO).
+    static let realtimeAllowed: Bool = {
+        guard voipload_set_realtime(1) == 0 else { return false }
+        _ = voipload_set_realtime(0)
+        return true
+    }()
+
+    @Test(.enabled(if: realtimeAllowed, "needs SCHED_FIFO: root or CAP_SYS_NICE"))
+    func realtimeProbesAreReportedAndLoseNothing() throws {
+        let data = try TemporaryDirectory("voipload-smoke")
+        let run = try ExecutableRun.run("voipload", [
+            "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0",
+            "--devices", "100", "--source-addresses", "4", "--events", "200", "--rate", "2000",
+            "--probe-priority", "realtime", "--fanout-devices", "10", "--fanout-seconds", "0.2",
+            "--settle", "0", "--json", "--quiet",
+            "--", "--log-level", "warn", "--workers", "1", "--data-dir", data.path,
+        ], timeoutSeconds: 120)
+        #expect(run.exitCode == 0, "stderr: \(run.stderr)")
+        let report = try JSONDecoder().decode(LoadReport.self, from: Data(run.stdout.utf8))
+        let push = try #require(report.push)
+        // Every worker confirmed it switched (the coordinator refuses the run otherwise).
+        #expect(push.priority == "realtime" && push.sent == 200 && push.received == 200 && push.lost == 0)
+        #expect(report.fanout.map { $0.lost == 0 && $0.messages > 0 } == true)
+        #expect(run.stderr.contains("workers at SCHED_FIFO"), "\(run.stderr)")
+    }
+
+    @Test(.enabled(if: getuid() == 0, "drops CAP_SYS_NICE from root"))
+    func realtimeProbesRefusedAreAClearErrorBeforeAnythingRuns() throws {
+        // Root without CAP_SYS_NICE and with an RLIMIT_RTPRIO of 0 may not use SCHED_FIFO.
+        // The tool says so before it connects anything (no server is even listening).
+        let port = try #require(SocketCalls.freeLoopbackPort())
+        let run = try ExecutableRun.run("voipload", [
+            "--server", "127.0.0.1:\(port)", "--devices", "10", "--probe-priority", "realtime", "--quiet",
+        ], through: ["/usr/bin/prlimit", "--rtprio=0:0", "/usr/bin/setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"],
+           timeoutSeconds: 30)
+        #expect(run.exitCode == 1)
+        #expect(run.stderr.contains("--probe-priority realtime needs SCHED_FIFO, which was refused (Operation not permitted)"), "\(run.stderr)")
+        #expect(!run.stderr.contains("cannot connect"), "\(run.stderr)")
     }
 
     @Test func missingCredentialsFailEveryDeviceWithTheReason() throws {

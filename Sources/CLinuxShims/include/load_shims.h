@@ -31,6 +31,10 @@ int voipload_epoll_wait_ns(int epoll_fd, uint64_t *tokens, uint32_t *events, int
 /// (50 µs by default). Returns 0 or -1 (errno set).
 int voipload_set_timer_slack(unsigned long nanoseconds);
 
+/// The calling thread to SCHED_FIFO priority 1 (on != 0) or back to SCHED_OTHER.
+/// Returns 0, or the errno (EPERM without CAP_SYS_NICE or an RLIMIT_RTPRIO).
+int voipload_set_realtime(int on);
+
 /// Before bind/connect of a client socket: IP_BIND_ADDRESS_NO_PORT (the port is chosen at
 /// connect time, so one source address reaches a server from every ephemeral port) and
 /// TCP_NODELAY (probes and ACKs are tiny; Nagle would hold them back).

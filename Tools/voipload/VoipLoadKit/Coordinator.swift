@@ -1,3 +1,4 @@
+import CLinuxShims
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -39,6 +40,14 @@ public final class Coordinator {
 
     public func run() throws(LoadError) -> LoadReport {
         signal(SIGPIPE, SIG_IGN)
+        if config.probePriority == .realtime && config.events > 0 {
+            // Find out now, not after the ramp, whether the workers will be allowed to.
+            let error = voipload_set_realtime(1)
+            guard error == 0 else {
+                throw LoadError("--probe-priority realtime needs SCHED_FIFO, which was refused (\(String(cString: strerror(error)))): run as root, or with CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1")
+            }
+            _ = voipload_set_realtime(0)
+        }
         // A running server answers at once; one the tool starts gets time to come up.
         try server.start(timeoutSeconds: config.serverBinary == nil ? 0 : 30)
         defer {
@@ -130,7 +139,7 @@ public final class Coordinator {
                 idleDevices: config.idleDevices, fanoutDevices: config.fanoutDevices,
                 sourceAddresses: config.sourceAddresses, connectRate: config.connectRate / Double(count),
                 maxInFlight: config.maxInFlight, connectTimeoutSeconds: config.connectTimeout,
-                payloadBytes: config.payloadBytes, runID: runID)))
+                payloadBytes: config.payloadBytes, runID: runID, probePriority: config.probePriority)))
         }
     }
 
@@ -212,12 +221,16 @@ public final class Coordinator {
         var all = message
         all.merge(call)
         let after = WorkerStatus.total(reports.map(\.status))
+        if config.probePriority == .realtime && after.realtimeWorkers < workers.count {
+            throw LoadError("only \(after.realtimeWorkers) of \(workers.count) workers ran the probes at SCHED_FIFO")
+        }
         let sent = after.probesSent - before.probesSent
         let refused = after.probesRefused - before.probesRefused
         let received = after.probesReceived - before.probesReceived
         let cpu = zip(cpuBefore, server.pid.flatMap(ProcessStats.cpuSeconds(pid:))).map { $0.1 - $0.0 }
         return LoadReport.Push(
-            requested: config.events, rate: config.rate, mix: config.mix.rawValue, sent: sent,
+            requested: config.events, rate: config.rate, mix: config.mix.rawValue,
+            priority: config.probePriority.rawValue, sent: sent,
             accepted: after.probesAccepted - before.probesAccepted, refused: refused, received: received,
             lost: sent > received + refused ? sent - received - refused : 0,
             duplicates: after.duplicates - before.duplicates, receipts: after.probeReceipts - before.probeReceipts,

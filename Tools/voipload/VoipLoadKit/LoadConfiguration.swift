@@ -32,6 +32,7 @@ public struct LoadConfiguration: Sendable, Equatable {
     public var mix: EventMix = .both
     public var payloadBytes = 64
     public var lossDeadline: Double = 5
+    public var probePriority: ProbePriority = .normal
 
     public var fanoutDevices = 0
     public var fanoutSeconds: Double = 5
@@ -90,6 +91,7 @@ public struct LoadConfiguration: Sendable, Equatable {
             OptionSpec("event-mix", value: "message|call|both", default: "both", help: "Probe kind: MESSAGE_SEND, CALL_INVITE, or alternating."),
             OptionSpec("payload-bytes", value: "N", default: "64", help: "Probe body size (at least 16)."),
             OptionSpec("loss-deadline", value: "SECONDS", default: "5", help: "A probe not arrived this long after the last send is lost."),
+            OptionSpec("probe-priority", value: "normal|realtime", default: "normal", help: "Scheduling of the workers while probes run: realtime (SCHED_FIFO, needs root) keeps the server's other threads from delaying the tool when both share a CPU."),
             OptionSpec("fanout-devices", value: "N", default: "0", help: "Devices of the fan-out user; 0 skips the fan-out test."),
             OptionSpec("fanout-seconds", value: "SECONDS", default: "5", help: "How long the fan-out senders send."),
             OptionSpec("fanout-window", value: "N", default: "4", help: "Fan-out messages in flight per sender."),
@@ -151,6 +153,10 @@ public struct LoadConfiguration: Sendable, Equatable {
         }
         config.payloadBytes = try options.int("payload-bytes", in: 16...60_000) ?? config.payloadBytes
         config.lossDeadline = try options.double("loss-deadline", in: 0.1...3600) ?? config.lossDeadline
+        if let priority = options.string("probe-priority") {
+            guard let value = ProbePriority(rawValue: priority) else { throw UsageError("--probe-priority must be normal or realtime, got '\(priority)'") }
+            config.probePriority = value
+        }
         config.fanoutDevices = try options.int("fanout-devices", in: 0...100_000) ?? config.fanoutDevices
         config.fanoutSeconds = try options.double("fanout-seconds", in: 0.1...3600) ?? config.fanoutSeconds
         config.fanoutWindow = try options.int("fanout-window", in: 1...1000) ?? config.fanoutWindow

@@ -68,6 +68,8 @@ public struct LoadReport: Codable, Sendable {
         public var requested: Int
         public var rate: Double
         public var mix: String
+        /// `ProbePriority` of the workers during the phase (nil in reports of older versions).
+        public var priority: String?
         public var sent: UInt64
         public var accepted: UInt64
         public var refused: UInt64

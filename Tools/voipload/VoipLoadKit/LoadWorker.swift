@@ -58,6 +58,8 @@ public final class LoadWorker {
 
     var probe = ProbeSchedule()
     var fanout = FanoutSchedule()
+    /// The worker runs at SCHED_FIFO for the current probe phase (`ProbePriority`).
+    var realtime = false
     var nextRequestID: UInt32 = 1
 
     var controlBuffer = LineBuffer()
@@ -152,6 +154,16 @@ public final class LoadWorker {
         case .connect(let group):
             enqueue(group, now: now)
         case .probe(let count, let rate, let mix):
+            if setup.probePriority == .realtime && !realtime {
+                let error = voipload_set_realtime(1)
+                guard error == 0 else {
+                    emit(.fatal("worker \(setup.worker): cannot run the probes at SCHED_FIFO: \(String(cString: strerror(error)))"))
+                    running = false
+                    return
+                }
+                realtime = true
+                status.realtimeWorkers = 1
+            }
             probe = ProbeSchedule(count: count, rate: rate, mix: mix, startedAt: now)
             status.probesDone = count == 0
         case .startFanout(let window):
@@ -161,6 +173,9 @@ public final class LoadWorker {
         case .dropConnections:
             dropIdleConnections(now: now)
         case .report:
+            // The report closes the probe phase: back to normal scheduling before a
+            // fan-out or a storm keeps this worker busy.
+            if realtime, voipload_set_realtime(0) == 0 { realtime = false }
             refreshResidentBytes()
             emit(.report(WorkerReport(
                 status: status, messageLatency: HistogramSnapshot(messageLatency),

@@ -20,7 +20,8 @@ extension LoadReport {
         }
         lines.append("             this tool: \(megabytes(m.toolRSS)), \(Int(m.toolBytesPerConnection.rounded())) B per connection")
         if let p = push {
-            lines.append("push         \(p.sent) sent (\(p.mix), \(Int(p.rate))/s), \(p.received) received, \(p.lost) lost, \(p.refused) refused, \(p.duplicates) duplicates")
+            let priority = p.priority == ProbePriority.realtime.rawValue ? ", workers at SCHED_FIFO" : ""
+            lines.append("push         \(p.sent) sent (\(p.mix), \(Int(p.rate))/s\(priority)), \(p.received) received, \(p.lost) lost, \(p.refused) refused, \(p.duplicates) duplicates")
             lines.append("             latency \(latencyLine(p.latency))   (send → arrival at the device's socket)")
             if let read = p.readLatency { lines.append("             read    \(latencyLine(read))   (send → read by the device)") }
             if let unstamped = p.unstampedEvents, unstamped > 0 {

@@ -24,6 +24,7 @@ extension WorkerStatus {
             total.probeReceipts += s.probeReceipts
             total.callsEnded += s.callsEnded
             total.probesDone = total.probesDone && s.probesDone
+            total.realtimeWorkers += s.realtimeWorkers
             total.duplicates += s.duplicates
             total.unexpectedEvents += s.unexpectedEvents
             total.unstampedEvents += s.unstampedEvents

@@ -23,6 +23,26 @@ public struct WorkerSetup: Codable, Sendable, Equatable {
     public var payloadBytes: Int
     /// Distinguishes this run's probes from stale events of an earlier run.
     public var runID: UInt64
+    /// How the worker is scheduled while it sends and receives latency probes.
+    public var probePriority: ProbePriority
+}
+
+/// How the workers are scheduled during the push-latency phase.
+///
+/// On a machine where the tool shares CPUs with the server, the server's background
+/// threads (the store writer's commits) preempt the tool's workers. A preempted worker
+/// reads its pushes and sends its acknowledgements late and in a burst, and its traffic
+/// pauses: the server then meets a burst, or a loop whose busy-poll window ran out while
+/// nothing came. Both show up as push latency, and they grow with the writer's commits,
+/// so with the store's size. `realtime` measures the server as remote devices would see
+/// it: a SCHED_FIFO worker runs as soon as it has something to do.
+public enum ProbePriority: String, Codable, Sendable, CaseIterable {
+    /// Scheduled like any process (SCHED_OTHER).
+    case normal
+    /// SCHED_FIFO priority 1 from the `probe` command until the `report` that ends the
+    /// phase; the ramp, fan-out and storm run at normal priority (busy workers at a
+    /// real-time priority would starve the server's threads on their CPU).
+    case realtime
 }
 
 /// Connections that are started together.
@@ -77,6 +97,8 @@ public struct WorkerStatus: Codable, Sendable, Equatable {
     public var probeReceipts: UInt64 = 0
     public var callsEnded: UInt64 = 0
     public var probesDone = false
+    /// Workers that ran the probe phase at `ProbePriority.realtime` (a sum over workers).
+    public var realtimeWorkers = 0
     /// Events whose sequence number was already processed (re-sent duplicates).
     public var duplicates: UInt64 = 0
     /// Events from another run or of a kind this connection should never get.
