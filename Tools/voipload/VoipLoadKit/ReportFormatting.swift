@@ -52,30 +52,71 @@ extension LoadReport {
         return (try? String(decoding: encoder.encode(self), as: UTF8.self)) ?? "{}"
     }
 
-    /// The benchmark table: one row per report, sizes ascending.
+    /// A column of the benchmark table: its header, and how a report's figure is read
+    /// (nil: the report has none) and written.
+    struct TableColumn: Sendable {
+        let header: String
+        let value: @Sendable (LoadReport) -> Double?
+        /// Whole numbers (rates, bytes); otherwise `format`.
+        var integer = false
+    }
+
+    static let tableColumns: [TableColumn] = [
+        TableColumn(header: "B/conn", value: { $0.memory.serverBytesPerConnection }, integer: true),
+        TableColumn(header: "kernel B/conn", value: { $0.memory.kernelBytesPerConnection }, integer: true),
+        TableColumn(header: "p50 µs", value: { $0.push?.latency.p50 }),
+        TableColumn(header: "p90 µs", value: { $0.push?.latency.p90 }),
+        TableColumn(header: "p99 µs", value: { $0.push?.latency.p99 }),
+        TableColumn(header: "p99.9 µs", value: { $0.push?.latency.p999 }),
+        TableColumn(header: "max µs", value: { $0.push?.latency.max }),
+        TableColumn(header: "read p50 µs", value: { $0.push?.readLatency?.p50 }),
+        TableColumn(header: "read p99 µs", value: { $0.push?.readLatency?.p99 }),
+        TableColumn(header: "handshakes/s", value: { $0.connections.handshakesPerSecond }, integer: true),
+        TableColumn(header: "fan-out ev/s/core", value: { $0.fanout?.eventsPerCPUSecond }, integer: true),
+        TableColumn(header: "storm s", value: { $0.storm?.recoverySeconds }),
+        TableColumn(header: "storm peak/s", value: { $0.storm?.peakHandshakesPerSecond }, integer: true),
+    ]
+
+    /// The benchmark table: one row per report, sizes ascending (reports of one size in
+    /// the order given). When some size has several reports (`BENCH_ROUNDS`), a second
+    /// table follows with each column's median per size: on a noisy machine one run per
+    /// size says little about how a figure grows with size.
     public static func table(_ reports: [LoadReport]) -> String {
-        let header = ["devices", "B/conn", "kernel B/conn", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs",
-                      "read p50 µs", "read p99 µs", "handshakes/s", "fan-out ev/s/core", "storm s", "storm peak/s", "result"]
-        var rows = [header]
-        for r in reports.sorted(by: { $0.setup.devices < $1.setup.devices }) {
-            rows.append([
-                "\(r.setup.devices)",
-                r.memory.serverBytesPerConnection.map { "\(Int($0.rounded()))" } ?? "-",
-                r.memory.kernelBytesPerConnection.map { "\(Int($0.rounded()))" } ?? "-",
-                r.push.map { format($0.latency.p50) } ?? "-",
-                r.push.map { format($0.latency.p90) } ?? "-",
-                r.push.map { format($0.latency.p99) } ?? "-",
-                r.push.map { format($0.latency.p999) } ?? "-",
-                r.push.map { format($0.latency.max) } ?? "-",
-                r.push?.readLatency.map { format($0.p50) } ?? "-",
-                r.push?.readLatency.map { format($0.p99) } ?? "-",
-                "\(Int(r.connections.handshakesPerSecond))",
-                r.fanout?.eventsPerCPUSecond.map { "\(Int($0))" } ?? "-",
-                r.storm.map { format($0.recoverySeconds) } ?? "-",
-                r.storm.map { "\(Int($0.peakHandshakesPerSecond))" } ?? "-",
-                r.passed ? "PASS" : "FAIL",
-            ])
+        let sorted = reports.enumerated()
+            .sorted { ($0.element.setup.devices, $0.offset) < ($1.element.setup.devices, $1.offset) }
+            .map(\.element)
+        var text = layout(sorted.map { report in
+            ["\(report.setup.devices)"] + tableColumns.map { cell($0.value(report), $0) } + [report.passed ? "PASS" : "FAIL"]
+        })
+        let sizes = Dictionary(grouping: sorted, by: \.setup.devices)
+        if sizes.values.contains(where: { $0.count > 1 }) {
+            text += "\nmedian per size:\n" + layout(sizes.keys.sorted().map { devices in
+                let group = sizes[devices]!
+                let passed = group.filter(\.passed).count
+                return ["\(devices)"] + tableColumns.map { column in cell(median(group.compactMap(column.value)), column) }
+                    + ["\(passed)/\(group.count) PASS"]
+            }, runs: true)
         }
+        return text
+    }
+
+    /// The middle value (the mean of the two middle ones for an even count); nil for none.
+    static func median(_ values: [Double]) -> Double? {
+        guard !values.isEmpty else { return nil }
+        let sorted = values.sorted()
+        let middle = sorted.count / 2
+        return sorted.count % 2 == 1 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2
+    }
+
+    private static func cell(_ value: Double?, _ column: TableColumn) -> String {
+        guard let value else { return "-" }
+        return column.integer ? "\(Int(value.rounded()))" : format(value)
+    }
+
+    /// Right-aligned columns under the header.
+    private static func layout(_ body: [[String]], runs: Bool = false) -> String {
+        let header = ["devices"] + tableColumns.map(\.header) + [runs ? "runs" : "result"]
+        let rows = [header] + body
         let widths = header.indices.map { column in rows.map { $0[column].count }.max() ?? 0 }
         return rows.map { row in
             zip(row, widths).map { cell, width in String(repeating: " ", count: width - cell.count) + cell }
