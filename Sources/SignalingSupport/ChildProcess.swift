@@ -15,8 +15,8 @@ public final class ChildProcess {
     }
 
     public let pid: pid_t
-    /// Our end of its stdin, when piped.
-    public let input: Int32
+    /// Our end of its stdin, when piped; -1 once `closeInput` closed it.
+    public private(set) var input: Int32
     /// Our end of its stdout, when piped.
     public let output: Int32
     public private(set) var exitStatus: Int32?
@@ -30,6 +30,15 @@ public final class ChildProcess {
     deinit {
         if input >= 0 { close(input) }
         if output >= 0 { close(output) }
+    }
+
+    /// Closes our end of its stdin (the child reads end-of-file), once: the descriptor
+    /// is forgotten, so `deinit` does not close the same number again, by then perhaps
+    /// another thread's socket.
+    public func closeInput() {
+        guard input >= 0 else { return }
+        close(input)
+        input = -1
     }
 
     public static func spawn(

@@ -89,7 +89,7 @@ struct NetworkChangeTests {
                                                    "--host", "10.77.0.1", "--port", "7443", "--user", "roamer", "--device", "phone"],
             pipeInput: true, stdout: .pipe, stderr: .discard)
         defer {
-            close(probe.input)
+            probe.closeInput()
             if probe.waitForExit(timeoutSeconds: 10) == nil { probe.send(signal: SIGKILL); _ = probe.waitForExit(timeoutSeconds: 5) }
         }
         let output = LineReader(descriptor: probe.output)

@@ -1,0 +1,28 @@
+import Testing
+@testable import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("Child processes")
+struct ChildProcessTests {
+    @Test("closing a child's stdin ends its input once; the descriptor number is not closed again later")
+    func closeInputClosesOnce() throws {
+        var child: ChildProcess? = try ChildProcess.spawn("/bin/cat", arguments: [], pipeInput: true, stdout: .discard, stderr: .discard)
+        let number = try #require(child?.input)
+        child?.closeInput()
+        #expect(child?.input == -1)
+        // cat reads end-of-file and exits.
+        #expect(child?.waitForExit(timeoutSeconds: 10) == 0)
+        // Another descriptor takes the freed number, as another thread's socket would
+        // (F_DUPFD: the lowest free number from `number` up, which is `number` itself);
+        // releasing the child must leave it alone.
+        let null = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        defer { close(null) }
+        let reused = fcntl(null, F_DUPFD_CLOEXEC, number)
+        defer { if reused >= 0 { close(reused) } }
+        #expect(reused == number)
+        child = nil
+        #expect(fcntl(reused, F_GETFD) != -1, "the child's release closed a descriptor it no longer owned")
+    }
+}
