@@ -1,5 +1,7 @@
 /// SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), small and dependency-free so the codec
-/// module stays pure Swift. Used only for credential tokens, never on a hot path.
+/// module stays pure Swift. Used for credential tokens: the server verifies one per
+/// handshake, which in a reconnect storm is tens of thousands a second, so the short
+/// messages of an HMAC are hashed without a heap allocation but the digest.
 public enum SHA256 {
     fileprivate static let k: [UInt32] = [
         0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -44,16 +46,17 @@ public enum SHA256 {
 
         public func authenticate(_ message: [UInt8]) -> [UInt8] {
             var innerHash = inner
-            innerHash.update(message)
             var outerHash = outer
-            outerHash.update(innerHash.finalize())
-            return outerHash.finalize()
+            return outerHash.finalize(appending: innerHash.finalize(appending: message))
         }
     }
 
     /// Incremental SHA-256 over 64-byte blocks, state kept inline (no heap).
     struct Hasher256: Sendable {
-        private var h = SIMD8<UInt32>(
+        /// The eight state words as plain scalars: kept as a SIMD8, the compiler carried
+        /// the rounds' rotating working variables in vector registers and shuffled them
+        /// every round.
+        private var h: (UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32) = (
             0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19)
         private var pending: [UInt8] = []
         private var length: UInt64 = 0
@@ -78,53 +81,88 @@ public enum SHA256 {
             if offset < bytes.count { pending += bytes[offset...] }
         }
 
-        mutating func finalize() -> [UInt8] {
+        /// The digest of everything so far and then `bytes`. Up to about two blocks of
+        /// pending and new bytes together are padded and hashed from one buffer on the
+        /// stack, without first gathering them in `pending` (an allocation for a short
+        /// message, as an HMAC's are).
+        mutating func finalize(appending bytes: [UInt8] = []) -> [UInt8] {
+            // The padding needs 9 bytes after the message, in at most two blocks.
+            guard pending.count + bytes.count <= 119 else {
+                update(bytes)
+                return finalize()
+            }
+            length &+= UInt64(bytes.count)
             let bitLength = length &* 8
-            var tail = pending
-            tail.append(0x80)
-            while tail.count % 64 != 56 { tail.append(0) }
-            for shift in stride(from: 56, through: 0, by: -8) { tail.append(UInt8(truncatingIfNeeded: bitLength >> UInt64(shift))) }
-            tail.withUnsafeBytes { raw in
-                for block in stride(from: 0, to: raw.count, by: 64) { compress(raw.baseAddress! + block) }
+            let used = pending.count + bytes.count
+            let blocks = used < 56 ? 1 : 2
+            let tail = pending
+            withUnsafeTemporaryAllocation(byteCount: 128, alignment: 8) { buffer in
+                buffer.initializeMemory(as: UInt8.self, repeating: 0)
+                tail.withUnsafeBytes { buffer.copyMemory(from: $0) }
+                bytes.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: buffer[tail.count...]).copyMemory(from: $0) }
+                buffer[used] = 0x80
+                buffer.storeBytes(of: bitLength.bigEndian, toByteOffset: blocks * 64 - 8, as: UInt64.self)
+                for block in 0..<blocks { compress(buffer.baseAddress! + block * 64) }
             }
-            var digest = [UInt8](repeating: 0, count: 32)
-            for index in 0..<8 {
-                let word = h[index]
-                digest[index * 4] = UInt8(truncatingIfNeeded: word >> 24)
-                digest[index * 4 + 1] = UInt8(truncatingIfNeeded: word >> 16)
-                digest[index * 4 + 2] = UInt8(truncatingIfNeeded: word >> 8)
-                digest[index * 4 + 3] = UInt8(truncatingIfNeeded: word)
+            let state = h
+            return [UInt8](unsafeUninitializedCapacity: 32) { digest, count in
+                let raw = UnsafeMutableRawBufferPointer(digest)
+                withUnsafeBytes(of: state) { words in
+                    for index in 0..<8 {
+                        let word = words.load(fromByteOffset: index * 4, as: UInt32.self)
+                        raw.storeBytes(of: word.bigEndian, toByteOffset: index * 4, as: UInt32.self)
+                    }
+                }
+                count = 32
             }
-            return digest
         }
 
         private mutating func compress(_ block: UnsafeRawPointer) {
-            withUnsafeTemporaryAllocation(of: UInt32.self, capacity: 64) { w in
-                for i in 0..<16 {
-                    let b = block + i * 4
-                    w[i] = UInt32(b.load(as: UInt8.self)) << 24 | UInt32(b.load(fromByteOffset: 1, as: UInt8.self)) << 16
-                        | UInt32(b.load(fromByteOffset: 2, as: UInt8.self)) << 8 | UInt32(b.load(fromByteOffset: 3, as: UInt8.self))
+            // The constants through a buffer pointer: no bounds check in the rounds.
+            SHA256.k.withUnsafeBufferPointer { k in
+                withUnsafeTemporaryAllocation(of: UInt32.self, capacity: 64) { w in
+                    for i in 0..<16 {
+                        w[i] = UInt32(bigEndian: block.loadUnaligned(fromByteOffset: i * 4, as: UInt32.self))
+                    }
+                    for i in 16..<64 {
+                        let s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3)
+                        let s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10)
+                        w[i] = w[i - 16] &+ s0 &+ w[i - 7] &+ s1
+                    }
+                    var (a, b, c, d, e, f, g, hh) = h
+                    // Eight rounds per pass, each naming the working variables in their
+                    // rotated order: no variable is moved from one to the next.
+                    var i = 0
+                    while i < 64 {
+                        round(a, b, c, &d, e, f, g, &hh, k[i] &+ w[i])
+                        round(hh, a, b, &c, d, e, f, &g, k[i + 1] &+ w[i + 1])
+                        round(g, hh, a, &b, c, d, e, &f, k[i + 2] &+ w[i + 2])
+                        round(f, g, hh, &a, b, c, d, &e, k[i + 3] &+ w[i + 3])
+                        round(e, f, g, &hh, a, b, c, &d, k[i + 4] &+ w[i + 4])
+                        round(d, e, f, &g, hh, a, b, &c, k[i + 5] &+ w[i + 5])
+                        round(c, d, e, &f, g, hh, a, &b, k[i + 6] &+ w[i + 6])
+                        round(b, c, d, &e, f, g, hh, &a, k[i + 7] &+ w[i + 7])
+                        i += 8
+                    }
+                    h = (h.0 &+ a, h.1 &+ b, h.2 &+ c, h.3 &+ d, h.4 &+ e, h.5 &+ f, h.6 &+ g, h.7 &+ hh)
                 }
-                for i in 16..<64 {
-                    let s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3)
-                    let s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10)
-                    w[i] = w[i - 16] &+ s0 &+ w[i - 7] &+ s1
-                }
-                var (a, b, c, d, e, f, g, hh) = (h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7])
-                for i in 0..<64 {
-                    let s1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)
-                    let ch = (e & f) ^ (~e & g)
-                    let t1 = hh &+ s1 &+ ch &+ SHA256.k[i] &+ w[i]
-                    let s0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)
-                    let maj = (a & b) ^ (a & c) ^ (b & c)
-                    let t2 = s0 &+ maj
-                    hh = g; g = f; f = e; e = d &+ t1; d = c; c = b; b = a; a = t1 &+ t2
-                }
-                h &+= SIMD8(a, b, c, d, e, f, g, hh)
             }
         }
 
-        private func rotr(_ x: UInt32, _ n: UInt32) -> UInt32 { (x >> n) | (x << (32 - n)) }
+        /// One round: `d` and `h` are the two words it changes.
+        @inline(__always)
+        private func round(
+            _ a: UInt32, _ b: UInt32, _ c: UInt32, _ d: inout UInt32,
+            _ e: UInt32, _ f: UInt32, _ g: UInt32, _ h: inout UInt32, _ constantAndWord: UInt32
+        ) {
+            let t1 = h &+ (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) &+ ((e & f) ^ (~e & g)) &+ constantAndWord
+            let t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) &+ ((a & b) ^ (a & c) ^ (b & c))
+            d = d &+ t1
+            h = t1 &+ t2
+        }
+
+        /// Masking shifts: the amounts are constants in 1...31.
+        private func rotr(_ x: UInt32, _ n: UInt32) -> UInt32 { (x &>> n) | (x &<< (32 &- n)) }
     }
 
 }
@@ -143,14 +181,21 @@ public enum AuthToken {
 
     public static func make(key: SHA256.HMACKey, userID: String) -> [UInt8] {
         let mac = key.authenticate(Array(userID.utf8))
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(64)
-        for byte in mac {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 0x0f)])
+        return [UInt8](unsafeUninitializedCapacity: 2 * mac.count) { out, count in
+            for (index, byte) in mac.enumerated() {
+                out[2 * index] = hexDigit(byte >> 4)
+                out[2 * index + 1] = hexDigit(byte & 0x0f)
+            }
+            count = 2 * mac.count
         }
-        return out
+    }
+
+    /// The lowercase hex digit of a nibble, without a branch or a table lookup (the MAC
+    /// is secret): 0x27 more for 10...15, the distance from '9' + 1 to 'a'.
+    @inline(__always)
+    static func hexDigit(_ nibble: UInt8) -> UInt8 {
+        let above9 = UInt8(bitPattern: Int8(bitPattern: 9 &- nibble) >> 7)  // 0xff when nibble > 9
+        return 0x30 &+ nibble &+ (above9 & 0x27)
     }
 
     /// Compares in time independent of where the first difference is.
@@ -159,10 +204,14 @@ public enum AuthToken {
     }
 
     public static func verify(_ presented: [UInt8], key: SHA256.HMACKey, userID: String) -> Bool {
-        let expected = make(key: key, userID: userID)
-        guard presented.count == expected.count else { return false }
+        let mac = key.authenticate(Array(userID.utf8))
+        guard presented.count == 2 * mac.count else { return false }
+        // Each presented digit against the MAC's, computed in place: no token is built.
         var difference: UInt8 = 0
-        for (a, b) in zip(presented, expected) { difference |= a ^ b }
+        for (index, byte) in mac.enumerated() {
+            difference |= presented[2 * index] ^ hexDigit(byte >> 4)
+            difference |= presented[2 * index + 1] ^ hexDigit(byte & 0x0f)
+        }
         return difference == 0
     }
 }

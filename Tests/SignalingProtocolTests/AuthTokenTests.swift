@@ -33,6 +33,20 @@ struct AuthTokenTests {
         }
     }
 
+    @Test("finishing with appended bytes equals updating with them first, at every length around the block edges")
+    func finalizeAppending() {
+        let message = (0..<200).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 5) }
+        for pendingCount in [0, 1, 30, 55, 56, 63] {
+            for appended in [0, 1, 8, 54, 55, 56, 57, 63, 64, 65, 70, 119, 120, 137] {
+                var split = SHA256.Hasher256()
+                split.update(Array(message[..<pendingCount]))
+                let appendedDigest = split.finalize(appending: Array(message[pendingCount..<(pendingCount + appended)]))
+                #expect(appendedDigest == SHA256.hash(Array(message[..<(pendingCount + appended)])),
+                        "\(pendingCount) pending, \(appended) appended")
+            }
+        }
+    }
+
     @Test("HMAC-SHA256 matches RFC 4231 test cases 2 and 6")
     func hmacVectors() {
         #expect(hex(SHA256.hmac(key: Array("Jefe".utf8), message: Array("what do ya want for nothing?".utf8)))
@@ -41,6 +55,17 @@ struct AuthTokenTests {
         let message = Array("Test Using Larger Than Block-Size Key - Hash Key First".utf8)
         #expect(hex(SHA256.hmac(key: longKey, message: message))
             == "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54")
+    }
+
+    @Test("hex digits of every nibble, and tokens are lowercase hex of the MAC")
+    func hexDigits() {
+        #expect((0...15).map { AuthToken.hexDigit(UInt8($0)) } == Array("0123456789abcdef".utf8))
+        let mac = SHA256.hmac(key: Array("s3cret".utf8), message: Array("alice".utf8))
+        #expect(AuthToken.make(secret: "s3cret", userID: "alice") == Array(hex(mac).utf8))
+        // A token that differs in its last digit only is refused.
+        var token = AuthToken.make(secret: "s3cret", userID: "alice")
+        token[63] = token[63] == UInt8(ascii: "0") ? UInt8(ascii: "1") : UInt8(ascii: "0")
+        #expect(!AuthToken.verify(token, secret: "s3cret", userID: "alice"))
     }
 
     @Test("tokens verify for their user only")
