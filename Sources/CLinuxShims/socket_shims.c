@@ -80,6 +80,10 @@ int shim_accept(int listen_fd, uint64_t *address_hash) {
 
 int shim_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
+int shim_cloexec_pipe(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+
+int shim_accept_cloexec(int listen_fd) { return accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC); }
+
 void shim_eventfd_signal(int fd) {
     uint64_t one = 1;
     ssize_t ignored = write(fd, &one, sizeof one);

@@ -1,3 +1,4 @@
+import CLinuxShims
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -52,12 +53,12 @@ public final class ChildProcess {
         defer { for fd in childEnds { close(fd) } }
         func makePipe() throws(SystemError) -> (read: Int32, write: Int32) {
             var fds: [Int32] = [-1, -1]
-            guard Glibc.pipe(&fds) == 0 else {
+            // Close-on-exec from the start, so no other child (a restarted server, or a
+            // process another thread spawns meanwhile) inherits them.
+            guard shim_cloexec_pipe(&fds) == 0 else {
                 for fd in parentEnds { close(fd) }
                 throw SystemError("pipe", errno)
             }
-            // Close-on-exec, so no other child (a restarted server) inherits them.
-            for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
             return (fds[0], fds[1])
         }
 

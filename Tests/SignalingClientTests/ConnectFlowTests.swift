@@ -273,7 +273,7 @@ final class ReservedPort {
     let port: UInt16
 
     init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         let address = try SocketAddress.resolve(host: "127.0.0.1", port: 0)[0]
         guard address.withSockaddr({ bind(fd, $0, $1) }) == 0 else { close(fd); throw FixtureError("bind: \(errno)") }
         descriptor = fd

@@ -6,6 +6,15 @@ import Glibc
 
 @Suite("Child processes")
 struct ChildProcessTests {
+    @Test("our ends of a child's pipes are close-on-exec, so no later child inherits them")
+    func pipesAreCloseOnExec() throws {
+        let child = try ChildProcess.spawn("/bin/cat", arguments: [], pipeInput: true, stdout: .pipe, stderr: .discard)
+        #expect(fcntl(child.input, F_GETFD) & FD_CLOEXEC != 0)
+        #expect(fcntl(child.output, F_GETFD) & FD_CLOEXEC != 0)
+        child.closeInput()
+        #expect(child.waitForExit(timeoutSeconds: 10) == 0)
+    }
+
     @Test("closing a child's stdin ends its input once; the descriptor number is not closed again later")
     func closeInputClosesOnce() throws {
         var child: ChildProcess? = try ChildProcess.spawn("/bin/cat", arguments: [], pipeInput: true, stdout: .discard, stderr: .discard)

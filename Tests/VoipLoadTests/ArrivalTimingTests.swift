@@ -11,7 +11,7 @@ import Glibc
 @Suite struct ArrivalTimingTests {
     /// A connected loopback TCP pair (client, accepted server end).
     private func loopbackPair() throws -> (Int32, Int32) {
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         try #require(listener >= 0)
         defer { close(listener) }
         var address = SocketCalls.socketAddress((127 << 24) | 1, port: 0)
@@ -22,7 +22,7 @@ import Glibc
             }
         }
         try #require(bound)
-        let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         let connected = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(client, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }

@@ -23,6 +23,13 @@ int shim_accept(int listen_fd, uint64_t *address_hash);
 
 /// Non-blocking, close-on-exec eventfd for cross-thread wake-ups.
 int shim_eventfd(void);
+
+/// pipe2(fds, O_CLOEXEC): a pipe no child inherits, not even one spawned by another
+/// thread a moment later (Swift's Glibc module does not export pipe2). 0 or -1 (errno).
+int shim_cloexec_pipe(int fds[2]);
+
+/// accept4 with SOCK_CLOEXEC only (a blocking socket, for test fixtures and tools).
+int shim_accept_cloexec(int listen_fd);
 /// Adds one to an eventfd / drains it.
 void shim_eventfd_signal(int fd);
 void shim_eventfd_drain(int fd);

@@ -1,3 +1,4 @@
+import CLinuxShims
 import Foundation
 import SignalingProtocol
 import SignalingSupport
@@ -44,7 +45,8 @@ final class ScriptedServer: @unchecked Sendable {
     /// Accepts the next connection.
     func accept(within timeout: Duration = .seconds(5)) throws -> PeerConnection {
         guard waitReadable(descriptor, timeout) else { throw FixtureError("no connection within \(timeout)") }
-        let fd = Glibc.accept(descriptor, nil, nil)
+        // Close-on-exec: tests on other threads spawn processes, which must not hold it.
+        let fd = shim_accept_cloexec(descriptor)
         guard fd >= 0 else { throw FixtureError("accept: \(errno)") }
         return PeerConnection(descriptor: fd)
     }

@@ -1,3 +1,4 @@
+import CLinuxShims
 import Foundation
 import SignalingSupport
 @testable import SignalingClient
@@ -85,7 +86,8 @@ final class TCPRelay: @unchecked Sendable {
             lock.lock(); let done = stopped; lock.unlock()
             if done { return }
             guard waitReadable(listener.descriptor, .milliseconds(100)) else { continue }
-            let fd = accept(listener.descriptor, nil, nil)
+            // Close-on-exec: tests on other threads spawn processes, which must not hold it.
+            let fd = shim_accept_cloexec(listener.descriptor)
             guard fd >= 0 else { continue }
             lock.lock()
             let hold = paused
@@ -96,7 +98,7 @@ final class TCPRelay: @unchecked Sendable {
     }
 
     private func forward(_ clientFD: Int32) {
-        let serverFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let serverFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         lock.lock()
         let target = upstreamPort
         lock.unlock()

@@ -27,7 +27,7 @@ final class TestClient {
     /// so that TCP keeps flowing through the small window instead of crawling): the
     /// server's writes to this client then stop part-way as soon as it stops reading.
     init(port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(errno)") }
         if var window = receiveWindow {
             var segment = max(536, window / 8)
