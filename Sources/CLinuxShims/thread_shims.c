@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "thread_shims.h"
+#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>
@@ -23,4 +24,8 @@ int shim_pin_thread(unsigned long thread, int cpu) {
 int shim_configured_cpus(void) {
     long count = sysconf(_SC_NPROCESSORS_CONF);
     return count > 0 ? (int)count : 1;
+}
+
+unsigned long shim_malloc_usable_size(void *pointer) {
+    return (unsigned long)malloc_usable_size(pointer);
 }

@@ -329,6 +329,47 @@ struct DurabilityTests {
         #expect(try bob.nextEvent().seq == reserved + 1)
     }
 
+    @Test("after a crash, numbers reserved but never used are not pending: a device with a grown reservation still takes messages")
+    func reservedNumbersAreNotPendingAfterACrash() throws {
+        let store = ModelEventStore()
+        let clock = ManualClock()
+        let window = SwitchboardState.reservationWindow
+        let limit = 100
+        let sent = Int(window) + 6
+        let session: SessionID
+        do {
+            let server = try TestServer(store: store, clock: clock) { $0.maxPendingEvents = limit }
+            let (alice, bob, bobSession) = try connectStored(server, store)
+            session = bobSession
+            // Bob (connected, reading, acknowledging nothing) outruns his reservation while commits are slow, so it grows to 2 windows.
+            store.delayCommits(by: .milliseconds(300))
+            for index in 1...sent { try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob"))) }
+            for index in 1...sent { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(20)).isOK) }
+            for expected in 1...UInt64(sent) { #expect(try bob.nextEvent().seq == expected) }
+            store.delayCommits(by: .zero)
+            try server.waitFor("the wider reservation to be committed") { _ in
+                (try? store.loadSnapshot().devices.first { $0.userID == "bob" }?.lastSeq).flatMap { $0 } ?? 0 > UInt64(limit)
+            }
+            // The crash: bob acknowledged nothing, and nothing more is committed.
+            store.failCommits(with: StoreError(.io, "the server is about to crash"))
+        }
+        store.failCommits(with: nil)
+        let stored = try #require(try store.loadSnapshot().devices.first { $0.userID == "bob" })
+        #expect(stored.events.count == sent && stored.lastSeq > UInt64(limit))
+        #expect(stored.lastSeq <= UInt64(sent) + 2 * window, "a reservation reaches one (grown) window past the last number assigned")
+
+        // More numbers are reserved than --max-pending allows events, yet only the stored
+        // events are pending: carol's message is accepted.
+        let server = try TestServer(store: store, clock: clock) { $0.maxPendingEvents = limit }
+        let (carol, _) = try server.connect(user: "carol")
+        #expect(try carol.request(1, message("from carol", to: "bob")).isOK)
+        let bob = try server.client()
+        let welcome = try bob.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 0))
+        #expect(welcome.ackedSeq == 0 && welcome.lastSeq == stored.lastSeq + 1)
+        for expected in 1...UInt64(sent) { #expect(try bob.nextEvent().seq == expected) }
+        #expect(try bob.nextEvent().seq == stored.lastSeq + 1, "carol's message comes after the reserved numbers")
+    }
+
     @Test("messages for a user with no device yet are kept across a restart and delivered in order")
     func heldAcrossRestart() throws {
         let store = ModelEventStore()

@@ -1,6 +1,7 @@
 import Foundation
 import SignalingProtocol
 import SignalingSupport
+import CLinuxShims
 import Testing
 @testable import SignalingServer
 
@@ -69,7 +70,7 @@ struct TimingTests {
         #expect(all == 10_000)
     }
 
-    @Test("an event queue keeps sequence numbers contiguous and frees its buffer when empty")
+    @Test("an event queue numbers events in order and frees its buffer when empty")
     func eventQueue() {
         var queue = EventQueue(nextSeq: 1)
         let event = QueuedEvent(.callRang(callID: "c", device: "d"), createdAt: 0)
@@ -79,11 +80,38 @@ struct TimingTests {
         var removed: [UInt64] = []
         queue.removeThrough(3) { seq, _ in removed.append(seq) }
         #expect(removed == [1, 2, 3])
-        #expect(queue.firstSeq == 4 && queue.count == 2 && queue.lastSeq == 5)
+        #expect(queue.ackedSeq == 3 && queue.count == 2 && queue.lastSeq == 5)
         #expect(queue.event(3) == nil && queue.event(4) === event)
         queue.removeThrough(5) { _, _ in }
         #expect(queue.isEmpty && queue.lastSeq == 5)
         #expect(queue.append(event) == 6)
+    }
+
+    @Test("a device record fits a 128-byte heap block (a million idle devices cost 128 MB, not 144)")
+    func deviceRecordSize() {
+        let record = DeviceRecord(userID: "u", deviceID: "d", sessionID: SessionID(high: 1, low: 2))
+        let usable = shim_malloc_usable_size(Unmanaged.passUnretained(record).toOpaque())
+        #expect(usable <= 120, "malloc's 8-byte header plus \(usable) usable bytes")
+    }
+
+    @Test("holes in an event queue cost nothing: only real events are pending, and skipped numbers count as acknowledged")
+    func eventQueueHoles() {
+        var queue = EventQueue(nextSeq: 6001)
+        let event = QueuedEvent(.callRang(callID: "c", device: "d"), createdAt: 0)
+        for seq: UInt64 in [6001, 6002, 6005] { queue.append(event, as: seq) }
+        queue.skip(through: 65_610)  // a restart after a large reservation
+        #expect(queue.count == 3 && queue.lastSeq == 65_610 && queue.ackedSeq == 6000)
+        #expect(queue.append(event) == 65_611)
+        #expect(queue.count == 4)
+        var after: [UInt64] = []
+        queue.forEach(after: 6002) { seq, _ in after.append(seq); return true }
+        #expect(after == [6005, 65_611])
+        #expect(queue.event(6003) == nil && queue.event(6005) === event)
+        // Acknowledging into a hole acknowledges the hole.
+        queue.removeThrough(6003) { _, _ in }
+        #expect(queue.ackedSeq == 6004 && queue.count == 2)
+        queue.removeThrough(65_611) { _, _ in }
+        #expect(queue.isEmpty && queue.ackedSeq == 65_611)
     }
 }
 

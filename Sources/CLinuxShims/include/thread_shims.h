@@ -12,6 +12,11 @@ void shim_name_thread(unsigned long thread, const char *name);
 /// (EINVAL: no such CPU, or not one this process may use).
 int shim_pin_thread(unsigned long thread, int cpu);
 
+/// Bytes malloc actually gave the block at `pointer` (glibc's malloc_usable_size, whose
+/// header Swift does not import): how tests check that a per-device object stays within
+/// the heap block its memory budget assumes.
+unsigned long shim_malloc_usable_size(void *pointer);
+
 /// CPUs the system has configured (online or not): valid CPU numbers are below this.
 int shim_configured_cpus(void);
 

@@ -285,8 +285,24 @@ extension EventLoop {
         }
         // The reply goes out before any event the request caused for this same connection
         // (those are written when the dirty list is flushed, after this callback).
-        if let reply { send(reply, to: slot) }
+        if let reply {
+            send(reply, to: slot)
+            if case .error(_, let code, let message) = reply, code == .recipientBacklogFull {
+                logRefusal(code, message, sender: device, on: ref)
+            }
+        }
         apply(effects)
+    }
+
+    /// A request refused because of somebody's backlog is worth an operator's attention
+    /// (a device that never acknowledges, or a sender flooding it), but a flood of them
+    /// must not flood the log: one warn line per second per loop, with the count dropped.
+    private func logRefusal(_ code: ErrorCode, _ message: String, sender: DeviceRecord, on ref: ConnectionRef) {
+        guard let suppressed = refusalLogThrottle.admit(atSecond: nowSeconds) else { return }
+        context.logger.warning("request_refused", [
+            "conn": ref, "user": sender.userID, "device": sender.deviceID, "code": code.rawValue, "detail": message,
+            "suppressed": suppressed,
+        ])
     }
 
     /// The peer closed or the socket failed.

@@ -66,6 +66,8 @@ final class EventLoop: @unchecked Sendable {
     let decoder: FrameDecoder
     /// Cached once per callback: the current time on the server's second timeline.
     var nowSeconds: UInt32 = 0
+    /// Paces the warn lines of refused requests (`logRefusal`).
+    var refusalLogThrottle = LogThrottle()
 
     var listenFD: Int32
     private var listenEvent: OpaquePointer?

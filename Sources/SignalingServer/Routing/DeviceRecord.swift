@@ -36,9 +36,11 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
 /// references to records (a connection knows its device) but read or write them only
 /// inside `Switchboard.withState`. That is why the class can be marked Sendable.
 ///
-/// Memory: one of these exists per device, so it is kept to 118 bytes (with malloc's
-/// 8-byte header, a 128-byte heap block; declaration order matters for the padding): no optionals that widen fields, times in 32-bit seconds, the per-connection
-/// write position kept by the connection instead.
+/// Memory: one of these exists per device, so it is kept to 119 bytes, which malloc serves
+/// from a 128-byte block (checked by a test). Declaration order matters: Swift does not
+/// pack a field into the padding of the one before, so the 8-byte fields come first. No
+/// optionals that widen fields, times in 32-bit seconds, positions relative to `lastSeq`
+/// in 32 bits, the per-connection write position kept by the connection instead.
 final class DeviceRecord: @unchecked Sendable {
     let userID: String
     let deviceID: String
@@ -47,19 +49,19 @@ final class DeviceRecord: @unchecked Sendable {
     var next: DeviceRecord?
     /// The current session; a resume must name it.
     var sessionID: SessionID
-    var queue: EventQueue
+    /// The unacknowledged events. Appended to through `append`, which keeps `writableSeq`.
+    private(set) var queue: EventQueue
+    private var connectionBits: UInt64 = 0
     /// Seconds (switchboard timeline) when the device last lost its connection, or 0.
     var disconnectedSecond: UInt32 = 0
-    /// Every event ≤ this may be written to the device: it is committed to the store, or
-    /// needs no commit, or was released to the live connection before its commit
-    /// (`Delivery.immediate`).
-    var writableSeq: UInt64
-    private var connectionBits: UInt64 = 0
+    /// `lastSeq - writableSeq`: at most the events appended since the last one made
+    /// writable, so bounded by `--max-pending` and kept in 32 bits.
+    private var unwritable: UInt32 = 0
     /// How many numbers after `lastSeq` the store has reserved for this device (committed
     /// `StoreChange.reserveSequence`s): the next event may go to the connected device
     /// before its own commit only while this is positive, because a restarted server never
     /// hands out reserved numbers again. Kept relative to `lastSeq` in 32 bits (a window
-    /// is at most 65,536) so that the record stays in its heap block.
+    /// is at most 65,536).
     var reservedAhead: UInt32 = 0
     /// The device's reservation window is `SwitchboardState.reservationWindow << this`: it
     /// grows each time events outrun the reservation (a device that receives thousands of
@@ -67,13 +69,47 @@ final class DeviceRecord: @unchecked Sendable {
     var reservationScale: UInt8 = 0
     /// A wake-up for `connection` is already on its way; further events need none.
     var wakePending = false
+    /// A reservation made when events outran the window is not committed yet: until it is,
+    /// more events beyond the reservation do not grow the window again (else one burst
+    /// would double it once per event, up to the maximum, and a crash would skip that many).
+    var reservationGrowing = false
 
     init(userID: String, deviceID: String, sessionID: SessionID, nextSeq: UInt64 = 1) {
         self.userID = userID
         self.deviceID = deviceID
         self.sessionID = sessionID
         self.queue = EventQueue(nextSeq: nextSeq)
-        self.writableSeq = nextSeq - 1
+    }
+
+    /// Every event ≤ this may be written to the device: it is committed to the store, or
+    /// needs no commit, or was released to the live connection before its commit
+    /// (`Delivery.immediate`). Never above `lastSeq`.
+    var writableSeq: UInt64 {
+        get { lastSeq - UInt64(unwritable) }
+        set {
+            precondition(newValue <= lastSeq, "writable beyond the last event")
+            unwritable = UInt32(lastSeq - newValue)
+        }
+    }
+
+    /// Queues `event` under the next number, not yet writable, and returns the number.
+    func append(_ event: QueuedEvent) -> UInt64 {
+        unwritable += 1
+        return queue.append(event)
+    }
+
+    /// Rebuilds the stored queue at start: `events` under their stored numbers, then the
+    /// numbers handed out or reserved through `lastSeq`, which are never handed out again.
+    /// Everything is writable (a restarted server has committed all it knows).
+    func restore(_ events: some Sequence<(seq: UInt64, event: QueuedEvent)>, through lastSeq: UInt64) {
+        for (seq, event) in events where seq > queue.lastSeq { queue.append(event, as: seq) }
+        queue.skip(through: lastSeq)
+        unwritable = 0
+    }
+
+    /// Drops every event numbered ≤ `seq` (acknowledged), handing each to `body` first.
+    func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
+        queue.removeThrough(seq, body)
     }
 
     /// Everything ≤ this has been acknowledged by the device.

@@ -1,60 +1,93 @@
 /// A device's unacknowledged events, in sequence order.
 ///
-/// Sequence numbers are contiguous: the queue holds exactly the events numbered
-/// `firstSeq ..< firstSeq + count`, so finding "everything after n" is arithmetic. An empty
-/// queue holds no allocation, which matters with a million idle devices.
+/// Numbers only grow, but not every number has an event behind it: a restarted server
+/// continues after the numbers it had reserved for the device (up to 65,536 of them), and
+/// a stored queue may have holes. So each entry carries its own number and a hole costs
+/// nothing: `count` is the number of real events, which is what `--max-pending` limits
+/// and what logs and wake-ups report. (Numbers used to be implied by position, and a
+/// restart filled every reserved number with a placeholder that counted as pending: a
+/// device could come back "full" and refuse every message for good.)
+///
+/// Cost: 16 bytes per queued event; finding "the events after n" is a binary search; an
+/// empty queue holds no allocation, which matters with a million idle devices.
+///
+/// Numbers without an event count as acknowledged: `ackedSeq` is the number before the
+/// oldest queued event (or `lastSeq` when nothing is queued).
 struct EventQueue {
-    private var storage: [QueuedEvent] = []
-    /// The sequence number of the oldest queued event (when the queue is not empty); in
-    /// any case everything before it is acknowledged.
-    private(set) var firstSeq: UInt64
+    private var entries: [(seq: UInt64, event: QueuedEvent)] = []
     private var head: UInt32 = 0
+    /// The highest sequence number ever assigned (or skipped) in this queue.
+    private(set) var lastSeq: UInt64
 
+    /// A queue whose first event will be numbered `nextSeq`.
     init(nextSeq: UInt64) {
-        firstSeq = nextSeq
+        lastSeq = nextSeq &- 1
     }
 
-    var count: Int { storage.count - Int(head) }
+    var count: Int { entries.count - Int(head) }
     var isEmpty: Bool { count == 0 }
-    /// The highest sequence number ever assigned in this queue.
-    var lastSeq: UInt64 { firstSeq &+ UInt64(count) &- 1 }
-    /// Everything ≤ this is acknowledged.
-    var ackedSeq: UInt64 { firstSeq - 1 }
+    /// Everything ≤ this is acknowledged (or has no event).
+    var ackedSeq: UInt64 { isEmpty ? lastSeq : entries[Int(head)].seq - 1 }
 
-    /// Appends `event` and returns its sequence number.
+    /// Appends `event` under the next number and returns that number.
     mutating func append(_ event: QueuedEvent) -> UInt64 {
-        storage.append(event)
+        lastSeq += 1
+        entries.append((lastSeq, event))
         return lastSeq
     }
 
-    /// Makes an empty queue continue after `seq` (numbers a restarted server must not hand
-    /// out again, with no events behind them).
+    /// Appends `event` under `seq`, which must be above `lastSeq` (the numbers between
+    /// stay holes). For rebuilding a stored queue.
+    mutating func append(_ event: QueuedEvent, as seq: UInt64) {
+        precondition(seq > lastSeq, "sequence numbers only grow")
+        lastSeq = seq
+        entries.append((seq, event))
+    }
+
+    /// Makes the queue continue after `seq`: numbers a restarted server must not hand out
+    /// again, with no events behind them.
     mutating func skip(through seq: UInt64) {
-        precondition(isEmpty, "skipping numbers of a queue that holds events")
-        firstSeq = max(firstSeq, seq &+ 1)
+        lastSeq = max(lastSeq, seq)
     }
 
     /// Drops every event numbered ≤ `seq`, handing each to `body` first.
     mutating func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
-        while Int(head) < storage.count && firstSeq <= seq {
-            body(firstSeq, storage[Int(head)])
+        while Int(head) < entries.count && entries[Int(head)].seq <= seq {
+            let entry = entries[Int(head)]
+            body(entry.seq, entry.event)
             head += 1
-            firstSeq += 1
         }
-        if Int(head) == storage.count {
-            storage = []  // release the buffer entirely: idle devices hold no memory
+        if Int(head) == entries.count {
+            entries = []  // release the buffer entirely: idle devices hold no memory
             head = 0
-            if firstSeq <= seq { firstSeq = seq + 1 }  // acknowledging a gap left by a restart
-        } else if head >= 64 && Int(head) * 2 >= storage.count {
-            storage.removeFirst(Int(head))
+        } else if head >= 64 && Int(head) * 2 >= entries.count {
+            entries.removeFirst(Int(head))
             head = 0
         }
     }
 
-    /// The event numbered `seq`, or nil when it is not queued (acknowledged, or not yet
-    /// assigned).
+    /// Hands `body` the queued events numbered after `seq`, in order, while it returns
+    /// true.
+    func forEach(after seq: UInt64, _ body: (UInt64, QueuedEvent) -> Bool) {
+        // Binary search for the first entry after `seq`.
+        var low = Int(head), high = entries.count
+        while low < high {
+            let middle = (low + high) / 2
+            if entries[middle].seq <= seq { low = middle + 1 } else { high = middle }
+        }
+        for index in low..<entries.count {
+            guard body(entries[index].seq, entries[index].event) else { return }
+        }
+    }
+
+    /// The event numbered `seq`, or nil when none is queued under it (acknowledged, a
+    /// hole, or not yet assigned).
     func event(_ seq: UInt64) -> QueuedEvent? {
-        guard seq >= firstSeq && seq <= lastSeq else { return nil }
-        return storage[Int(head) + Int(seq - firstSeq)]
+        var found: QueuedEvent?
+        forEach(after: seq &- 1) { number, event in
+            if number == seq { found = event }
+            return false
+        }
+        return found
     }
 }

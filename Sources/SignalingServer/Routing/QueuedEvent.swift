@@ -14,7 +14,7 @@ final class QueuedEvent: @unchecked Sendable {
     /// Wall-clock creation time (ms), for storage.
     let createdAt: UInt64
     /// Never written to a device: its message was refused after all (store failure), or it
-    /// fills a sequence number that a restarted server no longer has an event for.
+    /// fills an ordinal of a user's held messages that a restarted server no longer has.
     var isCancelled = false
 
     init(_ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64) {
@@ -29,8 +29,9 @@ final class QueuedEvent: @unchecked Sendable {
         self.createdAt = createdAt
     }
 
-    /// A cancelled event that only occupies a sequence number. One instance serves every
-    /// queue (a restarted server may fill many numbers; each costs a pointer, no object).
+    /// A cancelled event that only occupies an ordinal among a user's held messages. One
+    /// instance serves every list (each hole costs a pointer, no object). Device queues
+    /// need none: their holes cost nothing (`EventQueue`).
     static let placeholder: QueuedEvent = {
         let event = QueuedEvent(encoded: EncodedEvent(type: .callRang, body: []), receipt: nil, createdAt: 0)
         event.isCancelled = true

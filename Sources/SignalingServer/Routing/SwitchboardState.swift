@@ -318,7 +318,7 @@ struct SwitchboardState {
         // Whether this event's number is reserved (see `DeviceRecord.reservedAhead`).
         let reserved = device.reservedAhead > 0
         if reserved { device.reservedAhead -= 1 }
-        let seq = device.queue.append(event)
+        let seq = device.append(event)
         counters.eventsQueued += 1
         if journaling {
             unit.add(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
@@ -327,8 +327,9 @@ struct SwitchboardState {
                 createdAt: event.createdAt)))
             let mayGoEarly = device.connection != nil && releasesBeforeCommit
             if mayGoEarly {
-                if !reserved && device.reservationScale < Self.maximumReservationScale {
+                if !reserved && !device.reservationGrowing && device.reservationScale < Self.maximumReservationScale {
                     device.reservationScale += 1  // outrun: reserve further ahead from now on
+                    device.reservationGrowing = true
                     reserve(device, through: seq + reservationWindow(of: device))
                 } else if seq % (reservationWindow(of: device) / 4) == 0 {
                     reserve(device, through: seq + reservationWindow(of: device))
@@ -372,6 +373,7 @@ struct SwitchboardState {
 
     /// A reservation is committed.
     mutating func confirmReservation(_ device: DeviceRecord, through: UInt64) {
+        device.reservationGrowing = false
         guard through > device.lastSeq else { return }
         device.reservedAhead = max(device.reservedAhead, UInt32(clamping: through - device.lastSeq))
     }
@@ -426,15 +428,24 @@ struct SwitchboardState {
         guard device.connection == connection else { return nil }
         device.wakePending = false
         var position = max(sentSeq, device.ackedSeq)
+        let writable = device.writableSeq
         var handed = 0
-        while position < device.writableSeq && handed < limit, let event = device.queue.event(position + 1) {
-            position += 1
+        var full = false
+        device.queue.forEach(after: position) { seq, event in
+            guard seq <= writable else { return false }
+            guard handed < limit else {
+                full = true
+                return false
+            }
+            position = seq
             if !event.isCancelled {
-                body(position, event)
+                body(seq, event)
                 handed += 1
             }
+            return true
         }
-        return position
+        // Every event up to `writable` was handed over: the numbers left are holes.
+        return full ? position : max(position, writable)
     }
 
     /// A cumulative ACK from the device's live connection.
@@ -450,7 +461,7 @@ struct SwitchboardState {
     private mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) {
         guard seq > device.ackedSeq else { return }
         var receipts: [DeliveryReceipt] = []
-        device.queue.removeThrough(seq) { _, event in
+        device.removeThrough(seq) { _, event in
             if let receipt = event.receipt, !event.isCancelled { receipts.append(receipt) }
         }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
@@ -583,19 +594,14 @@ struct SwitchboardState {
             let device = DeviceRecord(
                 userID: stored.userID, deviceID: stored.deviceID, sessionID: stored.sessionID,
                 nextSeq: stored.ackedSeq + 1)
-            for event in stored.events where event.seq > device.lastSeq {
-                guard let type = FrameType(rawValue: event.type) else { continue }
-                while device.lastSeq + 1 < event.seq { _ = device.queue.append(.placeholder) }
-                _ = device.queue.append(Self.queuedEvent(event, type: type))
-            }
             // Numbers handed out (or reserved) before the restart are never handed out
-            // again. An empty queue just starts after them; a non-empty one fills them.
-            if device.queue.isEmpty {
-                device.queue.skip(through: stored.lastSeq)
-            } else {
-                while device.lastSeq < stored.lastSeq { _ = device.queue.append(.placeholder) }
-            }
-            device.writableSeq = device.lastSeq
+            // again; those with no stored event are holes, which cost nothing and are not
+            // pending.
+            device.restore(
+                stored.events.lazy.compactMap { event in
+                    FrameType(rawValue: event.type).map { (event.seq, Self.queuedEvent(event, type: $0)) }
+                },
+                through: stored.lastSeq)
             device.reservedAhead = 0  // the reservation ends at `stored.lastSeq`
             device.disconnectedSecond = nowSecond &- age(stored.lastSeen)
             addDevice(device)
