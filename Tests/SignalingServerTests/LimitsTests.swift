@@ -46,32 +46,6 @@ struct LimitsTests {
         _ = try server.client(sourceAddress: "127.0.0.1").hello(user: "again")
     }
 
-    @Test("a client that never reads is disconnected once too much waits for it; its events stay pending")
-    func slowConsumer() throws {
-        let server = try TestServer {
-            $0.maxFrameLength = 1024
-            $0.maxQueuedBytes = 4096
-        }
-        let (alice, _) = try server.connect(user: "alice")
-        let reader = try TestClient(port: server.port)
-        var small: Int32 = 4096
-        setsockopt(reader.fd, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(MemoryLayout<Int32>.size))
-        let welcome = try reader.hello(user: "bob")
-        _ = try alice.request(1, .messageSend(OutgoingMessage(messageID: "m1", recipient: "bob", contentType: "t", body: [1])))
-        // Flood PINGs without reading a single PONG, until the server gives up on us.
-        let pings = (0..<2000).flatMap { _ in FrameEncoder.encode(.ping) }
-        let deadline = SystemClock().now() + .seconds(60)
-        while server.server.statistics.slowConsumerCloses == 0 && SystemClock().now() < deadline {
-            do { try reader.sendRaw(pings) } catch { break }  // cut off mid-flood
-        }
-        try server.waitFor("the slow consumer to be cut off", timeout: .seconds(30)) { $0.slowConsumerCloses == 1 }
-        // The message it never acknowledged is still there for its next connection.
-        let again = try server.client()
-        #expect(try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: 0)).resumed)
-        guard case .message(let message) = try again.nextEvent().event else { Issue.record("event lost"); return }
-        #expect(message.messageID == "m1")
-    }
-
     @Test("shutdown tells every client to go away and when to come back")
     func shutdownDrains() throws {
         let clock = ManualClock()

@@ -34,8 +34,13 @@ public struct ServerConfiguration: Sendable {
     /// How long message ids are remembered for de-duplication, and how many at most.
     public var dedupWindow: Duration = .seconds(86_400)
     public var dedupCapacity = 1_000_000
-    /// Bytes that may wait for a client that does not read before it is disconnected.
+    /// Bytes of replies that may wait for a client that does not read before the server
+    /// stops reading its requests (events wait in the device's queue instead: at most
+    /// `min(64 KiB, this)` plus one frame of them is ever encoded ahead of the socket).
     public var maxQueuedBytes = 1 << 20
+    /// A client that reads nothing for this long while bytes wait for it is closed with
+    /// CLOSE slowConsumer (its events stay pending for the resume).
+    public var slowConsumerTimeout: Duration = .seconds(30)
     /// Connections allowed from one IP address (carrier NAT puts many phones behind one).
     public var maxConnectionsPerAddress = 10_000
     /// Handshakes admitted per second (with a burst of the same size); 0 = unlimited.

@@ -40,7 +40,8 @@ public enum ServerOptions {
             OptionSpec("commit-interval", value: "MILLISECONDS", default: "2", help: "How long the store writer gathers operations before it commits them together (delays the sender's OK, and with after-commit delivery the push)."),
             OptionSpec("dedup-window", value: "SECONDS", default: "86400", help: "How long message ids are remembered for de-duplication."),
             OptionSpec("dedup-capacity", value: "IDS", default: "1000000", help: "Most message ids remembered at once."),
-            OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent bytes allowed for a client that does not read."),
+            OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent replies allowed for a client that does not read; past this its requests are not read until it catches up."),
+            OptionSpec("slow-consumer-timeout", value: "SECONDS", default: "30", help: "Close (CLOSE slowConsumer) a client that reads nothing this long while data waits for it."),
             OptionSpec("max-connections-per-ip", value: "N", default: "10000", help: "Connections allowed from one IP address."),
             OptionSpec("handshake-rate", value: "N", default: "20000", help: "Handshakes admitted per second (burst of the same size); 0 = unlimited."),
             OptionSpec("drain-retry-after", value: "SECONDS", default: "1", help: "On shutdown, tell devices to reconnect after this..."),
@@ -161,6 +162,7 @@ public enum ServerOptions {
         if let value = try seconds("drain-jitter", 0...3600) { configuration.drainJitter = value }
         if let value = try seconds("drain-timeout", 0...600) { configuration.drainTimeout = value }
         if let value = try seconds("tcp-user-timeout", 1...3600) { configuration.tcpUserTimeout = value }
+        if let value = try seconds("slow-consumer-timeout", 1...3600) { configuration.slowConsumerTimeout = value }
         if let value = try seconds("tick", 0.001...1) { configuration.tickInterval = value }
         if let value = try seconds("stats-interval", 0...86_400) { configuration.statsInterval = value }
         if let value = try options.double("commit-interval", in: 0...1000) {

@@ -14,9 +14,25 @@ enum ConnectionPhase: UInt8 {
     case free
 }
 
+/// What a connection's libevent event watches, and its timers, in one byte.
+struct ConnectionFlags: OptionSet {
+    let rawValue: UInt8
+    /// The socket event includes VS_EV_WRITE (only while bytes wait in `outbound`, or a
+    /// pump yielded to other connections).
+    static let wantsWrite = ConnectionFlags(rawValue: 1 << 0)
+    /// The connection was counted against its address's cap (refused ones are not).
+    static let countsTowardAddress = ConnectionFlags(rawValue: 1 << 1)
+    /// Input is not read: the client sends requests faster than it reads their replies,
+    /// and more than `--max-queued-bytes` wait for it (back-pressure, not a close).
+    static let readPaused = ConnectionFlags(rawValue: 1 << 2)
+    /// A slow-consumer check for this connection is in the loop's timing wheel.
+    static let stallCheckScheduled = ConnectionFlags(rawValue: 1 << 3)
+}
+
 /// One connection's state in its event loop's connection table. A plain struct in a
 /// table of fixed-size chunks: no per-connection object, and nothing allocated while the
 /// connection is idle (`inbound` and `outbound` exist only while bytes are in flight).
+/// 64 bytes: keep it so (a test checks).
 ///
 /// Touched only while its event loop's `ownership` lock is held: by that loop's thread,
 /// or by another loop writing events to it while the owner sleeps (`writeFromPeer`).
@@ -25,25 +41,27 @@ struct ConnectionState {
     /// Incremented each time the slot is reused; part of `ConnectionRef`.
     var generation: UInt32 = 0
     var phase: ConnectionPhase = .free
-    /// The socket event currently includes VS_EV_WRITE (only while `outbound` is non-empty).
-    var wantsWrite = false
-    /// The connection was counted against its address's cap (refused ones are not).
-    var countsTowardAddress = false
+    var flags: ConnectionFlags = []
     /// Seconds (server timeline) of the last byte received.
     var lastActivity: UInt32 = 0
     /// Seconds of silence after which the connection is closed (set at handshake).
     var idleTimeout: UInt32 = 0
-    /// Seconds when the current phase began.
-    var phaseSince: UInt32 = 0
-    /// Bytes of `outbound` already written.
+    /// Seconds when bytes started waiting in `outbound`, or when the socket last took
+    /// some of them: a client that makes no read progress for `--slow-consumer-timeout`
+    /// after this is closed.
+    var writeProgressSecond: UInt32 = 0
+    /// Bytes of `outbound` already written (always within its first frame's reach: see
+    /// `EventLoop.keepUnwritten`).
     var outboundOffset: UInt32 = 0
     /// Hash of the peer's IP address, for the per-address connection cap.
     var addressHash: UInt32 = 0
     /// The device's events up to this have been written to this connection.
     var sentSeq: UInt64 = 0
-    /// A partial frame waiting for the rest of its bytes.
+    /// A partial frame waiting for the rest of its bytes (or, while `readPaused`, frames
+    /// read but not yet handled).
     var inbound: [UInt8]? = nil
-    /// Bytes the socket would not take yet.
+    /// Bytes the socket would not take yet. Starts at a frame boundary, so that frames
+    /// not begun can be dropped for a CLOSE (`EventLoop.dropUnstartedFrames`).
     var outbound: [UInt8]? = nil
     /// The device this connection speaks for (established only).
     var device: DeviceRecord? = nil

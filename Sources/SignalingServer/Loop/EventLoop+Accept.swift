@@ -42,10 +42,9 @@ extension EventLoop {
         let state = table.state(slot)
         state.pointee.fd = fd
         state.pointee.phase = .awaitingHello
-        state.pointee.phaseSince = nowSeconds
         state.pointee.lastActivity = nowSeconds
         state.pointee.addressHash = address
-        state.pointee.countsTowardAddress = admitted
+        if admitted { state.pointee.flags.insert(.countsTowardAddress) }
         assignEvent(slot, writable: false)
         context.counters.openConnections.increment()
         openConnections.increment()
@@ -62,15 +61,17 @@ extension EventLoop {
         context.counters.acceptedConnections.increment()
     }
 
-    /// (Re)binds the slot's libevent event to its socket: read always, write only while
-    /// there are unsent bytes.
+    /// (Re)binds the slot's libevent event to its socket: read unless reading is paused
+    /// (`ConnectionFlags.readPaused`), write only while there are unsent bytes (or a pump
+    /// yielded).
     func assignEvent(_ slot: UInt32, writable: Bool) {
         let state = table.state(slot)
         let event = table.event(slot)
         // Event memory starts zeroed (ConnectionTable), so this is false for a slot's first
         // use; deleting an event that is not pending is a no-op.
         if vs_event_initialized(event) != 0 { vs_event_del(event) }
-        var flags = VS_EV_READ | VS_EV_PERSIST
+        var flags = VS_EV_PERSIST
+        if !state.pointee.flags.contains(.readPaused) { flags |= VS_EV_READ }
         if writable { flags |= VS_EV_WRITE }
         let argument = UnsafeMutableRawPointer(bitPattern: UInt(slot) + 1)
         vs_event_assign(event, base, state.pointee.fd, Int16(flags), { _, what, argument in
@@ -78,7 +79,7 @@ extension EventLoop {
             loop.owned { loop.connectionReady(UInt32(UInt(bitPattern: argument) - 1), what: Int32(what)) }
         }, argument)
         vs_event_add(event, -1)
-        state.pointee.wantsWrite = writable
+        if writable { state.pointee.flags.insert(.wantsWrite) } else { state.pointee.flags.remove(.wantsWrite) }
     }
 
     /// Socket options for a long-lived, mostly idle device connection.

@@ -42,6 +42,7 @@ extension EventLoop {
                 // A connection destroyed meanwhile took its socket and the bytes with it.
                 guard table.isLive(slot, generation: generation), takePeeked(count, from: slot) else { return }
                 if state.pointee.phase == .free || count < readBuffer.count { return }
+                if state.pointee.flags.contains(.readPaused) { return }
             } else if count == 0 {
                 peerClosed(slot)
                 return
@@ -72,8 +73,10 @@ extension EventLoop {
         }
     }
 
-    /// Decodes and handles every complete frame; keeps a trailing partial frame.
-    private func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
+    /// Decodes and handles every complete frame; keeps a trailing partial frame (and,
+    /// when reading pauses, the frames not handled yet). Called with no bytes to handle
+    /// what was kept when reading resumes.
+    func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
         beginReplies(to: slot)
         defer {
             // Events for other devices first: a pushed event must not wait behind the
@@ -103,9 +106,20 @@ extension EventLoop {
     private func decodeFrames(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) -> Int {
         let state = table.state(slot)
         var offset = 0
+        let queueLimit = context.configuration.maxQueuedBytes
         while offset < bytes.count {
             let phase = state.pointee.phase
             guard phase == .awaitingHello || phase == .established else { return offset }
+            // The client sends requests faster than it reads the replies: handle no more
+            // until it has read them (the rest is kept in `inbound`; TCP holds back more).
+            // Paused only while replies really wait in `outbound`, whose draining resumes it.
+            if queuedBytes(slot) + (replySlot == slot ? replies.count : 0) > queueLimit {
+                flushReplies()
+                if queuedBytes(slot) > queueLimit {
+                    pauseReading(slot)
+                    return offset
+                }
+            }
             do {
                 guard let (frame, size) = try decoder.decode(UnsafeRawBufferPointer(rebasing: bytes[offset...])) else {
                     return offset
@@ -194,7 +208,6 @@ extension EventLoop {
             state.pointee.phase = .established
             state.pointee.device = grant.record
             state.pointee.idleTimeout = idleTimeout
-            state.pointee.phaseSince = nowSeconds
             state.pointee.sentSeq = grant.sentSeq
             wheel.schedule(UInt64(slot) << 32 | UInt64(ref.generation), at: state.pointee.lastActivity &+ 1 &+ idleTimeout)
             context.counters.handshakesCompleted.increment()

@@ -10,6 +10,17 @@ extension EventLoop {
     /// Events pumped per switchboard visit; bounds the time the lock is held and the
     /// size of one write.
     static let pumpBatch = 64
+    /// Most bytes encoded per batch (a batch always holds at least one event). Whatever
+    /// the socket does not take waits in `outbound` and nothing more is taken from the
+    /// device's queue until the socket drains it, so a connection's user-space output is
+    /// at most this (or `--max-queued-bytes`, if smaller) plus one frame, however large
+    /// the device's backlog: the backlog stays in its queue, which the socket's
+    /// writability drains.
+    static let pumpBytes = 64 * 1024
+    /// Batches written per pump before the loop turns to other connections: a fast reader
+    /// with a large backlog would otherwise hold the loop for all of it. The pump resumes
+    /// on the socket's next writable event.
+    static let pumpBatchesPerTurn = 16
 
     /// Encodes and writes one frame. While a connection's input is being handled, its
     /// replies are collected and written together when the input is done (one write for a
@@ -36,20 +47,30 @@ extension EventLoop {
         replySlot = nil
     }
 
-    private func flushReplies() {
+    func flushReplies() {
         guard let slot = replySlot, !replies.isEmpty else { return }
         swap(&scratch, &replies)
         replies.removeAll(keepingCapacity: true)
         writeScratch(to: slot)
     }
 
-    /// Writes `scratch` to the connection, or queues what the socket does not take.
+    /// Bytes waiting in the connection's `outbound`.
+    func queuedBytes(_ slot: UInt32) -> Int {
+        let state = table.state(slot)
+        guard let outbound = state.pointee.outbound else { return 0 }
+        return outbound.count - Int(state.pointee.outboundOffset)
+    }
+
+    /// Writes `scratch` (whole frames) to the connection, or queues what the socket does
+    /// not take.
     func writeScratch(to slot: UInt32) {
         let state = table.state(slot)
         guard state.pointee.phase != .free else { return }
         if state.pointee.outbound != nil {
+            // Only replies and CLOSE get here: the pump waits for an empty `outbound`.
+            // Reading pauses past `--max-queued-bytes` (`decodeFrames`), which bounds this.
             state.pointee.outbound!.append(contentsOf: scratch)
-            enforceQueueLimit(slot)
+            context.noteOutbound(queuedBytes(slot))
             return
         }
         let written = scratch.withUnsafeBytes { shim_send(state.pointee.fd, $0.baseAddress, $0.count) }
@@ -58,26 +79,36 @@ extension EventLoop {
             destroy(slot)  // EPIPE, ECONNRESET...: the device is gone; its events stay pending
             return
         }
-        state.pointee.outbound = Array(scratch[max(0, written)...])
-        state.pointee.outboundOffset = 0
+        keepUnwritten(scratch, written: max(0, written), in: slot, at: nowSeconds)
         watchWritable(slot)
     }
 
-    func enforceQueueLimit(_ slot: UInt32) {
+    /// Keeps what the socket did not take of `frames` (whole frames, of which `written`
+    /// bytes went out) in the connection's `outbound`, starting at the frame the socket
+    /// stopped in, so that `outbound` always starts at a frame boundary. Touches no libevent
+    /// state (a peer loop calls it too): the owner must then `watchWritable`.
+    func keepUnwritten(_ frames: [UInt8], written: Int, in slot: UInt32, at second: UInt32) {
+        var frameStart = 0
+        while frameStart + 4 <= frames.count {
+            let length = Int(frames[frameStart]) << 24 | Int(frames[frameStart + 1]) << 16
+                | Int(frames[frameStart + 2]) << 8 | Int(frames[frameStart + 3])
+            let frameEnd = frameStart + 4 + length
+            if frameEnd > written { break }
+            frameStart = frameEnd
+        }
         let state = table.state(slot)
-        guard let outbound = state.pointee.outbound,
-              outbound.count - Int(state.pointee.outboundOffset) > context.configuration.maxQueuedBytes
-        else { return }
-        context.counters.slowConsumerCloses.increment()
-        context.logger.info("slow_consumer", ["conn": reference(slot), "queued": outbound.count])
-        destroy(slot)  // no room for a CLOSE frame; pending events stay for the resume
+        state.pointee.outbound = Array(frames[frameStart...])
+        state.pointee.outboundOffset = UInt32(written - frameStart)
+        state.pointee.writeProgressSecond = second
+        context.noteOutbound(queuedBytes(slot))
     }
 
-    /// The socket became writable: send what waits.
+    /// The socket became writable: send what waits, or resume a pump that yielded.
     func flushOutbound(_ slot: UInt32) {
         let state = table.state(slot)
         guard let outbound = state.pointee.outbound else {
-            if state.pointee.wantsWrite { assignEvent(slot, writable: false) }
+            assignEvent(slot, writable: false)
+            if state.pointee.phase == .established { markDirty(slot, generation: state.pointee.generation) }
             return
         }
         let offset = Int(state.pointee.outboundOffset)
@@ -88,18 +119,34 @@ extension EventLoop {
             if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { destroy(slot) }
             return
         }
+        if written > 0 { state.pointee.writeProgressSecond = nowSeconds }  // the client reads
         if offset + written < outbound.count {
             state.pointee.outboundOffset = UInt32(offset + written)
             return
         }
         state.pointee.outbound = nil
         state.pointee.outboundOffset = 0
+        let paused = state.pointee.flags.contains(.readPaused)
+        state.pointee.flags.remove(.readPaused)
         assignEvent(slot, writable: false)
         switch state.pointee.phase {
-        case .established: markDirty(slot, generation: state.pointee.generation)
+        case .established:
+            markDirty(slot, generation: state.pointee.generation)
+            // Requests read but held back while replies piled up.
+            if paused { consume(slot, UnsafeRawBufferPointer(start: nil, count: 0)) }
         case .closing: shutdown(state.pointee.fd, Int32(SHUT_WR))
         default: break
         }
+    }
+
+    /// Stops reading a client whose replies pile up (it pipelines requests and reads
+    /// nothing): back-pressure through TCP instead of memory. Reading resumes once
+    /// `outbound` has drained (`flushOutbound`).
+    func pauseReading(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard !state.pointee.flags.contains(.readPaused) else { return }
+        state.pointee.flags.insert(.readPaused)
+        assignEvent(slot, writable: state.pointee.flags.contains(.wantsWrite))
     }
 
     // MARK: Event delivery
@@ -131,29 +178,39 @@ extension EventLoop {
         if let kept { dirtySlots.append(kept) }
     }
 
-    /// Writes the device's unsent events while the socket takes them. Stops when the
-    /// socket is full; the writable callback resumes it.
+    /// Writes the device's unsent events while the socket takes them, a bounded batch at
+    /// a time. Stops when the socket is full (the writable callback resumes it once the
+    /// client has read), or after `pumpBatchesPerTurn` batches (the next writable event
+    /// resumes it, after the loop has served other connections).
     private func pump(_ slot: UInt32) {
         let state = table.state(slot)
+        var batches = 0
         while state.pointee.outbound == nil && state.pointee.phase == .established {
-            guard let count = encodeNextBatch(slot) else { return }
+            guard let batch = encodeNextBatch(slot) else { return }
             writeScratch(to: slot)
-            if count < Self.pumpBatch { return }
+            guard batch.mayHaveMore else { return }
+            batches += 1
+            if batches == Self.pumpBatchesPerTurn {
+                if state.pointee.outbound == nil && state.pointee.phase == .established { assignEvent(slot, writable: true) }
+                return
+            }
         }
     }
 
-    /// Takes the next batch of the device's unsent events from the switchboard, advances
-    /// `sentSeq` past it and encodes it into `scratch`. Returns how many events it holds,
-    /// or nil when there is nothing to write.
+    /// Takes the next batch of the device's unsent events from the switchboard (at most
+    /// `pumpBatch` events and, past the first, `pumpBytes`), advances `sentSeq` past it
+    /// and encodes it into `scratch`. Returns how many events it holds and whether more
+    /// may follow, or nil when there is nothing to write.
     ///
     /// The frames are encoded while the switchboard lock is held: an event's body is one
     /// copy, cheaper than the array of events (and their retains and releases) that
     /// would otherwise carry them out of the lock.
-    private func encodeNextBatch(_ slot: UInt32) -> Int? {
+    private func encodeNextBatch(_ slot: UInt32) -> (events: Int, mayHaveMore: Bool)? {
         let state = table.state(slot)
         guard state.pointee.phase == .established, let device = state.pointee.device else { return nil }
         let ref = reference(slot)
         let sentSeq = state.pointee.sentSeq
+        let byteLimit = min(Self.pumpBytes, context.configuration.maxQueuedBytes)
         var out: [UInt8] = []
         swap(&out, &scratch)
         out.removeAll(keepingCapacity: true)
@@ -162,14 +219,16 @@ extension EventLoop {
             board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
                 FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
                 count += 1
+                return out.count < byteLimit
             }
         }
+        let full = out.count >= byteLimit
         swap(&out, &scratch)
         guard let position else { return nil }
         state.pointee.sentSeq = position
         guard count > 0 else { return nil }
         context.counters.eventsWritten.increment(by: count)
-        return count
+        return (count, count == Self.pumpBatch || full)
     }
 
     // MARK: Writes by other loops
@@ -193,11 +252,11 @@ extension EventLoop {
             // Bytes already wait for writability: the writable callback pumps the rest.
             guard state.pointee.outbound == nil else { return true }
             let before = state.pointee.sentSeq
-            guard let count = encodeNextBatch(ref.slot) else { return true }
+            guard let batch = encodeNextBatch(ref.slot) else { return true }
             let written = scratch.withUnsafeBytes { shim_send(state.pointee.fd, $0.baseAddress, $0.count) }
             if written == scratch.count {
                 context.counters.crossLoopWrites.increment()
-                return count < Self.pumpBatch  // a full batch: the owner pumps the rest
+                return !batch.mayHaveMore  // more to come: the owner pumps the rest
             }
             if written <= 0 {
                 // Socket full or broken: nothing went out, so the owner writes it again
@@ -205,8 +264,7 @@ extension EventLoop {
                 state.pointee.sentSeq = before
                 return false
             }
-            state.pointee.outbound = Array(scratch[written...])
-            state.pointee.outboundOffset = 0
+            keepUnwritten(scratch, written: written, in: ref.slot, at: context.seconds(at: context.clock.now()))
             context.counters.crossLoopWrites.increment()
             post(.watchWritable(ref))
             return true
@@ -214,13 +272,82 @@ extension EventLoop {
         return handled ?? false
     }
 
-    /// Bytes the socket did not take (from this loop or a peer) wait in `outbound`: keep
-    /// them within the queue limit and watch for writability.
+    /// Bytes the socket did not take (from this loop or a peer) wait in `outbound`: watch
+    /// for writability, and make sure a client that stops reading is noticed.
     func watchWritable(_ slot: UInt32) {
         let state = table.state(slot)
-        guard state.pointee.outbound != nil, !state.pointee.wantsWrite else { return }
-        enforceQueueLimit(slot)
-        if state.pointee.phase != .free { assignEvent(slot, writable: true) }
+        guard state.pointee.outbound != nil else { return }
+        if !state.pointee.flags.contains(.wantsWrite) { assignEvent(slot, writable: true) }
+        scheduleStallCheck(slot, dueAt: state.pointee.writeProgressSecond)
+    }
+
+    // MARK: Slow consumers
+
+    /// Wheel keys of slow-consumer checks carry this bit; idle-timeout keys do not.
+    static let stallCheckKeyBit: UInt64 = 1 << 63
+
+    /// Enters the connection's slow-consumer check in the timing wheel, at the moment it
+    /// would be due if the client reads nothing from `since` on (one entry at a time; a
+    /// check that finds progress re-enters itself at the new moment).
+    private func scheduleStallCheck(_ slot: UInt32, dueAt since: UInt32) {
+        let state = table.state(slot)
+        guard !state.pointee.flags.contains(.stallCheckScheduled) else { return }
+        state.pointee.flags.insert(.stallCheckScheduled)
+        let key = Self.stallCheckKeyBit | UInt64(slot) << 32 | UInt64(state.pointee.generation)
+        wheel.schedule(key, at: stallDeadline(since: since))
+    }
+
+    /// +1: second stamps are rounded down, so this never closes early.
+    private func stallDeadline(since: UInt32) -> UInt32 {
+        since &+ 1 &+ context.configuration.slowConsumerTimeout.wholeSecondsRoundedUp
+    }
+
+    /// A slow-consumer check came round: close the client if it has read nothing for
+    /// `--slow-consumer-timeout` while bytes waited for it, else check again later.
+    func visitStallCheck(_ key: UInt64) {
+        let slot = UInt32(truncatingIfNeeded: (key & ~Self.stallCheckKeyBit) >> 32)
+        let generation = UInt32(truncatingIfNeeded: key)
+        guard table.isLive(slot, generation: generation) else { return }
+        let state = table.state(slot)
+        state.pointee.flags.remove(.stallCheckScheduled)
+        guard state.pointee.outbound != nil, state.pointee.phase == .established else { return }
+        let since = state.pointee.writeProgressSecond
+        guard stallDeadline(since: since) <= nowSeconds else {
+            scheduleStallCheck(slot, dueAt: since)
+            return
+        }
+        let queued = queuedBytes(slot)
+        context.counters.slowConsumerCloses.increment()
+        context.logger.warning("slow_consumer", [
+            "conn": reference(slot), "user": state.pointee.device?.userID ?? "-", "queued": queued,
+            "stalled_s": nowSeconds &- since,
+        ])
+        dropUnstartedFrames(slot)
+        closeConnection(slot, with: Close(
+            code: .slowConsumer, retryAfterMs: 1_000, retryJitterMs: 5_000,
+            message: "nothing read for \(nowSeconds &- since) s while \(queued) bytes waited; events stay pending for the resume"))
+    }
+
+    /// Drops the frames of `outbound` that the socket has not begun to take, so that a
+    /// CLOSE goes right after the frame in progress. The events among them stay pending
+    /// in the device's queue (they were not acknowledged).
+    private func dropUnstartedFrames(_ slot: UInt32) {
+        let state = table.state(slot)
+        guard let outbound = state.pointee.outbound else { return }
+        let offset = Int(state.pointee.outboundOffset)
+        // `outbound` starts at a frame boundary: walk to the end of the frame in progress.
+        var frameEnd = 0
+        while frameEnd < offset && frameEnd + 4 <= outbound.count {
+            let length = Int(outbound[frameEnd]) << 24 | Int(outbound[frameEnd + 1]) << 16
+                | Int(outbound[frameEnd + 2]) << 8 | Int(outbound[frameEnd + 3])
+            frameEnd += 4 + length
+        }
+        if frameEnd <= offset {
+            state.pointee.outbound = nil  // nothing begun is left: the CLOSE goes straight out
+            state.pointee.outboundOffset = 0
+        } else {
+            state.pointee.outbound!.removeSubrange(min(frameEnd, outbound.count)...)
+        }
     }
 
     // MARK: Closing
@@ -235,8 +362,12 @@ extension EventLoop {
         send(.close(frame), to: slot)
         guard state.pointee.phase != .free else { return }  // the write failed
         state.pointee.phase = .closing
-        state.pointee.phaseSince = nowSeconds
         state.pointee.inbound = nil
+        if state.pointee.flags.contains(.readPaused) {
+            // Lingering reads (and discards) input, so that the peer can read our CLOSE.
+            state.pointee.flags.remove(.readPaused)
+            assignEvent(slot, writable: state.pointee.flags.contains(.wantsWrite))
+        }
         if state.pointee.outbound == nil { shutdown(state.pointee.fd, Int32(SHUT_WR)) }
         closingDeadlines.push((slot, state.pointee.generation, nowSeconds + Self.lingerSeconds))
         context.logger.debug("close", ["conn": reference(slot), "code": frame.code.rawValue, "message": frame.message])
@@ -254,7 +385,7 @@ extension EventLoop {
         let event = table.event(slot)
         if vs_event_initialized(event) != 0 { vs_event_del(event) }
         close(state.pointee.fd)
-        if state.pointee.countsTowardAddress { context.admission.releaseConnection(from: state.pointee.addressHash) }
+        if state.pointee.flags.contains(.countsTowardAddress) { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
         openConnections.decrement()
         table.release(slot)

@@ -22,7 +22,9 @@ extension EventLoop {
             closingDeadlines.pop()
             if table.isLive(due.slot, generation: due.generation) { destroy(due.slot) }
         }
-        for key in wheel.advance(to: now) { visitIdleDeadline(key) }
+        for key in wheel.advance(to: now) {
+            if key & Self.stallCheckKeyBit != 0 { visitStallCheck(key) } else { visitIdleDeadline(key) }
+        }
 
         if index == 0 {
             // One loop runs the routing core's deadlines (ring timeouts, call grace,

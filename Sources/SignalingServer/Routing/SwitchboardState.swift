@@ -416,14 +416,15 @@ struct SwitchboardState {
 
     /// Hands `body` the next events to write to `connection` after `sentSeq`, with their
     /// sequence numbers: committed ones only, cancelled ones skipped, at most `limit` of
-    /// them. Returns nil when the connection no longer speaks for the device (it was
-    /// taken over), else the new write position.
+    /// them, and none after one for which `body` returns false (it is full). Returns nil
+    /// when the connection no longer speaks for the device (it was taken over), else the
+    /// new write position.
     ///
     /// Touches only the device record (a class), never the state itself: the `Switchboard`
     /// runs it under its lock without the bookkeeping of a state change.
     func nextBatch(
         for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int,
-        _ body: (UInt64, QueuedEvent) -> Void
+        _ body: (UInt64, QueuedEvent) -> Bool
     ) -> UInt64? {
         guard device.connection == connection else { return nil }
         device.wakePending = false
@@ -439,8 +440,11 @@ struct SwitchboardState {
             }
             position = seq
             if !event.isCancelled {
-                body(seq, event)
                 handed += 1
+                guard body(seq, event) else {
+                    full = true
+                    return false
+                }
             }
             return true
         }

@@ -51,6 +51,12 @@ final class ServerContext: Sendable {
         }
     }
 
+    /// Records that `bytes` wait in one connection's `outbound` (only called when a write
+    /// came up short, never per event).
+    func noteOutbound(_ bytes: Int) {
+        counters.largestOutbound.raise(to: bytes)
+    }
+
     /// Whole seconds since the server started, rounded down.
     func seconds(at instant: Instant) -> UInt32 {
         UInt32(clamping: Int((instant - startInstant).seconds))

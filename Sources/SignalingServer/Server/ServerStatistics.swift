@@ -17,6 +17,10 @@ public struct ServerStatistics: Sendable, Equatable {
     /// Connections closed for a protocol violation.
     public var protocolErrors = 0
     public var slowConsumerCloses = 0
+    /// The most bytes that ever waited in user space for one connection (its `outbound`):
+    /// events beyond what the socket takes stay in the device's queue, so this stays near
+    /// one batch (and below `--max-queued-bytes` plus a frame) whatever the backlogs.
+    public var largestOutbound = 0
     public var takeovers = 0
     /// Event frames written to sockets (re-sends included).
     public var eventsWritten = 0
@@ -46,6 +50,7 @@ final class StatisticsCounters: Sendable {
     let handshakeTimeouts = Atomic<Int>(0)
     let protocolErrors = Atomic<Int>(0)
     let slowConsumerCloses = Atomic<Int>(0)
+    let largestOutbound = Atomic<Int>(0)
     let takeovers = Atomic<Int>(0)
     let eventsWritten = Atomic<Int>(0)
     let crossLoopWrites = Atomic<Int>(0)
@@ -63,6 +68,7 @@ final class StatisticsCounters: Sendable {
             handshakeTimeouts: handshakeTimeouts.load(ordering: .relaxed),
             protocolErrors: protocolErrors.load(ordering: .relaxed),
             slowConsumerCloses: slowConsumerCloses.load(ordering: .relaxed),
+            largestOutbound: largestOutbound.load(ordering: .relaxed),
             takeovers: takeovers.load(ordering: .relaxed),
             eventsWritten: eventsWritten.load(ordering: .relaxed),
             crossLoopWrites: crossLoopWrites.load(ordering: .relaxed),
@@ -80,4 +86,13 @@ final class StatisticsCounters: Sendable {
 extension Atomic where Value == Int {
     func increment(by amount: Int = 1) { _ = add(amount, ordering: .relaxed) }
     func decrement(by amount: Int = 1) { _ = subtract(amount, ordering: .relaxed) }
+    /// Raises the value to `candidate` if that is larger (a high-water mark).
+    func raise(to candidate: Int) {
+        var current = load(ordering: .relaxed)
+        while candidate > current {
+            let (exchanged, original) = compareExchange(expected: current, desired: candidate, ordering: .relaxed)
+            if exchanged { return }
+            current = original
+        }
+    }
 }

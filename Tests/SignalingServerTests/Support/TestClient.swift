@@ -73,6 +73,27 @@ final class TestClient {
 
     func send(_ frame: Frame) throws { try sendRaw(FrameEncoder.encode(frame)) }
 
+    /// Sends `bytes` over and over until the socket takes nothing for `quiet` (the peer has
+    /// stopped reading and every buffer on the way is full). Returns the bytes sent; throws
+    /// if the socket still takes bytes after `timeout`, or fails.
+    @discardableResult
+    func sendUntilBlocked(_ bytes: [UInt8], quiet: Duration = .milliseconds(300), timeout: Duration = .seconds(30)) throws -> Int {
+        let deadline = SystemClock().now() + timeout
+        var total = 0
+        var offset = 0
+        while SystemClock().now() < deadline {
+            let written = bytes[offset...].withUnsafeBytes { shim_send(fd, $0.baseAddress, $0.count) }
+            if written < 0 {
+                guard errno == EAGAIN || errno == EINTR else { throw Failure("send: \(String(cString: strerror(errno)))") }
+                if !waitFor(Int16(POLLOUT), milliseconds: Int32(quiet.milliseconds)) { return total }
+                continue
+            }
+            total += written
+            offset = (offset + written) % bytes.count
+        }
+        throw Failure("the peer kept reading for \(timeout)")
+    }
+
     private func waitFor(_ events: Int16, milliseconds: Int32) -> Bool {
         var descriptor = pollfd(fd: fd, events: events, revents: 0)
         return poll(&descriptor, 1, milliseconds) > 0

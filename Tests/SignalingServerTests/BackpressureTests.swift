@@ -1,0 +1,136 @@
+import SignalingProtocol
+@testable import SignalingServer
+import SignalingSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Delivery is driven by the socket's writability: a device's backlog stays in its queue
+/// and is encoded only as fast as the socket takes it, so a reader that keeps up gets any
+/// backlog on one connection, and only a client that reads nothing for the slow-consumer
+/// timeout is closed, with CLOSE slowConsumer.
+@Suite("Back-pressure and slow consumers")
+struct BackpressureTests {
+    static let bodySize = 60_000
+
+    func bigMessage(_ index: Int, to recipient: String) -> Request {
+        .messageSend(OutgoingMessage(
+            messageID: "m\(index)", recipient: recipient, contentType: "application/octet-stream",
+            body: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: Self.bodySize)))
+    }
+
+    /// Reads `count` MESSAGE events in order (acknowledging none) and checks each body.
+    func receiveMessages(_ client: TestClient, count: Int) throws -> UInt64 {
+        var lastSeq: UInt64 = 0
+        for index in 1...count {
+            let (seq, event) = try client.nextEvent(timeout: .seconds(30))
+            guard case .message(let message) = event else { throw TestClient.Failure("event \(seq) is not a message") }
+            #expect(seq == lastSeq + 1 || lastSeq == 0)
+            #expect(message.messageID == "m\(index)" && message.body.count == Self.bodySize)
+            lastSeq = seq
+        }
+        return lastSeq
+    }
+
+    @Test("a 50 MB backlog reaches a device that reads at full speed, whole, on one connection, acknowledged only at the end")
+    func largeBacklogOnOneConnection() throws {
+        let server = try TestServer()
+        let count = 50_000_000 / Self.bodySize + 1
+        do { _ = try server.connect(user: "bob") }  // bob has a device, now offline
+        try server.waitFor("bob to go") { $0.establishedConnections == 0 }
+        let (alice, _) = try server.connect(user: "alice")
+        for index in 1...count { try alice.send(.request(id: UInt32(index), bigMessage(index, to: "bob"))) }
+        for index in 1...count { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(30)).isOK) }
+
+        let (bob, welcome) = try server.connect(user: "bob")
+        #expect(welcome.ackedSeq == 0)
+        let last = try receiveMessages(bob, count: count)
+        try bob.ack(last)
+        // Acknowledged at the end, the connection still open: nothing was dropped or closed.
+        for _ in 1...count { guard case .messageDelivered = try alice.nextEvent(timeout: .seconds(30)).event else { return } }
+        #expect(bob.isOpenAndQuiet)
+        let statistics = server.server.statistics
+        #expect(statistics.slowConsumerCloses == 0)
+        #expect(statistics.largestOutbound <= EventLoop.pumpBytes + Self.bodySize + 1024,
+                "only about one batch is ever encoded ahead of the socket")
+    }
+
+    @Test("a burst pipelined to a connected device that reads at full speed is delivered whole")
+    func pipelinedBurstToAFastReader() throws {
+        let server = try TestServer()
+        let (bob, _) = try server.connect(user: "bob")
+        let (alice, _) = try server.connect(user: "alice")
+        let count = 200
+        var burst: [UInt8] = []
+        for index in 1...count { FrameEncoder.append(.request(id: UInt32(index), bigMessage(index, to: "bob")), to: &burst) }
+        try alice.sendRaw(burst)
+        let last = try receiveMessages(bob, count: count)
+        try bob.ack(last)
+        for index in 1...count { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(30)).isOK) }
+        #expect(bob.isOpenAndQuiet)
+        #expect(server.server.statistics.slowConsumerCloses == 0)
+    }
+
+    @Test("a client that pipelines requests and reads nothing is held back by TCP, not by memory, then closed with CLOSE slowConsumer; its events stay pending")
+    func neverReadingClientIsClosedWithSlowConsumer() throws {
+        let server = try TestServer {
+            $0.maxFrameLength = 1024
+            $0.maxQueuedBytes = 4096
+            $0.slowConsumerTimeout = .seconds(30)
+        }
+        let (alice, _) = try server.connect(user: "alice")
+        let reader = try TestClient(port: server.port, receiveWindow: 4096)
+        let welcome = try reader.hello(user: "bob")
+        #expect(try alice.request(1, .messageSend(OutgoingMessage(messageID: "m1", recipient: "bob", contentType: "t", body: [1]))).isOK)
+        // PINGs without reading a single PONG: the server stops reading us.
+        try reader.sendUntilBlocked((0..<2000).flatMap { _ in FrameEncoder.encode(.ping) })
+        #expect(server.server.statistics.largestOutbound <= 4096 + 1024, "replies beyond --max-queued-bytes were buffered")
+        #expect(server.server.statistics.slowConsumerCloses == 0)
+
+        // Not read for just under the timeout: still open. Just over it: closed.
+        try server.advance(by: .seconds(30))
+        #expect(server.server.statistics.slowConsumerCloses == 0, "closed before the timeout")
+        try server.advance(by: .seconds(2))
+        try server.waitFor("the slow consumer to be closed") { $0.slowConsumerCloses == 1 }
+        // What it had not read is still readable, and ends with CLOSE slowConsumer.
+        let close = try reader.expectClose(timeout: .seconds(10))
+        #expect(close.code == .slowConsumer && close.action == .resume)
+        #expect(close.retryAfterMs == 1_000 && close.retryJitterMs == 5_000)
+
+        // The message it never acknowledged is still there for its next connection.
+        let again = try server.client()
+        #expect(try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: 0)).resumed)
+        guard case .message(let message) = try again.nextEvent().event else { Issue.record("event lost"); return }
+        #expect(message.messageID == "m1")
+    }
+
+    @Test("a device that stops reading its events is closed with CLOSE slowConsumer after the timeout, not before; while it waits only one batch is buffered")
+    func stalledEventReaderIsClosedAfterTheTimeout() throws {
+        let server = try TestServer { $0.slowConsumerTimeout = .seconds(10) }
+        let reader = try TestClient(port: server.port, receiveWindow: 4096)
+        let welcome = try reader.hello(user: "bob")
+        let (alice, _) = try server.connect(user: "alice")
+        let count = 60
+        for index in 1...count { #expect(try alice.request(UInt32(index), bigMessage(index, to: "bob")).isOK) }
+        #expect(server.server.statistics.largestOutbound <= EventLoop.pumpBytes + Self.bodySize + 1024)
+
+        try server.advance(by: .seconds(10))
+        #expect(server.server.statistics.slowConsumerCloses == 0, "closed before the timeout")
+        try server.advance(by: .seconds(2))
+        try server.waitFor("the slow consumer to be closed") { $0.slowConsumerCloses == 1 }
+        // It reads again: the events that were on their way, then CLOSE.
+        var received = 0
+        let close = try reader.expect(timeout: .seconds(10), "CLOSE") { frame -> Close? in
+            if case .event = frame { received += 1 }
+            if case .close(let close) = frame { return close }
+            return nil
+        }
+        #expect(close.code == .slowConsumer)
+        #expect(received < count)
+        // Resumed, it gets the rest.
+        let again = try server.client()
+        _ = try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: UInt64(received)))
+        for expected in (received + 1)...count { #expect(try again.nextEvent(timeout: .seconds(30)).seq == UInt64(expected)) }
+    }
+}
