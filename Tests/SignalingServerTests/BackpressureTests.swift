@@ -1,6 +1,7 @@
 import SignalingProtocol
 @testable import SignalingServer
 import SignalingSupport
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -132,5 +133,51 @@ struct BackpressureTests {
         let again = try server.client()
         _ = try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: UInt64(received)))
         for expected in (received + 1)...count { #expect(try again.nextEvent(timeout: .seconds(30)).seq == UInt64(expected)) }
+    }
+}
+
+/// The same rule in the real executable, where the server's own memory can be measured.
+@Suite("Back-pressure (voipserver subprocess)")
+struct BackpressureProcessTests {
+    static func residentBytes(of pid: pid_t) -> Int {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+        return (Int(line.split(separator: " ")[1]) ?? 0) * 1024
+    }
+
+    @Test("a device that never reads is sent CLOSE slowConsumer after --slow-consumer-timeout; meanwhile the server holds its backlog once, not again as output buffers")
+    func neverReadingDeviceInTheExecutable() throws {
+        let server = try ServerProcess(["--workers", "1", "--store", "memory", "--slow-consumer-timeout", "2"])
+        let bob = try TestClient(port: server.port, receiveWindow: 4096)
+        _ = try bob.hello(user: "bob")
+        let (alice, _) = try { () throws -> (TestClient, Welcome) in
+            let client = try TestClient(port: server.port)
+            return (client, try client.hello(user: "alice"))
+        }()
+        let before = BackpressureProcessTests.residentBytes(of: server.process.pid)
+        let count = 200, size = BackpressureTests.bodySize
+        for index in 1...count {
+            try alice.send(.request(id: UInt32(index), .messageSend(OutgoingMessage(
+                messageID: "m\(index)", recipient: "bob", contentType: "b", body: [UInt8](repeating: 7, count: size)))))
+        }
+        for index in 1...count { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(30)).isOK) }
+        let grown = BackpressureProcessTests.residentBytes(of: server.process.pid) - before
+        // The events themselves (12 MB, in the queue until acknowledged), plus slack for
+        // the allocator: no second copy as bytes waiting for the socket.
+        #expect(grown < count * size + 4 << 20, "RSS grew by \(grown) bytes for \(count * size) bytes of events")
+
+        // Bob reads nothing: after the timeout he is closed, and when he reads at last,
+        // what was on its way ends with CLOSE slowConsumer.
+        let deadline = SystemClock().now() + .seconds(20)
+        while !server.log.contains("event=slow_consumer") {
+            guard SystemClock().now() < deadline else { throw TestClient.Failure("no slow_consumer line: \(server.log)") }
+            usleep(20_000)
+        }
+        #expect(server.log.contains("level=warn event=slow_consumer"))
+        let close = try bob.expect(timeout: .seconds(20), "CLOSE") { frame -> Close? in
+            if case .close(let close) = frame { return close }
+            return nil
+        }
+        #expect(close.code == .slowConsumer)
     }
 }
