@@ -91,15 +91,24 @@ public enum ErrorCode: UInt16, Sendable, CaseIterable {
     case cannotCallSelf = 204
     /// One of the recipient's devices has too many unacknowledged events; retry later.
     case recipientBacklogFull = 300
+    /// The sender already has its share of unacknowledged messages waiting for one of the
+    /// recipient's devices (`--max-pending-per-sender`); retry later.
+    case senderQuotaExceeded = 301
+    /// The sender sends messages or calls faster than `--sender-rate`; retry later.
+    case rateLimited = 302
     /// The durable store could not commit the request; retry later. Nothing was accepted.
     case storeUnavailable = 400
+    /// The server holds as much undelivered data as it may (`--memory-budget`); retry
+    /// later. Nothing was accepted.
+    case capacityExceeded = 401
     /// The server hit an unexpected internal condition; nothing was accepted.
     case internalError = 500
 
     /// True when sending the same request again later may succeed.
     public var isRetryable: Bool {
         switch self {
-        case .recipientBacklogFull, .storeUnavailable, .internalError: return true
+        case .recipientBacklogFull, .senderQuotaExceeded, .rateLimited, .storeUnavailable, .capacityExceeded, .internalError:
+            return true
         default: return false
         }
     }

@@ -338,7 +338,10 @@ struct DurabilityTests {
         let sent = Int(window) + 6
         let session: SessionID
         do {
-            let server = try TestServer(store: store, clock: clock) { $0.maxPendingEvents = limit }
+            let server = try TestServer(store: store, clock: clock) {
+                $0.maxPendingEvents = limit
+                $0.maxPendingPerSender = limit
+            }
             let (alice, bob, bobSession) = try connectStored(server, store)
             session = bobSession
             // Bob (connected, reading, acknowledging nothing) outruns his reservation while commits are slow, so it grows to 2 windows.
@@ -360,7 +363,10 @@ struct DurabilityTests {
 
         // More numbers are reserved than --max-pending allows events, yet only the stored
         // events are pending: carol's message is accepted.
-        let server = try TestServer(store: store, clock: clock) { $0.maxPendingEvents = limit }
+        let server = try TestServer(store: store, clock: clock) {
+                $0.maxPendingEvents = limit
+                $0.maxPendingPerSender = limit
+            }
         let (carol, _) = try server.connect(user: "carol")
         #expect(try carol.request(1, message("from carol", to: "bob")).isOK)
         let bob = try server.client()
@@ -368,6 +374,23 @@ struct DurabilityTests {
         #expect(welcome.ackedSeq == 0 && welcome.lastSeq == stored.lastSeq + 1)
         for expected in 1...UInt64(sent) { #expect(try bob.nextEvent().seq == expected) }
         #expect(try bob.nextEvent().seq == stored.lastSeq + 1, "carol's message comes after the reserved numbers")
+    }
+
+    @Test("a sender's share of a recipient's queue survives a restart")
+    func senderShareAcrossRestart() throws {
+        let store = ModelEventStore()
+        let clock = ManualClock()
+        do {
+            let server = try TestServer(store: store, clock: clock) { $0.maxPendingPerSender = 2 }
+            do { _ = try server.connect(user: "bob") }
+            let (alice, _) = try server.connect(user: "alice")
+            for index in 1...2 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK) }
+            for index in 1...2 { #expect(try alice.request(UInt32(10 + index), message("h\(index)", to: "newbie")).isOK) }
+        }
+        let server = try TestServer(store: store, clock: clock) { $0.maxPendingPerSender = 2 }
+        let (alice, _) = try server.connect(user: "alice")
+        #expect(try alice.request(3, message("m3", to: "bob")).errorCode == .senderQuotaExceeded)
+        #expect(try alice.request(13, message("h3", to: "newbie")).errorCode == .senderQuotaExceeded)
     }
 
     @Test("messages for a user with no device yet are kept across a restart and delivered in order")

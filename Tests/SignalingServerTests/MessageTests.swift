@@ -195,7 +195,10 @@ struct MessageTests {
 
     @Test("a device with too many unacknowledged events makes the sender retry later; nothing is half-queued")
     func backlogFull() throws {
-        let server = try TestServer { $0.maxPendingEvents = 3 }
+        let server = try TestServer {
+            $0.maxPendingEvents = 3
+            $0.maxPendingPerSender = 3  // one sender may fill the queue here
+        }
         let (alice, _) = try server.connect(user: "alice")
         let (phone, _) = try server.connect(user: "bob", device: "phone")
         let (tablet, _) = try server.connect(user: "bob", device: "tablet")

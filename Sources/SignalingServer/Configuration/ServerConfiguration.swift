@@ -26,6 +26,16 @@ public struct ServerConfiguration: Sendable {
     public var handshakeTimeout: Duration = .seconds(10)
     /// Unacknowledged events kept per device.
     public var maxPendingEvents = 10_000
+    /// Unacknowledged messages one sender may have waiting for one device of a recipient
+    /// (or for a recipient with no device yet), so that one sender cannot fill a victim's
+    /// queue for everyone else. Nil: half of `maxPendingEvents`.
+    public var maxPendingPerSender: Int?
+    /// Messages and calls one user may send per second, in bursts of up to twice as many;
+    /// 0: no limit.
+    public var senderRate = 0
+    /// Bytes of undelivered events (bodies and their bookkeeping) the server may hold in
+    /// memory; past it new messages and calls are refused with capacityExceeded.
+    public var memoryBudget = ServerConfiguration.defaultMemoryBudget
     /// How long a disconnected device's session stays resumable.
     public var sessionTTL: Duration = .seconds(86_400)
     /// How long a device may stay away before it, and the events nobody collected for it,
@@ -91,6 +101,16 @@ public struct ServerConfiguration: Sendable {
 
     public init() {}
 
+    /// A quarter of the machine's memory: room for the connections, the store's cache and
+    /// the rest of the process beside the events.
+    public static var defaultMemoryBudget: Int {
+        #if canImport(Glibc)
+        let pages = sysconf(Int32(_SC_PHYS_PAGES)), pageSize = sysconf(Int32(_SC_PAGESIZE))
+        if pages > 0 && pageSize > 0 { return pages * pageSize / 4 }
+        #endif
+        return 1 << 30
+    }
+
     public static var coreCount: Int {
         #if canImport(Glibc)
         return max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
@@ -102,7 +122,9 @@ public struct ServerConfiguration: Sendable {
     var switchboard: SwitchboardConfiguration {
         SwitchboardConfiguration(
             maxPendingEvents: maxPendingEvents, sessionTTL: sessionTTL, eventTTL: eventTTL, ringTimeout: ringTimeout,
-            callGrace: callGrace, dedupWindow: dedupWindow, dedupCapacity: dedupCapacity, delivery: delivery)
+            callGrace: callGrace, dedupWindow: dedupWindow, dedupCapacity: dedupCapacity, delivery: delivery,
+            maxPendingPerSender: maxPendingPerSender ?? max(1, maxPendingEvents / 2), senderRate: senderRate,
+            memoryBudget: memoryBudget)
     }
 
     /// Checks relations between fields that no single option can check.

@@ -29,6 +29,9 @@ public enum ServerOptions {
             OptionSpec("max-frame", value: "BYTES", default: "65536", help: "Largest frame accepted."),
             OptionSpec("handshake-timeout", value: "SECONDS", default: "10", help: "Close connections that send no HELLO within this."),
             OptionSpec("max-pending", value: "EVENTS", default: "10000", help: "Unacknowledged events kept per device."),
+            OptionSpec("max-pending-per-sender", value: "EVENTS", default: "half of --max-pending", help: "Unacknowledged messages one sender may have waiting for one device (senderQuotaExceeded past it)."),
+            OptionSpec("sender-rate", value: "N", default: "0", help: "Messages and calls one user may send per second, bursts of 2N (rateLimited past it); 0 = no limit."),
+            OptionSpec("memory-budget", value: "BYTES", default: "a quarter of the machine's memory", help: "Undelivered event data the server may hold in memory; past it messages and calls are refused (capacityExceeded)."),
             OptionSpec("session-ttl", value: "SECONDS", default: "86400", help: "How long a disconnected device's session stays resumable."),
             OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
             OptionSpec("store", value: "sqlite|memory", default: "sqlite", help: "Keep pending events in SQLite (survive restarts) or in memory only."),
@@ -179,6 +182,9 @@ public enum ServerOptions {
         }
         if let value = try options.int("max-frame", in: 256...(16 << 20)) { configuration.maxFrameLength = value }
         if let value = try options.int("max-pending", in: 1...10_000_000) { configuration.maxPendingEvents = value }
+        if let value = try options.int("max-pending-per-sender", in: 1...10_000_000) { configuration.maxPendingPerSender = value }
+        if let value = try options.int("sender-rate", in: 0...10_000_000) { configuration.senderRate = value }
+        if let value = try options.int("memory-budget", in: (1 << 20)...Int.max) { configuration.memoryBudget = value }
         if let value = try options.int("dedup-capacity", in: 1...100_000_000) { configuration.dedupCapacity = value }
         if let value = try options.int("max-queued-bytes", in: 256...(1 << 30)) { configuration.maxQueuedBytes = value }
         if let value = try options.int("max-connections-per-ip", in: 1...10_000_000) { configuration.maxConnectionsPerAddress = value }

@@ -300,16 +300,18 @@ extension EventLoop {
         // (those are written when the dirty list is flushed, after this callback).
         if let reply {
             send(reply, to: slot)
-            if case .error(_, let code, let message) = reply, code == .recipientBacklogFull {
+            if case .error(_, let code, let message) = reply,
+               [.recipientBacklogFull, .senderQuotaExceeded, .rateLimited, .capacityExceeded].contains(code) {
                 logRefusal(code, message, sender: device, on: ref)
             }
         }
         apply(effects)
     }
 
-    /// A request refused because of somebody's backlog is worth an operator's attention
-    /// (a device that never acknowledges, or a sender flooding it), but a flood of them
-    /// must not flood the log: one warn line per second per loop, with the count dropped.
+    /// A request refused by a backlog or a limit is worth an operator's attention (a device
+    /// that never acknowledges, a sender flooding someone, a server at its memory budget),
+    /// but a flood of them must not flood the log: one warn line per second per loop, with
+    /// the count of lines left out.
     private func logRefusal(_ code: ErrorCode, _ message: String, sender: DeviceRecord, on ref: ConnectionRef) {
         guard let suppressed = refusalLogThrottle.admit(atSecond: nowSeconds) else { return }
         context.logger.warning("request_refused", [

@@ -52,14 +52,16 @@ extension EventLoop {
         if nextStatsSecond == 0 { nextStatsSecond = now + interval.wholeSecondsRoundedUp }
         guard now >= nextStatsSecond else { return }
         nextStatsSecond = now + interval.wholeSecondsRoundedUp
-        let stats = context.counters.snapshot(context.switchboard.counters)
+        let stats = context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.ledger.bytes)
         context.logger.info("stats", [
             "connections": stats.openConnections, "established": stats.establishedConnections,
             "handshakes": stats.handshakesCompleted, "throttled": stats.handshakesThrottled,
             "idle_timeouts": stats.idleTimeouts, "protocol_errors": stats.protocolErrors,
             "events_queued": stats.eventsQueued, "events_written": stats.eventsWritten,
             "cross_loop_writes": stats.crossLoopWrites,
-            "events_dropped": stats.eventsDropped, "messages": stats.messagesAccepted,
+            "events_dropped": stats.eventsDropped, "messages": stats.messagesAccepted, "event_bytes": stats.eventBytes,
+            "refused_sender_quota": stats.refusedSenderQuota, "refused_rate": stats.refusedRate,
+            "refused_capacity": stats.refusedCapacity, "slow_consumers": stats.slowConsumerCloses,
             "calls": stats.callsStarted, "store_failures": context.switchboard.writer?.failedCommits.load(ordering: .relaxed) ?? 0,
             "store_commits": context.switchboard.writer?.commits.load(ordering: .relaxed) ?? 0,
             "store_changes_skipped": context.switchboard.writer?.compactedChanges.load(ordering: .relaxed) ?? 0,

@@ -139,6 +139,8 @@ final class UserActivity: @unchecked Sendable {
     var firstHeldOrdinal: UInt64 = 1
     /// messageId → server time, for de-duplicating this user's sends.
     var recentMessageIDs: [String: UInt64] = [:]
+    /// Paces this user's messages and calls (`--sender-rate`; nil until the first one).
+    var sendBucket: TokenBucket?
 
     var isEmpty: Bool { calls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
     var nextHeldOrdinal: UInt64 { firstHeldOrdinal + UInt64(held.count) }

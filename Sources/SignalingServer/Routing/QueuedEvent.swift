@@ -1,5 +1,6 @@
 import SignalingProtocol
 import SignalingPush
+import Synchronization
 
 /// One event as queued to one or more devices: encoded once and shared by every queue it
 /// was fanned out to.
@@ -9,6 +10,8 @@ import SignalingPush
 /// cancelled in every queue at once, and the pump skips it.
 final class QueuedEvent: @unchecked Sendable {
     let encoded: EncodedEvent
+    /// Where this event's memory is counted (nil: not counted, as for the placeholder).
+    private let ledger: MemoryLedger?
     /// For MESSAGE events: what to report to the sender when a device acknowledges it.
     let receipt: DeliveryReceipt?
     /// Wall-clock creation time (ms), for storage.
@@ -17,17 +20,25 @@ final class QueuedEvent: @unchecked Sendable {
     /// fills an ordinal of a user's held messages that a restarted server no longer has.
     var isCancelled = false
 
-    init(_ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64) {
-        self.encoded = EncodedEvent(event)
-        self.receipt = receipt
-        self.createdAt = createdAt
+    convenience init(_ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64, ledger: MemoryLedger? = nil) {
+        self.init(encoded: EncodedEvent(event), receipt: receipt, createdAt: createdAt, ledger: ledger)
     }
 
-    init(encoded: EncodedEvent, receipt: DeliveryReceipt?, createdAt: UInt64) {
+    init(encoded: EncodedEvent, receipt: DeliveryReceipt?, createdAt: UInt64, ledger: MemoryLedger? = nil) {
         self.encoded = encoded
         self.receipt = receipt
         self.createdAt = createdAt
+        self.ledger = ledger
+        ledger?.add(Self.footprint(of: encoded))
     }
+
+    deinit {
+        ledger?.add(-Self.footprint(of: encoded))
+    }
+
+    /// What one event costs in memory, near enough for a budget: its body, plus the
+    /// object, the body's array header and a receipt's strings.
+    static func footprint(of encoded: EncodedEvent) -> Int { encoded.body.count + 160 }
 
     /// A cancelled event that only occupies an ordinal among a user's held messages. One
     /// instance serves every list (each hole costs a pointer, no object). Device queues
@@ -55,6 +66,21 @@ extension QueuedEvent {
             return reason == .noAnswer || reason == .cancelled || reason == .peerDisconnected ? .missedCall : .other
         default: return .other
         }
+    }
+}
+
+/// The memory held by the events of one server, counted as they are created and freed (an
+/// event fanned out to many devices counts once). What `--memory-budget` limits: past it
+/// the server refuses new messages and calls (ERROR capacityExceeded) rather than grow.
+/// Events are freed on any thread that drops the last reference, hence the atomic.
+final class MemoryLedger: Sendable {
+    private let counted = Atomic<Int>(0)
+
+    /// Bytes held by live events.
+    var bytes: Int { counted.load(ordering: .relaxed) }
+
+    func add(_ bytes: Int) {
+        counted.add(bytes, ordering: .relaxed)
     }
 }
 

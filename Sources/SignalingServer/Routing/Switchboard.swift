@@ -16,8 +16,13 @@ final class Switchboard: Sendable {
     /// Set once, before the loops start (nil without a store).
     nonisolated(unsafe) private(set) var writer: StoreWriter?
 
+    /// The memory held by the state's events (readable without the lock).
+    let ledger: MemoryLedger
+
     init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool) {
-        state = Mutex(SwitchboardState(configuration: configuration, epoch: epoch, journaling: journaling))
+        let initial = SwitchboardState(configuration: configuration, epoch: epoch, journaling: journaling)
+        ledger = initial.ledger
+        state = Mutex(initial)
     }
 
     func attach(_ writer: StoreWriter) {

@@ -14,9 +14,9 @@ extension SwitchboardState {
         guard calls[callID] == nil else {
             return .failure(RequestError(.callIdInUse, "call id \(callID) is already in use; use a fresh (random) call id"))
         }
-        let invitation = QueuedEvent(
-            .callIncoming(callID: callID, caller: device.userID, callerDevice: device.deviceID, offer: offer, serverTime: currentWall),
-            createdAt: currentWall)
+        if let refusal = admitSender(device.userID, bytes: offer.count, now: now) { return .failure(refusal) }
+        let invitation = makeEvent(
+            .callIncoming(callID: callID, caller: device.userID, callerDevice: device.deviceID, offer: offer, serverTime: currentWall))
         let call = CallRecord(callID: callID, caller: device, callee: callee, invitation: invitation, startedAt: now)
         counters.callsStarted += 1
 
@@ -52,7 +52,7 @@ extension SwitchboardState {
         guard call.state.isUnanswered else { return .failure(illegal(call, "report ringing")) }
         if call.state == .inviting {
             call.state = .ringing
-            enqueue(QueuedEvent(.callRang(callID: callID, device: device.deviceID), createdAt: currentWall), to: call.caller)
+            enqueue(makeEvent(.callRang(callID: callID, device: device.deviceID)), to: call.caller)
         }
         return .success(())
     }
@@ -66,7 +66,7 @@ extension SwitchboardState {
         guard call.state.isUnanswered else { return .failure(illegal(call, "accept")) }
         call.state = .active(answeredBy: device.deviceID)
         enqueue(
-            QueuedEvent(.callAccepted(callID: callID, device: device.deviceID, answer: answer), createdAt: currentWall),
+            makeEvent(.callAccepted(callID: callID, device: device.deviceID, answer: answer)),
             to: call.caller)
         notifyOtherCalleeDevices(of: call, except: device, reason: .answeredElsewhere)
         return .success(())
@@ -163,7 +163,7 @@ extension SwitchboardState {
     // MARK: Helpers
 
     private func callEnded(_ call: CallRecord, _ reason: CallEndReason, peer: String) -> QueuedEvent {
-        QueuedEvent(.callEnded(callID: call.callID, reason: reason, peer: peer, serverTime: currentWall), createdAt: currentWall)
+        makeEvent(.callEnded(callID: call.callID, reason: reason, peer: peer, serverTime: currentWall))
     }
 
     private mutating func notifyOtherCalleeDevices(of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason) {

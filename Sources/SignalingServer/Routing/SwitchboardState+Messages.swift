@@ -19,6 +19,7 @@ extension SwitchboardState {
             counters.messagesDeduplicated += 1
             return .success(MessageAcceptance(serverTime: original, event: nil))
         }
+        if let refusal = admitSender(device.userID, bytes: message.body.count, now: now) { return .failure(refusal) }
         let recipients = Array(devices(of: message.recipient))
         let targets = recipients.filter { $0 !== device }
         let holdForUser = recipients.isEmpty
@@ -32,15 +33,19 @@ extension SwitchboardState {
             return .failure(RequestError(
                 .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later"))
         }
+        // A full queue first (the recipient's state), then this sender's share of it.
+        if let refusal = checkSenderShare(device.userID, recipient: message.recipient, devices: targets) {
+            counters.refusedSenderQuota += 1
+            return .failure(refusal)
+        }
 
         let serverTime = currentWall
-        let event = QueuedEvent(
+        let event = makeEvent(
             .message(DeliveredMessage(
                 messageID: message.messageID, sender: device.userID, senderDevice: device.deviceID,
                 recipient: message.recipient, contentType: message.contentType, body: message.body,
                 serverTime: serverTime)),
-            receipt: DeliveryReceipt(sender: device.userID, messageID: message.messageID, recipient: message.recipient),
-            createdAt: serverTime)
+            receipt: DeliveryReceipt(sender: device.userID, messageID: message.messageID, recipient: message.recipient))
         if holdForUser {
             hold(event, for: message.recipient, now: now)
         } else {

@@ -17,6 +17,14 @@ struct SwitchboardConfiguration: Sendable {
     var dedupCapacity = 1_000_000
     /// With a store: whether events go to connected devices before their commit.
     var delivery = Delivery.immediate
+    /// Unacknowledged messages one sender may have waiting for one device (or for a user
+    /// with no device yet), so that one sender cannot fill a victim's queue for everyone.
+    var maxPendingPerSender = 5_000
+    /// Messages and calls one user may send per second (bursts of twice as many); 0: no limit.
+    var senderRate = 0
+    /// Bytes of undelivered events the server may hold before it refuses new messages and
+    /// calls (`MemoryLedger`).
+    var memoryBudget = Int.max
 }
 
 /// Something the event loops must do after the switchboard changed state.
@@ -79,6 +87,10 @@ struct SwitchboardCounters: Sendable, Equatable {
     /// Messages refused after all because the store could not commit them in time.
     var messagesCancelled = 0
     var callsStarted = 0
+    /// Messages and calls refused by the per-sender limits and the memory budget.
+    var refusedSenderQuota = 0
+    var refusedRate = 0
+    var refusedCapacity = 0
 }
 
 /// The routing core: users, devices, sessions, queues and calls, as a pure state machine.
@@ -105,6 +117,11 @@ struct SwitchboardState {
     var calls: [String: CallRecord] = [:]
     var pushRegistrations: [ObjectIdentifier: PushRegistration] = [:]
     var counters = SwitchboardCounters()
+    /// The memory held by this server's events (`--memory-budget`).
+    let ledger = MemoryLedger()
+    /// Unacknowledged messages per sender and recipient queue (`maxPendingPerSender`);
+    /// an entry exists only while its count is positive.
+    var pendingBySender: [SenderShareKey: Int] = [:]
     /// Whether a push gateway is configured (offline devices with a token can be woken).
     var pushAvailable = false
     /// False while the store fails to commit (set by `Switchboard.withState`): events then
@@ -201,6 +218,10 @@ struct SwitchboardState {
         }
         device.next = nil
         pushRegistrations[ObjectIdentifier(device)] = nil
+        device.queue.forEach(after: 0) { _, event in
+            countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: -1)
+            return true
+        }
     }
 
     // MARK: Handshake
@@ -273,7 +294,10 @@ struct SwitchboardState {
     private mutating func claimHeld(_ activity: UserActivity, for device: DeviceRecord) {
         guard !activity.held.isEmpty else { return }
         let lastOrdinal = activity.nextHeldOrdinal - 1
-        for event in activity.held where !event.isCancelled { enqueue(event, to: device) }
+        for event in activity.held {
+            countShare(of: event, waitingFor: device.userID, device: nil, by: -1)
+            if !event.isCancelled { enqueue(event, to: device) }
+        }
         activity.held = []
         activity.firstHeldOrdinal = lastOrdinal + 1
         journal(.releaseHeld(user: device.userID, through: lastOrdinal))
@@ -320,6 +344,7 @@ struct SwitchboardState {
         if reserved { device.reservedAhead -= 1 }
         let seq = device.append(event)
         counters.eventsQueued += 1
+        countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: 1)
         if journaling {
             unit.add(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
                 seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
@@ -466,15 +491,15 @@ struct SwitchboardState {
         guard seq > device.ackedSeq else { return }
         var receipts: [DeliveryReceipt] = []
         device.removeThrough(seq) { _, event in
+            countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: -1)
             if let receipt = event.receipt, !event.isCancelled { receipts.append(receipt) }
         }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
         for receipt in receipts {
-            let delivered = QueuedEvent(
+            let delivered = makeEvent(
                 .messageDelivered(
                     messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: device.deviceID,
-                    serverTime: currentWall),
-                createdAt: currentWall)
+                    serverTime: currentWall))
             for senderDevice in devices(of: receipt.sender) { enqueue(delivered, to: senderDevice) }
         }
     }
@@ -527,6 +552,7 @@ struct SwitchboardState {
         let activity = activity(userID)
         let ordinal = activity.nextHeldOrdinal
         activity.held.append(event)
+        countShare(of: event, waitingFor: userID, device: nil, by: 1)
         heldExpiry.push((userID, event, now + configuration.eventTTL))
         journal(.holdForUser(user: userID, event: StoredEvent(
             seq: ordinal, type: event.encoded.type.rawValue, body: event.encoded.body,
@@ -580,6 +606,7 @@ struct SwitchboardState {
             heldExpiry.pop()
             guard let activity = activities[entry.user], activity.held.first === entry.event else { continue }
             activity.held.removeFirst()
+            countShare(of: entry.event, waitingFor: entry.user, device: nil, by: -1)
             counters.eventsExpired += 1
             journal(.releaseHeld(user: entry.user, through: activity.firstHeldOrdinal))
             activity.firstHeldOrdinal += 1
@@ -602,8 +629,8 @@ struct SwitchboardState {
             // again; those with no stored event are holes, which cost nothing and are not
             // pending.
             device.restore(
-                stored.events.lazy.compactMap { event in
-                    FrameType(rawValue: event.type).map { (event.seq, Self.queuedEvent(event, type: $0)) }
+                stored.events.compactMap { event in
+                    FrameType(rawValue: event.type).map { (event.seq, queuedEvent(event, type: $0)) }
                 },
                 through: stored.lastSeq)
             device.reservedAhead = 0  // the reservation ends at `stored.lastSeq`
@@ -620,12 +647,21 @@ struct SwitchboardState {
             for event in events {
                 guard let type = FrameType(rawValue: event.type) else { continue }
                 while activity.nextHeldOrdinal < event.seq { activity.held.append(.placeholder) }
-                let queued = Self.queuedEvent(event, type: type)
+                let queued = queuedEvent(event, type: type)
                 activity.held.append(queued)
             }
         }
         let heldByAge = activities.flatMap { userID, activity in activity.held.map { (userID, $0) } }
             .filter { !$0.1.isCancelled }.sorted { $0.1.createdAt < $1.1.createdAt }
+        for (userID, event) in heldByAge { countShare(of: event, waitingFor: userID, device: nil, by: 1) }
+        for head in users.heads {
+            for device in DeviceList(first: head) {
+                device.queue.forEach(after: 0) { _, event in
+                    countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: 1)
+                    return true
+                }
+            }
+        }
         for (userID, event) in heldByAge {
             let remaining = configuration.eventTTL - .seconds(Int64(age(event.createdAt)))
             heldExpiry.push((userID, event, now + max(.zero, remaining)))
@@ -636,10 +672,10 @@ struct SwitchboardState {
         }
     }
 
-    private static func queuedEvent(_ event: StoredEvent, type: FrameType) -> QueuedEvent {
+    private func queuedEvent(_ event: StoredEvent, type: FrameType) -> QueuedEvent {
         QueuedEvent(
             encoded: EncodedEvent(type: type, body: event.body),
             receipt: event.receipt.map { DeliveryReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
-            createdAt: event.createdAt)
+            createdAt: event.createdAt, ledger: ledger)
     }
 }

@@ -34,6 +34,13 @@ public struct ServerStatistics: Sendable, Equatable {
     public var messagesAccepted = 0
     public var messagesDeduplicated = 0
     public var callsStarted = 0
+    /// Messages and calls refused: the sender's share of a recipient's queue, its rate,
+    /// the server's memory budget.
+    public var refusedSenderQuota = 0
+    public var refusedRate = 0
+    public var refusedCapacity = 0
+    /// Bytes held by undelivered events (what `--memory-budget` limits).
+    public var eventBytes = 0
     public var sessionsExpired = 0
     public var eventsExpired = 0
 }
@@ -56,7 +63,7 @@ final class StatisticsCounters: Sendable {
     let crossLoopWrites = Atomic<Int>(0)
     let requestsHandled = Atomic<Int>(0)
 
-    func snapshot(_ routing: SwitchboardCounters) -> ServerStatistics {
+    func snapshot(_ routing: SwitchboardCounters, eventBytes: Int) -> ServerStatistics {
         ServerStatistics(
             openConnections: openConnections.load(ordering: .relaxed),
             establishedConnections: establishedConnections.load(ordering: .relaxed),
@@ -78,6 +85,10 @@ final class StatisticsCounters: Sendable {
             messagesAccepted: routing.messagesAccepted,
             messagesDeduplicated: routing.messagesDeduplicated,
             callsStarted: routing.callsStarted,
+            refusedSenderQuota: routing.refusedSenderQuota,
+            refusedRate: routing.refusedRate,
+            refusedCapacity: routing.refusedCapacity,
+            eventBytes: eventBytes,
             sessionsExpired: routing.sessionsExpired,
             eventsExpired: routing.eventsExpired)
     }

@@ -216,7 +216,7 @@ public final class SignalingServer: Sendable {
     }
 
     public var statistics: ServerStatistics {
-        context.counters.snapshot(context.switchboard.counters)
+        context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.ledger.bytes)
     }
 
     /// The push gateway's counters (nil without a gateway).

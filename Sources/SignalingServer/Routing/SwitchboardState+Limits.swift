@@ -1,0 +1,71 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// Whose unacknowledged messages wait where: one sender's messages for one device of a
+/// recipient (`device` nil: held for a recipient with no device yet).
+struct SenderShareKey: Hashable {
+    let sender: String
+    let recipient: String
+    let device: String?
+}
+
+/// Bounds on what one client can make the server hold (docs/PROTOCOL.md 6.2): the
+/// per-sender share of a recipient's queue, the per-sender rate, and the server's memory
+/// budget. Each refusal is an ERROR with its own code, and nothing was accepted.
+extension SwitchboardState {
+    /// Builds an event stamped with the current time, counted in the memory ledger.
+    func makeEvent(_ event: Event, receipt: DeliveryReceipt? = nil) -> QueuedEvent {
+        QueuedEvent(event, receipt: receipt, createdAt: currentWall, ledger: ledger)
+    }
+
+    /// The memory budget and the sender's rate, checked before a message or a call that
+    /// carries `bytes` of content is accepted.
+    mutating func admitSender(_ userID: String, bytes: Int, now: Instant) -> RequestError? {
+        let held = ledger.bytes
+        if held + bytes > configuration.memoryBudget {
+            counters.refusedCapacity += 1
+            return RequestError(
+                .capacityExceeded,
+                "the server holds as much undelivered data as it may (\(held) of \(configuration.memoryBudget) bytes); retry later")
+        }
+        guard configuration.senderRate > 0 else { return nil }
+        let activity = activity(userID)
+        if activity.sendBucket == nil {
+            let rate = Double(configuration.senderRate)
+            activity.sendBucket = TokenBucket(rate: rate, burst: 2 * rate, now: now)
+        }
+        guard activity.sendBucket!.tryTake(now: now) else {
+            counters.refusedRate += 1
+            return RequestError(
+                .rateLimited, "\(userID) sends more than \(configuration.senderRate) messages and calls a second; retry later")
+        }
+        return nil
+    }
+
+    /// Unacknowledged messages from `sender` waiting for `device` of `recipient` (nil:
+    /// held for a recipient with no device yet).
+    func pendingShare(of sender: String, waitingFor recipient: String, device: String?) -> Int {
+        pendingBySender[SenderShareKey(sender: sender, recipient: recipient, device: device)] ?? 0
+    }
+
+    /// Refuses a message when its sender already has its share of any target's queue.
+    func checkSenderShare(_ sender: String, recipient: String, devices: [DeviceRecord]) -> RequestError? {
+        let limit = configuration.maxPendingPerSender
+        let targets: [String?] = devices.isEmpty ? [nil] : devices.map(\.deviceID)
+        for device in targets where pendingShare(of: sender, waitingFor: recipient, device: device) >= limit {
+            return RequestError(
+                .senderQuotaExceeded,
+                "\(sender) already has \(limit) unacknowledged messages waiting for \(recipient)"
+                    + (device.map { " (device \($0))" } ?? "") + "; retry later")
+        }
+        return nil
+    }
+
+    /// Counts a message (an event with a receipt) in or out of its sender's share.
+    mutating func countShare(of event: QueuedEvent, waitingFor recipient: String, device: String?, by delta: Int) {
+        guard let receipt = event.receipt else { return }
+        let key = SenderShareKey(sender: receipt.sender, recipient: recipient, device: device)
+        let count = (pendingBySender[key] ?? 0) + delta
+        pendingBySender[key] = count > 0 ? count : nil
+    }
+}
