@@ -99,7 +99,7 @@ final class EventLoop: @unchecked Sendable {
         self.base = base
         self.listenFD = listenFD
         self.wakeFD = wakeFD
-        self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength)
+        self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
         self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
         scratch.reserveCapacity(Self.readBufferSize)
