@@ -5,9 +5,15 @@ import SignalingSupport
 import Glibc
 #endif
 
+let arguments = Array(CommandLine.arguments.dropFirst())
+if (try? ServerOptions.parser.parse(arguments))?.versionRequested == true {
+    StandardStreams.output(ProductVersion.line(for: "voipserver"))
+    exit(0)
+}
+
 let configuration: ServerConfiguration
 do {
-    let (parsed, helpRequested) = try ServerOptions.configuration(from: Array(CommandLine.arguments.dropFirst()))
+    let (parsed, helpRequested) = try ServerOptions.configuration(from: arguments)
     if helpRequested {
         StandardStreams.output(ServerOptions.parser.helpText)
         exit(0)

@@ -106,7 +106,7 @@ public final class SignalingServer: Sendable {
         }
         for index in 0..<configuration.workers {
             // The first socket may pick the port (port 0); the others join it.
-            let fd = shim_listen_tcp(configuration.host, port, 1, 4096, &errorText, errorText.count)
+            let fd = shim_listen_tcp(configuration.host, port, 1, Int32(configuration.listenBacklog), &errorText, errorText.count)
             guard fd >= 0 else {
                 for loop in loops { loop.stopListening() }
                 throw ServerError(lastError())
@@ -149,7 +149,8 @@ public final class SignalingServer: Sendable {
             context.logger.warning("auth_disabled", ["detail": "no --auth-secret: any device may claim any user id"])
         }
         context.logger.info("listening", [
-            "addr": "\(configuration.host):\(port)", "workers": configuration.workers,
+            "addr": "\(configuration.host):\(port)", "version": ProductVersion.current, "workers": configuration.workers,
+            "backlog": configuration.listenBacklog,
             "keepalive": configuration.keepAlive.defaultInterval,
             "auth": configuration.authSecret == nil ? "off" : "hmac",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",

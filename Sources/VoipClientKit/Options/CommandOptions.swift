@@ -111,5 +111,7 @@ public enum VoipClientCommand: Sendable, Equatable {
 
 public enum Invocation: Sendable, Equatable {
     case help
+    /// `--version`: print the name and version.
+    case version
     case run(VoipClientCommand)
 }

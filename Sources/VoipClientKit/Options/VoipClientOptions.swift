@@ -85,6 +85,7 @@ public enum VoipClientOptions {
     public static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
         let parsed = try parser.parse(arguments)
         if parsed.helpRequested { return .help }
+        if parsed.versionRequested { return .version }
         let mode = parsed.positionals.first ?? "interactive"
         guard let allowed = modeNames[mode], mode != "interactive" || parsed.positionals.isEmpty else {
             throw UsageError("unknown mode '\(mode)' (expected listen, call or send)")
