@@ -65,6 +65,10 @@ public enum ServerOptions {
             SIGNALS:
               SIGTERM, SIGINT   Drain: every device is told to reconnect after --drain-retry-after plus a random
                                 share of --drain-jitter (so a restart is not a reconnect storm), then exit 0.
+              SIGHUP            Reload: read the command line, --config and --auth-secret-file again and put
+                                log-level, the auth secret, max-pending, max-connections-per-ip and handshake-rate
+                                in force; other changes are logged and wait for a restart. A bad file changes
+                                nothing (logged as reload_failed). Connections stay open.
 
             EXIT STATUS:
               0 after a clean drain, 64 for a usage or configuration error, 70 if the server cannot start.
