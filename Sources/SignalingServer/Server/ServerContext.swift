@@ -11,6 +11,8 @@ final class ServerContext: Sendable {
     let switchboard: Switchboard
     let admission: AdmissionControl
     let counters = StatisticsCounters()
+    /// Failed authentications: at most one `auth_failed` line a second, with a count.
+    let authFailureLog = LogThrottle()
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
 
