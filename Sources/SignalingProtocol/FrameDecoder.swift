@@ -6,9 +6,15 @@
 public struct FrameDecoder: Sendable {
     /// The largest `length` (type byte plus body) accepted.
     public var maxFrameLength: Int
+    /// The side whose frames this decoder reads: a type the other side sends is refused
+    /// with `unknownFrameType` from its type byte alone, before its body is looked at, so
+    /// the code does not depend on whether the body happens to parse. Nil accepts every
+    /// type (tools that decode both directions).
+    public var sender: FrameSender?
 
-    public init(maxFrameLength: Int = ProtocolLimits.defaultMaxFrameLength) {
+    public init(maxFrameLength: Int = ProtocolLimits.defaultMaxFrameLength, from sender: FrameSender? = nil) {
         self.maxFrameLength = maxFrameLength
+        self.sender = sender
     }
 
     /// The total size (prefix included) of the frame starting at `bytes`, once its length
@@ -32,6 +38,11 @@ public struct FrameDecoder: Sendable {
         let typeByte = bytes[ProtocolLimits.lengthPrefixSize]
         guard let type = FrameType(rawValue: typeByte) else {
             throw ProtocolViolation(.unknownFrameType, "unknown frame type 0x\(String(typeByte, radix: 16))")
+        }
+        if let sender, !type.isSent(by: sender) {
+            throw ProtocolViolation(
+                .unknownFrameType,
+                "\(type) frames (0x\(String(typeByte, radix: 16))) are sent by \(sender == .client ? "servers, not clients" : "clients, not servers")")
         }
         let body = UnsafeRawBufferPointer(rebasing: bytes[(ProtocolLimits.lengthPrefixSize + 1)..<size])
         var reader = ByteReader(body, context: type)

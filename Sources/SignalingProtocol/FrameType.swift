@@ -40,3 +40,25 @@ public enum FrameType: UInt8, Sendable, CaseIterable {
     case message = 0x40
     case messageDelivered = 0x41
 }
+
+/// Which side of a connection sends a frame.
+public enum FrameSender: Sendable {
+    case client, server
+}
+
+extension FrameType {
+    /// Whether `sender` may send this type (docs/PROTOCOL.md, section 3: the direction
+    /// column). PING and PONG go both ways; every other type has one direction.
+    public func isSent(by sender: FrameSender) -> Bool {
+        switch self {
+        case .ping, .pong:
+            return true
+        case .hello, .ack, .callInvite, .callRinging, .callAccept, .callReject, .callCancel, .callHangup,
+             .messageSend, .pushRegister:
+            return sender == .client
+        case .welcome, .close, .ok, .error, .callIncoming, .callRang, .callAccepted, .callEnded, .message,
+             .messageDelivered:
+            return sender == .server
+        }
+    }
+}

@@ -32,6 +32,8 @@ public struct ParsedOptions: Sendable {
     public var values: [String: [String]] = [:]
     public var positionals: [String] = []
     public var helpRequested = false
+    /// `--version` was given (anywhere): print `ProductVersion.line(for:)` and exit 0.
+    public var versionRequested = false
 
     public init() {}
 
@@ -90,6 +92,10 @@ public struct CommandLineParser: Sendable {
             }
             if argument == "--" { optionsEnded = true; continue }
             if argument == "-h" || argument == "--help" { parsed.helpRequested = true; continue }
+            if argument == "--version" && !options.contains(where: { $0.name == "version" }) {
+                parsed.versionRequested = true
+                continue
+            }
             guard argument.hasPrefix("--") else { throw UsageError("unknown option '\(argument)'") }
             var name = String(argument.dropFirst(2))
             var inlineValue: String?
@@ -130,6 +136,7 @@ public struct CommandLineParser: Sendable {
             text += "  \(label)\(padding)\(help)\n"
         }
         text += "  -h, --help" + String(repeating: " ", count: max(1, width - 10)) + "Show this help.\n"
+        text += "  --version" + String(repeating: " ", count: max(1, width - 9)) + "Print the name and version, and exit.\n"
         if !epilogue.isEmpty { text += "\n" + epilogue + (epilogue.hasSuffix("\n") ? "" : "\n") }
         return text
     }

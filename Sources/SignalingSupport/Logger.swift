@@ -32,13 +32,26 @@ public enum LogLevel: Int, Comparable, Sendable, CaseIterable {
 ///     ts=2026-11-29T13:40:00.123Z level=info event=listening addr=0.0.0.0:7443 workers=2
 ///
 /// Each line is a single write(2), so lines from several threads never interleave.
+///
+/// Copies of a logger share its level: setting it on one (a SIGHUP reload) changes what
+/// every component that was handed a copy logs. Reading it is one relaxed atomic load.
 public struct Logger: Sendable {
-    public var level: LogLevel
+    /// The minimum level written, shared by every copy of this logger.
+    public var level: LogLevel {
+        get { LogLevel(rawValue: threshold.value.load(ordering: .relaxed)) ?? .info }
+        nonmutating set { threshold.value.store(newValue.rawValue, ordering: .relaxed) }
+    }
+    private let threshold: Threshold
     private let fd: Int32
     private let clock: any Clock
 
+    private final class Threshold: Sendable {
+        let value: Atomic<Int>
+        init(_ level: LogLevel) { value = Atomic(level.rawValue) }
+    }
+
     public init(level: LogLevel = .info, fileDescriptor: Int32 = 2, clock: any Clock = SystemClock()) {
-        self.level = level
+        self.threshold = Threshold(level)
         self.fd = fileDescriptor
         self.clock = clock
     }
@@ -46,7 +59,7 @@ public struct Logger: Sendable {
     /// A logger that drops everything (for tests that do not read logs).
     public static let silent = Logger(level: .error, fileDescriptor: -1)
 
-    @inlinable public func enabled(_ level: LogLevel) -> Bool { level >= self.level }
+    public func enabled(_ level: LogLevel) -> Bool { level >= self.level }
 
     public func debug(_ event: String, _ fields: @autoclosure () -> KeyValuePairs<String, Any> = [:]) {
         guard enabled(.debug) else { return }

@@ -14,9 +14,16 @@ public enum VoipClientMain {
             StandardStreams.error("voipclient: \(error.message)\nUSAGE: \(VoipClientOptions.parser.usage)\nTry 'voipclient --help'.\n")
             return ExitStatus.usage.rawValue
         }
-        guard case .run(let command) = invocation else {
+        let command: VoipClientCommand
+        switch invocation {
+        case .help:
             StandardStreams.output(VoipClientOptions.parser.helpText)
             return ExitStatus.ok.rawValue
+        case .version:
+            StandardStreams.output(ProductVersion.line(for: "voipclient"))
+            return ExitStatus.ok.rawValue
+        case .run(let parsed):
+            command = parsed
         }
         switch command {
         case .call(let common, let options):

@@ -54,6 +54,10 @@ do {
         print(parser.helpText, terminator: "")
         exit(0)
     }
+    if options.versionRequested {
+        print(ProductVersion.line(for: "signaling-client-probe"), terminator: "")
+        exit(0)
+    }
     guard let host = options.string("host") else { throw UsageError("--host is required") }
     guard let port = try options.int("port", in: 1...65535) else { throw UsageError("--port is required") }
     let timeout = try options.double("connect-timeout", in: 0.001...3600) ?? 10

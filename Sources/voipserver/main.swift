@@ -1,13 +1,20 @@
-// voipserver: parse options, build the server, run it until SIGTERM/SIGINT, drain.
+// voipserver: parse options, build the server, run it until SIGTERM/SIGINT, drain;
+// SIGHUP reloads what can change at run time.
 import SignalingServer
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
 #endif
 
+let arguments = Array(CommandLine.arguments.dropFirst())
+if (try? ServerOptions.parser.parse(arguments))?.versionRequested == true {
+    StandardStreams.output(ProductVersion.line(for: "voipserver"))
+    exit(0)
+}
+
 let configuration: ServerConfiguration
 do {
-    let (parsed, helpRequested) = try ServerOptions.configuration(from: Array(CommandLine.arguments.dropFirst()))
+    let (parsed, helpRequested) = try ServerOptions.configuration(from: arguments)
     if helpRequested {
         StandardStreams.output(ServerOptions.parser.helpText)
         exit(0)
@@ -18,13 +25,15 @@ do {
     exit(64)
 }
 
-// Block the shutdown signals in every thread (the loops inherit this mask) and wait for
-// them here, so that no loop is interrupted mid-callback.
-var shutdownSignals = sigset_t()
-sigemptyset(&shutdownSignals)
-sigaddset(&shutdownSignals, SIGTERM)
-sigaddset(&shutdownSignals, SIGINT)
-pthread_sigmask(SIG_BLOCK, &shutdownSignals, nil)
+// Block the signals the server handles in every thread (the loops inherit this mask) and
+// wait for them here, so that no loop is interrupted mid-callback. SIGHUP is among them:
+// its default action would kill the server (exit 129, no drain).
+var handledSignals = sigset_t()
+sigemptyset(&handledSignals)
+sigaddset(&handledSignals, SIGTERM)
+sigaddset(&handledSignals, SIGINT)
+sigaddset(&handledSignals, SIGHUP)
+pthread_sigmask(SIG_BLOCK, &handledSignals, nil)
 signal(SIGPIPE, SIG_IGN)
 
 let logger = Logger(level: configuration.logLevel)
@@ -39,7 +48,19 @@ do {
 }
 
 var received: Int32 = 0
-sigwait(&shutdownSignals, &received)
+while true {
+    sigwait(&handledSignals, &received)
+    guard received == SIGHUP else { break }
+    // Read the command line, the --config file and the --auth-secret-file again, with the
+    // same precedence as at start. A mistake keeps everything as it is.
+    logger.info("signal", ["signal": "SIGHUP"])
+    do {
+        let (reloaded, _) = try ServerOptions.configuration(from: arguments)
+        server.reload(reloaded)
+    } catch {
+        logger.error("reload_failed", ["error": error.message, "detail": "the running configuration stays"])
+    }
+}
 logger.info("signal", ["signal": received == SIGTERM ? "SIGTERM" : "SIGINT"])
 server.shutdown()
 exit(0)

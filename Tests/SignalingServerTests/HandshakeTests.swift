@@ -118,6 +118,18 @@ struct BadInputTests {
         #expect(try client.expectClose().code == .unknownFrameType)
     }
 
+    @Test("a server-only frame with a malformed body is unknownFrameType, before and after HELLO")
+    func serverOnlyFrameMalformedBody() throws {
+        // A WELCOME whose body is one byte: its type alone decides the code, not the body.
+        let malformedWelcome: [UInt8] = [0, 0, 0, 2, FrameType.welcome.rawValue, 0x00]
+        let server = try TestServer()
+        let (client, _) = try server.connect(user: "alice")
+        try client.sendRaw(malformedWelcome)
+        #expect(try client.expectClose().code == .unknownFrameType)
+        // An ERROR with no body at all, as the first frame.
+        try expectRefusal([0, 0, 0, 1, FrameType.error.rawValue], code: .unknownFrameType)
+    }
+
     @Test("a second HELLO") func duplicateHello() throws {
         let server = try TestServer()
         let (client, _) = try server.connect(user: "alice")

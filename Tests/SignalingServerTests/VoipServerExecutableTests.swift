@@ -20,6 +20,25 @@ struct VoipServerExecutableTests {
         #expect(run.stdout.contains("SIGTERM"))
     }
 
+    @Test("--version prints the name and the one shared version, and exits 0", arguments: [
+        "voipserver", "voipclient", "voipload", "signaling-client-probe", "sqlite-store-bench", "reference-probe",
+    ])
+    func version(executable: String) throws {
+        let run = try ExecutableRun.run(executable, ["--version"], timeoutSeconds: 30)
+        #expect(run.exitCode == 0, "\(run.stderr)")
+        #expect(run.stdout == "\(executable) \(ProductVersion.current)\n")
+        let help = try ExecutableRun.run(executable, ["--help"], timeoutSeconds: 30)
+        #expect(help.stdout.contains("--version"), "\(executable) --help does not mention --version")
+    }
+
+    @Test("the listening line names the version and the listen backlog")
+    func listeningLine() throws {
+        let server = try ServerProcess(["--store", "memory"])
+        let line = server.log.split(separator: "\n").first { $0.contains("event=listening") } ?? ""
+        #expect(line.contains(" version=\(ProductVersion.current) "), "\(line)")
+        #expect(line.contains(" backlog=\(ServerConfiguration.systemMaxListenBacklog()) "), "\(line)")
+    }
+
     @Test("bad usage prints the reason and exits 64", arguments: [
         ["--keepalive", "599"], ["--no-such-option"], ["--listen", "localhost"], ["--workers", "many"],
     ])

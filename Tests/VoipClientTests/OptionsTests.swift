@@ -41,6 +41,9 @@ struct OptionsTests {
         guard case .listen(_, let listen) = try command(base + ["listen", "--auto-answer", "--count", "3", "--answer-after", "0.2"])
         else { Issue.record("not listen"); return }
         #expect(listen.answering == .autoAnswer && listen.count == 3 && listen.answerAfter == .milliseconds(200) && listen.timeout == nil)
+        #expect(!listen.countCallsOnly)
+        guard case .listen(_, let callsOnly) = try command(base + ["listen", "--count-calls", "2"]) else { Issue.record("not listen"); return }
+        #expect(callsOnly.count == 2 && callsOnly.countCallsOnly)
 
         guard case .send(_, let send) = try command(base + ["send", "--wait-delivered", "bob", "--", "-not an option"]) else {
             Issue.record("not send")
@@ -94,6 +97,7 @@ struct OptionsTests {
         (["--server", "h:1", "--user", "a", "call"], "one callee"),
         (["--server", "h:1", "--user", "a", "call", "a"], "yourself"),
         (["--server", "h:1", "--user", "a", "listen", "--auto-answer", "--auto-reject"], "not both"),
+        (["--server", "h:1", "--user", "a", "listen", "--count", "1", "--count-calls", "1"], "--count or --count-calls, not both"),
         (["--server", "h:1", "--user", "a", "listen", "--hangup-after", "1"], "does not apply to 'listen'"),
         (["--server", "h:1", "--user", "a", "--count", "1"], "does not apply to the interactive mode"),
         (["--server", "h:1", "--user", "a", "--json"], "--json does not apply to the interactive mode"),

@@ -205,6 +205,50 @@ struct VoipClientExecutableTests {
         #expect(!again.stdout.contains("hello there"))
     }
 
+    @Test("a message pending for the callee: listen --count 1 ends on it and the call finds nobody; --count-calls 1 waits for the call")
+    func pendingMessageBeforeCall() throws {
+        // The README's first session, with a message already waiting for bob.
+        let server = try startServer()
+        #expect(try run(client(server, "carol", ["send", "bob", "left for you earlier"])).exitCode == 0)
+        let counting = try VoipClientProcess(client(server, "bob", ["listen", "--auto-answer", "--count", "1"] + quickProbe))
+        #expect(counting.exitCode() == 0, "\(counting.stderr)")  // --count counts the pending message
+        #expect(counting.stdout.contains("left for you earlier"))
+        #expect(try run(client(server, "alice", ["call", "bob"] + quickProbe)).exitCode == 2)  // bob is gone
+
+        #expect(try run(client(server, "carol", ["send", "bob", "another one"])).exitCode == 0)
+        let bob = try VoipClientProcess(client(server, "bob", ["listen", "--auto-answer", "--count-calls", "1"] + quickProbe))
+        #expect(bob.waitForOutput("another one"), "\(bob.stderr)")
+        #expect(bob.process.poll() == nil, "a message ended listen --count-calls")
+        let alice = try run(client(server, "alice", ["call", "bob"] + quickProbe))
+        #expect(alice.exitCode == 0, "\(alice.stderr)")
+        #expect(bob.exitCode() == 0, "\(bob.stderr)")
+        #expect(bob.stdout.contains("handled 1 call and 1 message"), "\(bob.stdout)")
+    }
+
+    @Test("interactive: quit with a message the server never accepted warns and exits 8")
+    func unsentMessageAtQuit() throws {
+        let scratch = try TemporaryDirectory("voipclient-unsent")
+        let process = try ChildProcess.spawn(
+            ExecutableRun.path(of: "voipclient"),
+            arguments: ["--server", "127.0.0.1:\(closedLoopbackPort())", "--user", "carol"], pipeInput: true,
+            stdout: .file(scratch.file("out")), stderr: .file(scratch.file("err")))
+        func type(_ line: String) { _ = Array(line.utf8).withUnsafeBytes { write(process.input, $0.baseAddress, $0.count) } }
+        type("msg bob are you there?\n")
+        let deadline = SystemClock().now() + .seconds(20)
+        while !(readTextFile(scratch.file("out")) ?? "").contains("the message is kept") {
+            guard SystemClock().now() < deadline, process.poll() == nil else {
+                Issue.record("no 'kept' line: \(readTextFile(scratch.file("out")) ?? "") \(readTextFile(scratch.file("err")) ?? "")")
+                return
+            }
+            usleep(10_000)
+        }
+        type("quit\n")
+        let status = process.waitForExit(timeoutSeconds: 20).map { ($0 >> 8) & 0xff }
+        let stderr = readTextFile(scratch.file("err")) ?? ""
+        #expect(status == ExitStatus.unsentMessages.rawValue, "\(stderr)")
+        #expect(stderr.contains("1 message not accepted by the server, now dropped") && stderr.contains("to bob"), "\(stderr)")
+    }
+
     @Test("credentials: a wrong token is refused with exit 5, --auth-secret computes the right one")
     func credentials() throws {
         let server = try startServer(["--auth-secret", "s3cret"])

@@ -7,6 +7,10 @@ import Glibc
 /// Runs one measurement: subscribers, memory, publisher and receiver threads, report.
 enum ProbeCommand {
     static func main(_ arguments: [String]) -> Int32 {
+        if (try? ProbeOptions.parser.parse(arguments))?.versionRequested == true {
+            StandardStreams.output(ProductVersion.line(for: "reference-probe"))
+            return 0
+        }
         let options: ProbeOptions
         do {
             guard let parsed = try ProbeOptions.parse(arguments) else {

@@ -43,6 +43,10 @@ do {
         StandardStreams.output(parser.helpText)
         exit(0)
     }
+    if options.versionRequested {
+        StandardStreams.output(ProductVersion.line(for: "sqlite-store-bench"))
+        exit(0)
+    }
     guard options.positionals.isEmpty else { throw UsageError("unexpected argument '\(options.positionals[0])'") }
     deviceCount = try options.int("devices", in: 1...10_000_000) ?? 10_000
     batchSize = try options.int("batch-size", in: 2...10_000_000) ?? 2_000

@@ -12,6 +12,11 @@ public struct ServerConfiguration: Sendable {
     public var host = "0.0.0.0"
     /// Port to listen on; 0 picks a free port (tests).
     public var port: UInt16 = 7443
+    /// Length of each loop's queue of connections the kernel has completed but the loop has
+    /// not accepted yet (`listen(2)`'s backlog). A reconnect storm overflows a short queue
+    /// into SYN retries (1 s, then 3 s later). The kernel caps it at
+    /// `net.core.somaxconn`, so the default is that maximum.
+    public var listenBacklog = ServerConfiguration.systemMaxListenBacklog()
     /// Event-loop threads; each owns its connections. Default: one per core.
     public var workers = ServerConfiguration.coreCount
     /// Keep-alive interval handed to clients, and the largest one granted on request.
@@ -109,6 +114,15 @@ public struct ServerConfiguration: Sendable {
         if pages > 0 && pageSize > 0 { return pages * pageSize / 4 }
         #endif
         return 1 << 30
+    }
+
+    /// The kernel's cap on a listen backlog, read from `path` (`net.core.somaxconn`);
+    /// 4096 (the kernel's default since 5.4) where it cannot be read.
+    public static func systemMaxListenBacklog(path: String = "/proc/sys/net/core/somaxconn") -> Int {
+        guard let text = readTextFile(path), let value = Int(text.split(separator: "\n").first ?? ""), value > 0 else {
+            return 4096
+        }
+        return min(value, Int(Int32.max))
     }
 
     public static var coreCount: Int {

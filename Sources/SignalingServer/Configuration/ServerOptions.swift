@@ -20,7 +20,8 @@ public enum ServerOptions {
             """,
         options: [
             OptionSpec("listen", value: "HOST:PORT", default: "0.0.0.0:7443", help: "Address and port to accept devices on."),
-            OptionSpec("config", value: "FILE", help: "Read options from FILE: one 'name = value' per line, '#' comments."),
+            OptionSpec("config", value: "FILE", help: "Read options from FILE: one 'name = value' per line; '#' starts a comment at a line's start or after whitespace; values may be quoted."),
+            OptionSpec("listen-backlog", value: "N", default: "net.core.somaxconn, or 4096", help: "Completed connections each loop's socket queues before accepting them (the kernel caps it at net.core.somaxconn)."),
             OptionSpec("workers", value: "N", default: "one per core", help: "Event-loop threads."),
             OptionSpec("keepalive", value: "SECONDS", default: "600", help: "Keep-alive interval handed to devices; never below 600."),
             OptionSpec("max-keepalive", value: "SECONDS", default: "3600", help: "Longest keep-alive granted to a device that asks for more."),
@@ -68,6 +69,10 @@ public enum ServerOptions {
             SIGNALS:
               SIGTERM, SIGINT   Drain: every device is told to reconnect after --drain-retry-after plus a random
                                 share of --drain-jitter (so a restart is not a reconnect storm), then exit 0.
+              SIGHUP            Reload: read the command line, --config and --auth-secret-file again and put
+                                log-level, the auth secret, max-pending, max-connections-per-ip and handshake-rate
+                                in force; other changes are logged and wait for a restart. A bad file changes
+                                nothing (logged as reload_failed). Connections stay open.
 
             EXIT STATUS:
               0 after a clean drain, 64 for a usage or configuration error, 70 if the server cannot start.
@@ -83,33 +88,110 @@ public enum ServerOptions {
             throw UsageError("unexpected argument '\(commandLine.positionals[0])'")
         }
         var merged = ParsedOptions()
+        var file = ConfigurationFile(path: "")
         if let path = commandLine.string("config") {
-            merged = try parseFile(path)
+            file = try parseFile(path)
+            merged = file.options
         }
-        for (name, values) in commandLine.values { merged.values[name] = values }
-        return (try build(merged), false)
+        for (name, values) in commandLine.values {
+            merged.values[name] = values
+            file.lines[name] = nil  // the command line wins: a mistake in it is not the file's
+        }
+        do {
+            return (try build(merged), false)
+        } catch {
+            throw file.locate(error)
+        }
     }
 
-    /// Reads `name = value` lines.
-    static func parseFile(_ path: String) throws(UsageError) -> ParsedOptions {
-        guard let text = readTextFile(path) else { throw UsageError("cannot read configuration file \(path)") }
-        var parsed = ParsedOptions()
-        for (number, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            var line = Substring(rawLine)
-            if let hash = line.firstIndex(of: "#") { line = line[..<hash] }
-            let trimmed = line.trimmingWhitespace()
-            guard !trimmed.isEmpty else { continue }
-            guard let equals = trimmed.firstIndex(of: "=") else {
-                throw UsageError("\(path):\(number + 1): expected 'name = value'")
-            }
-            let name = String(trimmed[..<equals].trimmingWhitespace())
-            let value = String(trimmed[trimmed.index(after: equals)...].trimmingWhitespace())
-            guard let spec = parser.options.first(where: { $0.name == name }), name != "config" else {
-                throw UsageError("\(path):\(number + 1): unknown option '\(name)'")
-            }
-            parsed.values[name] = [spec.isFlag ? "true" : value]
+    /// The options a configuration file sets, and the line each one is on.
+    struct ConfigurationFile {
+        let path: String
+        var options = ParsedOptions()
+        var lines: [String: Int] = [:]
+
+        /// Prefixes `file:line:` to an error about an option this file set. Errors name
+        /// their option (`--ring-timeout must be...`, `max-frame must be...`); the longest
+        /// name found wins, so `auth-secret-file` is not taken for `auth-secret`.
+        func locate(_ error: UsageError) -> UsageError {
+            let named = lines.keys.filter { error.message.contains("--\($0)") || error.message.hasPrefix("\($0) ") }
+            guard let name = named.max(by: { $0.count < $1.count }), let line = lines[name] else { return error }
+            return UsageError("\(path):\(line): \(error.message)")
         }
-        return parsed
+    }
+
+    /// Reads `name = value` lines (docs/CONFIGURATION.md, "The file"):
+    /// - `#` starts a comment at the start of a line or after whitespace; elsewhere it is
+    ///   part of the value (`auth-secret = abc#def` is `abc#def`).
+    /// - A value may be quoted, `"..."` or `'...'`; the quotes are not part of it. Inside
+    ///   double quotes `\"` and `\\` stand for `"` and `\`, and no other escape exists;
+    ///   single quotes take everything literally.
+    /// - A name given twice is an error. Every error names the file and the line.
+    static func parseFile(_ path: String) throws(UsageError) -> ConfigurationFile {
+        guard let text = readTextFile(path) else { throw UsageError("cannot read configuration file \(path)") }
+        var file = ConfigurationFile(path: path)
+        for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let number = index + 1
+            func failure(_ message: String) -> UsageError { UsageError("\(path):\(number): \(message)") }
+            let line = Substring(rawLine).trimmingWhitespace()
+            guard !line.isEmpty, line.first != "#" else { continue }
+            guard let equals = line.firstIndex(of: "=") else { throw failure("expected 'name = value'") }
+            let name = String(line[..<equals].trimmingWhitespace())
+            guard let spec = parser.options.first(where: { $0.name == name }), name != "config" else {
+                throw failure("unknown option '\(name)'")
+            }
+            if let first = file.lines[name] { throw failure("'\(name)' is already set on line \(first)") }
+            let value: String
+            do {
+                value = try parseValue(line[line.index(after: equals)...])
+            } catch {
+                throw failure("\(name): \(error.message)")
+            }
+            file.options.values[name] = [spec.isFlag ? "true" : value]
+            file.lines[name] = number
+        }
+        return file
+    }
+
+    /// The value after `=`: quoted or bare, up to a comment (see `parseFile`).
+    static func parseValue(_ rest: Substring) throws(UsageError) -> String {
+        let text = rest.trimmingWhitespace()
+        guard let quote = text.first, quote == "\"" || quote == "'" else {
+            // Bare: a `#` ends it only at its start after whitespace, or after whitespace.
+            var value = ""
+            var previous: Character = rest.first?.isWhitespace == true ? " " : "="
+            for character in text {
+                if character == "#" && previous.isWhitespace { break }
+                value.append(character)
+                previous = character
+            }
+            return String(Substring(value).trimmingWhitespace())
+        }
+        var value = ""
+        var index = text.index(after: text.startIndex)
+        var closed = false
+        while index < text.endIndex {
+            let character = text[index]
+            index = text.index(after: index)
+            if character == quote { closed = true; break }
+            if character == "\\" && quote == "\"" {
+                guard index < text.endIndex else { break }
+                let escaped = text[index]
+                guard escaped == "\"" || escaped == "\\" else {
+                    throw UsageError("unknown escape '\\\(escaped)' in a quoted value (only \\\" and \\\\ exist)")
+                }
+                value.append(escaped)
+                index = text.index(after: index)
+                continue
+            }
+            value.append(character)
+        }
+        guard closed else { throw UsageError("the value has no closing \(quote)") }
+        let after = text[index...]
+        guard after.isEmpty || (after.first!.isWhitespace && after.trimmingWhitespace().first.map { $0 == "#" } ?? true) else {
+            throw UsageError("unexpected text after the closing \(quote)")
+        }
+        return value
     }
 
     static func build(_ options: ParsedOptions) throws(UsageError) -> ServerConfiguration {
@@ -124,6 +206,7 @@ public enum ServerOptions {
             configuration.port = port
         }
         if let workers = try options.int("workers", in: 1...256) { configuration.workers = workers }
+        if let backlog = try options.int("listen-backlog", in: 1...Int(Int32.max)) { configuration.listenBacklog = backlog }
 
         let keepAlive = try options.int("keepalive", in: 1...86_400).map(UInt32.init) ?? configuration.keepAlive.defaultInterval
         let maxKeepAlive = try options.int("max-keepalive", in: 1...86_400).map(UInt32.init)
@@ -200,7 +283,7 @@ public enum ServerOptions {
         if let path = options.string("auth-secret-file") {
             guard let text = readTextFile(path),
                   let line = text.split(separator: "\n").first.map({ String($0.trimmingWhitespace()) }), !line.isEmpty
-            else { throw UsageError("cannot read a secret from \(path)") }
+            else { throw UsageError("--auth-secret-file: cannot read a secret from \(path)") }
             configuration.authSecret = line
         }
         if let url = options.string("push-gateway") {

@@ -54,7 +54,7 @@ extension EventLoop {
             context.counters.connectionsRefusedPerAddress.increment()
             closeConnection(slot, with: Close(
                 code: .tooManyConnections, retryAfterMs: 30_000, retryJitterMs: 30_000,
-                message: "more than \(configuration.maxConnectionsPerAddress) connections from your address"))
+                message: "more than \(context.admission.maxConnectionsPerAddress) connections from your address"))
             return
         }
         helloDeadlines.push((slot, state.pointee.generation, nowSeconds + configuration.handshakeTimeout.wholeSecondsRoundedUp))

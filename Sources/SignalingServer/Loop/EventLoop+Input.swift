@@ -51,7 +51,7 @@ extension EventLoop {
                 case EAGAIN, EWOULDBLOCK: return
                 case EINTR: continue
                 default:
-                    peerClosed(slot)
+                    socketFailed(slot, errno: errno)
                     return
                 }
             }
@@ -188,8 +188,14 @@ extension EventLoop {
         }
         if let key = context.authKey {
             guard let credentials = hello.credentials, AuthToken.verify(credentials, key: key, userID: hello.userID) else {
-                protocolViolation(slot, ProtocolViolation(
-                    .unauthorized, hello.credentials == nil ? "credentials required" : "invalid credentials for \(hello.userID)"))
+                let reason = hello.credentials == nil ? "credentials required" : "invalid credentials for \(hello.userID)"
+                if let suppressed = context.authFailureLog.admit(now: now) {
+                    context.logger.warning("auth_failed", [
+                        "conn": reference(slot), "user": hello.userID, "device": hello.deviceID, "reason": reason,
+                        "suppressed": suppressed,
+                    ])
+                }
+                protocolViolation(slot, ProtocolViolation(.unauthorized, reason))
                 return
             }
         }
@@ -310,10 +316,10 @@ extension EventLoop {
 
     /// A request refused by a backlog or a limit is worth an operator's attention (a device
     /// that never acknowledges, a sender flooding someone, a server at its memory budget),
-    /// but a flood of them must not flood the log: one warn line per second per loop, with
-    /// the count of lines left out.
+    /// but a flood of them must not flood the log: one warn line per second, with the count
+    /// of lines left out.
     private func logRefusal(_ code: ErrorCode, _ message: String, sender: DeviceRecord, on ref: ConnectionRef) {
-        guard let suppressed = refusalLogThrottle.admit(atSecond: nowSeconds) else { return }
+        guard let suppressed = context.refusalLog.admit(now: context.clock.now()) else { return }
         context.logger.warning("request_refused", [
             "conn": ref, "user": sender.userID, "device": sender.deviceID, "code": code.rawValue, "detail": message,
             "suppressed": suppressed,
@@ -322,6 +328,22 @@ extension EventLoop {
 
     /// The peer closed or the socket failed.
     func peerClosed(_ slot: UInt32) {
+        destroy(slot)
+    }
+
+    /// A read or write failed with `code`: the connection is gone (its events stay
+    /// pending). A reset or a closed pipe is routine (a phone changed networks). ETIMEDOUT
+    /// means the kernel gave up on a peer that stopped acknowledging data
+    /// (`--tcp-user-timeout`): a dead device, or a path that drops packets, worth a warn line.
+    func socketFailed(_ slot: UInt32, errno code: Int32) {
+        if code == ETIMEDOUT {
+            let device = table.state(slot).pointee.device
+            context.logger.warning("peer_timed_out", [
+                "conn": reference(slot), "user": device?.userID ?? "-", "device": device?.deviceID ?? "-",
+                "tcp_user_timeout": context.configuration.tcpUserTimeout.wholeSecondsRoundedUp,
+                "detail": "sent data stayed unacknowledged; the connection was dropped and its events stay pending",
+            ])
+        }
         destroy(slot)
     }
 }

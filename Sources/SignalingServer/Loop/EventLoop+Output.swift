@@ -76,7 +76,7 @@ extension EventLoop {
         let written = scratch.withUnsafeBytes { shim_send(state.pointee.fd, $0.baseAddress, $0.count) }
         if written == scratch.count { return }
         if written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
-            destroy(slot)  // EPIPE, ECONNRESET...: the device is gone; its events stay pending
+            socketFailed(slot, errno: errno)  // EPIPE, ECONNRESET...: the device is gone; its events stay pending
             return
         }
         keepUnwritten(scratch, written: max(0, written), in: slot, at: nowSeconds)
@@ -116,7 +116,7 @@ extension EventLoop {
             shim_send(state.pointee.fd, bytes.baseAddress! + offset, bytes.count - offset)
         }
         if written < 0 {
-            if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { destroy(slot) }
+            if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { socketFailed(slot, errno: errno) }
             return
         }
         if written > 0 { state.pointee.writeProgressSecond = nowSeconds }  // the client reads

@@ -66,8 +66,6 @@ final class EventLoop: @unchecked Sendable {
     let decoder: FrameDecoder
     /// Cached once per callback: the current time on the server's second timeline.
     var nowSeconds: UInt32 = 0
-    /// Paces the warn lines of refused requests (`logRefusal`).
-    var refusalLogThrottle = LogThrottle()
 
     var listenFD: Int32
     private var listenEvent: OpaquePointer?
@@ -101,7 +99,7 @@ final class EventLoop: @unchecked Sendable {
         self.base = base
         self.listenFD = listenFD
         self.wakeFD = wakeFD
-        self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength)
+        self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
         self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
         scratch.reserveCapacity(Self.readBufferSize)

@@ -13,6 +13,18 @@ struct SenderShareKey: Hashable {
 /// per-sender share of a recipient's queue, the per-sender rate, and the server's memory
 /// budget. Each refusal is an ERROR with its own code, and nothing was accepted.
 extension SwitchboardState {
+    /// Puts reloaded limits in force (SIGHUP). Senders' buckets start afresh at a new rate;
+    /// counts already held stay and are compared with the new limits from now on.
+    mutating func applyLimits(of new: SwitchboardConfiguration) {
+        if new.senderRate != configuration.senderRate {
+            for activity in activities.values { activity.sendBucket = nil }
+        }
+        configuration.maxPendingEvents = new.maxPendingEvents
+        configuration.maxPendingPerSender = new.maxPendingPerSender
+        configuration.senderRate = new.senderRate
+        configuration.memoryBudget = new.memoryBudget
+    }
+
     /// Builds an event stamped with the current time, counted in the memory ledger.
     func makeEvent(_ event: Event, receipt: DeliveryReceipt? = nil) -> QueuedEvent {
         QueuedEvent(event, receipt: receipt, createdAt: currentWall, ledger: ledger)

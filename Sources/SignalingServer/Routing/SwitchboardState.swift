@@ -105,7 +105,8 @@ struct SwitchboardCounters: Sendable, Equatable {
 /// is committed (`markDurable`); to an offline device's wake-up only after the commit.
 /// Without a store, at once.
 struct SwitchboardState {
-    let configuration: SwitchboardConfiguration
+    /// `maxPendingEvents` may change at run time (a SIGHUP reload, under the lock).
+    var configuration: SwitchboardConfiguration
     /// Time zero of the 32-bit second timeline used in device records.
     let epoch: Instant
     let journaling: Bool

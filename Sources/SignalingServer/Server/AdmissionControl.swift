@@ -7,11 +7,25 @@ import Synchronization
 final class AdmissionControl: Sendable {
     private let perAddress = Mutex<[UInt32: Int32]>([:])
     private let bucket: Mutex<TokenBucket>
-    private let maxPerAddress: Int32
+    /// Both limits may change at run time (`update`, on SIGHUP).
+    private let maxPerAddress: Atomic<Int32>
 
     init(maxConnectionsPerAddress: Int, handshakeRate: Int, now: Instant) {
-        maxPerAddress = Int32(clamping: maxConnectionsPerAddress)
+        maxPerAddress = Atomic(Int32(clamping: maxConnectionsPerAddress))
         bucket = Mutex(TokenBucket(rate: Double(handshakeRate), burst: Double(handshakeRate), now: now))
+    }
+
+    /// The cap on connections from one address now in force.
+    var maxConnectionsPerAddress: Int { Int(maxPerAddress.load(ordering: .relaxed)) }
+
+    /// Puts new limits in force. Connections already open stay, even above a lowered cap;
+    /// a new handshake rate starts with a full bucket.
+    func update(maxConnectionsPerAddress: Int, handshakeRate: Int, now: Instant) {
+        maxPerAddress.store(Int32(clamping: maxConnectionsPerAddress), ordering: .relaxed)
+        bucket.withLock { bucket in
+            guard bucket.rate != Double(handshakeRate) else { return }
+            bucket = TokenBucket(rate: Double(handshakeRate), burst: Double(handshakeRate), now: now)
+        }
     }
 
     /// Counts a new connection from `address` (a hash of its IP); false if over the cap,
@@ -19,7 +33,7 @@ final class AdmissionControl: Sendable {
     func admitConnection(from address: UInt32) -> Bool {
         perAddress.withLock { counts in
             let current = counts[address, default: 0]
-            guard current < maxPerAddress else { return false }
+            guard current < maxPerAddress.load(ordering: .relaxed) else { return false }
             counts[address] = current + 1
             return true
         }

@@ -1,6 +1,7 @@
 import SignalingProtocol
 import SignalingPush
 import SignalingSupport
+import Synchronization
 
 /// What every event loop of one server shares. Immutable, or internally synchronised.
 final class ServerContext: Sendable {
@@ -10,6 +11,10 @@ final class ServerContext: Sendable {
     let switchboard: Switchboard
     let admission: AdmissionControl
     let counters = StatisticsCounters()
+    /// Failed authentications: at most one `auth_failed` line a second, with a count.
+    let authFailureLog = LogThrottle()
+    /// Paces the warn lines of requests refused by a backlog or a limit.
+    let refusalLog = LogThrottle()
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
 
@@ -19,7 +24,7 @@ final class ServerContext: Sendable {
     ) {
         self.configuration = configuration
         self.pushGateway = pushGateway
-        self.authKey = configuration.authSecret.map { AuthToken.key(secret: $0) }
+        self.authKeyHolder = Mutex(configuration.authSecret.map { AuthToken.key(secret: $0) })
         self.clock = clock
         self.logger = logger
         let now = clock.now()
@@ -30,8 +35,14 @@ final class ServerContext: Sendable {
             handshakeRate: configuration.handshakeRate, now: now)
     }
 
-    /// The authentication key made from the secret once (nil: no authentication).
-    let authKey: SHA256.HMACKey?
+    /// The authentication key made from the secret once (nil: no authentication). A
+    /// reload (SIGHUP) may replace it; each handshake reads it once, under a lock held
+    /// only for the copy.
+    var authKey: SHA256.HMACKey? {
+        get { authKeyHolder.withLock { $0 } }
+        set { authKeyHolder.withLock { $0 = newValue } }
+    }
+    private let authKeyHolder: Mutex<SHA256.HMACKey?>
 
     /// The push gateway, when one is configured.
     let pushGateway: (any WakeUpSubmitter)?

@@ -8,6 +8,10 @@ import Synchronization
 import Glibc
 #endif
 
+// Lock order: `settings` before the locks a reload takes inside it (the switchboard's,
+// the admission control's, the auth key's); none of those is ever held while `settings`
+// is taken. `state` is never held together with another lock.
+
 /// The signaling server: `workers` event loops on their own threads, each accepting on
 /// its own SO_REUSEPORT socket, sharing one routing core.
 ///
@@ -16,7 +20,10 @@ import Glibc
 ///     ...
 ///     server.shutdown()           // CLOSE goingAway to everyone, then stop
 public final class SignalingServer: Sendable {
-    public let configuration: ServerConfiguration
+    /// The configuration in force: the one the server started with, with the changes of
+    /// every `reload` since.
+    public var configuration: ServerConfiguration { settings.withLock { $0 } }
+    private let settings: Mutex<ServerConfiguration>
     private let context: ServerContext
     private let writer: StoreWriter?
     private let pushGateway: PushGateway?
@@ -43,7 +50,7 @@ public final class SignalingServer: Sendable {
         } catch {
             throw ServerError(error.message)
         }
-        self.configuration = configuration
+        self.settings = Mutex(configuration)
         var pushGateway: PushGateway?
         if let push = configuration.pushGateway {
             do {
@@ -84,6 +91,7 @@ public final class SignalingServer: Sendable {
 
     /// Binds the listening sockets and starts the loops. Returns once the server accepts.
     public func start() throws(ServerError) {
+        let configuration = self.configuration
         let loopCPUs = configuration.loopCPUs
         if let missing = loopCPUs.first(where: { $0 >= CPUList.configuredCount }) {
             throw ServerError("--loop-cpus: there is no CPU \(missing) (this machine has \(CPUList.configuredCount): 0-\(CPUList.configuredCount - 1))")
@@ -106,7 +114,7 @@ public final class SignalingServer: Sendable {
         }
         for index in 0..<configuration.workers {
             // The first socket may pick the port (port 0); the others join it.
-            let fd = shim_listen_tcp(configuration.host, port, 1, 4096, &errorText, errorText.count)
+            let fd = shim_listen_tcp(configuration.host, port, 1, Int32(configuration.listenBacklog), &errorText, errorText.count)
             guard fd >= 0 else {
                 for loop in loops { loop.stopListening() }
                 throw ServerError(lastError())
@@ -149,13 +157,118 @@ public final class SignalingServer: Sendable {
             context.logger.warning("auth_disabled", ["detail": "no --auth-secret: any device may claim any user id"])
         }
         context.logger.info("listening", [
-            "addr": "\(configuration.host):\(port)", "workers": configuration.workers,
+            "addr": "\(configuration.host):\(port)", "version": ProductVersion.current, "workers": configuration.workers,
+            "backlog": configuration.listenBacklog,
             "keepalive": configuration.keepAlive.defaultInterval,
             "auth": configuration.authSecret == nil ? "off" : "hmac",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
             "loop_cpus": placement.isEmpty ? "any" : placement.map(String.init).joined(separator: ","),
         ])
     }
+
+    /// What a `reload` did, by option name (docs/CONFIGURATION.md).
+    public struct Reload: Sendable, Equatable {
+        /// Settings whose new values are now in force.
+        public var applied: [String] = []
+        /// Settings that differ from the running ones but take effect only at the next
+        /// start; the running values stay.
+        public var needRestart: [String] = []
+
+        public init(applied: [String] = [], needRestart: [String] = []) {
+            self.applied = applied
+            self.needRestart = needRestart
+        }
+    }
+
+    /// The settings `reload` puts in force while the server runs. Each is read where it is
+    /// used (a handshake, an accept, a message) from a lock or an atomic, so a change is
+    /// seen by the next operation of every loop. Everything else (addresses, threads,
+    /// timer lengths whose queues rely on one constant length, the store, buffers) is
+    /// fixed at start.
+    public static let reloadableSettings = [
+        "log-level", "auth-secret", "max-pending", "max-connections-per-ip", "handshake-rate",
+    ]
+
+    /// Puts the reloadable settings of `new` in force and reports, without applying them,
+    /// the others that differ. Logs `reloaded` (info) with the keys, and
+    /// `reload_needs_restart` (warn) when some keys cannot change now. Connections already
+    /// open stay, whatever the new limits; a device that authenticated with the old secret
+    /// keeps its connection until it reconnects.
+    @discardableResult
+    public func reload(_ new: ServerConfiguration) -> Reload {
+        let now = context.clock.now()
+        return settings.withLock { current -> Reload in
+            var result = Reload()
+            if new.logLevel != current.logLevel {
+                context.logger.level = new.logLevel
+                result.applied.append("log-level")
+            }
+            if new.authSecret != current.authSecret {
+                context.authKey = new.authSecret.map { AuthToken.key(secret: $0) }
+                result.applied.append("auth-secret")
+            }
+            // The routing core's limits, in one switch under its lock.
+            let limits: [(name: String, changed: Bool)] = [
+                ("max-pending", new.maxPendingEvents != current.maxPendingEvents),
+                ("max-pending-per-sender", new.maxPendingPerSender != current.maxPendingPerSender),
+                ("sender-rate", new.senderRate != current.senderRate),
+                ("memory-budget", new.memoryBudget != current.memoryBudget),
+            ]
+            if limits.contains(where: \.changed) {
+                let routing = new.switchboard
+                context.switchboard.withState(wall: context.clock.wallMilliseconds()) { $0.applyLimits(of: routing) }
+                result.applied += limits.filter(\.changed).map(\.name)
+            }
+            if new.maxConnectionsPerAddress != current.maxConnectionsPerAddress || new.handshakeRate != current.handshakeRate {
+                context.admission.update(
+                    maxConnectionsPerAddress: new.maxConnectionsPerAddress, handshakeRate: new.handshakeRate, now: now)
+                if new.maxConnectionsPerAddress != current.maxConnectionsPerAddress { result.applied.append("max-connections-per-ip") }
+                if new.handshakeRate != current.handshakeRate { result.applied.append("handshake-rate") }
+            }
+            current.logLevel = new.logLevel
+            current.authSecret = new.authSecret
+            current.maxPendingEvents = new.maxPendingEvents
+            current.maxPendingPerSender = new.maxPendingPerSender
+            current.senderRate = new.senderRate
+            current.memoryBudget = new.memoryBudget
+            current.maxConnectionsPerAddress = new.maxConnectionsPerAddress
+            current.handshakeRate = new.handshakeRate
+            result.needRestart = Self.restartOnlySettings.filter { $0.value(current) != $0.value(new) }.map(\.name)
+
+            context.logger.info("reloaded", ["changed": result.applied.isEmpty ? "none" : result.applied.joined(separator: ",")])
+            if !result.needRestart.isEmpty {
+                context.logger.warning("reload_needs_restart", [
+                    "keys": result.needRestart.joined(separator: ","),
+                    "detail": "these settings changed but take effect only when the server is restarted",
+                ])
+            }
+            if result.applied.contains("auth-secret") && new.authSecret == nil {
+                context.logger.warning("auth_disabled", ["detail": "the reloaded configuration has no auth secret: any device may claim any user id"])
+            }
+            return result
+        }
+    }
+
+    /// Every other setting, as text to compare: what a reload reports but cannot change.
+    private static let restartOnlySettings: [(name: String, value: @Sendable (ServerConfiguration) -> String)] = [
+        ("listen", { "\($0.host):\($0.port)" }), ("listen-backlog", { "\($0.listenBacklog)" }),
+        ("workers", { "\($0.workers)" }), ("keepalive", { "\($0.keepAlive.defaultInterval)" }),
+        ("max-keepalive", { "\($0.keepAlive.maximumInterval)" }), ("ring-timeout", { "\($0.ringTimeout)" }),
+        ("call-grace", { "\($0.callGrace)" }), ("max-frame", { "\($0.maxFrameLength)" }),
+        ("handshake-timeout", { "\($0.handshakeTimeout)" }), ("session-ttl", { "\($0.sessionTTL)" }),
+        ("event-ttl", { "\($0.eventTTL)" }), ("dedup-window", { "\($0.dedupWindow)" }),
+        ("dedup-capacity", { "\($0.dedupCapacity)" }), ("max-queued-bytes", { "\($0.maxQueuedBytes)" }),
+        ("drain-retry-after", { "\($0.drainRetryAfter)" }), ("drain-jitter", { "\($0.drainJitter)" }),
+        ("drain-timeout", { "\($0.drainTimeout)" }), ("tick", { "\($0.tickInterval)" }),
+        ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }),
+        ("cpu-latency-limit", { "\(String(describing: $0.cpuLatencyLimit))" }), ("loop-cpus", { "\($0.loopCPUs)" }),
+        ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
+        ("store", { "\($0.storage.mode)" }), ("data-dir", { $0.storage.directory }),
+        ("sync", { "\($0.storage.synchronous)" }), ("store-max-bytes", { "\(String(describing: $0.storage.maxBytes))" }),
+        ("store-timeout", { "\($0.storeTimeout)" }), ("delivery", { "\($0.delivery)" }),
+        ("commit-interval", { "\($0.commitInterval)" }),
+        ("slow-consumer-timeout", { "\($0.slowConsumerTimeout)" }),
+    ]
 
     /// Opens the configured PM QoS request. A host that does not allow it (no root, no
     /// such device) costs latency, not correctness: the server warns and runs anyway.

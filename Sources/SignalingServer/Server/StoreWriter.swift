@@ -45,6 +45,8 @@ final class StoreWriter: @unchecked Sendable {
     // Writer-thread state.
     private var pending: [CommitUnit] = []
     private var failures = 0
+    /// What to log about failures and recoveries (the writer's thread only).
+    private var healthLog = StoreHealthLog()
     /// When the writer last woke up to work (monotonic): the next commit starts
     /// `commitInterval` after it.
     private var wokeAt: Instant?
@@ -166,13 +168,12 @@ final class StoreWriter: @unchecked Sendable {
         } catch {
             failures += 1
             failedCommits.increment()
-            if healthy.exchange(false, ordering: .relaxed) || failures.isPowerOfTwo {
-                context.logger.error("store_commit_failed", ["error": "\(error)", "changes": changes.count, "attempt": failures])
-            }
+            healthy.store(false, ordering: .relaxed)
+            StoreHealthLog.log(healthLog.failed(now: context.clock.now()), to: context.logger, error: "\(error)", changes: changes.count)
             refuseExpired()
             return
         }
-        if failures > 0 { context.logger.info("store_recovered", ["after_attempts": failures]) }
+        StoreHealthLog.log(healthLog.committed(now: context.clock.now()), to: context.logger, error: "", changes: changes.count)
         failures = 0
         healthy.store(true, ordering: .relaxed)
         commits.increment()

@@ -199,7 +199,8 @@ public final class InteractiveSession: @unchecked Sendable {
     // MARK: Leaving (on `queue`)
 
     /// Hangs up active calls and cancels unanswered ones (waiting for the server's
-    /// replies, at most `quitGrace`), then ends `run`.
+    /// replies, and for the acceptance of messages still on their way, at most
+    /// `quitGrace`), then ends `run`.
     func quit(_ outcome: Outcome) {
         guard !quitting else { return }
         quitting = true
@@ -217,7 +218,30 @@ public final class InteractiveSession: @unchecked Sendable {
                 }
             }
         }
-        group.notify(queue: queue) { [latch] in latch.finish(outcome) }
-        queue.asyncAfter(deadline: .now() + Self.quitGrace.dispatchInterval) { [latch] in latch.finish(outcome) }
+        let deadline = DispatchTime.now() + Self.quitGrace.dispatchInterval
+        group.notify(queue: queue) { [weak self] in self?.leave(outcome, messagesDeadline: deadline) }
+        queue.asyncAfter(deadline: deadline) { [weak self] in self?.leave(outcome, messagesDeadline: deadline) }
+    }
+
+    /// Ends `run` once no message the user sent still waits for the server's acceptance
+    /// (while connected, until `messagesDeadline`). A message the server never accepted
+    /// (typed while it was down) is lost when the process exits: that is never silent. The
+    /// exit status is `unsentMessages` (8) unless a signal already chose one.
+    private func leave(_ outcome: Outcome, messagesDeadline: DispatchTime) {
+        guard !latch.isFinished else { return }
+        let unsent = messages.records.filter { !$0.incoming && $0.state == .sending }
+        if !unsent.isEmpty, case .connected = connectionState, DispatchTime.now() < messagesDeadline {
+            queue.asyncAfter(deadline: min(messagesDeadline, .now() + .milliseconds(20))) { [weak self] in
+                self?.leave(outcome, messagesDeadline: messagesDeadline)
+            }
+            return
+        }
+        guard !unsent.isEmpty else {
+            latch.finish(outcome)
+            return
+        }
+        let list = unsent.map { "\(Format.short($0.id)) to \($0.peer)" }.joined(separator: ", ")
+        let reason = "\(Format.count(unsent.count, "message")) not accepted by the server, now dropped: \(list)"
+        latch.finish(outcome.status == .ok ? Outcome(.unsentMessages, reason) : Outcome(outcome.status, "\(outcome.reason); \(reason)"))
     }
 }

@@ -64,8 +64,12 @@ public struct ListenOptions: Sendable, Equatable {
 
     public var answering = Answering.report
     public var answerAfter: Duration = .zero
-    /// Exit 0 after this many calls or messages; nil = until interrupted.
+    /// Exit 0 after this many calls or messages (only calls with `countCallsOnly`); nil =
+    /// until interrupted.
     public var count: Int?
+    /// `--count-calls`: messages are reported but do not count, so messages that were
+    /// pending for the device cannot end the wait for a call.
+    public var countCallsOnly = false
     /// Exit 4 if `count` is not reached in time; nil = wait forever.
     public var timeout: Duration?
 
@@ -111,5 +115,7 @@ public enum VoipClientCommand: Sendable, Equatable {
 
 public enum Invocation: Sendable, Equatable {
     case help
+    /// `--version`: print the name and version.
+    case version
     case run(VoipClientCommand)
 }

@@ -14,7 +14,7 @@ public enum VoipClientOptions {
     static let modeNames: [String: Set<String>] = [
         "interactive": [],
         "call": ["json", "require-media", "max-loss", "hangup-after", "timeout"],
-        "listen": ["json", "require-media", "max-loss", "auto-answer", "auto-reject", "answer-after", "count", "timeout"],
+        "listen": ["json", "require-media", "max-loss", "auto-answer", "auto-reject", "answer-after", "count", "count-calls", "timeout"],
         "send": ["json", "content-type", "message-id", "wait-delivered", "timeout"],
     ]
 
@@ -22,7 +22,7 @@ public enum VoipClientOptions {
         command: "voipclient",
         usage: """
             voipclient --server HOST:PORT --user NAME [--device ID] [options]            (interactive)
-                   voipclient --server HOST:PORT --user NAME listen [--auto-answer | --auto-reject] [--count N]
+                   voipclient --server HOST:PORT --user NAME listen [--auto-answer | --auto-reject] [--count N | --count-calls N]
                    voipclient --server HOST:PORT --user NAME call CALLEE [--hangup-after SECONDS] [--timeout SECONDS]
                    voipclient --server HOST:PORT --user NAME send RECIPIENT TEXT|- [--wait-delivered]
             """,
@@ -48,11 +48,12 @@ public enum VoipClientOptions {
             OptionSpec("require-media", help: "Exit 6 when no probe packet came back."),
             OptionSpec("max-loss", value: "PERCENT", help: "Exit 6 when the probe lost more than this (implies --require-media)."),
             OptionSpec("hangup-after", value: "SECONDS", default: "0", help: "call: hang up this long after the answer (the probe completes first)."),
-            OptionSpec("timeout", value: "SECONDS", help: "call: give up after this long (default 90); listen: exit 4 if --count is not reached; send: (default 30)."),
+            OptionSpec("timeout", value: "SECONDS", help: "call: give up after this long (default 90); listen: exit 4 if --count or --count-calls is not reached; send: (default 30)."),
             OptionSpec("auto-answer", help: "listen: answer every call (ringing first), probe, wait for the hang-up."),
             OptionSpec("auto-reject", help: "listen: decline every call."),
             OptionSpec("answer-after", value: "SECONDS", default: "0", help: "listen --auto-answer: ring this long before answering."),
             OptionSpec("count", value: "N", help: "listen: exit 0 after N calls or messages (default: until interrupted)."),
+            OptionSpec("count-calls", value: "N", help: "listen: exit 0 after N calls; messages (pending ones too) are shown but not counted."),
             OptionSpec("content-type", value: "TYPE", default: "text/plain", help: "send: the message's content type."),
             OptionSpec("message-id", value: "ID", default: "a new UUID", help: "send: the message id (a repeated id is delivered once)."),
             OptionSpec("wait-delivered", help: "send: wait for the delivery receipt, not only the server's acceptance."),
@@ -72,10 +73,11 @@ public enum VoipClientOptions {
               5 refused               by the server (unauthorized, replaced, error reply) or a protocol error
               6 media failed          --require-media / --max-loss and the probe failed
               7 call dropped          the call broke after it was set up (peer disconnected)
+              8 unsent messages       interactive: quit with messages the server never accepted (they are dropped)
               64 usage, 69 server unreachable, 70 internal error, 130/143 interrupted (SIGINT / SIGTERM, SIGHUP)
 
             EXAMPLES:
-              voipclient --server 127.0.0.1:7443 --user bob listen --auto-answer --count 1 &
+              voipclient --server 127.0.0.1:7443 --user bob listen --auto-answer --count-calls 1 &
               voipclient --server 127.0.0.1:7443 --user alice call bob --hangup-after 2 --json
               voipclient --server 127.0.0.1:7443 --user alice send bob "hello" --wait-delivered
 
@@ -85,6 +87,7 @@ public enum VoipClientOptions {
     public static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
         let parsed = try parser.parse(arguments)
         if parsed.helpRequested { return .help }
+        if parsed.versionRequested { return .version }
         let mode = parsed.positionals.first ?? "interactive"
         guard let allowed = modeNames[mode], mode != "interactive" || parsed.positionals.isEmpty else {
             throw UsageError("unknown mode '\(mode)' (expected listen, call or send)")
@@ -115,7 +118,12 @@ public enum VoipClientOptions {
                 throw UsageError("--answer-after needs --auto-answer")
             }
             if let value = try seconds(parsed, "answer-after", 0...3600) { listen.answerAfter = value }
+            if parsed.has("count") && parsed.has("count-calls") { throw UsageError("give --count or --count-calls, not both") }
             listen.count = try parsed.int("count", in: 1...1_000_000)
+            if let calls = try parsed.int("count-calls", in: 1...1_000_000) {
+                listen.count = calls
+                listen.countCallsOnly = true
+            }
             listen.timeout = try seconds(parsed, "timeout", 0.1...(86_400 * 365))
             return .run(.listen(common, listen))
         case "send":

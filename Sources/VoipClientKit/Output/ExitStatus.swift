@@ -18,6 +18,9 @@ public enum ExitStatus: Int32, Sendable, CaseIterable, CustomStringConvertible {
     /// The call broke after it was set up: the peer's device vanished
     /// (`peerDisconnected`) or the caller gave up on an answered call.
     case callDropped = 7
+    /// Interactive mode ended (`quit`, Ctrl-D, end of input) with messages the server had
+    /// not accepted (typed while it was down): they were dropped.
+    case unsentMessages = 8
     /// Bad command line (sysexits EX_USAGE).
     case usage = 64
     /// The server cannot be reached: refused, timed out, no route, unknown host, or it
@@ -40,6 +43,7 @@ public enum ExitStatus: Int32, Sendable, CaseIterable, CustomStringConvertible {
         case .refused: return "refused"
         case .mediaFailed: return "media_failed"
         case .callDropped: return "call_dropped"
+        case .unsentMessages: return "unsent_messages"
         case .usage: return "usage"
         case .serverUnreachable: return "server_unreachable"
         case .internalError: return "internal_error"

@@ -5,7 +5,8 @@ import SignalingSupport
 
 /// `voipclient ... listen`: reports incoming calls and messages; with `--auto-answer`
 /// answers (ringing first) and runs the probe until the caller hangs up, with
-/// `--auto-reject` declines. `--count N` exits 0 after N calls or messages.
+/// `--auto-reject` declines. `--count N` exits 0 after N calls or messages, `--count-calls N`
+/// after N calls.
 ///
 /// Threading: `run` blocks the main thread; everything else runs on `queue`, the client's
 /// event queue, which owns the state below.
@@ -82,12 +83,15 @@ public final class ListenCommand: @unchecked Sendable {
             if options.count == nil {
                 finish(finalOutcome(Outcome.ok("stopped listening after \(tally)")))
             } else {
-                finish(Outcome(SignalWatcher.exitStatus(for: signal), "interrupted after \(handled) of \(options.count!) calls or messages (\(tally))"))
+                finish(Outcome(SignalWatcher.exitStatus(for: signal), "interrupted after \(counted) of \(options.count!) \(countedWhat) (\(tally))"))
             }
         }
     }
 
     private var handled: Int { handledCalls + handledMessages }
+    /// What `--count` / `--count-calls` compares with its limit.
+    private var counted: Int { options.countCallsOnly ? handledCalls : handled }
+    private var countedWhat: String { options.countCallsOnly ? "calls" : "calls or messages" }
     private var tally: String { "\(Format.count(handledCalls, "call")) and \(Format.count(handledMessages, "message"))" }
 
     // MARK: On `queue`
@@ -241,7 +245,7 @@ public final class ListenCommand: @unchecked Sendable {
     }
 
     private func checkCount() {
-        guard let count = options.count, handled >= count else { return }
+        guard let count = options.count, counted >= count else { return }
         finish(finalOutcome(Outcome.ok("handled \(tally)")))
     }
 
@@ -249,7 +253,7 @@ public final class ListenCommand: @unchecked Sendable {
         guard !finished else { return }
         let limit = Format.seconds(options.timeout ?? .zero)
         if let count = options.count {
-            finish(Outcome(.timedOut, "only \(handled) of \(count) calls or messages within --timeout \(limit)"))
+            finish(Outcome(.timedOut, "only \(counted) of \(count) \(countedWhat) within --timeout \(limit)"))
         } else {
             finish(finalOutcome(Outcome.ok("listened for \(limit): \(tally)")))
         }

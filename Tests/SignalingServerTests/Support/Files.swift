@@ -1,3 +1,4 @@
+import SignalingSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -20,4 +21,37 @@ func listDirectory(_ path: String) -> [String] {
         if name != "." && name != ".." { names.append(name) }
     }
     return names
+}
+
+/// A log file for a library server: `logger` writes to it, `lines` reads it back.
+final class LogFile {
+    let path = "/tmp/voipserver-test-log-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log"
+    private let fd: Int32
+    let logger: Logger
+
+    init(level: LogLevel = .info) {
+        fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        logger = Logger(level: level, fileDescriptor: fd)
+    }
+
+    deinit {
+        close(fd)
+        unlink(path)
+    }
+
+    /// The lines logged so far with `event=NAME`.
+    func lines(_ event: String) -> [String] {
+        (readTextFile(path) ?? "").split(separator: "\n").map(String.init).filter { $0.contains("event=\(event) ") || $0.hasSuffix("event=\(event)") }
+    }
+
+    /// Waits (bounded) until `count` lines with `event=NAME` were logged.
+    func waitFor(_ event: String, count: Int = 1, timeout: Duration = .seconds(10)) throws {
+        let deadline = SystemClock().now() + timeout
+        while lines(event).count < count {
+            guard SystemClock().now() < deadline else {
+                throw TestClient.Failure("no \(count) × event=\(event) in: \(readTextFile(path) ?? "")")
+            }
+            usleep(2_000)
+        }
+    }
 }

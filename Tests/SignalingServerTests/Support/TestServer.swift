@@ -14,7 +14,7 @@ final class TestServer {
     ///   - store: a durable store (nil: memory only). Pass the same store and clock to a
     ///     second `TestServer` to model a restart.
     init(
-        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
+        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(), logger: Logger = .silent,
         _ configure: (inout ServerConfiguration) -> Void = { _ in }
     ) throws {
         var configuration = ServerConfiguration()
@@ -24,7 +24,7 @@ final class TestServer {
         configuration.tickInterval = .milliseconds(5)
         configure(&configuration)
         self.clock = clock
-        server = try SignalingServer(configuration: configuration, clock: clock, logger: .silent, store: store)
+        server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
         try server.start()
     }
 

@@ -23,6 +23,10 @@ public enum LoadCommand {
     }
 
     static func load(_ arguments: [String]) -> Int32 {
+        if (try? LoadConfiguration.parser.parse(arguments))?.versionRequested == true {
+            print(ProductVersion.line(for: "voipload"), terminator: "")
+            return 0
+        }
         let configuration: LoadConfiguration
         do {
             let (parsed, helpRequested) = try LoadConfiguration.parse(arguments)
