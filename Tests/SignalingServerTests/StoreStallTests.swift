@@ -44,6 +44,7 @@ struct StoreStallTests {
             try alice.ack(try alice.nextEvent().seq)
 
             store.closeGate()
+            defer { store.openGate() }  // else a failure below would leave the server unable to stop
             try alice.sendRaw(
                 FrameEncoder.encode(.request(id: 1, message("m1", to: "bob")))
                     + FrameEncoder.encode(.request(id: 2, message("m2", to: "dave"))))
