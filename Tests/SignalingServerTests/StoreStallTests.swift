@@ -111,3 +111,81 @@ struct StoreStallTests {
         #expect(try bob.staysSilent(for: .milliseconds(30)))
     }
 }
+
+/// The real `voipserver` with its SQLite store on a file system that freezes
+/// (`fsfreeze -f`): the store's writes block until the thaw, as on a hung disk.
+@Suite(
+    "A frozen data directory (voipserver subprocess, SQLite, fsfreeze)", .serialized,
+    .enabled(if: FreezableFileSystem.unavailableReason == nil,
+             "\(FreezableFileSystem.unavailableReason ?? "")"))
+struct FrozenDataDirectoryTests {
+    func message(_ id: String, to recipient: String) -> Request {
+        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
+    }
+
+    @Test("frozen: a sender is refused within --store-timeout, store_stalled is logged; thawed: messages are accepted, the refused one is never delivered")
+    func frozenDataDirectory() throws {
+        let storeTimeout: Duration = .seconds(2)
+        let fileSystem = try FreezableFileSystem(sizeMegabytes: 32)
+        defer { fileSystem.tearDown() }  // runs last: thaws (if still frozen) and unmounts
+        let data = fileSystem.mountPoint + "/data"
+        var server: ServerProcess? = try ServerProcess([
+            "--data-dir", data, "--store-timeout", "\(Int(storeTimeout.seconds))",
+        ])
+        // Runs first, even when an expectation throws: the thaw comes before the server is
+        // killed (a process blocked on a frozen file system cannot die before the thaw).
+        defer {
+            fileSystem.thaw()
+            server = nil
+        }
+        let port = server!.port
+        do {  // bob's device exists, offline: a message for it waits in the store
+            let bob = try TestClient(port: port)
+            try bob.hello(user: "bob", device: "phone")
+        }
+        let alice = try TestClient(port: port)
+        try alice.hello(user: "alice", device: "laptop")
+        #expect(try alice.request(1, message("before", to: "bob")).isOK)
+
+        try fileSystem.freeze()
+        let clock = SystemClock()
+        let sent = clock.now()
+        try alice.send(.request(id: 2, message("frozen", to: "bob")))
+        let refusal = try alice.reply(to: 2, timeout: storeTimeout + .seconds(3))
+        let waited = clock.now() - sent
+        #expect(refusal.errorCode == .storeUnavailable, "\(refusal)")
+        #expect(waited >= storeTimeout, "refused after \(waited), before the store timeout")
+        print("frozen data directory: storeUnavailable after \(waited)")
+        // The commit is stalled by now: a new message is refused at once, and the log says so.
+        let again = clock.now()
+        #expect(try alice.request(3, message("frozen-2", to: "bob")).errorCode == .storeUnavailable)
+        #expect(clock.now() - again < .seconds(1))
+        let log = server!.log
+        #expect(log.contains("level=warn event=store_stalled"), "\(log)")
+
+        fileSystem.thaw()
+        // Accepted again once the stalled commit has returned (and its refused message was withdrawn).
+        let deadline = clock.now() + .seconds(10)
+        var id: UInt32 = 10
+        var accepted = false
+        while !accepted && clock.now() < deadline {
+            let reply = try alice.request(id, message("after", to: "bob"))
+            accepted = reply.isOK
+            if !accepted { #expect(reply.errorCode == .storeUnavailable); id += 1 }
+        }
+        #expect(accepted, "not accepted within 10 s of the thaw")
+        #expect(server!.log.contains("event=store_stall_ended"))
+
+        // After a clean restart on the same data directory bob gets what was accepted, and
+        // never the refused message.
+        #expect(server!.terminate().map { ($0 >> 8) & 0xff } == 0)
+        server = try ServerProcess(["--data-dir", data])
+        let bob = try TestClient(port: server!.port)
+        try bob.hello(user: "bob", device: "phone")
+        var received: [String] = []
+        while let (_, event) = try? bob.nextEvent(timeout: .milliseconds(500)) {
+            if case .message(let delivered) = event { received.append(delivered.messageID) }
+        }
+        #expect(received == ["before", "after"])
+    }
+}
