@@ -324,11 +324,12 @@ final class StoreWriter: @unchecked Sendable {
 
     /// The commit under way returned (committed or failed): it is no longer stalled.
     private func commitReturned() {
+        let now = context.clock.now()
         let stalledFor: Duration? = progress.withLock { progress in
             defer { progress = CommitProgress() }
             guard progress.stalled, let started = progress.started else { return nil }
             stalled.store(false, ordering: .relaxed)
-            return context.clock.now() - started
+            return now - started
         }
         if let stalledFor { context.logger.warning("store_stall_ended", ["commit_ms": stalledFor.milliseconds]) }
     }
