@@ -211,6 +211,9 @@ final class StoreWriter: @unchecked Sendable {
             fresh.reserveCapacity(Self.inboxCapacity)
             let arrived = inbox.withLock { inbox in
                 swap(&fresh, &inbox.units)
+                // The OKs of the last commit are at the head by now: drop them here rather
+                // than keep their messages alive until loop 0's next tick.
+                while let first = inbox.replies.first, first.isSettled { inbox.replies.pop() }
                 return fresh
             }
             if pending.isEmpty { pending = arrived } else { pending += arrived }
