@@ -159,11 +159,14 @@ struct FrozenDataDirectoryTests {
         // The commit is stalled by now: a new message is refused at once, and the log says so.
         let again = clock.now()
         #expect(try alice.request(3, message("frozen-2", to: "bob")).errorCode == .storeUnavailable)
-        #expect(clock.now() - again < .seconds(1))
+        let refusedAtOnce = clock.now() - again
+        #expect(refusedAtOnce < .seconds(1))
+        print("frozen data directory: refused \(refusedAtOnce) after sending while the commit is stalled")
         let log = server!.log
         #expect(log.contains("level=warn event=store_stalled"), "\(log)")
 
         fileSystem.thaw()
+        let thawed = clock.now()
         // Accepted again once the stalled commit has returned (and its refused message was withdrawn).
         let deadline = clock.now() + .seconds(10)
         var id: UInt32 = 10
@@ -174,6 +177,7 @@ struct FrozenDataDirectoryTests {
             if !accepted { #expect(reply.errorCode == .storeUnavailable); id += 1 }
         }
         #expect(accepted, "not accepted within 10 s of the thaw")
+        print("frozen data directory: accepted again \(clock.now() - thawed) after the thaw")
         #expect(server!.log.contains("event=store_stall_ended"))
 
         // After a clean restart on the same data directory bob gets what was accepted, and
