@@ -41,7 +41,12 @@ struct StoreStallTests {
             let (carol, _) = try server.connect(user: "carol")
             try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 3 }
             #expect(try carol.request(900, message("warm-up", to: "alice")).isOK)
-            try alice.ack(try alice.nextEvent().seq)
+            let warmUp = try alice.nextEvent().seq
+            try alice.ack(warmUp)
+            // Nothing else may be on its way to the store: the commit that hangs must be m1's and m2's.
+            try server.waitFor("alice's ack to be committed") { _ in
+                (try? store.loadSnapshot().devices.first { $0.userID == "alice" }?.ackedSeq) == warmUp
+            }
 
             store.closeGate()
             defer { store.openGate() }  // else a failure below would leave the server unable to stop
