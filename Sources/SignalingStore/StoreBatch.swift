@@ -13,7 +13,10 @@ public enum StoreBatch {
     ///   through the highest of them, and
     /// - the events that an acknowledgement of the same device later in the batch covers
     ///   left out (that acknowledgement deletes them, and raises the device's `lastSeq`
-    ///   past them anyway).
+    ///   past them anyway), and
+    /// - the events and held events that a `withdrawEvent` / `withdrawHeld` later in the
+    ///   batch deletes left out (the withdrawal stays: it raises `lastSeq` as the event
+    ///   would have, and its delete then finds nothing).
     ///
     /// A `removeDevice` separates two lives of a device: nothing before it is matched with
     /// anything after it. Applying the result leaves the store exactly as applying
@@ -38,6 +41,10 @@ public enum StoreBatch {
         var pending: [DeviceKey: Acknowledgements] = [:]
         var keep = [Bool](repeating: true, count: changes.count)
         var merged: [(index: Int, through: UInt64)] = []
+        // Withdrawals still to come in the batch: rare (a message refused after its commit
+        // began), so the common case costs one `isEmpty` per event.
+        var withdrawnEvents: [DeviceKey: Set<UInt64>] = [:]
+        var withdrawnHeld: [String: Set<UInt64>] = [:]
         var dropped = 0
         func settle(_ acknowledgements: Acknowledgements) {
             merged.append((acknowledgements.earliestIndex, acknowledgements.highest))
@@ -54,12 +61,27 @@ public enum StoreBatch {
                     pending[key] = Acknowledgements(highest: through, earliestIndex: index)
                 }
             case .appendEvent(let user, let device, let event):
-                if let later = pending[DeviceKey(userID: user, deviceID: device)], event.seq <= later.highest {
+                let key = DeviceKey(userID: user, deviceID: device)
+                if let later = pending[key], event.seq <= later.highest {
+                    keep[index] = false
+                    dropped += 1
+                } else if !withdrawnEvents.isEmpty, withdrawnEvents[key]?.contains(event.seq) == true {
                     keep[index] = false
                     dropped += 1
                 }
+            case .withdrawEvent(let user, let device, let seq):
+                withdrawnEvents[DeviceKey(userID: user, deviceID: device), default: []].insert(seq)
+            case .holdForUser(let user, let event):
+                if !withdrawnHeld.isEmpty, withdrawnHeld[user]?.contains(event.seq) == true {
+                    keep[index] = false
+                    dropped += 1
+                }
+            case .withdrawHeld(let user, let ordinal):
+                withdrawnHeld[user, default: []].insert(ordinal)
             case .removeDevice(let user, let device):
-                if let later = pending.removeValue(forKey: DeviceKey(userID: user, deviceID: device)) { settle(later) }
+                let key = DeviceKey(userID: user, deviceID: device)
+                if let later = pending.removeValue(forKey: key) { settle(later) }
+                withdrawnEvents[key] = nil
             default:
                 break
             }

@@ -27,6 +27,14 @@ public enum StoreChange: Sendable, Equatable {
     case forgetMessageID(sender: String, messageID: String)
     /// Stores the device's push registration (replacing any earlier one).
     case registerPush(user: String, device: String, registration: PushRegistration)
+    /// Deletes the device's event `seq` if it is still stored, and raises the device's
+    /// `lastSeq` to `seq` as the `appendEvent` it undoes did (so the number is never given
+    /// to another event). Undoes the event of a message that was refused at its deadline
+    /// but whose commit completed after all.
+    case withdrawEvent(user: String, device: String, seq: UInt64)
+    /// Deletes the user's held event `ordinal` if it is still stored (a refused message's,
+    /// as `withdrawEvent`).
+    case withdrawHeld(user: String, ordinal: UInt64)
 }
 
 /// Why the store could not apply a batch. None of the batch was applied.

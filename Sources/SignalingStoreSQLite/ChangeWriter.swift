@@ -28,6 +28,8 @@ final class ChangeWriter {
     private let deleteDevice: SQLiteStatement
     private let insertHeldEvent: SQLiteStatement
     private let deleteReleasedHeldEvents: SQLiteStatement
+    private let deleteDeviceEvent: SQLiteStatement
+    private let deleteHeldEvent: SQLiteStatement
     private let upsertMessageID: SQLiteStatement
     private let deleteMessageID: SQLiteStatement
     private let setPushRegistration: SQLiteStatement
@@ -76,6 +78,12 @@ final class ChangeWriter {
         deleteReleasedHeldEvents = try connection.prepare("""
             DELETE FROM held_events WHERE user_id = ?1 AND ordinal <= ?2
             """, as: "delete released held events")
+        deleteDeviceEvent = try connection.prepare("""
+            DELETE FROM device_events WHERE user_id = ?1 AND device_id = ?2 AND seq = ?3
+            """, as: "delete device event")
+        deleteHeldEvent = try connection.prepare("""
+            DELETE FROM held_events WHERE user_id = ?1 AND ordinal = ?2
+            """, as: "delete held event")
         upsertMessageID = try connection.prepare("""
             INSERT INTO message_ids (sender_id, message_id, server_time, expires_at)
             VALUES (?1, ?2, ?3, ?4)
@@ -221,6 +229,19 @@ final class ChangeWriter {
             guard connection.changes == 1 else {
                 throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its push registration")
             }
+
+        case .withdrawEvent(let user, let device, let seq):
+            let seq = try StoredValue.sequence(seq, "withdrawn seq")
+            try deleteDeviceEvent.bind(1, user)
+            try deleteDeviceEvent.bind(2, device)
+            try deleteDeviceEvent.bind(3, seq)
+            try deleteDeviceEvent.run()
+            raise(user, device, lastSeq: seq)
+
+        case .withdrawHeld(let user, let ordinal):
+            try deleteHeldEvent.bind(1, user)
+            try deleteHeldEvent.bind(2, try StoredValue.sequence(ordinal, "withdrawn ordinal"))
+            try deleteHeldEvent.run()
         }
     }
 
@@ -249,6 +270,8 @@ extension StoreChange {
         case .rememberMessageID(let remembered): return "rememberMessageID \(remembered.sender)/\(remembered.messageID)"
         case .forgetMessageID(let sender, let messageID): return "forgetMessageID \(sender)/\(messageID)"
         case .registerPush(let user, let device, _): return "registerPush \(user)/\(device)"
+        case .withdrawEvent(let user, let device, let seq): return "withdrawEvent \(user)/\(device) seq \(seq)"
+        case .withdrawHeld(let user, let ordinal): return "withdrawHeld \(user) ordinal \(ordinal)"
         }
     }
 }

@@ -60,6 +60,14 @@ public struct ReferenceStore: Sendable {
             messageIDs[MessageKey(sender: sender, messageID: messageID)] = nil
         case .registerPush(let user, let device, let registration):
             devices[DeviceKey(userID: user, deviceID: device)]?.push = registration
+        case .withdrawEvent(let user, let device, let seq):
+            let key = DeviceKey(userID: user, deviceID: device)
+            guard devices[key] != nil else { return }
+            devices[key]!.events.removeAll { $0.seq == seq }
+            devices[key]!.lastSeq = max(devices[key]!.lastSeq, seq)
+        case .withdrawHeld(let user, let ordinal):
+            held[user]?.removeAll { $0.seq == ordinal }
+            if held[user]?.isEmpty == true { held[user] = nil }
         }
     }
 

@@ -118,6 +118,8 @@ struct StoreFailureLogTests {
             // The store timeout passes: the message is refused and nothing is left to retry.
             server.clock.advance(by: .seconds(6))
             #expect(try alice.reply(to: round).errorCode == .storeUnavailable)
+            // With nothing left to retry, the next message tries the store again.
+            try server.waitFor("the store to be tried again") { $0.storeHealthy }
         }
         let failures = log.lines("store_commit_failed")
         #expect(failures.filter { $0.contains("attempt=1 ") || $0.hasSuffix("attempt=1") }.count == 1, "\(failures)")

@@ -107,6 +107,29 @@ struct RoundTripTests {
         #expect(snapshot.held["carol"]?.map(\.seq) == [3])
     }
 
+    @Test("withdrawEvent and withdrawHeld delete one event each, and nothing when it is gone; withdrawEvent raises lastSeq")
+    func withdrawals() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            Sample.device("bob", "phone"),
+            Sample.append("bob", "phone", 1), Sample.append("bob", "phone", 2), Sample.append("bob", "phone", 3),
+            .holdForUser(user: "dave", event: Sample.event(1)), .holdForUser(user: "dave", event: Sample.event(2)),
+        ])
+        try harness.apply([
+            .withdrawEvent(user: "bob", device: "phone", seq: 2),
+            .withdrawEvent(user: "bob", device: "phone", seq: 7),  // never stored: only raises lastSeq
+            .withdrawEvent(user: "nobody", device: "phone", seq: 1),
+            .withdrawHeld(user: "dave", ordinal: 1),
+            .withdrawHeld(user: "dave", ordinal: 9),
+        ])
+        try harness.reopen()
+        let snapshot = try harness.verify()
+        let bob = try #require(snapshot.devices.first)
+        #expect(bob.events.map(\.seq) == [1, 3])
+        #expect(bob.lastSeq == 7 && bob.ackedSeq == 0)
+        #expect(snapshot.held["dave"]?.map(\.seq) == [2])
+    }
+
     @Test("rememberMessageID replaces an earlier entry; forgetMessageID deletes one")
     func messageIDs() throws {
         let harness = try StoreHarness()

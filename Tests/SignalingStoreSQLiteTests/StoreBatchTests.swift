@@ -38,6 +38,31 @@ struct StoreBatchTests {
         ])
     }
 
+    @Test("an event or held event withdrawn later in its batch is not written; the withdrawal stays")
+    func withdrawnWithinBatch() {
+        let batch: [StoreChange] = [
+            Sample.append("bob", "phone", 4),
+            .holdForUser(user: "dave", event: Sample.event(1)),
+            Sample.append("bob", "phone", 5),
+            .withdrawEvent(user: "bob", device: "phone", seq: 4),
+            .withdrawHeld(user: "dave", ordinal: 1),
+            Sample.append("bob", "tablet", 4),
+        ]
+        #expect(StoreBatch.compacted(batch) == [
+            Sample.append("bob", "phone", 5),
+            .withdrawEvent(user: "bob", device: "phone", seq: 4),
+            .withdrawHeld(user: "dave", ordinal: 1),
+            Sample.append("bob", "tablet", 4),
+        ])
+        // A withdrawal does not reach back past the device's removal (another life).
+        let lives: [StoreChange] = [
+            Sample.append("bob", "phone", 1),
+            .removeDevice(user: "bob", device: "phone"),
+            .withdrawEvent(user: "bob", device: "phone", seq: 1),
+        ]
+        #expect(StoreBatch.compacted(lives) == lives)
+    }
+
     @Test("a removed device's two lives are kept apart; other devices are untouched")
     func removeDeviceSeparatesLives() {
         let batch: [StoreChange] = [
@@ -118,6 +143,10 @@ private struct ServerLikeWorkload {
                 device.live = false
             default:
                 batch.append(Sample.device("u", name, session: UInt64(random.below(1000))))
+            }
+            // Now and then a refused message's event is withdrawn (in its own batch or later).
+            if device.live && device.lastSeq > device.ackedSeq && random.below(8) == 0 {
+                batch.append(.withdrawEvent(user: "u", device: name, seq: device.lastSeq - UInt64(random.below(2))))
             }
             devices[name] = device
         }

@@ -10,7 +10,7 @@ import Glibc
 /// An `EventStore` kept in memory, for server tests: the reference model of the store's
 /// semantics (`ReferenceStore`, which the SQLite store is also checked against), plus
 /// what a test needs: it survives "restarts" of a server in the same process, counts
-/// commits, and can be told to fail like a full disk.
+/// commits, and can be told to fail like a full disk or to hang like a frozen file system.
 public final class ModelEventStore: EventStore {
     private struct State {
         var model = ReferenceStore()
@@ -20,6 +20,8 @@ public final class ModelEventStore: EventStore {
         var applied: [StoreChange] = []
         var applyDelay: Duration = .zero
         var lastAttempt: [StoreChange] = []
+        var gateClosed = false
+        var waitingAtGate = 0
     }
     private let state = Mutex(State())
 
@@ -34,6 +36,19 @@ public final class ModelEventStore: EventStore {
     public func delayCommits(by delay: Duration) {
         state.withLock { $0.applyDelay = delay }
     }
+
+    /// While the gate is closed, every `apply` blocks (a write that never returns, as on a
+    /// frozen file system) until it opens; then it commits (or fails, if told to).
+    public func closeGate() {
+        state.withLock { $0.gateClosed = true }
+    }
+
+    public func openGate() {
+        state.withLock { $0.gateClosed = false }
+    }
+
+    /// How many `apply` calls are blocked at the closed gate now.
+    public var appliesWaitingAtGate: Int { state.withLock { $0.waitingAtGate } }
 
     public var committedBatches: Int { state.withLock { $0.batches } }
     public var failedAttempts: Int { state.withLock { $0.failedAttempts } }
@@ -54,6 +69,17 @@ public final class ModelEventStore: EventStore {
     }
 
     public func apply(_ changes: [StoreChange]) throws(StoreError) {
+        let blocked = state.withLock { state in
+            state.lastAttempt = changes
+            if state.gateClosed { state.waitingAtGate += 1 }
+            return state.gateClosed
+        }
+        if blocked {
+            // A condition, not a guess: the test opens the gate when it has seen what it
+            // needs. Polled, since apply runs on the server's writer thread.
+            while state.withLock({ $0.gateClosed }) { usleep(500) }
+            state.withLock { $0.waitingAtGate -= 1 }
+        }
         let delay = state.withLock { $0.applyDelay }
         if delay > .zero {
             let deadline = SystemClock().now() + delay

@@ -35,6 +35,8 @@ extension EventLoop {
                 return board.takeEffects()
             }
             apply(effects)
+            // The store's deadlines too: the writer thread may be stuck in a write.
+            context.switchboard.writer?.superviseCommits(now: instant)
             logStatisticsIfDue(now)
         }
         flushDirty()

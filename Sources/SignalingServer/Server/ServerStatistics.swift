@@ -41,6 +41,9 @@ public struct ServerStatistics: Sendable, Equatable {
     public var refusedCapacity = 0
     /// Bytes held by undelivered events (what `--memory-budget` limits).
     public var eventBytes = 0
+    /// False while the store fails or a commit is stalled: new messages and calls are
+    /// refused at once (true without a store).
+    public var storeHealthy = true
     public var sessionsExpired = 0
     public var eventsExpired = 0
 }

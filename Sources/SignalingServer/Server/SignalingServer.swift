@@ -329,7 +329,9 @@ public final class SignalingServer: Sendable {
     }
 
     public var statistics: ServerStatistics {
-        context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.ledger.bytes)
+        var statistics = context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.ledger.bytes)
+        statistics.storeHealthy = writer?.isHealthy ?? true
+        return statistics
     }
 
     /// The push gateway's counters (nil without a gateway).

@@ -9,7 +9,12 @@ import Glibc
 
 /// An OK that may only be sent once a message is committed, and what to undo if it
 /// cannot be.
-struct DeferredReply: Sendable {
+///
+/// Two threads may answer it: the store writer once the message's commit returned (OK),
+/// and loop 0's deadline check (`StoreWriter.superviseCommits`) once its deadline passed
+/// (ERROR storeUnavailable), whatever the writer is doing, even waiting for a write that
+/// never returns. `settle` lets exactly one of them answer.
+final class DeferredReply: Sendable {
     let connection: ConnectionRef
     let requestID: UInt32
     let serverTime: UInt64
@@ -19,25 +24,93 @@ struct DeferredReply: Sendable {
     /// After this the sender gets ERROR storeUnavailable instead, and the message is
     /// cancelled everywhere.
     let deadline: Instant
+    private let settlement = Atomic<UInt8>(Settlement.open.rawValue)
+
+    enum Settlement: UInt8 {
+        case open, accepted, refused
+    }
+
+    init(
+        connection: ConnectionRef, requestID: UInt32, serverTime: UInt64, message: QueuedEvent,
+        sender: String, messageID: String, deadline: Instant
+    ) {
+        self.connection = connection
+        self.requestID = requestID
+        self.serverTime = serverTime
+        self.message = message
+        self.sender = sender
+        self.messageID = messageID
+        self.deadline = deadline
+    }
+
+    /// Decides the answer, unless it was decided already: true when this call decided it
+    /// (the caller then answers the sender), false when the other side did first.
+    func settle(_ outcome: Settlement) -> Bool {
+        settlement.compareExchange(
+            expected: Settlement.open.rawValue, desired: outcome.rawValue, ordering: .acquiringAndReleasing
+        ).exchanged
+    }
+
+    var isSettled: Bool { settlement.load(ordering: .acquiring) != Settlement.open.rawValue }
+    var isRefused: Bool { settlement.load(ordering: .acquiring) == Settlement.refused.rawValue }
 }
 
 /// Group commit: one thread takes every commit unit the loops produced since its last
 /// commit and applies them to the store in one transaction, so throughput does not fall to
 /// one sync per message. After a commit it makes the events writable (`markDurable`) and
-/// sends the deferred OKs; after a failure it retries with back-off, and refuses (and
-/// cancels) messages whose deadline passes, so senders get an error instead of an
-/// acceptance while the store is full or unwritable.
+/// sends the deferred OKs; after a failure it retries with back-off.
 ///
-/// Threading: `submit` is called by loops with the switchboard lock held (that keeps units
-/// in sequence order); everything else runs on the writer's own thread, which takes the
-/// switchboard lock only while holding no lock of its own.
+/// The store timeout does not depend on this thread, which a write that never returns (a
+/// frozen or hung file system) can stop for any time: loop 0 checks the deadlines of the
+/// deferred OKs at every tick (`superviseCommits`), refuses (and cancels) the messages
+/// whose deadline passed, and declares a commit that runs too long stalled, so that new
+/// messages are refused at once and the log says so. A message refused while its commit
+/// was under way may still be committed when the write returns: the writer then undoes it
+/// in its next commit (`withdrawal(of:)`) instead of sending the OK.
+///
+/// Threading: `enqueue` is called by loops with the switchboard lock held (that keeps
+/// units in sequence order); `superviseCommits` by loop 0; everything else runs on the
+/// writer's own thread, which takes the switchboard lock only while holding no lock of
+/// its own.
+///
+/// Lock order: switchboard, then `inbox`. `progress` is never held with another lock.
 final class StoreWriter: @unchecked Sendable {
     private let store: any EventStore
     private let context: ServerContext
-    private let inbox = Mutex<[CommitUnit]>([])
+    /// What the loops hand the writer.
+    private struct Inbox {
+        var units: [CommitUnit] = []
+        /// Every deferred OK not yet seen settled, in deadline order (the store timeout
+        /// is constant; deadlines of requests on different loops may be out of order by
+        /// the time between reading the clock and taking the switchboard lock). Loop 0
+        /// refuses the overdue ones from here, and drops the settled ones.
+        var replies = FIFOQueue<DeferredReply>()
+    }
+    private let inbox = Mutex(Inbox())
+    /// The commit under way, if any: written by the writer around `apply`, read by loop 0.
+    private struct CommitProgress {
+        var started: Instant?
+        var changes = 0
+        /// Loop 0 saw this commit running at its previous tick (a commit is declared
+        /// stalled only across two ticks, so a test that moves its clock far ahead while
+        /// an ordinary commit runs does not see one).
+        var seenByTick = false
+        /// Loop 0 declared it stalled (`stalled` is set while this is).
+        var stalled = false
+        var nextWarning: Instant?
+        /// Messages refused at their deadline while it ran.
+        var refused = 0
+    }
+    private let progress = Mutex(CommitProgress())
     private let wakeFD: Int32
     private let stopping = Atomic<Bool>(false)
     private let healthy = Atomic<Bool>(true)
+    /// A commit has been running longer than `stallThreshold`.
+    private let stalled = Atomic<Bool>(false)
+    /// A commit running this long is stalled: half the store timeout, at most 1 s.
+    private let stallThreshold: Duration
+    /// How often `store_stalled` is repeated while the commit does not return.
+    static let stallWarningInterval: Duration = .seconds(5)
     private var thread: JoinableThread?
     /// Loops to deliver effects and replies to (set before `start`).
     var loops: [EventLoop] = []
@@ -78,14 +151,16 @@ final class StoreWriter: @unchecked Sendable {
         self.context = context
         commitInterval = context.configuration.commitInterval
         longestGather = max(commitInterval, min(.milliseconds(250), context.configuration.storeTimeout / 4))
+        stallThreshold = min(.seconds(1), context.configuration.storeTimeout / 2)
         wakeFD = shim_eventfd()
         guard wakeFD >= 0 else { throw ServerError("cannot create an eventfd for the store writer") }
     }
 
     deinit { close(wakeFD) }
 
-    /// False while commits fail: new messages and calls are refused at once.
-    var isHealthy: Bool { healthy.load(ordering: .relaxed) }
+    /// False while commits fail or a commit is stalled: new messages and calls are
+    /// refused at once.
+    var isHealthy: Bool { healthy.load(ordering: .relaxed) && !stalled.load(ordering: .relaxed) }
 
     func start() {
         thread = JoinableThread(name: "vs-store") { self.run() }
@@ -104,8 +179,9 @@ final class StoreWriter: @unchecked Sendable {
     /// inbox was empty), which the caller does after releasing its lock.
     func enqueue(_ unit: CommitUnit) -> Bool {
         inbox.withLock { inbox in
-            let wasEmpty = inbox.isEmpty
-            inbox.append(unit)
+            let wasEmpty = inbox.units.isEmpty
+            inbox.units.append(unit)
+            if let reply = unit.reply { inbox.replies.push(reply) }
             return wasEmpty
         }
     }
@@ -136,7 +212,10 @@ final class StoreWriter: @unchecked Sendable {
             var fresh: [CommitUnit] = []
             fresh.reserveCapacity(Self.inboxCapacity)
             let arrived = inbox.withLock { inbox in
-                swap(&fresh, &inbox)
+                swap(&fresh, &inbox.units)
+                // The OKs of the last commit are at the head by now: drop them here rather
+                // than keep their messages alive until loop 0's next tick.
+                while let first = inbox.replies.first, first.isSettled { inbox.replies.pop() }
                 return fresh
             }
             if pending.isEmpty { pending = arrived } else { pending += arrived }
@@ -158,11 +237,24 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func commitPending() {
+        // Messages refused at their deadline before their commit began are not written.
+        if pending.contains(where: { $0.reply?.isRefused == true }) {
+            pending.removeAll { $0.reply?.isRefused == true }
+            if pending.isEmpty {
+                // Nothing left to retry, so nothing would ever notice a recovery: let the next
+                // request try the store again (it waits for the store timeout if it still fails).
+                failures = 0
+                healthy.store(true, ordering: .relaxed)
+                return
+            }
+        }
         var changes: [StoreChange] = []
         changes.reserveCapacity(pending.reduce(0) { $0 + $1.changes.count })
         for unit in pending { changes.append(contentsOf: unit.changes) }
         let collected = changes.count
         StoreBatch.compact(&changes)
+        let started = context.clock.now()
+        progress.withLock { $0 = CommitProgress(started: started, changes: changes.count) }
         do {
             try store.apply(changes)
         } catch {
@@ -170,9 +262,10 @@ final class StoreWriter: @unchecked Sendable {
             failedCommits.increment()
             healthy.store(false, ordering: .relaxed)
             StoreHealthLog.log(healthLog.failed(now: context.clock.now()), to: context.logger, error: "\(error)", changes: changes.count)
-            refuseExpired()
+            commitReturned()
             return
         }
+        commitReturned()
         StoreHealthLog.log(healthLog.committed(now: context.clock.now()), to: context.logger, error: "", changes: changes.count)
         failures = 0
         healthy.store(true, ordering: .relaxed)
@@ -180,52 +273,132 @@ final class StoreWriter: @unchecked Sendable {
         compactedChanges.add(collected - changes.count, ordering: .relaxed)
         let units = pending
         pending = []
+        // A message refused at its deadline while this commit ran was committed after all:
+        // no OK (the sender has its error), no delivery, and the next commit undoes it.
+        var accepted: [LoopTask] = []
+        var withdrawal = CommitUnit()
+        var withdrawn = 0
+        for unit in units {
+            guard let reply = unit.reply else { continue }
+            if reply.settle(.accepted) {
+                accepted.append(.reply(reply.connection, .ok(requestID: reply.requestID, serverTime: reply.serverTime)))
+            } else {
+                withdrawal.changes += Self.withdrawal(of: unit, reply)
+                withdrawn += 1
+            }
+        }
+        if withdrawn > 0 {
+            pending = [withdrawal]
+            context.logger.warning("store_withdrawing_refused", ["messages": withdrawn])
+        }
         // Units that only record state (acknowledgements, most sessions and events) release
         // nothing: no need to take the routing lock for them.
         if units.contains(where: { !$0.durable.isEmpty || !$0.reservations.isEmpty }) {
             let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
                 for unit in units {
                     for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
+                    // A refused message's events stay unwritable (and wake nobody up).
+                    guard unit.reply?.isRefused != true else { continue }
                     for (device, seq, kind) in unit.durable { board.markDurable(device, through: seq, kind: kind) }
                 }
                 return board.takeEffects()
             }
             deliver(effects)
         }
-        post(units.compactMap { unit in
-            unit.reply.map { .reply($0.connection, .ok(requestID: $0.requestID, serverTime: $0.serverTime)) }
-        })
+        post(accepted)
     }
 
-    /// Messages whose deadline passed are refused and cancelled; their changes are not
-    /// retried. Everything else stays for the next attempt.
-    private func refuseExpired() {
-        let now = context.clock.now()
-        let expired = pending.filter { $0.reply.map { $0.deadline <= now } ?? false }
-        guard !expired.isEmpty else { return }
-        pending.removeAll { $0.reply.map { $0.deadline <= now } ?? false }
-        refuse(expired, reason: "the store could not commit the message; nothing was accepted, retry later")
-        if pending.isEmpty {
-            // Nothing left to retry, so nothing would ever notice a recovery: let the next
-            // request try the store again (it waits for the store timeout if it still fails).
-            failures = 0
-            healthy.store(true, ordering: .relaxed)
+    /// What undoes the store changes of a message that was refused but committed: its
+    /// events and held events deleted, its id forgotten (the sender may send it again).
+    /// Its other changes (sequence reservations, ids evicted to make room) stand.
+    private static func withdrawal(of unit: CommitUnit, _ reply: DeferredReply) -> [StoreChange] {
+        unit.changes.compactMap { change in
+            switch change {
+            case .appendEvent(let user, let device, let event):
+                return .withdrawEvent(user: user, device: device, seq: event.seq)
+            case .holdForUser(let user, let event):
+                return .withdrawHeld(user: user, ordinal: event.seq)
+            case .rememberMessageID(let remembered) where remembered.sender == reply.sender && remembered.messageID == reply.messageID:
+                return .forgetMessageID(sender: remembered.sender, messageID: remembered.messageID)
+            default:
+                return nil
+            }
         }
     }
 
-    private func refuseAll(reason: String) {
-        let units = pending.filter { $0.reply != nil }
-        pending = []
-        refuse(units, reason: reason)
+    /// The commit under way returned (committed or failed): it is no longer stalled.
+    private func commitReturned() {
+        let now = context.clock.now()
+        let stalledFor: Duration? = progress.withLock { progress in
+            defer { progress = CommitProgress() }
+            guard progress.stalled, let started = progress.started else { return nil }
+            stalled.store(false, ordering: .relaxed)
+            return now - started
+        }
+        if let stalledFor { context.logger.warning("store_stall_ended", ["commit_ms": stalledFor.milliseconds]) }
     }
 
-    private func refuse(_ units: [CommitUnit], reason: String) {
-        let replies = units.compactMap(\.reply)
+    private func refuseAll(reason: String) {
+        let replies = pending.compactMap(\.reply).filter { $0.settle(.refused) }
+        pending = []
+        refuse(replies, reason: reason)
+    }
+
+    /// Cancels the messages (settled as refused by the caller) and sends their errors.
+    private func refuse(_ replies: [DeferredReply], reason: String) {
         guard !replies.isEmpty else { return }
         context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
             for reply in replies { board.cancelMessage(reply.message, sender: reply.sender, messageID: reply.messageID) }
         }
         post(replies.map { .reply($0.connection, .error(requestID: $0.requestID, code: .storeUnavailable, message: reason)) })
+    }
+
+    // MARK: Loop 0
+
+    /// Run by loop 0 at every tick, never by the writer (which may be waiting for a write
+    /// that never returns): refuses and cancels the messages whose deadline passed, and
+    /// declares a commit that has run for `stallThreshold` stalled: new messages and
+    /// calls are then refused at once (`isHealthy`), and `store_stalled` is logged every
+    /// `stallWarningInterval` until the commit returns. Costs one pass over the replies
+    /// settled since the last tick.
+    func superviseCommits(now: Instant) {
+        let overdue: [DeferredReply] = inbox.withLock { inbox in
+            var overdue: [DeferredReply] = []
+            while let first = inbox.replies.first, first.isSettled || first.deadline <= now {
+                inbox.replies.pop()
+                if first.settle(.refused) { overdue.append(first) }
+            }
+            return overdue
+        }
+        refuse(overdue, reason: "the store could not commit the message in time; nothing was accepted, retry later")
+        // The writer drops refused units at its next pass, and with nothing else to retry
+        // lets the next request try the store again: make that pass now, not after its
+        // back-off.
+        if !overdue.isEmpty { wake() }
+
+        let warning: (running: Duration, changes: Int, refused: Int)? = progress.withLock { progress in
+            guard let started = progress.started else { return nil }
+            progress.refused += overdue.count
+            guard progress.seenByTick else {
+                progress.seenByTick = true
+                return nil
+            }
+            let running = now - started
+            guard running >= stallThreshold else { return nil }
+            if !progress.stalled {
+                progress.stalled = true
+                stalled.store(true, ordering: .relaxed)
+            }
+            if let next = progress.nextWarning, now < next { return nil }
+            progress.nextWarning = now + Self.stallWarningInterval
+            return (running, progress.changes, progress.refused)
+        }
+        if let warning {
+            context.logger.warning("store_stalled", [
+                "commit_running_ms": warning.running.milliseconds, "changes": warning.changes,
+                "refused": warning.refused,
+            ])
+        }
     }
 
     /// 10 ms, doubling to 1 s.
@@ -265,8 +438,4 @@ final class StoreWriter: @unchecked Sendable {
         }
         for (loop, tasks) in zip(loops, perLoop) { loop.post(contentsOf: tasks) }
     }
-}
-
-extension Int {
-    fileprivate var isPowerOfTwo: Bool { self > 0 && self & (self - 1) == 0 }
 }

@@ -13,9 +13,11 @@ final class TestServer {
     /// - Parameters:
     ///   - store: a durable store (nil: memory only). Pass the same store and clock to a
     ///     second `TestServer` to model a restart.
+    ///   - logger: where the server logs (tests that check log lines pass one that writes
+    ///     to a file).
     init(
-        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(), logger: Logger = .silent,
-        _ configure: (inout ServerConfiguration) -> Void = { _ in }
+        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
+        logger: Logger = .silent, _ configure: (inout ServerConfiguration) -> Void = { _ in }
     ) throws {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
