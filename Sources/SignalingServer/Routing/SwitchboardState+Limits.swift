@@ -1,12 +1,20 @@
 import SignalingProtocol
 import SignalingSupport
 
-/// Whose unacknowledged messages wait where: one sender's messages for one device of a
-/// recipient (`device` nil: held for a recipient with no device yet).
+/// A queue a sender's messages wait in: a device's, or the list held for a user with no
+/// device yet.
+enum ShareQueue: Hashable {
+    case device(ObjectIdentifier)
+    case held(String)
+}
+
+/// One sender's unacknowledged messages in one queue. The device is keyed by identity
+/// (cheaper to hash than its ids, on a path every message and acknowledgement takes); an
+/// entry is gone before its device record can be freed (`removeDevice` counts its queue
+/// out), so an identity is never confused with a later record's.
 struct SenderShareKey: Hashable {
+    let queue: ShareQueue
     let sender: String
-    let recipient: String
-    let device: String?
 }
 
 /// Bounds on what one client can make the server hold (docs/PROTOCOL.md 6.2): the
@@ -54,29 +62,24 @@ extension SwitchboardState {
         return nil
     }
 
-    /// Unacknowledged messages from `sender` waiting for `device` of `recipient` (nil:
-    /// held for a recipient with no device yet).
-    func pendingShare(of sender: String, waitingFor recipient: String, device: String?) -> Int {
-        pendingBySender[SenderShareKey(sender: sender, recipient: recipient, device: device)] ?? 0
-    }
-
-    /// Refuses a message when its sender already has its share of any target's queue.
+    /// Refuses a message when its sender already has its share of any target's queue
+    /// (`devices` empty: the list held for a recipient with no device yet).
     func checkSenderShare(_ sender: String, recipient: String, devices: [DeviceRecord]) -> RequestError? {
         let limit = configuration.maxPendingPerSender
-        let targets: [String?] = devices.isEmpty ? [nil] : devices.map(\.deviceID)
-        for device in targets where pendingShare(of: sender, waitingFor: recipient, device: device) >= limit {
+        let queues: [(ShareQueue, String)] = devices.isEmpty
+            ? [(.held(recipient), "")] : devices.map { (.device(ObjectIdentifier($0)), " (device \($0.deviceID))") }
+        for (queue, which) in queues where (pendingBySender[SenderShareKey(queue: queue, sender: sender)] ?? 0) >= limit {
             return RequestError(
                 .senderQuotaExceeded,
-                "\(sender) already has \(limit) unacknowledged messages waiting for \(recipient)"
-                    + (device.map { " (device \($0))" } ?? "") + "; retry later")
+                "\(sender) already has \(limit) unacknowledged messages waiting for \(recipient)\(which); retry later")
         }
         return nil
     }
 
     /// Counts a message (an event with a receipt) in or out of its sender's share.
-    mutating func countShare(of event: QueuedEvent, waitingFor recipient: String, device: String?, by delta: Int) {
+    mutating func countShare(of event: QueuedEvent, in queue: ShareQueue, by delta: Int) {
         guard let receipt = event.receipt else { return }
-        let key = SenderShareKey(sender: receipt.sender, recipient: recipient, device: device)
+        let key = SenderShareKey(queue: queue, sender: receipt.sender)
         let count = (pendingBySender[key] ?? 0) + delta
         pendingBySender[key] = count > 0 ? count : nil
     }

@@ -220,7 +220,7 @@ struct SwitchboardState {
         device.next = nil
         pushRegistrations[ObjectIdentifier(device)] = nil
         device.queue.forEach(after: 0) { _, event in
-            countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: -1)
+            countShare(of: event, in: .device(ObjectIdentifier(device)), by: -1)
             return true
         }
     }
@@ -296,7 +296,7 @@ struct SwitchboardState {
         guard !activity.held.isEmpty else { return }
         let lastOrdinal = activity.nextHeldOrdinal - 1
         for event in activity.held {
-            countShare(of: event, waitingFor: device.userID, device: nil, by: -1)
+            countShare(of: event, in: .held(device.userID), by: -1)
             if !event.isCancelled { enqueue(event, to: device) }
         }
         activity.held = []
@@ -345,7 +345,7 @@ struct SwitchboardState {
         if reserved { device.reservedAhead -= 1 }
         let seq = device.append(event)
         counters.eventsQueued += 1
-        countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: 1)
+        countShare(of: event, in: .device(ObjectIdentifier(device)), by: 1)
         if journaling {
             unit.add(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
                 seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
@@ -492,7 +492,7 @@ struct SwitchboardState {
         guard seq > device.ackedSeq else { return }
         var receipts: [DeliveryReceipt] = []
         device.removeThrough(seq) { _, event in
-            countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: -1)
+            countShare(of: event, in: .device(ObjectIdentifier(device)), by: -1)
             if let receipt = event.receipt, !event.isCancelled { receipts.append(receipt) }
         }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
@@ -553,7 +553,7 @@ struct SwitchboardState {
         let activity = activity(userID)
         let ordinal = activity.nextHeldOrdinal
         activity.held.append(event)
-        countShare(of: event, waitingFor: userID, device: nil, by: 1)
+        countShare(of: event, in: .held(userID), by: 1)
         heldExpiry.push((userID, event, now + configuration.eventTTL))
         journal(.holdForUser(user: userID, event: StoredEvent(
             seq: ordinal, type: event.encoded.type.rawValue, body: event.encoded.body,
@@ -607,7 +607,7 @@ struct SwitchboardState {
             heldExpiry.pop()
             guard let activity = activities[entry.user], activity.held.first === entry.event else { continue }
             activity.held.removeFirst()
-            countShare(of: entry.event, waitingFor: entry.user, device: nil, by: -1)
+            countShare(of: entry.event, in: .held(entry.user), by: -1)
             counters.eventsExpired += 1
             journal(.releaseHeld(user: entry.user, through: activity.firstHeldOrdinal))
             activity.firstHeldOrdinal += 1
@@ -654,11 +654,11 @@ struct SwitchboardState {
         }
         let heldByAge = activities.flatMap { userID, activity in activity.held.map { (userID, $0) } }
             .filter { !$0.1.isCancelled }.sorted { $0.1.createdAt < $1.1.createdAt }
-        for (userID, event) in heldByAge { countShare(of: event, waitingFor: userID, device: nil, by: 1) }
+        for (userID, event) in heldByAge { countShare(of: event, in: .held(userID), by: 1) }
         for head in users.heads {
             for device in DeviceList(first: head) {
                 device.queue.forEach(after: 0) { _, event in
-                    countShare(of: event, waitingFor: device.userID, device: device.deviceID, by: 1)
+                    countShare(of: event, in: .device(ObjectIdentifier(device)), by: 1)
                     return true
                 }
             }
