@@ -393,6 +393,35 @@ struct DurabilityTests {
         #expect(try alice.request(13, message("h3", to: "newbie")).errorCode == .senderQuotaExceeded)
     }
 
+    @Test("a message held for a user with no device, claimed by its first device and then refused by the store timeout, is not delivered after a restart")
+    func refusedAfterItsClaimIsWithdrawn() throws {
+        let store = ModelEventStore()
+        let clock = ManualClock()
+        do {
+            let server = try TestServer(store: store, clock: clock) { $0.storeTimeout = .seconds(5) }
+            let (alice, _) = try server.connect(user: "alice")
+            try server.waitFor("alice to be stored") { _ in (try? store.loadSnapshot().devices.count) == 1 }
+            store.failCommits(with: StoreError(.io, "disk trouble"))
+            try alice.send(.request(id: 1, message("m1", to: "newbie")))
+            try server.waitFor("a failed commit") { _ in store.failedAttempts > 0 }
+            // Newbie's first device claims the held message while the store fails.
+            let (newbie, _) = try server.connect(user: "newbie")
+            #expect(try newbie.staysSilent(for: .milliseconds(30)), "delivered before its commit")
+            server.clock.advance(by: .seconds(6))
+            #expect(try alice.reply(to: 1).errorCode == .storeUnavailable)
+            // The store recovers: what remains (the handshake, the claim) is committed.
+            store.failCommits(with: nil)
+            try server.waitFor("the store to recover", timeout: .seconds(10)) { _ in
+                (try? store.loadSnapshot().devices.count) == 2
+            }
+            #expect(try alice.request(2, message("warm-up", to: "nobody")).isOK)  // after the claim's commit
+        }
+        #expect(store.events(user: "newbie", device: "d1").isEmpty, "the refused message is stored for newbie")
+        let server = try TestServer(store: store, clock: clock)
+        let (newbie, _) = try server.connect(user: "newbie")
+        #expect(try newbie.staysSilent(for: .milliseconds(50)), "the refused message was delivered after the restart")
+    }
+
     @Test("messages for a user with no device yet are kept across a restart and delivered in order")
     func heldAcrossRestart() throws {
         let store = ModelEventStore()

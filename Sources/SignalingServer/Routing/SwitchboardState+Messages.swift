@@ -65,6 +65,20 @@ extension SwitchboardState {
         event.isCancelled = true
         activities[sender]?.recentMessageIDs[messageID] = nil
         compactActivity(sender)
+        // A message held for a user with no device may have been claimed by that user's
+        // first device meanwhile: that copy was journaled with the handshake, in another
+        // commit unit, which may be committed although this message is refused. Withdraw
+        // every queued copy (for copies never written this only raises the device's
+        // counter, which already covers their numbers).
+        if journaling, let recipient = event.receipt?.recipient {
+            for device in devices(of: recipient) {
+                device.queue.forEach(after: device.ackedSeq) { seq, queued in
+                    guard queued === event else { return true }
+                    journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
+                    return false
+                }
+            }
+        }
         counters.messagesCancelled += 1
         counters.messagesAccepted -= 1
     }
