@@ -112,8 +112,11 @@ struct BackpressureTests {
         let reader = try TestClient(port: server.port, receiveWindow: 4096)
         let welcome = try reader.hello(user: "bob")
         let (alice, _) = try server.connect(user: "alice")
-        let count = 60
+        // More than the kernel's largest send buffer (tcp_wmem's maximum, 4 MB by
+        // default) can hold, so that bytes must wait in the server.
+        let count = 120
         for index in 1...count { #expect(try alice.request(UInt32(index), bigMessage(index, to: "bob")).isOK) }
+        try server.waitFor("bytes to wait for bob") { $0.largestOutbound > 0 }
         #expect(server.server.statistics.largestOutbound <= EventLoop.pumpBytes + Self.bodySize + 1024)
 
         try server.advance(by: .seconds(10))

@@ -19,6 +19,9 @@ final class QueuedEvent: @unchecked Sendable {
     /// Never written to a device: its message was refused after all (store failure), or it
     /// fills an ordinal of a user's held messages that a restarted server no longer has.
     var isCancelled = false
+    /// Held for a user with no device, then handed to that user's first device: the copy
+    /// was journaled in the handshake's commit unit, not in its message's.
+    var wasClaimed = false
 
     convenience init(_ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64, ledger: MemoryLedger? = nil) {
         self.init(encoded: EncodedEvent(event), receipt: receipt, createdAt: createdAt, ledger: ledger)

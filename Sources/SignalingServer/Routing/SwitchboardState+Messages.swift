@@ -68,9 +68,8 @@ extension SwitchboardState {
         // A message held for a user with no device may have been claimed by that user's
         // first device meanwhile: that copy was journaled with the handshake, in another
         // commit unit, which may be committed although this message is refused. Withdraw
-        // every queued copy (for copies never written this only raises the device's
-        // counter, which already covers their numbers).
-        if journaling, let recipient = event.receipt?.recipient {
+        // it. (Copies journaled with the message itself go, or are undone, with its unit.)
+        if journaling && event.wasClaimed, let recipient = event.receipt?.recipient {
             for device in devices(of: recipient) {
                 device.queue.forEach(after: device.ackedSeq) { seq, queued in
                     guard queued === event else { return true }

@@ -297,7 +297,9 @@ struct SwitchboardState {
         let lastOrdinal = activity.nextHeldOrdinal - 1
         for event in activity.held {
             countShare(of: event, in: .held(device.userID), by: -1)
-            if !event.isCancelled { enqueue(event, to: device) }
+            guard !event.isCancelled else { continue }
+            event.wasClaimed = true
+            enqueue(event, to: device)
         }
         activity.held = []
         activity.firstHeldOrdinal = lastOrdinal + 1
