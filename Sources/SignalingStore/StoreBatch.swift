@@ -49,6 +49,11 @@ public enum StoreBatch {
         func settle(_ acknowledgements: Acknowledgements) {
             merged.append((acknowledgements.earliestIndex, acknowledgements.highest))
         }
+        // An event an acknowledgement or a withdrawal later in the batch deletes again.
+        func isUndoneLater(_ key: DeviceKey, _ seq: UInt64) -> Bool {
+            if let later = pending[key], seq <= later.highest { return true }
+            return !withdrawnEvents.isEmpty && withdrawnEvents[key]?.contains(seq) == true
+        }
         for index in changes.indices.reversed() {
             switch changes[index] {
             case .acknowledge(let user, let device, let through):
@@ -61,11 +66,12 @@ public enum StoreBatch {
                     pending[key] = Acknowledgements(highest: through, earliestIndex: index)
                 }
             case .appendEvent(let user, let device, let event):
-                let key = DeviceKey(userID: user, deviceID: device)
-                if let later = pending[key], event.seq <= later.highest {
+                if isUndoneLater(DeviceKey(userID: user, deviceID: device), event.seq) {
                     keep[index] = false
                     dropped += 1
-                } else if !withdrawnEvents.isEmpty, withdrawnEvents[key]?.contains(event.seq) == true {
+                }
+            case .claimHeldEvent(let user, let device, let seq, _):
+                if isUndoneLater(DeviceKey(userID: user, deviceID: device), seq) {
                     keep[index] = false
                     dropped += 1
                 }

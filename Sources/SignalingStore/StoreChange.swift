@@ -18,6 +18,12 @@ public enum StoreChange: Sendable, Equatable {
     case removeDevice(user: String, device: String)
     /// Holds an event for a user that has no device yet (`event.seq` is its ordinal).
     case holdForUser(user: String, event: StoredEvent)
+    /// Copies the user's held event `ordinal` to the device's queue as event `seq` (the
+    /// device's first connection claims what was held for its user), body and all, from
+    /// what the store holds: the server may no longer have the body in memory. Raises the
+    /// device's `lastSeq` to `seq`. Nothing is copied if the held event is not stored (its
+    /// message was refused).
+    case claimHeldEvent(user: String, device: String, seq: UInt64, ordinal: UInt64)
     /// Deletes the user's held events with ordinal ≤ `through` (they were handed to a
     /// device, whose `appendEvent`s are in the same batch, or they expired).
     case releaseHeld(user: String, through: UInt64)
@@ -61,6 +67,16 @@ public struct StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 
     public var description: String { "\(kind): \(message)" }
+}
+
+/// A store that hands back the bodies of the events it holds, so that the server need not
+/// keep in memory the bodies of events that are not about to be written (docs/STORAGE.md,
+/// "Bodies in memory"). Called from the store-writer thread only, between batches: it
+/// sees every batch applied before.
+public protocol EventBodySource: AnyObject, Sendable {
+    /// The stored bodies of the device's events numbered `seq` and after, in order, at
+    /// most `limit` of them.
+    func bodies(user: String, device: String, from seq: UInt64, limit: Int) throws(StoreError) -> [(seq: UInt64, body: [UInt8])]
 }
 
 /// Where the server keeps what must survive a restart. The SQLite store is the default;

@@ -27,6 +27,7 @@ final class ChangeWriter {
     private let deleteDeviceEvents: SQLiteStatement
     private let deleteDevice: SQLiteStatement
     private let insertHeldEvent: SQLiteStatement
+    private let copyHeldEvent: SQLiteStatement
     private let deleteReleasedHeldEvents: SQLiteStatement
     private let deleteDeviceEvent: SQLiteStatement
     private let deleteHeldEvent: SQLiteStatement
@@ -75,6 +76,14 @@ final class ChangeWriter {
                                      receipt_sender, receipt_message_id, receipt_recipient, created_at)
             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
             """, as: "insert held event")
+        // The body comes from the held row, not from the server, which may have dropped it
+        // from memory (`StoreChange.claimHeldEvent`).
+        copyHeldEvent = try connection.prepare("""
+            INSERT INTO device_events (user_id, device_id, seq, type, body,
+                                       receipt_sender, receipt_message_id, receipt_recipient, created_at)
+            SELECT user_id, ?2, ?3, type, body, receipt_sender, receipt_message_id, receipt_recipient, created_at
+            FROM held_events WHERE user_id = ?1 AND ordinal = ?4
+            """, as: "copy held event")
         deleteReleasedHeldEvents = try connection.prepare("""
             DELETE FROM held_events WHERE user_id = ?1 AND ordinal <= ?2
             """, as: "delete released held events")
@@ -169,6 +178,19 @@ final class ChangeWriter {
             try bindEventFields(of: event, to: insertDeviceEvent, from: 4)
             do throws(StoreError) {
                 try insertDeviceEvent.run()
+            } catch where connection.extendedErrorCode == Self.foreignKeyViolation {
+                throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its events")
+            }
+            raise(user, device, lastSeq: seq)
+
+        case .claimHeldEvent(let user, let device, let seq, let ordinal):
+            let seq = try StoredValue.sequence(seq, "seq")
+            try copyHeldEvent.bind(1, user)
+            try copyHeldEvent.bind(2, device)
+            try copyHeldEvent.bind(3, seq)
+            try copyHeldEvent.bind(4, try StoredValue.sequence(ordinal, "ordinal"))
+            do throws(StoreError) {
+                try copyHeldEvent.run()
             } catch where connection.extendedErrorCode == Self.foreignKeyViolation {
                 throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its events")
             }
@@ -270,6 +292,7 @@ extension StoreChange {
         case .rememberMessageID(let remembered): return "rememberMessageID \(remembered.sender)/\(remembered.messageID)"
         case .forgetMessageID(let sender, let messageID): return "forgetMessageID \(sender)/\(messageID)"
         case .registerPush(let user, let device, _): return "registerPush \(user)/\(device)"
+        case .claimHeldEvent(let user, let device, let seq, let ordinal): return "claimHeldEvent \(user)/\(device) seq \(seq) ordinal \(ordinal)"
         case .withdrawEvent(let user, let device, let seq): return "withdrawEvent \(user)/\(device) seq \(seq)"
         case .withdrawHeld(let user, let ordinal): return "withdrawHeld \(user) ordinal \(ordinal)"
         }

@@ -11,7 +11,7 @@ import SignalingSupport
 /// connection (opened without SQLite's own mutex) and cached statements, none of which
 /// may be used concurrently; that rule, not a lock, is what makes `@unchecked Sendable`
 /// sound. Moving the store between threads is fine as long as calls never overlap.
-public final class SQLiteEventStore: EventStore, @unchecked Sendable {
+public final class SQLiteEventStore: EventStore, EventBodySource, @unchecked Sendable {
     public let configuration: SQLiteStoreConfiguration
     private let logger: Logger
 
@@ -20,6 +20,8 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
         let connection: SQLiteConnection
         let writer: ChangeWriter
         let checkpointer: WALCheckpointer
+        /// Bodies for the server to write (`EventBodySource`), on the writer's connection.
+        let selectBodies: SQLiteStatement
     }
     private var database: OpenDatabase?
     /// Released after the database is closed, so the next owner finds it checkpointed.
@@ -39,6 +41,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
         let foundVersion: Int64
         let writer: ChangeWriter
         let checkpointer: WALCheckpointer
+        let selectBodies: SQLiteStatement
         do throws(StoreError) {
             connection = try SQLiteConnection.open(path: configuration.databasePath)
             let cap = try Self.configure(connection, configuration)
@@ -49,13 +52,17 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
             }
             foundVersion = try SQLiteSchema.prepare(connection)
             writer = try ChangeWriter(connection: connection)
+            selectBodies = try connection.prepare("""
+                SELECT seq, body FROM device_events
+                WHERE user_id = ?1 AND device_id = ?2 AND seq >= ?3 ORDER BY seq LIMIT ?4
+                """, as: "select bodies")
             checkpointer = try WALCheckpointer(path: configuration.databasePath, logger: logger)
         } catch {
             // Every failure here is about the database file: name it.
             throw StoreError(error.kind, "\(configuration.databasePath): \(error.message)")
         }
         checkpointer.watch(connection)
-        database = OpenDatabase(connection: connection, writer: writer, checkpointer: checkpointer)
+        database = OpenDatabase(connection: connection, writer: writer, checkpointer: checkpointer, selectBodies: selectBodies)
         self.lock = lock
         logger.info("store_opened", [
             "path": configuration.databasePath,
@@ -85,6 +92,21 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     public func apply(_ changes: [StoreChange]) throws(StoreError) {
         guard let database else { throw Self.closedError }
         try database.writer.apply(changes)
+    }
+
+    public func bodies(user: String, device: String, from seq: UInt64, limit: Int) throws(StoreError) -> [(seq: UInt64, body: [UInt8])] {
+        guard let database else { throw Self.closedError }
+        let query = database.selectBodies
+        defer { query.reset() }
+        try query.bind(1, user)
+        try query.bind(2, device)
+        try query.bind(3, try StoredValue.sequence(seq, "seq"))
+        try query.bind(4, Int64(limit))
+        var found: [(seq: UInt64, body: [UInt8])] = []
+        while try query.step() {
+            found.append((UInt64(query.int64(0)), query.blob(1)))
+        }
+        return found
     }
 
     /// Closes the database (SQLite checkpoints the WAL into the main file) and releases the

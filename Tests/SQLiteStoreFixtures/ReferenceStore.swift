@@ -37,6 +37,14 @@ public struct ReferenceStore: Sendable {
             guard devices[key] != nil else { return }
             devices[key]!.lastSeq = max(devices[key]!.lastSeq, event.seq)
             Self.insertInOrder(event, into: &devices[key]!.events)
+        case .claimHeldEvent(let user, let device, let seq, let ordinal):
+            let key = DeviceKey(userID: user, deviceID: device)
+            guard devices[key] != nil else { return }
+            devices[key]!.lastSeq = max(devices[key]!.lastSeq, seq)
+            guard let held = held[user]?.first(where: { $0.seq == ordinal }) else { return }
+            Self.insertInOrder(
+                StoredEvent(seq: seq, type: held.type, body: held.body, receipt: held.receipt, createdAt: held.createdAt),
+                into: &devices[key]!.events)
         case .acknowledge(let user, let device, let through):
             let key = DeviceKey(userID: user, deviceID: device)
             guard devices[key] != nil else { return }

@@ -17,21 +17,27 @@ struct ChildProcessTests {
 
     @Test("closing a child's stdin ends its input once; the descriptor number is not closed again later")
     func closeInputClosesOnce() throws {
-        var child: ChildProcess? = try ChildProcess.spawn("/bin/cat", arguments: [], pipeInput: true, stdout: .discard, stderr: .discard)
-        let number = try #require(child?.input)
-        child?.closeInput()
-        #expect(child?.input == -1)
-        // cat reads end-of-file and exits.
-        #expect(child?.waitForExit(timeoutSeconds: 10) == 0)
-        // Another descriptor takes the freed number, as another thread's socket would
-        // (F_DUPFD: the lowest free number from `number` up, which is `number` itself);
-        // releasing the child must leave it alone.
-        let null = open("/dev/null", O_RDONLY | O_CLOEXEC)
-        defer { close(null) }
-        let reused = fcntl(null, F_DUPFD_CLOEXEC, number)
-        defer { if reused >= 0 { close(reused) } }
-        #expect(reused == number)
-        child = nil
-        #expect(fcntl(reused, F_GETFD) != -1, "the child's release closed a descriptor it no longer owned")
+        // Tests run in parallel in this process: another thread may take the freed number
+        // first, and then this one cannot watch it. Try until it gets it (a few times).
+        for _ in 0..<20 {
+            var child: ChildProcess? = try ChildProcess.spawn("/bin/cat", arguments: [], pipeInput: true, stdout: .discard, stderr: .discard)
+            let number = try #require(child?.input)
+            child?.closeInput()
+            #expect(child?.input == -1)
+            // cat reads end-of-file and exits.
+            #expect(child?.waitForExit(timeoutSeconds: 10) == 0)
+            // Another descriptor takes the freed number, as another thread's socket would
+            // (F_DUPFD: the lowest free number from `number` up, which is `number` itself
+            // unless another thread was quicker); releasing the child must leave it alone.
+            let null = open("/dev/null", O_RDONLY | O_CLOEXEC)
+            defer { close(null) }
+            let reused = fcntl(null, F_DUPFD_CLOEXEC, number)
+            defer { if reused >= 0 { close(reused) } }
+            guard reused == number else { continue }
+            child = nil
+            #expect(fcntl(reused, F_GETFD) != -1, "the child's release closed a descriptor it no longer owned")
+            return
+        }
+        Issue.record("another thread took the freed descriptor number every time")
     }
 }

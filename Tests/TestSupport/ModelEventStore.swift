@@ -101,3 +101,9 @@ public final class ModelEventStore: EventStore {
 
     public func close() {}
 }
+
+extension ModelEventStore: EventBodySource {
+    public func bodies(user: String, device: String, from seq: UInt64, limit: Int) throws(StoreError) -> [(seq: UInt64, body: [UInt8])] {
+        events(user: user, device: device).filter { $0.seq >= seq }.prefix(limit).map { ($0.seq, $0.body) }
+    }
+}

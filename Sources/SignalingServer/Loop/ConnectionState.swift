@@ -27,6 +27,9 @@ struct ConnectionFlags: OptionSet {
     static let readPaused = ConnectionFlags(rawValue: 1 << 2)
     /// A slow-consumer check for this connection is in the loop's timing wheel.
     static let stallCheckScheduled = ConnectionFlags(rawValue: 1 << 3)
+    /// The pump stopped at an event whose body is in the store only and asked the store
+    /// writer for it (`StoreWriter.requestBodies`); it resumes on `LoopTask.bodiesLoaded`.
+    static let bodiesRequested = ConnectionFlags(rawValue: 1 << 4)
 }
 
 /// One connection's state in its event loop's connection table. A plain struct in a

@@ -215,7 +215,7 @@ extension EventLoop {
         swap(&out, &scratch)
         out.removeAll(keepingCapacity: true)
         var count = 0
-        let position = context.switchboard.withDevices { board in
+        let batch = context.switchboard.withDevices { board in
             board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
                 FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
                 count += 1
@@ -224,11 +224,17 @@ extension EventLoop {
         }
         let full = out.count >= byteLimit
         swap(&out, &scratch)
-        guard let position else { return nil }
-        state.pointee.sentSeq = position
+        guard let batch else { return nil }
+        state.pointee.sentSeq = batch.position
+        if let missing = batch.waitsForBody, !state.pointee.flags.contains(.bodiesRequested) {
+            // The next event's body is in the store only: the writer reads it back, and
+            // `LoopTask.bodiesLoaded` resumes this pump.
+            state.pointee.flags.insert(.bodiesRequested)
+            context.switchboard.writer?.requestBodies(of: device, for: ref, from: missing)
+        }
         guard count > 0 else { return nil }
         context.counters.eventsWritten.increment(by: count)
-        return (count, count == Self.pumpBatch || full)
+        return (count, batch.waitsForBody == nil && (count == Self.pumpBatch || full))
     }
 
     // MARK: Writes by other loops

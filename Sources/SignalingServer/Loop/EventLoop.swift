@@ -18,6 +18,8 @@ enum LoopTask: Sendable {
     /// Another loop wrote part of this connection's events; the rest waits in `outbound`:
     /// watch the socket for writability (only the owning loop may touch its event base).
     case watchWritable(ConnectionRef)
+    /// The bodies this connection's pump asked the store for are back in memory.
+    case bodiesLoaded(ConnectionRef)
     /// Server shutdown: stop accepting, tell every client to go away, exit when done.
     case drain
 }
@@ -230,6 +232,11 @@ final class EventLoop: @unchecked Sendable {
                 if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
             case .watchWritable(let ref):
                 if table.isLive(ref.slot, generation: ref.generation) { watchWritable(ref.slot) }
+            case .bodiesLoaded(let ref):
+                if table.isLive(ref.slot, generation: ref.generation) {
+                    table.state(ref.slot).pointee.flags.remove(.bodiesRequested)
+                    markDirty(ref.slot, generation: ref.generation)
+                }
             case .drain:
                 sendPostedReplies()
                 beginDrain()

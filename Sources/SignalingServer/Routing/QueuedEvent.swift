@@ -5,11 +5,14 @@ import Synchronization
 /// One event as queued to one or more devices: encoded once and shared by every queue it
 /// was fanned out to.
 ///
-/// Everything is immutable except `isCancelled`, which is guarded by the `Switchboard`
-/// lock (hence `@unchecked Sendable`): a message whose commit to the store failed is
-/// cancelled in every queue at once, and the pump skips it.
+/// The mutable parts (`isCancelled`, the flags, and the body, which may be evicted to the
+/// store) are guarded by the `Switchboard` lock (hence `@unchecked Sendable`): a message
+/// whose commit to the store failed is cancelled in every queue at once, and the pump
+/// skips it.
 final class QueuedEvent: @unchecked Sendable {
-    let encoded: EncodedEvent
+    /// The event as written after its sequence number. While the body is evicted
+    /// (`isResident` false) this holds the type and an empty body.
+    private(set) var encoded: EncodedEvent
     /// Where this event's memory is counted (nil: not counted, as for the placeholder).
     private let ledger: MemoryLedger?
     /// For MESSAGE events: what to report to the sender when a device acknowledges it.
@@ -22,6 +25,10 @@ final class QueuedEvent: @unchecked Sendable {
     /// Held for a user with no device, then handed to that user's first device: the copy
     /// was journaled in the handshake's commit unit, not in its message's.
     var wasClaimed = false
+    /// Committed to the store: its body may be dropped from memory and read back.
+    var isDurable = false
+    /// The body is in memory (else only in the store: `evictBody`, `restoreBody`).
+    private(set) var isResident = true
 
     convenience init(_ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64, ledger: MemoryLedger? = nil) {
         self.init(encoded: EncodedEvent(event), receipt: receipt, createdAt: createdAt, ledger: ledger)
@@ -37,6 +44,22 @@ final class QueuedEvent: @unchecked Sendable {
 
     deinit {
         ledger?.add(-Self.footprint(of: encoded))
+    }
+
+    /// Drops the body from memory; the store has it (`isDurable`).
+    func evictBody() {
+        guard isResident else { return }
+        ledger?.add(-encoded.body.count)
+        encoded = EncodedEvent(type: encoded.type, body: [])
+        isResident = false
+    }
+
+    /// Puts back a body read from the store.
+    func restoreBody(_ body: [UInt8]) {
+        guard !isResident else { return }
+        encoded = EncodedEvent(type: encoded.type, body: body)
+        ledger?.add(body.count)
+        isResident = true
     }
 
     /// What one event costs in memory, near enough for a budget: its body, plus the

@@ -91,6 +91,9 @@ struct SwitchboardCounters: Sendable, Equatable {
     var refusedSenderQuota = 0
     var refusedRate = 0
     var refusedCapacity = 0
+    /// Message bodies dropped from memory (the store keeps them) and read back.
+    var bodiesEvicted = 0
+    var bodiesRestored = 0
 }
 
 /// The routing core: users, devices, sessions, queues and calls, as a pure state machine.
@@ -129,6 +132,9 @@ struct SwitchboardState {
     /// wait for their commit even with `Delivery.immediate`, so that a message refused
     /// with storeUnavailable was not delivered first.
     var storeHealthy = true
+    /// The store hands back stored bodies (`EventBodySource`): committed messages that no
+    /// connected device is about to receive keep only their metadata in memory.
+    var evictsBodies = false
     /// Wall-clock time of the operation in progress (set by `Switchboard.withState`).
     var currentWall: UInt64 = 0
     /// Session ids come from here (no system call per handshake).
@@ -295,11 +301,11 @@ struct SwitchboardState {
     private mutating func claimHeld(_ activity: UserActivity, for device: DeviceRecord) {
         guard !activity.held.isEmpty else { return }
         let lastOrdinal = activity.nextHeldOrdinal - 1
-        for event in activity.held {
+        for (index, event) in activity.held.enumerated() {
             countShare(of: event, in: .held(device.userID), by: -1)
             guard !event.isCancelled else { continue }
             event.wasClaimed = true
-            enqueue(event, to: device)
+            enqueue(event, to: device, heldOrdinal: activity.firstHeldOrdinal + UInt64(index))
         }
         activity.held = []
         activity.firstHeldOrdinal = lastOrdinal + 1
@@ -330,14 +336,22 @@ struct SwitchboardState {
         for call in activities[device.userID]?.calls ?? [] where call.isLive && involves(call, device) {
             graceChecks.push((call, device, since))
         }
+        if evictsBodies {
+            device.queue.forEach(after: device.ackedSeq) { _, event in
+                evictIfUnwanted(event)
+                return true
+            }
+        }
     }
 
     // MARK: Delivery
 
     /// Queues `event` for `device`. Returns false (and drops the event) when the device's
     /// queue is full; callers that must not lose an event check `hasRoom` first.
+    /// `heldOrdinal`: the event was held for the device's user under this ordinal, and the
+    /// store copies it from there (its body may no longer be in memory).
     @discardableResult
-    mutating func enqueue(_ event: QueuedEvent, to device: DeviceRecord) -> Bool {
+    mutating func enqueue(_ event: QueuedEvent, to device: DeviceRecord, heldOrdinal: UInt64? = nil) -> Bool {
         guard device.queue.count < configuration.maxPendingEvents else {
             counters.eventsDropped += 1
             return false
@@ -349,10 +363,14 @@ struct SwitchboardState {
         counters.eventsQueued += 1
         countShare(of: event, in: .device(ObjectIdentifier(device)), by: 1)
         if journaling {
-            unit.add(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
-                seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
-                receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
-                createdAt: event.createdAt)))
+            if let heldOrdinal {
+                unit.add(.claimHeldEvent(user: device.userID, device: device.deviceID, seq: seq, ordinal: heldOrdinal))
+            } else {
+                unit.add(.appendEvent(user: device.userID, device: device.deviceID, event: StoredEvent(
+                    seq: seq, type: event.encoded.type.rawValue, body: event.encoded.body,
+                    receipt: event.receipt.map { StoredReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
+                    createdAt: event.createdAt)))
+            }
             let mayGoEarly = device.connection != nil && releasesBeforeCommit
             if mayGoEarly {
                 if !reserved && !device.reservationGrowing && device.reservationScale < Self.maximumReservationScale {
@@ -444,26 +462,32 @@ struct SwitchboardState {
 
     /// Hands `body` the next events to write to `connection` after `sentSeq`, with their
     /// sequence numbers: committed ones only, cancelled ones skipped, at most `limit` of
-    /// them, and none after one for which `body` returns false (it is full). Returns nil
-    /// when the connection no longer speaks for the device (it was taken over), else the
-    /// new write position.
+    /// them, and none after one for which `body` returns false (it is full). Stops before
+    /// an event whose body is not in memory (`waitsForBody`: the store must hand it back
+    /// first). Returns nil when the connection no longer speaks for the device (it was
+    /// taken over), else the new write position.
     ///
     /// Touches only the device record (a class), never the state itself: the `Switchboard`
     /// runs it under its lock without the bookkeeping of a state change.
     func nextBatch(
         for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int,
         _ body: (UInt64, QueuedEvent) -> Bool
-    ) -> UInt64? {
+    ) -> (position: UInt64, waitsForBody: UInt64?)? {
         guard device.connection == connection else { return nil }
         device.wakePending = false
         var position = max(sentSeq, device.ackedSeq)
         let writable = device.writableSeq
         var handed = 0
         var full = false
+        var waitsForBody: UInt64?
         device.queue.forEach(after: position) { seq, event in
             guard seq <= writable else { return false }
             guard handed < limit else {
                 full = true
+                return false
+            }
+            if !event.isCancelled && !event.isResident {
+                waitsForBody = seq
                 return false
             }
             position = seq
@@ -477,7 +501,7 @@ struct SwitchboardState {
             return true
         }
         // Every event up to `writable` was handed over: the numbers left are holes.
-        return full ? position : max(position, writable)
+        return (full || waitsForBody != nil ? position : max(position, writable), waitsForBody)
     }
 
     /// A cumulative ACK from the device's live connection.
@@ -656,11 +680,15 @@ struct SwitchboardState {
         }
         let heldByAge = activities.flatMap { userID, activity in activity.held.map { (userID, $0) } }
             .filter { !$0.1.isCancelled }.sorted { $0.1.createdAt < $1.1.createdAt }
-        for (userID, event) in heldByAge { countShare(of: event, in: .held(userID), by: 1) }
+        for (userID, event) in heldByAge {
+            countShare(of: event, in: .held(userID), by: 1)
+            evictIfUnwanted(event)
+        }
         for head in users.heads {
             for device in DeviceList(first: head) {
                 device.queue.forEach(after: 0) { _, event in
                     countShare(of: event, in: .device(ObjectIdentifier(device)), by: 1)
+                    evictIfUnwanted(event)  // nobody is connected yet
                     return true
                 }
             }
@@ -676,9 +704,11 @@ struct SwitchboardState {
     }
 
     private func queuedEvent(_ event: StoredEvent, type: FrameType) -> QueuedEvent {
-        QueuedEvent(
+        let queued = QueuedEvent(
             encoded: EncodedEvent(type: type, body: event.body),
             receipt: event.receipt.map { DeliveryReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
             createdAt: event.createdAt, ledger: ledger)
+        queued.isDurable = true
+        return queued
     }
 }

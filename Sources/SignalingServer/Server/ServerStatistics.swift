@@ -44,6 +44,9 @@ public struct ServerStatistics: Sendable, Equatable {
     /// False while the store fails or a commit is stalled: new messages and calls are
     /// refused at once (true without a store).
     public var storeHealthy = true
+    /// Message bodies dropped from memory (the store keeps them) and read back from it.
+    public var bodiesEvicted = 0
+    public var bodiesRestored = 0
     public var sessionsExpired = 0
     public var eventsExpired = 0
 }
@@ -92,6 +95,8 @@ final class StatisticsCounters: Sendable {
             refusedRate: routing.refusedRate,
             refusedCapacity: routing.refusedCapacity,
             eventBytes: eventBytes,
+            bodiesEvicted: routing.bodiesEvicted,
+            bodiesRestored: routing.bodiesRestored,
             sessionsExpired: routing.sessionsExpired,
             eventsExpired: routing.eventsExpired)
     }

@@ -78,6 +78,7 @@ public final class SignalingServer: Sendable {
         }
         let now = clock.now()
         context.switchboard.withState(wall: clock.wallMilliseconds()) { board in
+            board.evictsBodies = store is any EventBodySource
             board.load(snapshot, now: now)
         }
         logger.info("store_loaded", [

@@ -85,7 +85,18 @@ final class StoreWriter: @unchecked Sendable {
         /// the time between reading the clock and taking the switchboard lock). Loop 0
         /// refuses the overdue ones from here, and drops the settled ones.
         var replies = FIFOQueue<DeferredReply>()
+        /// Connections whose next events have their bodies in the store only.
+        var bodyRequests: [BodyRequest] = []
     }
+    /// A connection's pump stopped at an event whose body is in the store only.
+    struct BodyRequest {
+        let device: DeviceRecord
+        let connection: ConnectionRef
+        let from: UInt64
+    }
+    /// Bodies read back per request: about 4 MB of the largest frames, so one request
+    /// does not hold the writer for long.
+    static let bodiesPerRequest = 64
     private let inbox = Mutex(Inbox())
     /// The commit under way, if any: written by the writer around `apply`, read by loop 0.
     private struct CommitProgress {
@@ -117,6 +128,9 @@ final class StoreWriter: @unchecked Sendable {
 
     // Writer-thread state.
     private var pending: [CommitUnit] = []
+    /// Body requests taken with `pending`: served once it is committed (they may concern
+    /// events its units journaled).
+    private var bodyRequests: [BodyRequest] = []
     private var failures = 0
     /// What to log about failures and recoveries (the writer's thread only).
     private var healthLog = StoreHealthLog()
@@ -211,19 +225,23 @@ final class StoreWriter: @unchecked Sendable {
             // rather than grown by them, under the routing lock, one append at a time.
             var fresh: [CommitUnit] = []
             fresh.reserveCapacity(Self.inboxCapacity)
-            let arrived = inbox.withLock { inbox in
+            let (arrived, requested) = inbox.withLock { inbox in
                 swap(&fresh, &inbox.units)
+                defer { inbox.bodyRequests = [] }
                 // The OKs of the last commit are at the head by now: drop them here rather
                 // than keep their messages alive until loop 0's next tick.
                 while let first = inbox.replies.first, first.isSettled { inbox.replies.pop() }
-                return fresh
+                return (fresh, inbox.bodyRequests)
             }
             if pending.isEmpty { pending = arrived } else { pending += arrived }
+            bodyRequests += requested
             if !pending.isEmpty {
                 let started = monotonic.now()
                 commitPending()
                 lastCommitDuration = monotonic.now() - started
             }
+            // Everything journaled before the requests is committed now (or they wait).
+            if pending.isEmpty && !bodyRequests.isEmpty { serveBodyRequests() }
             if stop && (pending.isEmpty || failures > 0) {
                 if !pending.isEmpty { refuseAll(reason: "the server is stopping and the store cannot commit") }
                 return
@@ -276,12 +294,14 @@ final class StoreWriter: @unchecked Sendable {
         // A message refused at its deadline while this commit ran was committed after all:
         // no OK (the sender has its error), no delivery, and the next commit undoes it.
         var accepted: [LoopTask] = []
+        var committedMessages: [QueuedEvent] = []
         var withdrawal = CommitUnit()
         var withdrawn = 0
         for unit in units {
             guard let reply = unit.reply else { continue }
             if reply.settle(.accepted) {
                 accepted.append(.reply(reply.connection, .ok(requestID: reply.requestID, serverTime: reply.serverTime)))
+                committedMessages.append(reply.message)
             } else {
                 withdrawal.changes += Self.withdrawal(of: unit, reply)
                 withdrawn += 1
@@ -293,8 +313,13 @@ final class StoreWriter: @unchecked Sendable {
         }
         // Units that only record state (acknowledgements, most sessions and events) release
         // nothing: no need to take the routing lock for them.
-        if units.contains(where: { !$0.durable.isEmpty || !$0.reservations.isEmpty }) {
+        if !committedMessages.isEmpty || units.contains(where: { !$0.durable.isEmpty || !$0.reservations.isEmpty }) {
             let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+                // Committed messages that nobody connected is about to receive leave memory.
+                for message in committedMessages {
+                    message.isDurable = true
+                    board.evictIfUnwanted(message)
+                }
                 for unit in units {
                     for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
                     // A refused message's events stay unwritable (and wake nobody up).
@@ -324,6 +349,48 @@ final class StoreWriter: @unchecked Sendable {
                 return nil
             }
         }
+    }
+
+    /// Asks for the bodies of `device`'s events from `from` on, for `connection`'s pump
+    /// (any loop thread). Served after everything queued before it is committed.
+    func requestBodies(of device: DeviceRecord, for connection: ConnectionRef, from: UInt64) {
+        let wasIdle = inbox.withLock { inbox in
+            let wasIdle = inbox.units.isEmpty && inbox.bodyRequests.isEmpty
+            inbox.bodyRequests.append(BodyRequest(device: device, connection: connection, from: from))
+            return wasIdle
+        }
+        if wasIdle { wake() }
+    }
+
+    /// Reads the requested bodies from the store, puts them back into their events and
+    /// tells each connection's loop to pump again.
+    private func serveBodyRequests() {
+        guard let source = store as? any EventBodySource else { return }
+        let requests = bodyRequests
+        bodyRequests = []
+        var loaded: [(BodyRequest, [(seq: UInt64, body: [UInt8])])] = []
+        for request in requests {
+            do {
+                let bodies = try source.bodies(
+                    user: request.device.userID, device: request.device.deviceID, from: request.from, limit: Self.bodiesPerRequest)
+                loaded.append((request, bodies))
+            } catch {
+                // The pump asks again when it next runs.
+                context.logger.error("store_read_failed", ["error": "\(error)", "user": request.device.userID])
+            }
+        }
+        let lost = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            loaded.flatMap { request, bodies in
+                board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
+            }
+        }
+        for (device, seq) in lost {
+            context.logger.error("event_body_missing", [
+                "user": device.userID, "device": device.deviceID, "seq": seq,
+                "detail": "the store has no body for this event; it is skipped",
+            ])
+        }
+        post(requests.map { .bodiesLoaded($0.connection) })
     }
 
     /// The commit under way returned (committed or failed): it is no longer stalled.
@@ -431,7 +498,8 @@ final class StoreWriter: @unchecked Sendable {
         for task in tasks {
             let loop: Int
             switch task {
-            case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref): loop = Int(ref.loop)
+            case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
+                loop = Int(ref.loop)
             case .drain: loop = 0
             }
             if loop < loops.count { perLoop[loop].append(task) }
