@@ -29,6 +29,10 @@ struct ConnectionState {
     var wantsWrite = false
     /// The connection was counted against its address's cap (refused ones are not).
     var countsTowardAddress = false
+    /// The loop's idle-timeout wheel holds an entry for this slot (`enterIdleWheel`). Kept
+    /// when the slot is released: the entry stays in the wheel for the slot's next
+    /// connection.
+    var inWheel = false
     /// Seconds (server timeline) of the last byte received.
     var lastActivity: UInt32 = 0
     /// Seconds of silence after which the connection is closed (set at handshake).

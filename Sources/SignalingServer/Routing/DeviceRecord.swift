@@ -36,7 +36,7 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
 /// references to records (a connection knows its device) but read or write them only
 /// inside `Switchboard.withState`. That is why the class can be marked Sendable.
 ///
-/// Memory: one of these exists per device, so it is kept to 118 bytes (with malloc's
+/// Memory: one of these exists per device, so it is kept to 119 bytes (with malloc's
 /// 8-byte header, a 128-byte heap block; declaration order matters for the padding): no optionals that widen fields, times in 32-bit seconds, the per-connection
 /// write position kept by the connection instead.
 final class DeviceRecord: @unchecked Sendable {
@@ -67,6 +67,18 @@ final class DeviceRecord: @unchecked Sendable {
     var reservationScale: UInt8 = 0
     /// A wake-up for `connection` is already on its way; further events need none.
     var wakePending = false
+    /// Which of `SwitchboardState`'s expiry heaps hold an entry for this device (at most
+    /// one each, however often the device reconnects; kept while it is online, since the
+    /// entry stays in the heap until it comes due).
+    var expiryEntries: ExpiryEntries = []
+
+    struct ExpiryEntries: OptionSet {
+        let rawValue: UInt8
+        /// The session-expiry heap (session TTL).
+        static let session = ExpiryEntries(rawValue: 1)
+        /// The device-expiry heap (event TTL).
+        static let device = ExpiryEntries(rawValue: 2)
+    }
 
     init(userID: String, deviceID: String, sessionID: SessionID, nextSeq: UInt64 = 1) {
         self.userID = userID
