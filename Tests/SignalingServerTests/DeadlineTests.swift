@@ -219,6 +219,19 @@ struct ServerDeadlineTests {
         #expect(try client.expectClose().code == .idleTimeout)
     }
 
+    @Test("drain timeout: a drain begun at x.9 s waits the whole timeout for a client that stays")
+    func drainTimeoutLateInSecond() throws {
+        let server = try TestServer { $0.drainTimeout = .seconds(1) }
+        let (client, _) = try server.connect(user: "alice")
+        try server.advance(by: .milliseconds(900))
+        server.server.beginShutdown()
+        #expect(try client.expect("CLOSE") { frame -> Close? in if case .close(let close) = frame { return close }; return nil }.code == .goingAway)
+        try server.advance(by: .milliseconds(950))
+        #expect(server.server.isRunning, "the drain ended before its timeout")
+        server.clock.advance(by: .milliseconds(1_100))
+        try server.waitFor("the drain to end", { _ in !server.server.isRunning })
+    }
+
     @Test("call grace over sockets: peerDisconnected comes 2 s after a loss at x.9 s, not before")
     func peerDisconnectedAfterGrace() throws {
         let server = try TestServer { $0.callGrace = .seconds(2) }

@@ -105,7 +105,8 @@ extension EventLoop {
     func beginDrain() {
         guard drainDeadline == nil else { return }
         let configuration = context.configuration
-        drainDeadline = nowSeconds + configuration.drainTimeout.wholeSecondsRoundedUp
+        // +1: `nowSeconds` is rounded down, so the drain never ends early.
+        drainDeadline = nowSeconds + 1 + configuration.drainTimeout.wholeSecondsRoundedUp
         stopListening()
         let frame = Close(
             code: .goingAway,
