@@ -59,7 +59,7 @@ extension EventLoop {
                 message: "more than \(configuration.maxConnectionsPerAddress) connections from your address"))
             return
         }
-        helloDeadlines.push((slot, state.pointee.generation, now + configuration.handshakeTimeout))
+        helloDeadlines.push((slot, state.pointee.generation, nowInstant + configuration.handshakeTimeout))
         context.counters.acceptedConnections.increment()
     }
 

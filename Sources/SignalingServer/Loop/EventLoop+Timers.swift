@@ -8,7 +8,7 @@ extension EventLoop {
     func tick() {
         refreshTime()
         let now = nowSeconds
-        while let due = helloDeadlines.first, due.deadline <= self.now {
+        while let due = helloDeadlines.first, due.deadline <= nowInstant {
             helloDeadlines.pop()
             guard table.isLive(due.slot, generation: due.generation),
                   table.state(due.slot).pointee.phase == .awaitingHello

@@ -69,7 +69,7 @@ final class EventLoop: @unchecked Sendable {
     /// (rounded down: a deadline in these seconds must add one to be never early).
     var nowSeconds: UInt32 = 0
     /// Cached once per callback: the current time, exact.
-    var now = Instant(nanoseconds: 0)
+    var nowInstant = Instant(nanoseconds: 0)
 
     var listenFD: Int32
     private var listenEvent: OpaquePointer?
@@ -279,8 +279,8 @@ final class EventLoop: @unchecked Sendable {
     }
 
     func refreshTime() {
-        now = context.clock.now()
-        nowSeconds = context.seconds(at: now)
+        nowInstant = context.clock.now()
+        nowSeconds = context.seconds(at: nowInstant)
     }
 
     func reference(_ slot: UInt32) -> ConnectionRef {
