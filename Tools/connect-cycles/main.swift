@@ -128,6 +128,13 @@ let failures = Atomic<Int>(0)
 let firstFailure = Mutex<String?>(nil)
 
 func residentKiB() -> UInt64 { (ProcessStats.residentBytes(pid: options.serverPID) ?? 0) / 1024 }
+/// VmRSS split as the kernel counts it: anonymous (the heap), file-backed (the binary,
+/// libraries, SQLite's mapped files) and shared memory.
+func residentParts() -> String {
+    guard let status = ProcessStats.readFile("/proc/\(options.serverPID)/status") else { return "" }
+    let parts = status.split(separator: "\n").filter { $0.hasPrefix("RssAnon:") || $0.hasPrefix("RssFile:") || $0.hasPrefix("RssShmem:") }
+    return parts.map { $0.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropLast().joined(separator: " ") }.joined(separator: ", ")
+}
 func openDescriptors() -> Int {
     var count = 0
     guard let directory = opendir("/proc/\(options.serverPID)/fd") else { return -1 }
@@ -211,7 +218,7 @@ while (clock.now() - start).seconds < Double(options.warmupSeconds) {
 }
 settle()
 let afterWarmup = residentKiB()
-print("after warm-up (\(options.warmupSeconds) s, \(warmupCycles) cycles): \(afterWarmup) KiB, \(openDescriptors()) descriptors")
+print("after warm-up (\(options.warmupSeconds) s, \(warmupCycles) cycles): \(afterWarmup) KiB (\(residentParts()) KiB), \(openDescriptors()) descriptors")
 let measured = options.cycles
 var done = 0
 for sample in 1...options.samples {
@@ -221,7 +228,7 @@ for sample in 1...options.samples {
     settle()
     let rss = residentKiB()
     let growth = Int64(rss) - Int64(afterWarmup)
-    print("after \(done) more cycles: \(rss) KiB (\(signed(growth)) KiB since warm-up, \(oneDecimal(Double(growth * 1024) / Double(done))) B per cycle)")
+    print("after \(done) more cycles: \(rss) KiB (\(signed(growth)) KiB since warm-up, \(oneDecimal(Double(growth * 1024) / Double(done))) B per cycle; \(residentParts()) KiB)")
 }
 let end = residentKiB()
 let seconds = (clock.now() - start).seconds
