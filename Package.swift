@@ -133,6 +133,13 @@ let package = Package(
             dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
             path: "Tools/sqlite-store-bench"
         ),
+        // Connect/disconnect cycles against a running server, printing its RSS: memory kept
+        // per cycle shows up as growth (Tools/bench-connect-cycles).
+        .executableTarget(
+            name: "connect-cycles",
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "VoipLoadKit"],
+            path: "Tools/connect-cycles"
+        ),
         // Push latency of an MQTT broker and of voipserver measured with the same client-side
         // method, to calibrate what the machine and the method cost (Tools/bench-reference).
         .executableTarget(

@@ -62,7 +62,7 @@ struct WakeUpScheduler {
     let counters: PushCounters
 
     private var devices: [DeviceKey: DeviceState] = [:]
-    private var heap = DeadlineHeap<DeviceKey>()
+    private var heap = DeadlineHeap<Instant, DeviceKey, UInt64>()
     private var nextStamp: UInt64 = 1
     private var nextSerial: UInt64 = 1
     private var random = SystemRandomNumberGenerator()
@@ -241,7 +241,7 @@ struct WakeUpScheduler {
     /// they outnumber the live ones, so the heap stays proportional to the devices.
     private mutating func compactHeapIfMostlyStale() {
         guard heap.count > 2 * devices.count + 1024 else { return }
-        var live: [DeadlineHeap<DeviceKey>.Entry] = []
+        var live: [DeadlineHeap<Instant, DeviceKey, UInt64>.Entry] = []
         live.reserveCapacity(devices.count)
         for (key, state) in devices {
             if let at = state.scheduledAt { live.append(.init(deadline: at, key: key, stamp: state.stamp)) }

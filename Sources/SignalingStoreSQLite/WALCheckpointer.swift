@@ -34,6 +34,13 @@ final class WALCheckpointer: @unchecked Sendable {
     init(path: String, logger: Logger) throws(StoreError) {
         connection = try SQLiteConnection.open(path: path)
         try connection.setBusyTimeout(milliseconds: 0)
+        // A connection learns that the database is in WAL mode, and opens the WAL, only
+        // with its first transaction; until then a checkpoint on it does nothing at all
+        // (no error either). One read here, so that the first checkpoint is a real one:
+        // without it the WAL was never checkpointed while the server ran, and grew by
+        // every commit (the database file stayed at its first page, and the WAL index,
+        // mapped into the server, grew with it).
+        _ = try connection.integer("SELECT count(*) FROM sqlite_master")
         wakeFD = shim_eventfd()
         guard wakeFD >= 0 else { throw StoreError(.other, "cannot create an eventfd for the checkpointer") }
         self.logger = logger

@@ -25,7 +25,11 @@ struct CheckpointTests {
         #expect(harness.store.checkpointsRun > 0, "no checkpoint ran")
         let wal = harness.store.configuration.databasePath + "-wal"
         let size = (try FileManager.default.attributesOfItem(atPath: wal)[.size] as? NSNumber)?.intValue ?? 0
-        #expect(size < 64 << 20, "the WAL grew to \(size) bytes")
+        // A checkpoint that copies nothing still counts: what shows that one worked is a
+        // WAL that restarted (about 12 MB went through it) and pages in the database file.
+        #expect(size < 10 << 20, "the WAL grew to \(size) bytes")
+        let file = (try FileManager.default.attributesOfItem(atPath: harness.store.configuration.databasePath)[.size] as? NSNumber)?.intValue ?? 0
+        #expect(file > 64 << 10, "the database file holds \(file) bytes: nothing was checkpointed into it")
         try harness.verify()
     }
 }

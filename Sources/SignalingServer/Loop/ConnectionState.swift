@@ -45,6 +45,10 @@ struct ConnectionState {
     var generation: UInt32 = 0
     var phase: ConnectionPhase = .free
     var flags: ConnectionFlags = []
+    /// The loop's idle-timeout wheel holds an entry for this slot (`enterIdleWheel`). Kept
+    /// when the slot is released: the entry stays in the wheel for the slot's next
+    /// connection.
+    var inWheel = false
     /// Seconds (server timeline) of the last byte received.
     var lastActivity: UInt32 = 0
     /// Seconds of silence after which the connection is closed (set at handshake).

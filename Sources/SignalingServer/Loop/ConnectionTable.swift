@@ -41,8 +41,10 @@ struct ConnectionTable {
     mutating func release(_ slot: UInt32) {
         let entry = state(slot)
         let generation = entry.pointee.generation
+        let inWheel = entry.pointee.inWheel
         entry.pointee = ConnectionState()
         entry.pointee.generation = generation
+        entry.pointee.inWheel = inWheel
         freeSlots.append(slot)
         liveCount -= 1
     }

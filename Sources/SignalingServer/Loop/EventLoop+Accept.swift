@@ -1,6 +1,7 @@
 import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
+import SignalingSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -57,7 +58,7 @@ extension EventLoop {
                 message: "more than \(context.admission.maxConnectionsPerAddress) connections from your address"))
             return
         }
-        helloDeadlines.push((slot, state.pointee.generation, nowSeconds + configuration.handshakeTimeout.wholeSecondsRoundedUp))
+        helloDeadlines.push((slot, state.pointee.generation, nowInstant + configuration.handshakeTimeout))
         context.counters.acceptedConnections.increment()
     }
 

@@ -215,7 +215,7 @@ extension EventLoop {
             state.pointee.device = grant.record
             state.pointee.idleTimeout = idleTimeout
             state.pointee.sentSeq = grant.sentSeq
-            wheel.schedule(UInt64(slot) << 32 | UInt64(ref.generation), at: state.pointee.lastActivity &+ 1 &+ idleTimeout)
+            enterIdleWheel(slot)
             context.counters.handshakesCompleted.increment()
             context.counters.establishedConnections.increment()
             send(.welcome(Welcome(

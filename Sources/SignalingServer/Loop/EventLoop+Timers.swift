@@ -8,7 +8,7 @@ extension EventLoop {
     func tick() {
         refreshTime()
         let now = nowSeconds
-        while let due = helloDeadlines.first, due.deadline <= now {
+        while let due = helloDeadlines.first, due.deadline <= nowInstant {
             helloDeadlines.pop()
             guard table.isLive(due.slot, generation: due.generation),
                   table.state(due.slot).pointee.phase == .awaitingHello
@@ -70,12 +70,30 @@ extension EventLoop {
         ])
     }
 
-    private func visitIdleDeadline(_ key: UInt64) {
-        let slot = UInt32(truncatingIfNeeded: key >> 32)
-        let generation = UInt32(truncatingIfNeeded: key)
-        guard table.isLive(slot, generation: generation) else { return }  // stale entry
+    /// The idle-timeout wheel holds at most one entry per connection slot, whoever holds
+    /// the slot (`ConnectionState.inWheel`): a connection that closes leaves its entry to
+    /// the slot's next connection instead of leaving a stale one behind (one per
+    /// connect, kept for the whole idle timeout, was a linear memory growth under
+    /// reconnect churn). No entry is due later than `idleWheelHorizon` after it was
+    /// entered, which is shorter than any idle timeout: so the entry a new connection
+    /// finds in its slot comes due no later than that connection's own deadline.
+    static let idleWheelHorizon = KeepAlivePolicy.idleTimeout(forInterval: ProtocolLimits.minimumKeepAliveSeconds)
+
+    /// Enters `slot` in the idle-timeout wheel unless it is there already.
+    func enterIdleWheel(_ slot: UInt32) {
         let state = table.state(slot)
-        guard state.pointee.phase == .established else { return }
+        guard !state.pointee.inWheel else { return }
+        state.pointee.inWheel = true
+        // +1: `lastActivity` is rounded down, so this never closes early.
+        let deadline = state.pointee.lastActivity &+ 1 &+ state.pointee.idleTimeout
+        wheel.schedule(UInt64(slot), at: min(deadline, nowSeconds &+ Self.idleWheelHorizon))
+    }
+
+    private func visitIdleDeadline(_ key: UInt64) {
+        let slot = UInt32(truncatingIfNeeded: key)
+        let state = table.state(slot)
+        state.pointee.inWheel = false
+        guard state.pointee.phase == .established else { return }  // its next connection enters it again
         // +1: `lastActivity` is rounded down, so this never closes early.
         let deadline = state.pointee.lastActivity &+ 1 &+ state.pointee.idleTimeout
         if deadline <= nowSeconds {
@@ -84,7 +102,7 @@ extension EventLoop {
                 code: .idleTimeout, retryAfterMs: 0, retryJitterMs: 1_000,
                 message: "nothing received for \(state.pointee.idleTimeout) s"))
         } else {
-            wheel.schedule(key, at: deadline)
+            enterIdleWheel(slot)
         }
     }
 
@@ -93,7 +111,8 @@ extension EventLoop {
     func beginDrain() {
         guard drainDeadline == nil else { return }
         let configuration = context.configuration
-        drainDeadline = nowSeconds + configuration.drainTimeout.wholeSecondsRoundedUp
+        // +1: `nowSeconds` is rounded down, so the drain never ends early.
+        drainDeadline = nowSeconds + 1 + configuration.drainTimeout.wholeSecondsRoundedUp
         stopListening()
         let frame = Close(
             code: .goingAway,

@@ -46,8 +46,9 @@ final class EventLoop: @unchecked Sendable {
     let base: OpaquePointer
     var table = ConnectionTable()
     var wheel: TimingWheel
-    /// Handshake deadlines (constant length, so FIFO order is deadline order).
-    var helloDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: UInt32)>()
+    /// Handshake deadlines (constant length, so FIFO order is deadline order), exact: a
+    /// deadline kept in whole seconds from a stamp rounded down fired up to 1 s early.
+    var helloDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: Instant)>()
     /// Linger deadlines of closing connections.
     var closingDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: UInt32)>()
     /// Connections whose device has new events to write once the current callback is done
@@ -66,8 +67,11 @@ final class EventLoop: @unchecked Sendable {
     /// Replies taken from the inbox, written by `sendPostedReplies` (loop thread only).
     private var postedReplies: [(ref: ConnectionRef, frame: Frame)] = []
     let decoder: FrameDecoder
-    /// Cached once per callback: the current time on the server's second timeline.
+    /// Cached once per callback: the current time on the server's second timeline
+    /// (rounded down: a deadline in these seconds must add one to be never early).
     var nowSeconds: UInt32 = 0
+    /// Cached once per callback: the current time, exact.
+    var nowInstant = Instant(nanoseconds: 0)
 
     var listenFD: Int32
     private var listenEvent: OpaquePointer?
@@ -282,7 +286,8 @@ final class EventLoop: @unchecked Sendable {
     }
 
     func refreshTime() {
-        nowSeconds = context.seconds(at: context.clock.now())
+        nowInstant = context.clock.now()
+        nowSeconds = context.seconds(at: nowInstant)
     }
 
     func reference(_ slot: UInt32) -> ConnectionRef {

@@ -27,6 +27,10 @@ final class CallRecord: @unchecked Sendable {
     var state: State = .inviting
     /// Callee devices that were sent CALL_INCOMING.
     var rungDevices: [DeviceRecord] = []
+    /// For each party device that lost its connection during the call, when the grace of
+    /// its latest loss ends. A grace check acts only if its deadline is still the one kept
+    /// here: after a resume and a second loss, the first loss's check must not end the call.
+    private var graceDeadlines: [(device: DeviceRecord, deadline: Instant)] = []
 
     init(callID: String, caller: DeviceRecord, callee: String, invitation: QueuedEvent, startedAt: Instant) {
         self.callID = callID
@@ -34,6 +38,18 @@ final class CallRecord: @unchecked Sendable {
         self.callee = callee
         self.invitation = invitation
         self.startedAt = startedAt
+    }
+
+    func graceDeadline(of device: DeviceRecord) -> Instant? {
+        graceDeadlines.first { $0.device === device }?.deadline
+    }
+
+    func setGraceDeadline(_ deadline: Instant, of device: DeviceRecord) {
+        if let index = graceDeadlines.firstIndex(where: { $0.device === device }) {
+            graceDeadlines[index].deadline = deadline
+        } else {
+            graceDeadlines.append((device, deadline))
+        }
     }
 
     var isLive: Bool {

@@ -36,7 +36,7 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
 /// references to records (a connection knows its device) but read or write them only
 /// inside `Switchboard.withState`. That is why the class can be marked Sendable.
 ///
-/// Memory: one of these exists per device, so it is kept to 119 bytes, which malloc serves
+/// Memory: one of these exists per device, so it is kept to 120 bytes, which malloc serves
 /// from a 128-byte block (checked by a test). Declaration order matters: Swift does not
 /// pack a field into the padding of the one before, so the 8-byte fields come first. No
 /// optionals that widen fields, times in 32-bit seconds, positions relative to `lastSeq`
@@ -73,6 +73,18 @@ final class DeviceRecord: @unchecked Sendable {
     /// more events beyond the reservation do not grow the window again (else one burst
     /// would double it once per event, up to the maximum, and a crash would skip that many).
     var reservationGrowing = false
+    /// Which of `SwitchboardState`'s expiry heaps hold an entry for this device (at most
+    /// one each, however often the device reconnects; kept while it is online, since the
+    /// entry stays in the heap until it comes due).
+    var expiryEntries: ExpiryEntries = []
+
+    struct ExpiryEntries: OptionSet {
+        let rawValue: UInt8
+        /// The session-expiry heap (session TTL).
+        static let session = ExpiryEntries(rawValue: 1)
+        /// The device-expiry heap (event TTL).
+        static let device = ExpiryEntries(rawValue: 2)
+    }
 
     init(userID: String, deviceID: String, sessionID: SessionID, nextSeq: UInt64 = 1) {
         self.userID = userID

@@ -1,6 +1,10 @@
 /// A first-in first-out queue with amortised O(1) push and pop. Used for deadlines that
-/// all have the same length (ring timeout, call grace, session TTL): with a constant
+/// all have the same length (ring timeout, call grace, handshake timeout): with a constant
 /// length, insertion order is deadline order, so no heap is needed.
+///
+/// Memory: the storage holds at most about twice the elements queued (popped elements
+/// are dropped from the front once they are half of it), and a buffer left mostly empty
+/// after a burst is replaced by a smaller one.
 struct FIFOQueue<Element> {
     private var storage: [Element] = []
     private var head = 0
@@ -20,7 +24,17 @@ struct FIFOQueue<Element> {
             storage.removeAll(keepingCapacity: storage.capacity <= 1024)
             head = 0
         } else if head >= 1024 && head * 2 >= storage.count {
-            storage.removeFirst(head)
+            let remaining = storage.count - head
+            if storage.capacity > 4096 && remaining * 4 < storage.capacity {
+                // Mostly empty after a burst: move what is left to a smaller buffer, so
+                // that a queue that never drains completely gives the burst's memory back.
+                var smaller: [Element] = []
+                smaller.reserveCapacity(remaining * 2)
+                smaller.append(contentsOf: storage[head...])
+                storage = smaller
+            } else {
+                storage.removeFirst(head)
+            }
             head = 0
         }
         return element

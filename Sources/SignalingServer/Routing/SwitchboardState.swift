@@ -143,11 +143,23 @@ struct SwitchboardState {
     private var effects: [SwitchboardEffect] = []
     private var unit = CommitUnit()
 
-    // Deadlines. Each kind has a constant length, so each FIFO is in deadline order.
-    private var sessionExpiry = FIFOQueue<(device: DeviceRecord, since: UInt32)>()
-    private var deviceExpiry = FIFOQueue<(device: DeviceRecord, since: UInt32)>()
+    // Deadlines. Each FIFO's kind has a constant length, so the FIFO is in deadline order.
+    // A deadline never fires early: exact instants for the short ones; the expiries kept in
+    // seconds (device records have room for no more) fire one second after
+    // `disconnectedSecond + TTL`, because `second(_:)` rounds the disconnect down.
+    //
+    // Session and device expiry: at most one entry per device in each heap (the device's
+    // `expiryEntries` says which), re-armed lazily: a device that reconnects keeps its
+    // entry, and when the entry comes due the real deadline is worked out from the
+    // device's latest disconnect. One entry per device per heap, however often it
+    // reconnects (a FIFO entry per disconnect grew the server by ~50 bytes per
+    // connect for a day: see docs/ARCHITECTURE.md, "Timers").
+    private var sessionExpiry = DeadlineHeap<UInt32, DeviceRecord, Void>()
+    private var deviceExpiry = DeadlineHeap<UInt32, DeviceRecord, Void>()
     private var ringExpiry = FIFOQueue<(call: CallRecord, deadline: Instant)>()
-    private var graceChecks = FIFOQueue<(call: CallRecord, device: DeviceRecord, since: UInt32)>()
+    /// A call party lost its connection: the call ends at `deadline` unless the party is
+    /// back, or lost it again later (`CallRecord.graceDeadline(of:)` is then another one).
+    private var graceChecks = FIFOQueue<(call: CallRecord, device: DeviceRecord, deadline: Instant)>()
     private var dedupExpiry = FIFOQueue<(sender: String, messageID: String, deadline: Instant)>()
     private var heldExpiry = FIFOQueue<(user: String, event: QueuedEvent, deadline: Instant)>()
 
@@ -184,8 +196,8 @@ struct SwitchboardState {
         if journaling { unit.add(change) }
     }
 
-    /// Seconds on the device-record timeline. It starts 2^31 s in (68 years), so that
-    /// devices loaded from the store can be placed in the past.
+    /// Seconds on the device-record timeline, rounded down. It starts 2^31 s in (68
+    /// years), so that devices loaded from the store can be placed in the past.
     func second(_ instant: Instant) -> UInt32 {
         UInt32(1 << 31) &+ UInt32(clamping: Int((instant - epoch).seconds))
     }
@@ -326,15 +338,15 @@ struct SwitchboardState {
     /// device takes part in end unless it comes back within `callGrace`.
     mutating func detach(_ device: DeviceRecord, connection: ConnectionRef, now: Instant) {
         guard device.connection == connection else { return }  // already taken over
-        let since = second(now)
         device.connection = nil
         device.wakePending = false
-        device.disconnectedSecond = since
-        sessionExpiry.push((device, since))
-        deviceExpiry.push((device, since))
+        device.disconnectedSecond = second(now)
+        armExpiry(device)
         journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: currentWall))
+        let graceDeadline = now + configuration.callGrace
         for call in activities[device.userID]?.calls ?? [] where call.isLive && involves(call, device) {
-            graceChecks.push((call, device, since))
+            call.setGraceDeadline(graceDeadline, of: device)
+            graceChecks.push((call, device, graceDeadline))
         }
         if evictsBodies {
             device.queue.forEach(after: device.ackedSeq) { _, event in
@@ -342,6 +354,28 @@ struct SwitchboardState {
                 return true
             }
         }
+    }
+
+    /// Makes sure the offline `device` has its session-expiry and device-expiry entries.
+    /// An entry it still has (from an earlier disconnect) is due no later than the new
+    /// deadline, since every disconnect has the same TTL: it stays, and `expire` re-arms it.
+    private mutating func armExpiry(_ device: DeviceRecord) {
+        if !device.expiryEntries.contains(.session) { enterExpiry(device, .session) }
+        if !device.expiryEntries.contains(.device) { enterExpiry(device, .device) }
+    }
+
+    private mutating func enterExpiry(_ device: DeviceRecord, _ kind: DeviceRecord.ExpiryEntries) {
+        device.expiryEntries.insert(kind)
+        let entry = DeadlineHeap<UInt32, DeviceRecord, Void>.Entry(deadline: expiryDue(device, kind), key: device, stamp: ())
+        if kind == .session { sessionExpiry.insert(entry) } else { deviceExpiry.insert(entry) }
+    }
+
+    /// The second at which the session (or device) TTL has passed since the device's
+    /// disconnect: one more than `disconnectedSecond + TTL`, since the disconnect may have
+    /// been late in its second.
+    private func expiryDue(_ device: DeviceRecord, _ kind: DeviceRecord.ExpiryEntries) -> UInt32 {
+        let ttl = kind == .session ? configuration.sessionTTL : configuration.eventTTL
+        return device.disconnectedSecond &+ ttl.wholeSecondsRoundedUp &+ 1
     }
 
     // MARK: Delivery
@@ -594,32 +628,23 @@ struct SwitchboardState {
             ringExpiry.pop()
             if entry.call.isLive && entry.call.state.isUnanswered { ringTimedOut(entry.call) }
         }
-        let grace = configuration.callGrace.wholeSecondsRoundedUp
-        while let entry = graceChecks.first, entry.since &+ grace <= nowSecond {
+        while let entry = graceChecks.first, entry.deadline <= now {
             graceChecks.pop()
             let device = entry.device
-            if entry.call.isLive && !device.isOnline && device.disconnectedSecond == entry.since {
+            // Only the check of the party's latest disconnect acts: after a resume and
+            // another loss, the earlier check would end the call early.
+            if entry.call.isLive && !device.isOnline && entry.call.graceDeadline(of: device) == entry.deadline {
                 partyVanished(entry.call, device)
             }
         }
-        let sessionTTL = configuration.sessionTTL.wholeSecondsRoundedUp
-        while let entry = sessionExpiry.first, entry.since &+ sessionTTL <= nowSecond {
-            sessionExpiry.pop()
-            let device = entry.device
-            guard !device.isOnline, device.disconnectedSecond == entry.since else { continue }
+        while let device = takeDueExpiry(.session, at: nowSecond) {
             // No longer resumable: the device must start a new session (its events stay).
             device.sessionID = SessionID.random(using: &random)
             counters.sessionsExpired += 1
-            let lastSeen = currentWall &- UInt64(nowSecond &- entry.since) * 1000
+            let lastSeen = currentWall &- UInt64(nowSecond &- device.disconnectedSecond) * 1000
             journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: lastSeen))
         }
-        let eventTTL = configuration.eventTTL.wholeSecondsRoundedUp
-        while let entry = deviceExpiry.first, entry.since &+ eventTTL <= nowSecond {
-            deviceExpiry.pop()
-            let device = entry.device
-            guard !device.isOnline, device.disconnectedSecond == entry.since,
-                  self.device(device.userID, device.deviceID) === device
-            else { continue }
+        while let device = takeDueExpiry(.device, at: nowSecond) {
             removeDevice(device)
             counters.devicesExpired += 1
             counters.eventsExpired += device.queue.count
@@ -639,6 +664,25 @@ struct SwitchboardState {
             activity.firstHeldOrdinal += 1
             compactActivity(entry.user)
         }
+    }
+
+    /// Entries in the session-expiry and device-expiry heaps (at most two per device).
+    var expiryEntryCount: Int { sessionExpiry.count + deviceExpiry.count }
+
+    /// The next device whose session (or device) TTL since its latest disconnect has
+    /// passed at `nowSecond`, its entry taken out. Entries that come due for a device that
+    /// is online, or was forgotten, are dropped; those of a device that reconnected and
+    /// lost its connection again since are entered again at the real deadline.
+    private mutating func takeDueExpiry(_ kind: DeviceRecord.ExpiryEntries, at nowSecond: UInt32) -> DeviceRecord? {
+        while let first = kind == .session ? sessionExpiry.first : deviceExpiry.first, first.deadline <= nowSecond {
+            if kind == .session { sessionExpiry.popFirst() } else { deviceExpiry.popFirst() }
+            let device = first.key
+            device.expiryEntries.remove(kind)
+            guard !device.isOnline, self.device(device.userID, device.deviceID) === device else { continue }
+            if expiryDue(device, kind) <= nowSecond { return device }
+            enterExpiry(device, kind)
+        }
+        return nil
     }
 
     // MARK: Restart
@@ -664,8 +708,7 @@ struct SwitchboardState {
             device.disconnectedSecond = nowSecond &- age(stored.lastSeen)
             addDevice(device)
             if let push = stored.push { pushRegistrations[ObjectIdentifier(device)] = push }
-            sessionExpiry.push((device, device.disconnectedSecond))
-            deviceExpiry.push((device, device.disconnectedSecond))
+            armExpiry(device)
         }
         for (userID, events) in snapshot.held {
             guard let first = events.first else { continue }

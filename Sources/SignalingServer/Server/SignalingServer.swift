@@ -344,6 +344,12 @@ public final class SignalingServer: Sendable {
         state.withLock { $0.loops }.map { $0.openConnections.load(ordering: .relaxed) }
     }
 
+    /// Entries in the loops' idle-timeout wheels, stale ones included (for tests: the
+    /// wheel keeps at most one per connection slot).
+    var idleWheelEntries: Int {
+        state.withLock { $0.loops }.reduce(0) { total, loop in total + loop.ownership.withLock { _ in loop.wheel.count } }
+    }
+
     /// Waits until every loop has run `count` more timer ticks, so that a time change made
     /// on an injected clock has been seen by all of them. For tests and tools. Returns false
     /// on timeout.

@@ -1,0 +1,291 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+import Testing
+@testable import SignalingServer
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Every deadline is checked "just before" (must not have fired) and "just after" (must
+/// have fired), with the event that starts it placed late in a second (x.9 s): a deadline
+/// kept in whole seconds from a stamp rounded down fired up to a second early there.
+/// Short deadlines are exact; the long ones (session and device expiry, idle timeout),
+/// kept in seconds, may fire up to a second late, never early.
+@Suite("Deadlines never fire early (routing core, pure)")
+struct SwitchboardDeadlineTests {
+    let epoch = Instant(nanoseconds: 1_000_000_000_000)
+
+    func at(_ seconds: Double) -> Instant { epoch + .milliseconds(Int64((seconds * 1000).rounded())) }
+
+    func makeState(_ configure: (inout SwitchboardConfiguration) -> Void = { _ in }) -> SwitchboardState {
+        var configuration = SwitchboardConfiguration()
+        configure(&configuration)
+        return SwitchboardState(configuration: configuration, epoch: epoch)
+    }
+
+    func connection(_ slot: UInt32) -> ConnectionRef { ConnectionRef(loop: 0, slot: slot, generation: 1) }
+
+    func attach(
+        _ state: inout SwitchboardState, _ user: String, slot: UInt32, resume: ResumePoint? = nil, at seconds: Double
+    ) throws -> AttachGrant {
+        try state.attach(userID: user, deviceID: "d1", resume: resume, connection: connection(slot), now: at(seconds)).get()
+    }
+
+    /// alice calls bob, bob answers; both connected at second 1.
+    func activeCall(_ state: inout SwitchboardState) throws -> (alice: DeviceRecord, bob: AttachGrant) {
+        let alice = try attach(&state, "alice", slot: 1, at: 1).record
+        let bob = try attach(&state, "bob", slot: 2, at: 1)
+        _ = state.invite(callID: "c1", callee: "bob", offer: [], from: alice, now: at(1))
+        _ = state.accept(callID: "c1", answer: [], from: bob.record)
+        #expect(state.calls["c1"] != nil)
+        return (alice, bob)
+    }
+
+    /// Runs `expire` every 250 ms (the default tick) from `from` through `through`.
+    func tick(_ state: inout SwitchboardState, from: Double, through: Double) {
+        var time = from
+        while time <= through + 1e-9 {
+            state.expire(now: at(time))
+            time += 0.25
+        }
+        state.expire(now: at(through))
+    }
+
+    @Test("call grace: a party lost at x.9 s is given up no earlier than the grace, and right after it")
+    func callGraceExact() throws {
+        var state = makeState { $0.callGrace = .seconds(2) }
+        let (_, bob) = try activeCall(&state)
+        state.detach(bob.record, connection: connection(2), now: at(100.9))
+        tick(&state, from: 100.9, through: 102.899)
+        #expect(state.calls["c1"] != nil, "the call ended before its 2 s grace")
+        state.expire(now: at(102.901))
+        #expect(state.calls["c1"] == nil, "the call outlived its grace")
+    }
+
+    @Test("call grace: a resume 1.5 s into a 2 s grace keeps the call (loss at x.9 s)")
+    func resumeWithinGraceLateInSecond() throws {
+        var state = makeState { $0.callGrace = .seconds(2) }
+        let (_, bob) = try activeCall(&state)
+        state.detach(bob.record, connection: connection(2), now: at(100.9))
+        tick(&state, from: 100.9, through: 102.4)
+        _ = try attach(&state, "bob", slot: 3, resume: ResumePoint(sessionID: bob.sessionID, lastReceivedSeq: 0), at: 102.4)
+        tick(&state, from: 102.4, through: 120)
+        #expect(state.calls["c1"] != nil, "the resumed party lost its call")
+    }
+
+    @Test("call grace: the check of an earlier loss does not act on a later loss in the same second")
+    func graceCheckOfEarlierLoss() throws {
+        var state = makeState { $0.callGrace = .seconds(2) }
+        let (_, bob) = try activeCall(&state)
+        state.detach(bob.record, connection: connection(2), now: at(100.1))
+        let again = try attach(&state, "bob", slot: 3, resume: ResumePoint(sessionID: bob.sessionID, lastReceivedSeq: 0), at: 100.2)
+        state.detach(again.record, connection: connection(3), now: at(100.9))
+        tick(&state, from: 100.9, through: 102.899)
+        #expect(state.calls["c1"] != nil, "the first loss's grace ended the call 0.8 s early")
+        state.expire(now: at(102.901))
+        #expect(state.calls["c1"] == nil)
+    }
+
+    @Test("session expiry: not before the TTL after a loss at x.9 s, within a second after it")
+    func sessionExpiry() throws {
+        var state = makeState { $0.sessionTTL = .seconds(100) }
+        let grant = try attach(&state, "bob", slot: 1, at: 1)
+        state.detach(grant.record, connection: connection(1), now: at(10.9))
+        tick(&state, from: 10.9, through: 110.899)
+        #expect(state.counters.sessionsExpired == 0, "the session expired early")
+        #expect(grant.record.sessionID == grant.sessionID)
+        tick(&state, from: 110.9, through: 111.9)
+        #expect(state.counters.sessionsExpired == 1, "the session outlived its TTL by more than a second")
+        #expect(grant.record.sessionID != grant.sessionID)
+    }
+
+    @Test("device expiry: not before the event TTL after a loss at x.9 s, within a second after it")
+    func deviceExpiry() throws {
+        var state = makeState { $0.sessionTTL = .seconds(50); $0.eventTTL = .seconds(100) }
+        let grant = try attach(&state, "bob", slot: 1, at: 1)
+        state.detach(grant.record, connection: connection(1), now: at(10.9))
+        tick(&state, from: 10.9, through: 110.899)
+        #expect(state.device("bob", "d1") === grant.record, "the device was forgotten early")
+        tick(&state, from: 110.9, through: 111.9)
+        #expect(state.device("bob", "d1") == nil, "the device outlived the event TTL by more than a second")
+    }
+
+    @Test("a device that reconnects often keeps one expiry entry each, and expires from its last loss")
+    func expiryEntriesPerDevice() throws {
+        var state = makeState { $0.sessionTTL = .seconds(100); $0.eventTTL = .seconds(200) }
+        var grant = try attach(&state, "bob", slot: 1, at: 1)
+        var time = 1.0
+        for cycle in 0..<1_000 {
+            time += 0.05
+            state.detach(grant.record, connection: connection(UInt32(cycle % 2 + 1)), now: at(time))
+            time += 0.05
+            grant = try attach(&state, "bob", slot: UInt32((cycle + 1) % 2 + 1), at: time)
+            state.expire(now: at(time))
+        }
+        #expect(state.expiryEntryCount == 2)
+        // The last loss, late in a second; the first entries come due long before it expires.
+        let lastLoss = time + 0.85
+        state.detach(grant.record, connection: connection(UInt32(1_000 % 2 + 1)), now: at(lastLoss))
+        #expect(state.expiryEntryCount == 2)
+        tick(&state, from: lastLoss, through: lastLoss + 99.999)
+        #expect(state.counters.sessionsExpired == 0)
+        tick(&state, from: lastLoss + 100, through: lastLoss + 101)
+        #expect(state.counters.sessionsExpired == 1)
+        tick(&state, from: lastLoss + 101, through: lastLoss + 199.999)
+        #expect(state.device("bob", "d1") != nil)
+        tick(&state, from: lastLoss + 200, through: lastLoss + 201)
+        #expect(state.device("bob", "d1") == nil)
+        #expect(state.expiryEntryCount == 0)
+    }
+
+    @Test("ring timeout: exact, from an invite at x.9 s")
+    func ringTimeout() throws {
+        var state = makeState { $0.ringTimeout = .seconds(60) }
+        let alice = try attach(&state, "alice", slot: 1, at: 1).record
+        _ = try attach(&state, "bob", slot: 2, at: 1)
+        _ = state.invite(callID: "c1", callee: "bob", offer: [], from: alice, now: at(10.9))
+        tick(&state, from: 10.9, through: 70.899)
+        #expect(state.calls["c1"] != nil, "the call stopped ringing early")
+        state.expire(now: at(70.901))
+        #expect(state.calls["c1"] == nil)
+    }
+
+    @Test("de-duplication window: exact, from a send at x.9 s")
+    func dedupWindow() throws {
+        var state = makeState { $0.dedupWindow = .seconds(30) }
+        let alice = try attach(&state, "alice", slot: 1, at: 1).record
+        _ = try attach(&state, "bob", slot: 2, at: 1)
+        let message = OutgoingMessage(messageID: "m1", recipient: "bob", contentType: "text/plain", body: [1])
+        _ = try state.send(message, from: alice, now: at(10.9)).get()
+        tick(&state, from: 10.9, through: 40.899)
+        #expect(try state.send(message, from: alice, now: at(40.899)).get().event == nil, "forgotten before the window ended")
+        #expect(state.counters.messagesDeduplicated == 1)
+        state.expire(now: at(40.901))
+        #expect(try state.send(message, from: alice, now: at(40.901)).get().event != nil, "still remembered after the window")
+    }
+
+    @Test("a device record still fits its 128-byte heap block")
+    func deviceRecordSize() {
+        let record = DeviceRecord(userID: "u", deviceID: "d", sessionID: SessionID(high: 1, low: 2))
+        let usable = mallocUsableSize(Unmanaged.passUnretained(record).toOpaque())
+        #expect(usable <= 120, "DeviceRecord grew out of its 128-byte block (usable \(usable))")
+    }
+}
+
+/// glibc's malloc_usable_size (<malloc.h>, which Swift's Glibc module does not export):
+/// the bytes usable in the heap block behind `pointer`.
+@_silgen_name("malloc_usable_size")
+private func mallocUsableSize(_ pointer: UnsafeMutableRawPointer) -> Int
+
+@Suite("Deadlines never fire early (real sockets, injected clock)")
+struct ServerDeadlineTests {
+    let offer = Array("v=0 offer".utf8)
+
+    @Test("handshake timeout: a connection accepted at x.9 s is closed at its timeout, not before")
+    func handshakeTimeoutLateInSecond() throws {
+        let server = try TestServer()
+        try server.advance(by: .milliseconds(900))
+        let client = try server.client()
+        try server.waitFor("the connection to be accepted") { $0.openConnections == 1 }
+        try server.advance(by: .milliseconds(9_950))
+        #expect(client.isOpenAndQuiet, "closed before the 10 s handshake timeout")
+        try server.advance(by: .milliseconds(100))
+        #expect(try client.expectClose().code == .handshakeTimeout)
+    }
+
+    @Test("idle timeout: a HELLO at x.9 s is closed after 1.5 × keep-alive, not before")
+    func idleTimeoutLateInSecond() throws {
+        let server = try TestServer()
+        try server.advance(by: .milliseconds(900))
+        let (client, welcome) = try server.connect(user: "alice")
+        #expect(welcome.idleTimeoutSeconds == 900)
+        try server.advance(by: .milliseconds(899_950))
+        #expect(client.isOpenAndQuiet, "closed before the idle timeout")
+        try server.advance(by: .milliseconds(1_100))
+        #expect(try client.expectClose().code == .idleTimeout)
+    }
+
+    @Test("idle timeout beyond the wheel's horizon: 3600 s keep-alive, closed at 5400 s, not at 900")
+    func longIdleTimeout() throws {
+        let server = try TestServer()
+        let client = try server.client()
+        #expect(try client.hello(user: "alice", keepAlive: 3600).idleTimeoutSeconds == 5400)
+        try server.advance(by: .seconds(950))
+        #expect(client.isOpenAndQuiet, "closed at the wheel's horizon")
+        try server.advance(by: .seconds(4_449))
+        #expect(client.isOpenAndQuiet, "closed before its idle timeout")
+        try server.advance(by: .seconds(2))
+        #expect(try client.expectClose().code == .idleTimeout)
+    }
+
+    @Test("drain timeout: a drain begun at x.9 s waits the whole timeout for a client that stays")
+    func drainTimeoutLateInSecond() throws {
+        let server = try TestServer { $0.drainTimeout = .seconds(1) }
+        let (client, _) = try server.connect(user: "alice")
+        try server.advance(by: .milliseconds(900))
+        server.server.beginShutdown()
+        #expect(try client.expect("CLOSE") { frame -> Close? in if case .close(let close) = frame { return close }; return nil }.code == .goingAway)
+        try server.advance(by: .milliseconds(950))
+        #expect(server.server.isRunning, "the drain ended before its timeout")
+        server.clock.advance(by: .milliseconds(1_100))
+        try server.waitFor("the drain to end", { _ in !server.server.isRunning })
+    }
+
+    @Test("call grace over sockets: peerDisconnected comes 2 s after a loss at x.9 s, not before")
+    func peerDisconnectedAfterGrace() throws {
+        let server = try TestServer { $0.callGrace = .seconds(2) }
+        let (bob, _) = try server.connect(user: "bob")
+        do {
+            let (alice, _) = try server.connect(user: "alice")
+            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
+            _ = try bob.nextEvent()
+            try server.advance(by: .milliseconds(900))
+        }
+        try server.waitFor("alice's disconnect") { $0.establishedConnections == 1 }
+        try server.advance(by: .milliseconds(1_950))
+        #expect(try bob.staysSilent(for: .milliseconds(20)), "the callee was told before the grace ended")
+        try server.advance(by: .milliseconds(100))
+        guard case .callEnded("c1", .peerDisconnected, "alice", _) = try bob.nextEvent().event else {
+            Issue.record("callee not told"); return
+        }
+    }
+
+    @Test("call grace over sockets: a resume 1.5 s into a 2 s grace keeps the call (loss at x.9 s)")
+    func resumeLateInSecond() throws {
+        let server = try TestServer { $0.callGrace = .seconds(2) }
+        let (alice, _) = try server.connect(user: "alice")
+        let bobWelcome: Welcome
+        do {
+            let (bob, welcome) = try server.connect(user: "bob")
+            bobWelcome = welcome
+            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
+            let (seq, _) = try bob.nextEvent()
+            try bob.ack(seq)
+            _ = try bob.request(1, .callAccept(callID: "c1", answer: offer))
+            _ = try alice.nextEvent()
+            try server.advance(by: .milliseconds(900))
+        }
+        try server.waitFor("bob's disconnect") { $0.establishedConnections == 1 }
+        try server.advance(by: .milliseconds(1_500))
+        let bob = try server.client()
+        _ = try bob.hello(user: "bob", resume: ResumePoint(sessionID: bobWelcome.sessionID, lastReceivedSeq: 1))
+        try server.advance(by: .seconds(5))
+        #expect(try alice.staysSilent(for: .milliseconds(20)))
+        #expect(try bob.request(2, .callHangup(callID: "c1")).isOK, "the call was gone after the resume")
+    }
+}
+
+@Suite("Timer memory is bounded by connection slots, not by connects")
+struct IdleWheelMemoryTests {
+    @Test("connections that come and go leave at most one idle-timer entry per connection slot")
+    func idleWheelBounded() throws {
+        let server = try TestServer(workers: 1)
+        for index in 0..<200 {
+            let (client, _) = try server.connect(user: "u\(index % 7)")
+            _ = client
+        }
+        try server.waitFor("every connection to close") { $0.openConnections == 0 }
+        #expect(server.server.idleWheelEntries <= 4, "\(server.server.idleWheelEntries) entries for 200 closed connections")
+    }
+}
