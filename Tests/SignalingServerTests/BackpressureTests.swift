@@ -13,26 +13,7 @@ import Glibc
 /// timeout is closed, with CLOSE slowConsumer.
 @Suite("Back-pressure and slow consumers")
 struct BackpressureTests {
-    static let bodySize = 60_000
-
-    func bigMessage(_ index: Int, to recipient: String) -> Request {
-        .messageSend(OutgoingMessage(
-            messageID: "m\(index)", recipient: recipient, contentType: "application/octet-stream",
-            body: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: Self.bodySize)))
-    }
-
-    /// Reads `count` MESSAGE events in order (acknowledging none) and checks each body.
-    func receiveMessages(_ client: TestClient, count: Int) throws -> UInt64 {
-        var lastSeq: UInt64 = 0
-        for index in 1...count {
-            let (seq, event) = try client.nextEvent(timeout: .seconds(30))
-            guard case .message(let message) = event else { throw TestClient.Failure("event \(seq) is not a message") }
-            #expect(seq == lastSeq + 1 || lastSeq == 0)
-            #expect(message.messageID == "m\(index)" && message.body.count == Self.bodySize)
-            lastSeq = seq
-        }
-        return lastSeq
-    }
+    static let bodySize = LargeMessages.size
 
     @Test("a 50 MB backlog reaches a device that reads at full speed, whole, on one connection, acknowledged only at the end")
     func largeBacklogOnOneConnection() throws {
@@ -41,12 +22,12 @@ struct BackpressureTests {
         do { _ = try server.connect(user: "bob") }  // bob has a device, now offline
         try server.waitFor("bob to go") { $0.establishedConnections == 0 }
         let (alice, _) = try server.connect(user: "alice")
-        for index in 1...count { try alice.send(.request(id: UInt32(index), bigMessage(index, to: "bob"))) }
+        for index in 1...count { try alice.send(.request(id: UInt32(index), LargeMessages.request(index, to: "bob"))) }
         for index in 1...count { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(30)).isOK) }
 
         let (bob, welcome) = try server.connect(user: "bob")
         #expect(welcome.ackedSeq == 0)
-        let last = try receiveMessages(bob, count: count)
+        let last = try bob.receiveLargeMessages(count: count)
         try bob.ack(last)
         // Acknowledged at the end, the connection still open: nothing was dropped or closed.
         for _ in 1...count { guard case .messageDelivered = try alice.nextEvent(timeout: .seconds(30)).event else { return } }
@@ -64,9 +45,9 @@ struct BackpressureTests {
         let (alice, _) = try server.connect(user: "alice")
         let count = 200
         var burst: [UInt8] = []
-        for index in 1...count { FrameEncoder.append(.request(id: UInt32(index), bigMessage(index, to: "bob")), to: &burst) }
+        for index in 1...count { FrameEncoder.append(.request(id: UInt32(index), LargeMessages.request(index, to: "bob")), to: &burst) }
         try alice.sendRaw(burst)
-        let last = try receiveMessages(bob, count: count)
+        let last = try bob.receiveLargeMessages(count: count)
         try bob.ack(last)
         for index in 1...count { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(30)).isOK) }
         #expect(bob.isOpenAndQuiet)
@@ -115,7 +96,7 @@ struct BackpressureTests {
         // More than the kernel's largest send buffer (tcp_wmem's maximum, 4 MB by
         // default) can hold, so that bytes must wait in the server.
         let count = 120
-        for index in 1...count { #expect(try alice.request(UInt32(index), bigMessage(index, to: "bob")).isOK) }
+        for index in 1...count { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "bob")).isOK) }
         try server.waitFor("bytes to wait for bob") { $0.largestOutbound > 0 }
         #expect(server.server.statistics.largestOutbound <= EventLoop.pumpBytes + Self.bodySize + 1024)
 
@@ -159,10 +140,7 @@ struct BackpressureProcessTests {
         }()
         let before = BackpressureProcessTests.residentBytes(of: server.process.pid)
         let count = 200, size = BackpressureTests.bodySize
-        for index in 1...count {
-            try alice.send(.request(id: UInt32(index), .messageSend(OutgoingMessage(
-                messageID: "m\(index)", recipient: "bob", contentType: "b", body: [UInt8](repeating: 7, count: size)))))
-        }
+        for index in 1...count { try alice.send(.request(id: UInt32(index), LargeMessages.request(index, to: "bob"))) }
         for index in 1...count { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(30)).isOK) }
         let grown = BackpressureProcessTests.residentBytes(of: server.process.pid) - before
         // The events themselves (12 MB, in the queue until acknowledged), plus slack for

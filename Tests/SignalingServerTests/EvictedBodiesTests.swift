@@ -12,24 +12,9 @@ import Glibc
 /// receive lives in the store only; the device that connects gets it back, whole.
 @Suite("Message bodies in the store, not in memory")
 struct EvictedBodiesTests {
-    static let size = 60_000
-
-    func message(_ index: Int, to recipient: String) -> Request {
-        .messageSend(OutgoingMessage(
-            messageID: "m\(index)", recipient: recipient, contentType: "b",
-            body: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: Self.size)))
-    }
-
+    /// Receives m1...m`count` whole and acknowledges them.
     func receive(_ client: TestClient, count: Int) throws {
-        var last: UInt64 = 0
-        for index in 1...count {
-            let (seq, event) = try client.nextEvent(timeout: .seconds(20))
-            guard case .message(let message) = event else { throw TestClient.Failure("not a message") }
-            #expect(message.messageID == "m\(index)" && message.body == [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: Self.size))
-            #expect(seq > last)
-            last = seq
-        }
-        try client.ack(last)
+        try client.ack(try client.receiveLargeMessages(count: count))
     }
 
     @Test("messages for a user nobody has used yet stay in the store; its first device gets them whole")
@@ -38,7 +23,7 @@ struct EvictedBodiesTests {
         let server = try TestServer(store: store)
         let (alice, _) = try server.connect(user: "alice")
         let count = 100
-        for index in 1...count { #expect(try alice.request(UInt32(index), message(index, to: "ghost")).isOK) }
+        for index in 1...count { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "ghost")).isOK) }
         let held = server.server.statistics
         #expect(held.bodiesEvicted == count)
         #expect(held.eventBytes < count * 1_000, "\(held.eventBytes) bytes in memory for \(count) held messages")
@@ -55,7 +40,7 @@ struct EvictedBodiesTests {
         try server.waitFor("bob to leave") { $0.establishedConnections == 0 }
         let (alice, _) = try server.connect(user: "alice")
         let count = 150  // more than one read-back
-        for index in 1...count { #expect(try alice.request(UInt32(index), message(index, to: "bob")).isOK) }
+        for index in 1...count { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "bob")).isOK) }
         #expect(server.server.statistics.eventBytes < count * 1_000)
         let (bob, _) = try server.connect(user: "bob")
         try receive(bob, count: count)
@@ -68,7 +53,7 @@ struct EvictedBodiesTests {
         let server = try TestServer(store: store)
         let (bob, _) = try server.connect(user: "bob")
         let (alice, _) = try server.connect(user: "alice")
-        for index in 1...5 { #expect(try alice.request(UInt32(index), message(index, to: "bob")).isOK) }
+        for index in 1...5 { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "bob")).isOK) }
         #expect(server.server.statistics.bodiesEvicted == 0)
         for _ in 1...5 { _ = try bob.nextEvent() }  // read, never acknowledged
         _ = consume bob
@@ -86,8 +71,8 @@ struct EvictedBodiesTests {
             do { _ = try server.connect(user: "bob") }
             let (alice, _) = try server.connect(user: "alice")
             let (carol, _) = try server.connect(user: "carol")
-            for index in 1...20 { #expect(try alice.request(UInt32(index), message(index, to: "bob")).isOK) }
-            for index in 1...10 { #expect(try carol.request(UInt32(index), message(index, to: "newbie")).isOK) }
+            for index in 1...20 { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "bob")).isOK) }
+            for index in 1...10 { #expect(try carol.request(UInt32(index), LargeMessages.request(index, to: "newbie")).isOK) }
         }
         let server = try TestServer(store: store, clock: clock)
         #expect(server.server.statistics.eventBytes < 30 * 1_000)
@@ -107,13 +92,9 @@ struct EvictedBodiesProcessTests {
         let alice = try TestClient(port: server.port)
         _ = try alice.hello(user: "alice")
         let before = BackpressureProcessTests.residentBytes(of: server.process.pid)
-        let count = 300, size = 60_000
+        let count = 300, size = LargeMessages.size
         // One at a time: what is measured is what stays, not how much is in flight at once.
-        for index in 1...count {
-            #expect(try alice.request(UInt32(index), .messageSend(OutgoingMessage(
-                messageID: "m\(index)", recipient: "ghost\(index)", contentType: "b",
-                body: [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: size)))).isOK)
-        }
+        for index in 1...count { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "ghost\(index)")).isOK) }
         let grown = BackpressureProcessTests.residentBytes(of: server.process.pid) - before
         #expect(grown < count * size / 3, "RSS grew by \(grown) bytes for \(count * size) bytes of held messages")
         for index in [1, 150, 300] {
@@ -122,7 +103,7 @@ struct EvictedBodiesProcessTests {
             guard case .message(let message) = try ghost.nextEvent(timeout: .seconds(10)).event else {
                 Issue.record("ghost\(index) got no message"); return
             }
-            #expect(message.messageID == "m\(index)" && message.body == [UInt8](repeating: UInt8(truncatingIfNeeded: index), count: size))
+            #expect(message.messageID == "m\(index)" && message.body == LargeMessages.body(index))
         }
     }
 }
