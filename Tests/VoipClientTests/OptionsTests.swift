@@ -1,3 +1,4 @@
+import SignalingCrypto
 import Foundation
 import SignalingProtocol
 import SignalingSupport
@@ -69,7 +70,7 @@ struct OptionsTests {
     @Test("credentials: a token, a token file, or the token computed from the server's secret")
     func credentials() throws {
         #expect(try command(base + ["--token", "abc"]).common.credentials == Array("abc".utf8))
-        #expect(try command(base + ["--auth-secret", "s3cret"]).common.credentials == AuthToken.make(secret: "s3cret", userID: "alice"))
+        #expect(try command(base + ["--auth-secret", "s3cret"]).common.credentials == LegacyToken.make(secret: "s3cret", userID: "alice"))
         let directory = try TemporaryDirectory("voipclient-options")
         let path = directory.file("token")
         try "  0123abcd  \nignored\n".write(toFile: path, atomically: false, encoding: .utf8)
