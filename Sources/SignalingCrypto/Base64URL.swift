@@ -25,9 +25,10 @@ public enum Base64URL {
         return String(decoding: output, as: UTF8.self)
     }
 
-    /// Nil for a character outside the alphabet (padding included) or an impossible
-    /// length (4k + 1). Unused low bits of the last character are ignored, as most
-    /// decoders do; token MACs cover the encoded text, so this allows no forgery.
+    /// Nil for a character outside the alphabet (padding included), an impossible length
+    /// (4k + 1), or a last character whose unused low bits are not zero: each byte string
+    /// has exactly one accepted encoding, so a token cannot be altered into another
+    /// string that the server still accepts.
     public static func decode(_ text: some Collection<UInt8>) -> [UInt8]? {
         let input = Array(text)
         guard input.count % 4 != 1 else { return nil }
@@ -45,6 +46,7 @@ public enum Base64URL {
                 group &= (1 << UInt32(bits)) - 1
             }
         }
+        guard group == 0 else { return nil }  // the unused bits of the last character
         return output
     }
 }

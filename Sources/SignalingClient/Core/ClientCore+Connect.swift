@@ -173,6 +173,10 @@ extension ClientCore {
         logger.info("connect_failed", ["attempt": attempt.id, "error": error])
         if case .rejected(let close) = error {
             enterDisconnected(reason: .connectFailed(error), close: close, immediate: false)
+        } else if case .credentialsUnavailable(let close) = error {
+            // The provider had nothing yet: ask it first next time, after a back-off.
+            credentialsRefusal = close
+            enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false)
         } else {
             enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false)
         }
