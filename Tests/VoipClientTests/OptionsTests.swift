@@ -79,6 +79,31 @@ struct OptionsTests {
         #expect(mistake(base + ["--token-file", directory.file("missing")])?.contains("cannot read") == true)
     }
 
+    @Test("fresh credentials: --token-file is read again, --auth-key-file mints with the file's last key at that moment")
+    func credentialSources() throws {
+        let directory = try TemporaryDirectory("voipclient-credentials")
+        let tokenPath = directory.file("token")
+        try "first\n".write(toFile: tokenPath, atomically: false, encoding: .utf8)
+        let fromFile = try command(base + ["--token-file", tokenPath]).common
+        #expect(fromFile.credentialsSource == .tokenFile(tokenPath))
+        try "second\n".write(toFile: tokenPath, atomically: false, encoding: .utf8)
+        #expect(fromFile.credentialsSource.credentials(user: "alice", device: "voipclient", now: 0) == Array("second".utf8))
+        #expect(try command(base + ["--token", "abc"]).common.credentialsSource == .fixed)
+
+        let keyPath = directory.file("keys")
+        let secret = String(repeating: "s", count: 32)
+        try "k1 \(secret)\n".write(toFile: keyPath, atomically: false, encoding: .utf8)
+        let minted = try command(base + ["--auth-key-file", keyPath]).common
+        #expect(minted.credentials.map { String(decoding: $0, as: UTF8.self).hasPrefix("v1.k1.") } == true)
+        try "k1 \(secret)\nk2 \(secret)\n".write(toFile: keyPath, atomically: false, encoding: .utf8)
+        let fresh = minted.credentialsSource.credentials(user: "alice", device: "voipclient", now: 1_000)
+        let verifier = try TokenVerifier(keys: [try TokenKey(id: "k2", secret: Array(secret.utf8))])
+        #expect(verifier.verify(fresh, userID: "alice", deviceID: "voipclient", now: 1_000 + 3599) == .accepted(expiresAt: 1_000 + 3600))
+        try "# none\n".write(toFile: keyPath, atomically: false, encoding: .utf8)
+        #expect(mistake(base + ["--auth-key-file", keyPath])?.contains("no keys") == true)
+        #expect(mistake(base + ["--auth-key-file", keyPath, "--token", "a"])?.contains("only one of") == true)
+    }
+
     @Test("media options")
     func media() throws {
         let common = try command(base + ["call", "bob", "--media-address", "::1", "--media-port", "40000", "--probe-packets", "5",

@@ -33,8 +33,9 @@ public enum CredentialsSource: Sendable, Equatable {
     case fixed
     /// `--token-file`: read the file again (a backend or a script replaces it).
     case tokenFile(String)
-    /// `--auth-key-file`: mint a new token for this device with the file's last key.
-    case tokenKey(TokenKey)
+    /// `--auth-key-file`: read the key file again and mint a new token for this device
+    /// with its last key (so a rotation of a shared key file is followed).
+    case keyFile(String)
 
     /// The credentials this source gives now (nil: none).
     public func credentials(user: String, device: String, now unixSeconds: Int64) -> [UInt8]? {
@@ -43,7 +44,8 @@ public enum CredentialsSource: Sendable, Equatable {
             return nil
         case .tokenFile(let path):
             return VoipClientOptions.firstLine(ofFile: path).flatMap { $0.isEmpty ? nil : Array($0.utf8) }
-        case .tokenKey(let key):
+        case .keyFile(let path):
+            guard let text = readTextFile(path), let key = try? TokenKeyFile.parse(text).last else { return nil }
             let claims = DeviceTokenClaims(
                 userID: user, deviceID: device, expiresAt: unixSeconds + CredentialsSource.mintedLifetimeSeconds)
             return (try? DeviceToken.mint(claims, key: key)).map { Array($0.utf8) }

@@ -201,14 +201,12 @@ public enum VoipClientOptions {
             }
         } else if let path = parsed.string("auth-key-file") {
             guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { throw UsageError("cannot read --auth-key-file \(path)") }
-            let key: TokenKey
             do {
-                let keys = try TokenKeyFile.parse(text)  // never empty
-                key = keys[keys.count - 1]
+                _ = try TokenKeyFile.parse(text)
             } catch {
                 throw UsageError("--auth-key-file: \(path): \(error.message)")
             }
-            source = .tokenKey(key)
+            source = .keyFile(path)
             guard let minted = source.credentials(user: user, device: device, now: Int64(Date().timeIntervalSince1970)) else {
                 throw UsageError("--auth-key-file: cannot mint a token for \(user)/\(device)")
             }
