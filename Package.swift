@@ -44,6 +44,8 @@ let package = Package(
             name: "SignalingCryptoTests",
             dependencies: ["SignalingCrypto", "SignalingServer", "SignalingProtocol", "SignalingSupport", "TestSupport"]
         ),
+        // What checking a HELLO's credentials costs per core (release build; docs/AUTH.md).
+        .executableTarget(name: "token-bench", dependencies: ["SignalingCrypto", "SignalingSupport"], path: "Tools/token-bench"),
         // ---- end cryptography ----
         // Clocks, logging, command-line parsing and locks shared by every component.
         .target(name: "SignalingSupport", dependencies: ["CLinuxShims"]),

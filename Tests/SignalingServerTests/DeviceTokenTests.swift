@@ -193,6 +193,25 @@ struct DeviceTokenTests {
         }
     }
 
+    @Test("a reload that would drop authentication from a listener beyond loopback keeps the running keys")
+    func reloadKeepsAuthenticationBeyondLoopback() throws {
+        var configuration = ServerConfiguration()
+        configuration.host = "0.0.0.0"  // never started: nothing is bound
+        configuration.port = 0
+        configuration.authKeys = [Self.current]
+        let log = LogFile()
+        let server = try SignalingServer(configuration: configuration, clock: ManualClock(), logger: log.logger)
+        var open = configuration
+        open.authKeys = []
+        #expect(server.reload(open).applied.isEmpty)
+        #expect(server.configuration.authKeys == [Self.current])
+        #expect(log.lines("reload_refused").count == 1)
+        // With --allow-anonymous the operator asked for it.
+        open.allowAnonymous = true
+        #expect(server.reload(open).applied == ["auth-key-file"])
+        #expect(log.lines("auth_disabled").count == 1)
+    }
+
     // MARK: Safe defaults
 
     @Test("without authentication: loopback by default and said so; another address needs --allow-anonymous")
