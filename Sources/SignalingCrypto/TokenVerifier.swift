@@ -30,8 +30,8 @@ public final class TokenVerifier: Sendable {
     private let keys: [String: HMACSHA256.Key]
     private let legacy: HMACSHA256.Key?
 
-    /// Nil-free: give `keys` empty and `legacySecret` nil for a verifier that knows nothing
-    /// (every version 1 token is then `unknownKey`).
+    /// With `keys` empty every version 1 token is `unknownKey`; with `legacySecret` nil
+    /// every other credential is `malformed`. Throws only if OpenSSL cannot prepare a key.
     public init(keys: [TokenKey], legacySecret: String? = nil) throws(CryptoError) {
         var prepared: [String: HMACSHA256.Key] = [:]
         for key in keys { prepared[key.id] = try HMACSHA256.Key(key.secret) }
@@ -39,8 +39,6 @@ public final class TokenVerifier: Sendable {
         self.keyIDs = keys.map(\.id)
         self.legacy = try legacySecret.map { (secret: String) throws(CryptoError) in try HMACSHA256.Key(Array(secret.utf8)) }
     }
-
-    public var hasLegacySecret: Bool { legacy != nil }
 
     /// Checks `credentials` for a HELLO of `userID`/`deviceID` at Unix time `now` (seconds).
     /// The checks run in this order, and the first failure is the verdict: the format, the
