@@ -46,7 +46,11 @@ struct Handshaker {
     /// Asks the app's provider (it may block: it may ask the app's backend). The attempt
     /// notices a cancellation when it returns, as after a name resolution.
     private func freshCredentials(after refusal: Close) throws(ConnectError) -> [UInt8] {
-        guard let provider = plan.credentialsProvider, let credentials = provider(refusal) else {
+        // Credentials HELLO cannot carry count as none: the server would close the
+        // connection for the frame, with "stop".
+        guard let provider = plan.credentialsProvider, let credentials = provider(refusal),
+              (1...ProtocolLimits.maxTokenBytes).contains(credentials.count)
+        else {
             throw .credentialsUnavailable(refusal)
         }
         try checkCancelled()

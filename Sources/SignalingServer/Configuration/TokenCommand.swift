@@ -35,6 +35,7 @@ public enum TokenCommand {
         do {
             let options = try parser.parse(arguments)
             if options.helpRequested { return Outcome(output: parser.helpText) }
+            if options.versionRequested { return Outcome(output: ProductVersion.line(for: "voipserver")) }
             return Outcome(output: try mint(options, now: now) + "\n")
         } catch {
             return Outcome(error: "voipserver token: \(error.message)\nTry 'voipserver token --help'.\n", status: 64)
