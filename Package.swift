@@ -33,6 +33,20 @@ let package = Package(
 
         // The wire protocol: frames, codec, error and close codes. Pure Swift, no I/O.
         .target(name: "SignalingProtocol"),
+
+        // ---- Cryptography (issue 15): OpenSSL's libcrypto and what is built on it ------
+        // OpenSSL 3. Debian: libssl-dev. Swift calls it through COpenSSLShims only.
+        .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        .target(name: "COpenSSLShims", dependencies: ["COpenSSL"]),
+        // HMAC-SHA256, constant-time comparison, random bytes; device tokens and their keys.
+        .target(name: "SignalingCrypto", dependencies: ["COpenSSLShims"]),
+        .testTarget(
+            name: "SignalingCryptoTests",
+            dependencies: ["SignalingCrypto", "SignalingServer", "SignalingProtocol", "SignalingSupport", "TestSupport"]
+        ),
+        // What checking a HELLO's credentials costs per core (release build; docs/AUTH.md).
+        .executableTarget(name: "token-bench", dependencies: ["SignalingCrypto", "SignalingSupport"], path: "Tools/token-bench"),
+        // ---- end cryptography ----
         // Clocks, logging, command-line parsing and locks shared by every component.
         .target(name: "SignalingSupport", dependencies: ["CLinuxShims"]),
 
@@ -43,7 +57,7 @@ let package = Package(
             name: "SignalingServer",
             dependencies: [
                 "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore",
-                "SignalingStoreSQLite", "SignalingSupport",
+                "SignalingStoreSQLite", "SignalingSupport", "SignalingCrypto",
             ]
         ),
         .executableTarget(
@@ -62,7 +76,7 @@ let package = Package(
             name: "SignalingServerTests",
             dependencies: [
                 "SignalingServer", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport", "CLinuxShims",
-                "TestSupport",
+                "TestSupport", "SignalingCrypto",
             ]
         ),
 
@@ -83,7 +97,7 @@ let package = Package(
         // library so its parts can be unit-tested; the executable only parses and runs.
         .target(
             name: "VoipLoadKit",
-            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport"],
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "SignalingCrypto"],
             path: "Tools/voipload/VoipLoadKit"
         ),
         .executableTarget(
@@ -93,7 +107,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VoipLoadTests",
-            dependencies: ["VoipLoadKit", "CLinuxShims", "SignalingProtocol", "SignalingSupport", "TestSupport"]
+            dependencies: ["VoipLoadKit", "CLinuxShims", "SignalingProtocol", "SignalingSupport", "TestSupport", "SignalingCrypto"]
         ),
 
         // ---- Durable store (issue 6): the SQLite EventStore ----------------------------
@@ -162,6 +176,7 @@ let package = Package(
             name: "SignalingClientTests",
             dependencies: [
                 "SignalingClient", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "SignalingServer", "TestSupport",
+                "SignalingCrypto",
             ]
         ),
         // --- end SignalingClient ---
@@ -173,7 +188,7 @@ let package = Package(
         // See docs/VOIPCLIENT.md.
         .target(
             name: "VoipClientKit",
-            dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport"]
+            dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport", "SignalingCrypto"]
         ),
         .executableTarget(
             name: "voipclient",
@@ -181,7 +196,7 @@ let package = Package(
         ),
         .testTarget(
             name: "VoipClientTests",
-            dependencies: ["VoipClientKit", "SignalingClient", "SignalingProtocol", "SignalingSupport", "TestSupport"]
+            dependencies: ["VoipClientKit", "SignalingClient", "SignalingProtocol", "SignalingSupport", "TestSupport", "SignalingCrypto"]
         ),
         // --- end voipclient ---
     ]

@@ -10,6 +10,11 @@ public enum ReconnectAction: UInt8, Sendable, CaseIterable {
     case resume = 1
     /// Reconnect after the advised delay without a resume point: the session is gone.
     case fresh = 2
+    /// Get fresh credentials (from the app's backend), then reconnect after the advised
+    /// delay and resume: the device token expired or names a key the server does not
+    /// hold. Sent only in answer to a version 1 device token (docs/AUTH.md), so a client
+    /// that predates this value never receives it.
+    case refreshCredentials = 3
 }
 
 /// Why the server closed a connection. Sent in CLOSE frames.
@@ -37,6 +42,13 @@ public enum CloseCode: UInt16, Sendable, CaseIterable {
     case sessionUnknown = 3007
     /// The resume point or an ACK acknowledges more events than the server sent.
     case invalidSequence = 3008
+    /// The device token's expiry has passed: get a fresh one and reconnect (action
+    /// `refreshCredentials`).
+    case tokenExpired = 3009
+    /// The device token names a key id the server does not hold: retired after a
+    /// rotation, or not loaded yet. Get a fresh token and reconnect (action
+    /// `refreshCredentials`, with a longer delay).
+    case unknownKey = 3010
 
     /// Another connection of the same device took over this session. Never reconnect
     /// automatically: two copies of one device would otherwise evict each other forever.
@@ -59,16 +71,23 @@ public enum CloseCode: UInt16, Sendable, CaseIterable {
     case duplicateHello = 3508
     /// A field holds a value outside its documented range (empty id, id too long...).
     case invalidField = 3509
+    /// The device token's MAC does not match its key: tampered with, or signed with
+    /// another secret under the same key id.
+    case badSignature = 3510
+    /// The device token is valid but for another device of this user.
+    case wrongDevice = 3511
 
     /// The advice the server gives with this code by default.
     public var defaultAction: ReconnectAction {
         switch self {
         case .sessionUnknown, .invalidSequence: return .fresh
+        case .tokenExpired, .unknownKey: return .refreshCredentials
         case .goingAway, .overloaded, .idleTimeout, .slowConsumer, .handshakeTimeout,
              .internalError, .tooManyConnections:
             return .resume
         case .replaced, .malformedFrame, .unsupportedVersion, .unauthorized, .frameBeforeHello,
-             .frameTooLarge, .unknownFrameType, .keepAliveTooShort, .duplicateHello, .invalidField:
+             .frameTooLarge, .unknownFrameType, .keepAliveTooShort, .duplicateHello, .invalidField, .badSignature,
+             .wrongDevice:
             return .stop
         }
     }

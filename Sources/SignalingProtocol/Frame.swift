@@ -51,7 +51,7 @@ public struct Hello: Equatable, Sendable {
     public var version: UInt16
     public var userID: String
     public var deviceID: String
-    /// Opaque credentials (with the server's HMAC scheme: the token from `AuthToken`).
+    /// Opaque credentials (with the server's HMAC scheme: a device token, docs/AUTH.md).
     public var credentials: [UInt8]?
     public var resume: ResumePoint?
     /// Requested keep-alive interval in seconds; 0 lets the server choose. Values

@@ -1,5 +1,5 @@
 // voipserver: parse options, build the server, run it until SIGTERM/SIGINT, drain;
-// SIGHUP reloads what can change at run time.
+// SIGHUP reloads what can change at run time. `voipserver token ...` mints a device token.
 import SignalingServer
 import SignalingSupport
 #if canImport(Glibc)
@@ -7,6 +7,12 @@ import Glibc
 #endif
 
 let arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.first == "token" {
+    let outcome = TokenCommand.run(Array(arguments.dropFirst()), now: Int64(SystemClock().wallMilliseconds() / 1000))
+    if !outcome.output.isEmpty { StandardStreams.output(outcome.output) }
+    if !outcome.error.isEmpty { StandardStreams.error(outcome.error) }
+    exit(outcome.status)
+}
 if (try? ServerOptions.parser.parse(arguments))?.versionRequested == true {
     StandardStreams.output(ProductVersion.line(for: "voipserver"))
     exit(0)
@@ -51,7 +57,7 @@ var received: Int32 = 0
 while true {
     sigwait(&handledSignals, &received)
     guard received == SIGHUP else { break }
-    // Read the command line, the --config file and the --auth-secret-file again, with the
+    // Read the command line, the --config file and the key and secret files again, with the
     // same precedence as at start. A mistake keeps everything as it is.
     logger.info("signal", ["signal": "SIGHUP"])
     do {

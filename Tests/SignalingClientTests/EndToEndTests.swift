@@ -1,3 +1,4 @@
+import SignalingCrypto
 import Foundation
 import Testing
 import SignalingProtocol
@@ -75,7 +76,8 @@ struct EndToEndTests {
             #expect(close.code == .unauthorized && close.action == .stop)
         }
         #expect(wrong.recorder.wait { $0.contains { if case .connectionStateChanged(.stopped) = $0 { return true } else { return false } } })
-        let right = try TestClient(port: server.port, user: "alice") { $0.credentials = AuthToken.make(secret: "s3cret", userID: "alice") }
+        let token = try LegacyToken.make(secret: "s3cret", userID: "alice")
+        let right = try TestClient(port: server.port, user: "alice") { $0.credentials = token }
         defer { right.client.shutdown() }
         #expect(try right.client.connect(timeout: .seconds(5)).resumed == false)
     }

@@ -77,7 +77,7 @@ struct NetworkChangeTests {
         let serverLog = temporary.file("server.log")
         let server = try ChildProcess.spawn(
             NetworkNamespaces.ipPath!, arguments: ["netns", "exec", serverNS, ExecutableRun.path(of: "voipserver"),
-                                                   "--listen", "10.77.0.1:7443", "--store", "memory", "--workers", "1"],
+                                                   "--listen", "10.77.0.1:7443", "--allow-anonymous", "--store", "memory", "--workers", "1"],
             pipeInput: false, stdout: .file(serverLog), stderr: .file(serverLog))
         defer { server.send(signal: SIGKILL); _ = server.waitForExit(timeoutSeconds: 10) }
         #expect(poll(until: Date(timeIntervalSinceNow: 20)) {

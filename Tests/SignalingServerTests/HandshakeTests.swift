@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingProtocol
 import SignalingServer
 import SignalingSupport
@@ -209,11 +210,11 @@ struct KeepAliveNegotiationTests {
         #expect(try missing.expectClose().code == .unauthorized)
 
         let wrong = try server.client()
-        try wrong.send(.hello(Hello(userID: "alice", deviceID: "d", credentials: AuthToken.make(secret: "s3cret", userID: "bob"))))
+        try wrong.send(.hello(Hello(userID: "alice", deviceID: "d", credentials: LegacyToken.make(secret: "s3cret", userID: "bob"))))
         #expect(try wrong.expectClose().code == .unauthorized)
 
         let right = try server.client()
-        let welcome = try right.hello(user: "alice", credentials: AuthToken.make(secret: "s3cret", userID: "alice"))
+        let welcome = try right.hello(user: "alice", credentials: LegacyToken.make(secret: "s3cret", userID: "alice"))
         #expect(welcome.keepAliveSeconds == 600)
     }
 }

@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingProtocol
 import SignalingServer
 import SignalingStore
@@ -36,7 +37,7 @@ struct OperatorLogTests {
         #expect(lines.count == 2 && lines[1].contains("user=mallory5") && lines[1].contains("suppressed=4"), "\(lines)")
         // A good token logs nothing.
         let client = try server.client()
-        try client.send(.hello(Hello(userID: "alice", deviceID: "d", credentials: AuthToken.make(secret: "secret", userID: "alice"))))
+        try client.send(.hello(Hello(userID: "alice", deviceID: "d", credentials: LegacyToken.make(secret: "secret", userID: "alice"))))
         guard case .welcome? = try client.next() else { Issue.record("no WELCOME"); return }
         #expect(log.lines("auth_failed").count == 2)
     }

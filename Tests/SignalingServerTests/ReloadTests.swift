@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingProtocol
 import SignalingServer
 import SignalingSupport
@@ -25,7 +26,7 @@ struct ReloadTests {
     /// A HELLO for `user` with the token made from `secret`: WELCOME or CLOSE.
     private func handshake(_ server: ServerProcess, user: String, secret: String) throws -> Frame? {
         let client = try RawSocket(port: server.port)
-        try client.send(.hello(Hello(userID: user, deviceID: "phone", credentials: AuthToken.make(secret: secret, userID: user))))
+        try client.send(.hello(Hello(userID: user, deviceID: "phone", credentials: LegacyToken.make(secret: secret, userID: user))))
         return try client.next()
     }
 
@@ -40,7 +41,7 @@ struct ReloadTests {
         }
         // A device connected before the reload keeps its connection.
         let connected = try RawSocket(port: server.port)
-        try connected.send(.hello(Hello(userID: "bob", deviceID: "phone", credentials: AuthToken.make(secret: "first-secret", userID: "bob"))))
+        try connected.send(.hello(Hello(userID: "bob", deviceID: "phone", credentials: LegacyToken.make(secret: "first-secret", userID: "bob"))))
         guard case .welcome? = try connected.next() else { Issue.record("no WELCOME for bob"); return }
 
         #expect(writeFile(secretPath, "second-secret\n"))

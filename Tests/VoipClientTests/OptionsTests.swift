@@ -1,3 +1,4 @@
+import SignalingCrypto
 import Foundation
 import SignalingProtocol
 import SignalingSupport
@@ -69,13 +70,38 @@ struct OptionsTests {
     @Test("credentials: a token, a token file, or the token computed from the server's secret")
     func credentials() throws {
         #expect(try command(base + ["--token", "abc"]).common.credentials == Array("abc".utf8))
-        #expect(try command(base + ["--auth-secret", "s3cret"]).common.credentials == AuthToken.make(secret: "s3cret", userID: "alice"))
+        #expect(try command(base + ["--auth-secret", "s3cret"]).common.credentials == LegacyToken.make(secret: "s3cret", userID: "alice"))
         let directory = try TemporaryDirectory("voipclient-options")
         let path = directory.file("token")
         try "  0123abcd  \nignored\n".write(toFile: path, atomically: false, encoding: .utf8)
         #expect(try command(base + ["--token-file", path]).common.credentials == Array("0123abcd".utf8))
         #expect(mistake(base + ["--token", "a", "--auth-secret", "b"])?.contains("only one of") == true)
         #expect(mistake(base + ["--token-file", directory.file("missing")])?.contains("cannot read") == true)
+    }
+
+    @Test("fresh credentials: --token-file is read again, --auth-key-file mints with the file's last key at that moment")
+    func credentialSources() throws {
+        let directory = try TemporaryDirectory("voipclient-credentials")
+        let tokenPath = directory.file("token")
+        try "first\n".write(toFile: tokenPath, atomically: false, encoding: .utf8)
+        let fromFile = try command(base + ["--token-file", tokenPath]).common
+        #expect(fromFile.credentialsSource == .tokenFile(tokenPath))
+        try "second\n".write(toFile: tokenPath, atomically: false, encoding: .utf8)
+        #expect(fromFile.credentialsSource.credentials(user: "alice", device: "voipclient", now: 0) == Array("second".utf8))
+        #expect(try command(base + ["--token", "abc"]).common.credentialsSource == .fixed)
+
+        let keyPath = directory.file("keys")
+        let secret = String(repeating: "s", count: 32)
+        try "k1 \(secret)\n".write(toFile: keyPath, atomically: false, encoding: .utf8)
+        let minted = try command(base + ["--auth-key-file", keyPath]).common
+        #expect(minted.credentials.map { String(decoding: $0, as: UTF8.self).hasPrefix("v1.k1.") } == true)
+        try "k1 \(secret)\nk2 \(secret)\n".write(toFile: keyPath, atomically: false, encoding: .utf8)
+        let fresh = minted.credentialsSource.credentials(user: "alice", device: "voipclient", now: 1_000)
+        let verifier = try TokenVerifier(keys: [try TokenKey(id: "k2", secret: Array(secret.utf8))])
+        #expect(verifier.verify(fresh, userID: "alice", deviceID: "voipclient", now: 1_000 + 3599) == .accepted(expiresAt: 1_000 + 3600))
+        try "# none\n".write(toFile: keyPath, atomically: false, encoding: .utf8)
+        #expect(mistake(base + ["--auth-key-file", keyPath])?.contains("no keys") == true)
+        #expect(mistake(base + ["--auth-key-file", keyPath, "--token", "a"])?.contains("only one of") == true)
     }
 
     @Test("media options")

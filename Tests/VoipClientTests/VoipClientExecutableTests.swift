@@ -1,5 +1,6 @@
 import Foundation
 import SignalingClient
+import SignalingCrypto
 import SignalingProtocol
 import SignalingSupport
 import TestSupport
@@ -259,6 +260,25 @@ struct VoipClientExecutableTests {
         #expect(missing.exitCode == 5)
         let right = try run(client(server, "alice", ["--auth-secret", "s3cret", "send", "bob", "hi"]))
         #expect(right.exitCode == 0, "\(right.stderr)")
+    }
+
+    @Test("device tokens: --auth-key-file mints one the server accepts; an expired --token exits 5 naming the refusal")
+    func deviceTokens() throws {
+        let scratch = try TemporaryDirectory("voipclient-tokens")
+        let keyFile = scratch.file("keys")
+        try "k1 \(String(repeating: "k", count: 40))\n".write(toFile: keyFile, atomically: false, encoding: .utf8)
+        let server = try startServer(["--auth-key-file", keyFile])
+        let right = try run(client(server, "alice", ["--auth-key-file", keyFile, "send", "bob", "hi"]))
+        #expect(right.exitCode == 0, "\(right.stderr)")
+        let minted = try ExecutableRun.run("voipserver", ["token", "--user", "alice", "--ttl", "1h", "--key-file", keyFile], timeoutSeconds: 30)
+        let token = minted.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(try run(client(server, "alice", ["--token", token, "send", "bob", "hi"])).exitCode == 0)
+        let expired = try DeviceToken.mint(
+            DeviceTokenClaims(userID: "alice", deviceID: nil, expiresAt: 1_000_000_000),
+            key: try TokenKey(id: "k1", secret: Array(String(repeating: "k", count: 40).utf8)))
+        let refused = try run(client(server, "alice", ["--token", expired, "send", "bob", "hi"]))
+        #expect(refused.exitCode == 5)
+        #expect(refused.stderr.contains("tokenExpired"), "\(refused.stderr)")
     }
 
     @Test("a second copy of the same device takes over: the first listener is told to stop and exits 5")

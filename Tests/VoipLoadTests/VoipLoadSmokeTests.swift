@@ -10,9 +10,12 @@ import Testing
 @Suite(.serialized) struct VoipLoadSmokeTests {
     @Test func holdsDevicesAndLosesNoEvent() throws {
         let data = try TemporaryDirectory("voipload-smoke")
+        // Devices present device tokens (docs/AUTH.md) minted with the server's key file.
+        let keyFile = data.file("keys")
+        try "smoke \(String(repeating: "5", count: 64))\n".write(toFile: keyFile, atomically: false, encoding: .utf8)
         let run = try ExecutableRun.run("voipload", [
             "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0",
-            "--devices", "300", "--source-addresses", "8", "--auth-secret", "smoke-secret",
+            "--devices", "300", "--source-addresses", "8", "--auth-key-file", keyFile,
             "--events", "300", "--rate", "2000", "--fanout-devices", "20", "--fanout-seconds", "0.3",
             "--storm", "drop", "--settle", "0.2", "--loss-deadline", "10", "--json", "--quiet",
             "--", "--log-level", "warn", "--workers", "1", "--data-dir", data.path,

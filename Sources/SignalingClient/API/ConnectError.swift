@@ -30,6 +30,10 @@ public enum ConnectError: Error, Equatable, Sendable, CustomStringConvertible {
     case invalidTimeout
     /// The client was shut down; create a new one.
     case clientShutDown
+    /// The server refused the credentials with action `refreshCredentials` (the token
+    /// expired, or its key was retired) and `credentialsProvider` had none to give (or
+    /// there is no provider). Retried with back-off: the provider is asked again.
+    case credentialsUnavailable(Close)
 
     public var description: String {
         switch self {
@@ -44,6 +48,7 @@ public enum ConnectError: Error, Equatable, Sendable, CustomStringConvertible {
         case .cancelled: return "cancelled"
         case .invalidTimeout: return "the connect timeout must be positive and finite"
         case .clientShutDown: return "the client was shut down"
+        case .credentialsUnavailable(let close): return "no fresh credentials after \(close.code) (\(close.code.rawValue)): \(close.message)"
         }
     }
 

@@ -8,8 +8,16 @@ public struct ClientConfiguration: Sendable {
     public var port: UInt16
     public var userID: String
     public var deviceID: String
-    /// HELLO credentials (with the server's HMAC scheme: `AuthToken.make(secret:userID:)`).
+    /// HELLO credentials: a device token (docs/AUTH.md), minted by the app's backend.
     public var credentials: [UInt8]?
+    /// Where fresh credentials come from when the server refuses the current ones with
+    /// action `refreshCredentials` (CLOSE `tokenExpired` or `unknownKey`): the refusal is
+    /// passed in, the new token comes back (nil: none now). Called on the connect
+    /// attempt's own thread, before it connects, so it may block (ask the app's backend);
+    /// the attempt's `connectTimeout` runs meanwhile. The client never stops for good
+    /// over such a refusal: without a provider, or while it returns nil, it retries with
+    /// back-off. See docs/CLIENT.md, "Credentials".
+    public var credentialsProvider: (@Sendable (Close) -> [UInt8]?)?
     /// Keep-alive interval to ask the server for, in seconds; 0 = the server's choice.
     /// 1...599 is refused by `init` (the server would refuse it too).
     public var requestedKeepAliveSeconds: UInt32 = 0

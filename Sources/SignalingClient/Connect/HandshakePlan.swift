@@ -10,6 +10,11 @@ struct HandshakePlan: Sendable {
     var hello: Hello
     /// Largest frame accepted from the server before its WELCOME says otherwise.
     var maxFrameLength: Int
+    /// The app's source of fresh credentials (`ClientConfiguration.credentialsProvider`).
+    var credentialsProvider: (@Sendable (Close) -> [UInt8]?)?
+    /// The CLOSE that made the current credentials unusable (action `refreshCredentials`):
+    /// when set, the thread asks the provider before it connects.
+    var credentialsRefusal: Close?
 }
 
 /// A connected socket that has completed HELLO/WELCOME and is not yet marked.
@@ -24,4 +29,6 @@ struct HandshakenSocket: Sendable {
     /// True when the server refused the resume point (CLOSE `sessionUnknown` or
     /// `invalidSequence`) and the attempt went on with a fresh session.
     let resumeRefused: Bool
+    /// The credentials the server accepted (fresh ones if the provider was asked).
+    let credentials: [UInt8]?
 }

@@ -16,16 +16,45 @@ struct Handshaker {
 
     func run() throws(ConnectError) -> HandshakenSocket {
         let addresses = try SocketAddress.resolve(host: plan.host, port: plan.port)
-        try checkCancelled()
-        do {
-            return try attempt(addresses: addresses, hello: plan.hello, resumeRefused: false)
-        } catch .rejected(let close) where plan.hello.resume != nil && close.action == .fresh {
-            // PROTOCOL 4.1: a refused resume point changes nothing on the server; connect
-            // again at once without it, within the same deadline.
-            var fresh = plan.hello
-            fresh.resume = nil
-            return try attempt(addresses: addresses, hello: fresh, resumeRefused: true)
+        var hello = plan.hello
+        var resumeRefused = false
+        var refreshed = false
+        if let refusal = plan.credentialsRefusal {
+            hello.credentials = try freshCredentials(after: refusal)
+            refreshed = true
         }
+        // Each refusal below is answered at most once (the resume point is dropped, the
+        // credentials are refreshed), so this loop makes at most three handshakes.
+        while true {
+            try checkCancelled()
+            do {
+                return try attempt(addresses: addresses, hello: hello, resumeRefused: resumeRefused)
+            } catch .rejected(let close) where hello.resume != nil && close.action == .fresh {
+                // PROTOCOL 4.1: a refused resume point changes nothing on the server; connect
+                // again at once without it, within the same deadline.
+                hello.resume = nil
+                resumeRefused = true
+            } catch .rejected(let close) where close.action == .refreshCredentials && !refreshed && plan.credentialsProvider != nil {
+                // The token expired while the device was away: ask the app once, within the
+                // same deadline, before reporting the refusal.
+                hello.credentials = try freshCredentials(after: close)
+                refreshed = true
+            }
+        }
+    }
+
+    /// Asks the app's provider (it may block: it may ask the app's backend). The attempt
+    /// notices a cancellation when it returns, as after a name resolution.
+    private func freshCredentials(after refusal: Close) throws(ConnectError) -> [UInt8] {
+        // Credentials HELLO cannot carry count as none: the server would close the
+        // connection for the frame, with "stop".
+        guard let provider = plan.credentialsProvider, let credentials = provider(refusal),
+              (1...ProtocolLimits.maxTokenBytes).contains(credentials.count)
+        else {
+            throw .credentialsUnavailable(refusal)
+        }
+        try checkCancelled()
+        return credentials
     }
 
     private func checkCancelled() throws(ConnectError) {
@@ -110,7 +139,8 @@ struct Handshaker {
                     }
                     return HandshakenSocket(
                         socket: socket, welcome: welcome, localAddress: socket.localAddress() ?? address.withPort(0),
-                        remoteAddress: address, leftover: Array(received[size...]), resumeRefused: resumeRefused)
+                        remoteAddress: address, leftover: Array(received[size...]), resumeRefused: resumeRefused,
+                        credentials: hello.credentials)
                 case .close(let close):
                     throw .rejected(close)
                 default:

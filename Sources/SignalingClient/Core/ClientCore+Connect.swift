@@ -65,9 +65,12 @@ extension ClientCore {
         nextAttemptID += 1
         let resume = sessionID.map { ResumePoint(sessionID: $0, lastReceivedSeq: sequencer.resumeSequence) }
         let hello = Hello(
-            userID: configuration.userID, deviceID: configuration.deviceID, credentials: configuration.credentials,
+            userID: configuration.userID, deviceID: configuration.deviceID, credentials: credentials,
             resume: resume, requestedKeepAliveSeconds: configuration.requestedKeepAliveSeconds)
-        let plan = HandshakePlan(host: configuration.host, port: configuration.port, hello: hello, maxFrameLength: 1 << 20)
+        let provider = configuration.credentialsProvider
+        let plan = HandshakePlan(
+            host: configuration.host, port: configuration.port, hello: hello, maxFrameLength: 1 << 20,
+            credentialsProvider: provider, credentialsRefusal: provider == nil ? nil : credentialsRefusal)
         let attempt = try ConnectAttempt(id: nextAttemptID, plan: plan, timeout: timeout)
         lifecycle = .connecting(attempt)
         lastAttempt = attempt
@@ -144,6 +147,8 @@ extension ClientCore {
         let resumedFrom = handshaken.resumeRefused ? nil : attempt.plan.hello.resume?.lastReceivedSeq
         sequencer.connectionStarted(welcome: handshaken.welcome, resumedFrom: resumedFrom)
         sessionID = handshaken.welcome.sessionID
+        credentials = handshaken.credentials
+        credentialsRefusal = nil
         serverMaxFrame = info.maxFrameLength
         connectedAt = now
         lifecycle = .connected(connection, info)
@@ -168,6 +173,10 @@ extension ClientCore {
         logger.info("connect_failed", ["attempt": attempt.id, "error": error])
         if case .rejected(let close) = error {
             enterDisconnected(reason: .connectFailed(error), close: close, immediate: false)
+        } else if case .credentialsUnavailable(let close) = error {
+            // The provider had nothing yet: ask it first next time, after a back-off.
+            credentialsRefusal = close
+            enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false)
         } else {
             enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false)
         }
@@ -200,8 +209,15 @@ extension ClientCore {
                 sessionID = nil
             case .resume:
                 break
+            case .refreshCredentials:
+                credentialsRefusal = close
             }
             delay = ReconnectBackoff.advisedDelay(for: close, using: &random)
+            if close.action == .refreshCredentials {
+                // A provider that keeps handing out refused tokens must not make this a
+                // loop at the server's short delay: back off as after a failure.
+                delay = max(delay, backoff.nextDelay(using: &random))
+            }
         } else if immediate {
             delay = .zero
         } else {

@@ -50,6 +50,12 @@ final class ClientCore: @unchecked Sendable {
     var backoff: ReconnectBackoff
     var connectedAt: Instant?
     var sessionID: SessionID?
+    /// The HELLO credentials in use: the configuration's, then the last ones the
+    /// provider gave that the server accepted.
+    var credentials: [UInt8]?
+    /// Set by a CLOSE with action `refreshCredentials`; the next attempt asks the
+    /// provider first. Cleared by a successful handshake.
+    var credentialsRefusal: Close?
     var serverMaxFrame = ProtocolLimits.defaultMaxFrameLength
     var everConnected = false
     var reconnectCount = 0
@@ -77,6 +83,7 @@ final class ClientCore: @unchecked Sendable {
         self.eventQueue = eventQueue
         self.eventHandler = eventHandler
         self.networkMonitor = networkMonitor
+        credentials = configuration.credentials
         backoff = ReconnectBackoff(policy: configuration.reconnect)
         keepAlive = KeepAliveSchedule(budget: configuration.keepAliveHandlerBudget, pongTimeout: configuration.pongTimeout)
         background = BackgroundExecution(policy: configuration.backgroundExecution)

@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
 import SignalingStore
@@ -8,8 +9,10 @@ import SignalingSupport
 /// field has a command-line option and a configuration-file key of the same name
 /// (`ServerOptions`, docs/CONFIGURATION.md).
 public struct ServerConfiguration: Sendable {
-    /// Address to listen on.
-    public var host = "0.0.0.0"
+    /// Address to listen on. Loopback unless authentication is configured or
+    /// `allowAnonymous` is set (`validate` enforces it; `ServerOptions` picks 0.0.0.0 when
+    /// authentication is configured and no address is given).
+    public var host = "127.0.0.1"
     /// Port to listen on; 0 picks a free port (tests).
     public var port: UInt16 = 7443
     /// Length of each loop's queue of connections the kernel has completed but the loop has
@@ -65,8 +68,23 @@ public struct ServerConfiguration: Sendable {
     public var drainJitter: Duration = .seconds(30)
     /// How long shutdown waits for clients to read their CLOSE before closing anyway.
     public var drainTimeout: Duration = .seconds(5)
-    /// When set, HELLO credentials must be `AuthToken.make(secret:userID:)`.
+    /// The keys device tokens are signed with (docs/AUTH.md), from `--auth-key-file`:
+    /// several at once during a rotation. Empty: version 1 tokens are not accepted.
+    public var authKeys: [TokenKey] = []
+    /// The legacy secret: when set, HELLO credentials `LegacyToken.make(secret:userID:)`
+    /// are accepted too (tokens that never expire; docs/AUTH.md, "Legacy secret").
     public var authSecret: String?
+    /// Accept devices on a non-loopback address without any authentication (like
+    /// Mosquitto's `allow_anonymous true`). Without it, such a configuration is refused.
+    public var allowAnonymous = false
+
+    /// True when HELLO credentials are checked (device tokens, the legacy secret, or both).
+    public var requiresAuthentication: Bool { !authKeys.isEmpty || authSecret != nil }
+
+    /// True for 127.0.0.0/8, ::1 and `localhost`: addresses other hosts cannot reach.
+    public static func isLoopback(_ host: String) -> Bool {
+        host == "localhost" || host == "::1" || host.hasPrefix("127.")
+    }
     /// How often each loop runs its timers (idle timeouts, ring timeouts...). Deadlines
     /// are kept to the second; this only bounds how late they are noticed.
     public var tickInterval: Duration = .milliseconds(250)
@@ -154,6 +172,11 @@ public struct ServerConfiguration: Sendable {
         }
         if let limit = cpuLatencyLimit, limit < .zero || limit > .seconds(1) {
             throw UsageError("cpu-latency-limit must be between 0 and 1,000,000 microseconds")
+        }
+        if !requiresAuthentication && !allowAnonymous && !Self.isLoopback(host) {
+            throw UsageError(
+                "--listen \(host) without authentication would let anyone on the network claim any user id: "
+                    + "give --auth-key-file (or --auth-secret-file), or --allow-anonymous to accept that")
         }
     }
 }

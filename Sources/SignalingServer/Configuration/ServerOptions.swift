@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
 import SignalingStoreSQLite
@@ -19,7 +20,7 @@ public enum ServerOptions {
             Runs on its embedded defaults with no options at all.
             """,
         options: [
-            OptionSpec("listen", value: "HOST:PORT", default: "0.0.0.0:7443", help: "Address and port to accept devices on."),
+            OptionSpec("listen", value: "HOST:PORT", default: "0.0.0.0:7443 with authentication, 127.0.0.1:7443 without", help: "Address and port to accept devices on. A non-loopback address without authentication needs --allow-anonymous."),
             OptionSpec("config", value: "FILE", help: "Read options from FILE: one 'name = value' per line; '#' starts a comment at a line's start or after whitespace; values may be quoted."),
             OptionSpec("listen-backlog", value: "N", default: "net.core.somaxconn, or 4096", help: "Completed connections each loop's socket queues before accepting them (the kernel caps it at net.core.somaxconn)."),
             OptionSpec("workers", value: "N", default: "one per core", help: "Event-loop threads."),
@@ -51,8 +52,10 @@ public enum ServerOptions {
             OptionSpec("drain-retry-after", value: "SECONDS", default: "1", help: "On shutdown, tell devices to reconnect after this..."),
             OptionSpec("drain-jitter", value: "SECONDS", default: "30", help: "...plus a random delay up to this."),
             OptionSpec("drain-timeout", value: "SECONDS", default: "5", help: "How long shutdown waits for devices to read their CLOSE."),
-            OptionSpec("auth-secret", value: "SECRET", help: "Require HMAC-SHA256(SECRET, userId) tokens in HELLO (prefer --auth-secret-file)."),
-            OptionSpec("auth-secret-file", value: "FILE", help: "Read the authentication secret from FILE (first line)."),
+            OptionSpec("auth-key-file", value: "FILE", help: "Require signed, expiring device tokens in HELLO, under the keys in FILE: lines 'KID SECRET', '#' comments (docs/AUTH.md). Reloaded on SIGHUP."),
+            OptionSpec("auth-secret", value: "SECRET", help: "Legacy: also accept hex(HMAC-SHA256(SECRET, userId)) tokens, which never expire (prefer --auth-key-file)."),
+            OptionSpec("auth-secret-file", value: "FILE", help: "Legacy: read the --auth-secret from FILE (first line)."),
+            OptionSpec("allow-anonymous", help: "Accept devices on a non-loopback --listen address without authentication (any device may claim any user id)."),
             OptionSpec("push-gateway", value: "URL", help: "Send wake-ups for devices with no connection to this http:// URL (see docs/PUSH.md)."),
             OptionSpec("push-interval", value: "SECONDS", default: "10", help: "Least time between two wake-ups of one device (calls excepted)."),
             OptionSpec("push-timeout", value: "SECONDS", default: "5", help: "A wake-up request not answered within this fails and is retried."),
@@ -69,10 +72,15 @@ public enum ServerOptions {
             SIGNALS:
               SIGTERM, SIGINT   Drain: every device is told to reconnect after --drain-retry-after plus a random
                                 share of --drain-jitter (so a restart is not a reconnect storm), then exit 0.
-              SIGHUP            Reload: read the command line, --config and --auth-secret-file again and put
-                                log-level, the auth secret, max-pending, max-connections-per-ip and handshake-rate
-                                in force; other changes are logged and wait for a restart. A bad file changes
-                                nothing (logged as reload_failed). Connections stay open.
+              SIGHUP            Reload: read the command line, --config, --auth-key-file and --auth-secret-file
+                                again and put log-level, the token keys, the auth secret, max-pending,
+                                max-connections-per-ip and handshake-rate in force; other changes are logged and
+                                wait for a restart. A bad file changes nothing (logged as reload_failed).
+                                Connections stay open.
+
+            SUBCOMMANDS:
+              voipserver token --user U [--device D] [--ttl 24h] --key-file FILE [--kid K]
+                                Print a device token signed with a key of FILE (docs/AUTH.md).
 
             EXIT STATUS:
               0 after a clean drain, 64 for a usage or configuration error, 70 if the server cannot start.
@@ -147,8 +155,13 @@ public enum ServerOptions {
             } catch {
                 throw failure("\(name): \(error.message)")
             }
-            file.options.values[name] = [spec.isFlag ? "true" : value]
             file.lines[name] = number
+            if spec.isFlag {
+                // `allow-anonymous = false` must not mean true.
+                guard value == "true" || value == "false" else { throw failure("\(name) takes true or false") }
+                if value == "false" { continue }
+            }
+            file.options.values[name] = [spec.isFlag ? "true" : value]
         }
         return file
     }
@@ -286,6 +299,13 @@ public enum ServerOptions {
             else { throw UsageError("--auth-secret-file: cannot read a secret from \(path)") }
             configuration.authSecret = line
         }
+        if let path = options.string("auth-key-file") {
+            configuration.authKeys = try readKeyFile(path, option: "auth-key-file")
+        }
+        configuration.allowAnonymous = options.has("allow-anonymous")
+        // Mosquitto 2.0's rule: without authentication, only this host can connect unless
+        // an address is asked for (and that needs --allow-anonymous, see `validate`).
+        if !options.has("listen") && configuration.requiresAuthentication { configuration.host = "0.0.0.0" }
         if let url = options.string("push-gateway") {
             var push = try PushGatewayConfiguration(url: url)
             if let value = try seconds("push-interval", 0...86_400) { push.minimumInterval = value }
@@ -302,6 +322,18 @@ public enum ServerOptions {
         }
         try configuration.validate()
         return configuration
+    }
+}
+
+extension ServerOptions {
+    /// The keys of a token key file, or a usage error naming the option, the file and the line.
+    public static func readKeyFile(_ path: String, option: String) throws(UsageError) -> [TokenKey] {
+        guard let text = readTextFile(path) else { throw UsageError("--\(option): cannot read \(path)") }
+        do {
+            return try TokenKeyFile.parse(text)
+        } catch {
+            throw UsageError("--\(option): \(path): \(error.message)")
+        }
     }
 }
 

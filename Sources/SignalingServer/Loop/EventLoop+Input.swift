@@ -1,5 +1,6 @@
 import CLibeventShims
 import CLinuxShims
+import SignalingCrypto
 import SignalingProtocol
 import SignalingStore
 import SignalingSupport
@@ -186,16 +187,19 @@ extension EventLoop {
             protocolViolation(slot, violation)
             return
         }
-        if let key = context.authKey {
-            guard let credentials = hello.credentials, AuthToken.verify(credentials, key: key, userID: hello.userID) else {
-                let reason = hello.credentials == nil ? "credentials required" : "invalid credentials for \(hello.userID)"
+        if let verifier = context.tokenVerifier {
+            let verdict = verifier.verify(
+                hello.credentials, userID: hello.userID, deviceID: hello.deviceID,
+                now: Int64(context.clock.wallMilliseconds() / 1000))
+            if let refusal = Authentication.refusal(for: verdict, userID: hello.userID) {
                 if let suppressed = context.authFailureLog.admit(now: now) {
                     context.logger.warning("auth_failed", [
-                        "conn": reference(slot), "user": hello.userID, "device": hello.deviceID, "reason": reason,
-                        "suppressed": suppressed,
+                        "conn": reference(slot), "user": hello.userID, "device": hello.deviceID,
+                        "code": refusal.close.code.rawValue, "reason": refusal.reason, "suppressed": suppressed,
                     ])
                 }
-                protocolViolation(slot, ProtocolViolation(.unauthorized, reason))
+                context.counters.protocolErrors.increment()
+                closeConnection(slot, with: refusal.close)
                 return
             }
         }

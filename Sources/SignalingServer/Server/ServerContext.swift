@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
 import SignalingSupport
@@ -20,11 +21,11 @@ final class ServerContext: Sendable {
 
     init(
         configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool,
-        pushGateway: (any WakeUpSubmitter)?
+        pushGateway: (any WakeUpSubmitter)?, tokenVerifier: TokenVerifier?
     ) {
         self.configuration = configuration
         self.pushGateway = pushGateway
-        self.authKeyHolder = Mutex(configuration.authSecret.map { AuthToken.key(secret: $0) })
+        self.tokenVerifierHolder = Mutex(tokenVerifier)
         self.clock = clock
         self.logger = logger
         let now = clock.now()
@@ -35,14 +36,14 @@ final class ServerContext: Sendable {
             handshakeRate: configuration.handshakeRate, now: now)
     }
 
-    /// The authentication key made from the secret once (nil: no authentication). A
+    /// The token keys and legacy secret, each prepared once (nil: no authentication). A
     /// reload (SIGHUP) may replace it; each handshake reads it once, under a lock held
-    /// only for the copy.
-    var authKey: SHA256.HMACKey? {
-        get { authKeyHolder.withLock { $0 } }
-        set { authKeyHolder.withLock { $0 = newValue } }
+    /// only for the copy of the reference.
+    var tokenVerifier: TokenVerifier? {
+        get { tokenVerifierHolder.withLock { $0 } }
+        set { tokenVerifierHolder.withLock { $0 = newValue } }
     }
-    private let authKeyHolder: Mutex<SHA256.HMACKey?>
+    private let tokenVerifierHolder: Mutex<TokenVerifier?>
 
     /// The push gateway, when one is configured.
     let pushGateway: (any WakeUpSubmitter)?

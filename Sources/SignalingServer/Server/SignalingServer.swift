@@ -1,4 +1,5 @@
 import CLinuxShims
+import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
 import SignalingStore
@@ -61,7 +62,8 @@ public final class SignalingServer: Sendable {
         }
         self.pushGateway = pushGateway
         let context = ServerContext(
-            configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway)
+            configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway,
+            tokenVerifier: try Authentication.verifier(for: configuration))
         self.context = context
         context.switchboard.withState(wall: clock.wallMilliseconds()) { $0.pushAvailable = pushGateway != nil }
         guard let store else {
@@ -154,14 +156,18 @@ public final class SignalingServer: Sendable {
                 throw ServerError("--loop-cpus: cannot run loop \(index) on CPU \(cpu): \(SystemError("pthread_setaffinity_np", error).reason)")
             }
         }
-        if configuration.authSecret == nil {
-            context.logger.warning("auth_disabled", ["detail": "no --auth-secret: any device may claim any user id"])
+        if !configuration.requiresAuthentication {
+            context.logger.warning("auth_disabled", [
+                "detail": ServerConfiguration.isLoopback(configuration.host)
+                    ? "no --auth-key-file: any device may claim any user id, so only this host may connect (loopback only)"
+                    : "no --auth-key-file and --allow-anonymous: any device on the network may claim any user id",
+            ])
         }
         context.logger.info("listening", [
             "addr": "\(configuration.host):\(port)", "version": ProductVersion.current, "workers": configuration.workers,
             "backlog": configuration.listenBacklog,
             "keepalive": configuration.keepAlive.defaultInterval,
-            "auth": configuration.authSecret == nil ? "off" : "hmac",
+            "auth": Self.authenticationSummary(configuration),
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
             "loop_cpus": placement.isEmpty ? "any" : placement.map(String.init).joined(separator: ","),
         ])
@@ -187,8 +193,16 @@ public final class SignalingServer: Sendable {
     /// timer lengths whose queues rely on one constant length, the store, buffers) is
     /// fixed at start.
     public static let reloadableSettings = [
-        "log-level", "auth-secret", "max-pending", "max-connections-per-ip", "handshake-rate",
+        "log-level", "auth-key-file", "auth-secret", "max-pending", "max-connections-per-ip", "handshake-rate",
     ]
+
+    /// The `auth` field of the `listening` line: `tokens(k1,k2)`, `legacy`, both, or `off`.
+    static func authenticationSummary(_ configuration: ServerConfiguration) -> String {
+        var parts: [String] = []
+        if !configuration.authKeys.isEmpty { parts.append("tokens(\(configuration.authKeys.map(\.id).joined(separator: ",")))") }
+        if configuration.authSecret != nil { parts.append("legacy") }
+        return parts.isEmpty ? "off" : parts.joined(separator: "+")
+    }
 
     /// Puts the reloadable settings of `new` in force and reports, without applying them,
     /// the others that differ. Logs `reloaded` (info) with the keys, and
@@ -204,9 +218,24 @@ public final class SignalingServer: Sendable {
                 context.logger.level = new.logLevel
                 result.applied.append("log-level")
             }
-            if new.authSecret != current.authSecret {
-                context.authKey = new.authSecret.map { AuthToken.key(secret: $0) }
-                result.applied.append("auth-secret")
+            let authChanged = new.authKeys != current.authKeys || new.authSecret != current.authSecret
+            var authApplied = false
+            if authChanged && !new.requiresAuthentication && !new.allowAnonymous && !ServerConfiguration.isLoopback(current.host) {
+                // The listener stays where it is until a restart: dropping authentication on
+                // it would open it to the network, which the start refuses too.
+                context.logger.error("reload_refused", [
+                    "keys": "auth-key-file,auth-secret",
+                    "detail": "the reloaded configuration has no authentication but the server listens on \(current.host); the running keys stay",
+                ])
+            } else if authChanged {
+                do {
+                    context.tokenVerifier = try Authentication.verifier(for: new)
+                    authApplied = true
+                    if new.authKeys != current.authKeys { result.applied.append("auth-key-file") }
+                    if new.authSecret != current.authSecret { result.applied.append("auth-secret") }
+                } catch {
+                    context.logger.error("reload_refused", ["keys": "auth-key-file,auth-secret", "detail": "\(error)"])
+                }
             }
             // The routing core's limits, in one switch under its lock.
             let limits: [(name: String, changed: Bool)] = [
@@ -227,7 +256,10 @@ public final class SignalingServer: Sendable {
                 if new.handshakeRate != current.handshakeRate { result.applied.append("handshake-rate") }
             }
             current.logLevel = new.logLevel
-            current.authSecret = new.authSecret
+            if authApplied {
+                current.authKeys = new.authKeys
+                current.authSecret = new.authSecret
+            }
             current.maxPendingEvents = new.maxPendingEvents
             current.maxPendingPerSender = new.maxPendingPerSender
             current.senderRate = new.senderRate
@@ -243,8 +275,11 @@ public final class SignalingServer: Sendable {
                     "detail": "these settings changed but take effect only when the server is restarted",
                 ])
             }
-            if result.applied.contains("auth-secret") && new.authSecret == nil {
-                context.logger.warning("auth_disabled", ["detail": "the reloaded configuration has no auth secret: any device may claim any user id"])
+            if authApplied {
+                context.logger.info("auth_keys", ["auth": Self.authenticationSummary(new)])
+                if !new.requiresAuthentication {
+                    context.logger.warning("auth_disabled", ["detail": "the reloaded configuration has no authentication: any device may claim any user id"])
+                }
             }
             return result
         }

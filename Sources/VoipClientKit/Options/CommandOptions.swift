@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingSupport
 
 /// What every mode needs: where the server is, who we are, how to report.
@@ -7,6 +8,9 @@ public struct CommonOptions: Sendable, Equatable {
     public var device: String
     /// HELLO credentials: the token given, read from a file, or computed from a secret.
     public var credentials: [UInt8]?
+    /// Where fresh credentials come from when the server asks for them (CLOSE
+    /// `tokenExpired` or `unknownKey`).
+    public var credentialsSource = CredentialsSource.fixed
     /// One JSON object per line on stdout instead of text.
     public var json = false
     /// Deadline of the first connect (TCP, HELLO, WELCOME); also of automatic reconnects.
@@ -20,6 +24,36 @@ public struct CommonOptions: Sendable, Equatable {
         self.user = user
         self.device = device
     }
+}
+
+/// Where `voipclient` gets fresh credentials when the server refuses a token with action
+/// `refreshCredentials` (docs/VOIPCLIENT.md).
+public enum CredentialsSource: Sendable, Equatable {
+    /// `--token` or `--auth-secret`: nothing fresher exists; the client retries with back-off.
+    case fixed
+    /// `--token-file`: read the file again (a backend or a script replaces it).
+    case tokenFile(String)
+    /// `--auth-key-file`: read the key file again and mint a new token for this device
+    /// with its last key (so a rotation of a shared key file is followed).
+    case keyFile(String)
+
+    /// The credentials this source gives now (nil: none).
+    public func credentials(user: String, device: String, now unixSeconds: Int64) -> [UInt8]? {
+        switch self {
+        case .fixed:
+            return nil
+        case .tokenFile(let path):
+            return VoipClientOptions.firstLine(ofFile: path).flatMap { $0.isEmpty ? nil : Array($0.utf8) }
+        case .keyFile(let path):
+            guard let text = readTextFile(path), let key = try? TokenKeyFile.parse(text).last else { return nil }
+            let claims = DeviceTokenClaims(
+                userID: user, deviceID: device, expiresAt: unixSeconds + CredentialsSource.mintedLifetimeSeconds)
+            return (try? DeviceToken.mint(claims, key: key)).map { Array($0.utf8) }
+        }
+    }
+
+    /// How long a token `voipclient --auth-key-file` mints stays valid: an hour.
+    public static let mintedLifetimeSeconds: Int64 = 3600
 }
 
 /// The call-path probe (docs/VOIPCLIENT.md, "The call-path probe").

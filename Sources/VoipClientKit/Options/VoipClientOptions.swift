@@ -1,4 +1,5 @@
 import Foundation
+import SignalingCrypto
 import SignalingProtocol
 import SignalingSupport
 
@@ -7,7 +8,7 @@ import SignalingSupport
 public enum VoipClientOptions {
     /// Options every mode accepts.
     static let commonNames: Set<String> = [
-        "server", "user", "device", "token", "token-file", "auth-secret", "connect-timeout", "log-level",
+        "server", "user", "device", "token", "token-file", "auth-secret", "auth-key-file", "connect-timeout", "log-level",
         "media-address", "media-port", "probe-packets", "probe-interval",
     ]
     /// Options of some modes only (`json` and `timeout` belong to the three scripted modes).
@@ -35,9 +36,10 @@ public enum VoipClientOptions {
             OptionSpec("server", value: "HOST:PORT", help: "The server (port 7443 when omitted; IPv6 as [ADDR]:PORT). Required."),
             OptionSpec("user", value: "NAME", help: "Your user id. Required."),
             OptionSpec("device", value: "ID", default: "voipclient", help: "Your device id (two copies of one device evict each other)."),
-            OptionSpec("token", value: "TOKEN", help: "Credentials for a server run with --auth-secret."),
-            OptionSpec("token-file", value: "FILE", help: "Read the credentials from FILE (first line)."),
-            OptionSpec("auth-secret", value: "SECRET", help: "Compute the credentials from the server's secret (test deployments)."),
+            OptionSpec("token", value: "TOKEN", help: "Credentials: a device token (voipserver token), or a legacy --auth-secret token."),
+            OptionSpec("token-file", value: "FILE", help: "Read the credentials from FILE (first line); read again when the server says the token expired."),
+            OptionSpec("auth-key-file", value: "FILE", help: "Mint device tokens with the last key of the server's key file (test deployments)."),
+            OptionSpec("auth-secret", value: "SECRET", help: "Compute legacy credentials from the server's --auth-secret (test deployments)."),
             OptionSpec("json", help: "Print one JSON object per event (scripted modes; schema in docs/VOIPCLIENT.md)."),
             OptionSpec("connect-timeout", value: "SECONDS", default: "10", help: "Give up connecting after this long (exit 69)."),
             OptionSpec("log-level", value: "LEVEL", help: "Client library log on stderr: debug, info, warn or error."),
@@ -152,7 +154,7 @@ public enum VoipClientOptions {
         var common = CommonOptions(
             server: try ServerAddress(parsing: serverText), user: user,
             device: try identifier(parsed.string("device") ?? "voipclient", what: "--device"))
-        common.credentials = try credentials(parsed, user: user)
+        (common.credentials, common.credentialsSource) = try credentials(parsed, user: user, device: common.device)
         common.json = parsed.flag("json")
         if let value = try seconds(parsed, "connect-timeout", 0.1...3600) { common.connectTimeout = value }
         if let name = parsed.string("log-level") {
@@ -179,26 +181,48 @@ public enum VoipClientOptions {
         return common
     }
 
-    static func credentials(_ parsed: ParsedOptions, user: String) throws(UsageError) -> [UInt8]? {
-        let given = ["token", "token-file", "auth-secret"].filter { parsed.has($0) }
-        guard given.count <= 1 else { throw UsageError("give only one of --token, --token-file and --auth-secret") }
+    static func credentials(_ parsed: ParsedOptions, user: String, device: String) throws(UsageError) -> ([UInt8]?, CredentialsSource) {
+        let given = ["token", "token-file", "auth-secret", "auth-key-file"].filter { parsed.has($0) }
+        guard given.count <= 1 else { throw UsageError("give only one of --token, --token-file, --auth-key-file and --auth-secret") }
         var token: String?
+        var source = CredentialsSource.fixed
         if let text = parsed.string("token") {
             token = text
         } else if let path = parsed.string("token-file") {
-            guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
-                throw UsageError("cannot read --token-file \(path)")
-            }
-            token = contents.split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+            guard let line = firstLine(ofFile: path) else { throw UsageError("cannot read --token-file \(path)") }
+            token = line
+            source = .tokenFile(path)
         } else if let secret = parsed.string("auth-secret") {
             guard !secret.isEmpty else { throw UsageError("--auth-secret must not be empty") }
-            return AuthToken.make(secret: secret, userID: user)
+            do {
+                return (try LegacyToken.make(secret: secret, userID: user), .fixed)
+            } catch {
+                throw UsageError("--auth-secret: \(error.message)")
+            }
+        } else if let path = parsed.string("auth-key-file") {
+            guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { throw UsageError("cannot read --auth-key-file \(path)") }
+            do {
+                _ = try TokenKeyFile.parse(text)
+            } catch {
+                throw UsageError("--auth-key-file: \(path): \(error.message)")
+            }
+            source = .keyFile(path)
+            guard let minted = source.credentials(user: user, device: device, now: Int64(Date().timeIntervalSince1970)) else {
+                throw UsageError("--auth-key-file: cannot mint a token for \(user)/\(device)")
+            }
+            return (minted, source)
         }
-        guard let token else { return nil }
+        guard let token else { return (nil, .fixed) }
         guard !token.isEmpty, token.utf8.count <= ProtocolLimits.maxTokenBytes else {
             throw UsageError("the token must be 1-\(ProtocolLimits.maxTokenBytes) bytes")
         }
-        return Array(token.utf8)
+        return (Array(token.utf8), source)
+    }
+
+    /// The first line of a file, without surrounding blanks; nil if it cannot be read.
+    static func firstLine(ofFile path: String) -> String? {
+        guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else { return nil }
+        return contents.split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
     }
 
     /// User, device, call and message ids: 1-128 bytes of UTF-8 without control characters.

@@ -17,6 +17,12 @@ final class ClientSession: Sendable {
                                                 userID: common.user, deviceID: common.device,
                                                 credentials: common.credentials)
         configuration.connectTimeout = common.connectTimeout
+        if common.credentialsSource != .fixed {
+            let (source, user, device) = (common.credentialsSource, common.user, common.device)
+            configuration.credentialsProvider = { _ in
+                source.credentials(user: user, device: device, now: Int64(Date().timeIntervalSince1970))
+            }
+        }
         let logger = common.logLevel.map { Logger(level: $0) } ?? .silent
         do {
             client = try SignalingClient(configuration: configuration, logger: logger, eventQueue: queue, eventHandler: handler)
@@ -53,6 +59,11 @@ final class ClientSession: Sendable {
             return Outcome(.serverUnreachable, "cannot reach \(server): no answer within the connect timeout")
         case .refused, .unreachable, .resolutionFailed, .socketError:
             return Outcome(.serverUnreachable, "cannot reach \(server): \(error)")
+        case .rejected(let close) where close.action == .refreshCredentials, .credentialsUnavailable(let close):
+            // The first connect: fresh credentials were already asked for (--token-file,
+            // --auth-key-file) or cannot be had (--token): a credentials problem, exit 5.
+            return Outcome(.refused, "the server refused the credentials: \(close.code) (\(close.code.rawValue))"
+                + (close.message.isEmpty ? "" : ": \(close.message)"))
         case .rejected(let close) where close.action == .stop:
             return Outcome(.refused, "the server refused the connection: \(close.code) (\(close.code.rawValue))"
                 + (close.message.isEmpty ? "" : ": \(close.message)"))

@@ -26,7 +26,7 @@ public final class Coordinator {
             var endpoint = configuration.serverEndpoint
             if endpoint.port == 0, let port = SocketCalls.freeLoopbackPort() { endpoint.port = port }
             server = ServerUnderTest(
-                endpoint: endpoint, binary: binary, authSecret: configuration.authSecret,
+                endpoint: endpoint, binary: binary, authSecret: configuration.authSecret, authKeyFile: configuration.authKeyFile,
                 extraArguments: configuration.serverArguments, logPath: configuration.serverLog)
         } else {
             server = ServerUnderTest(endpoint: configuration.serverEndpoint, pid: configuration.serverPID)
@@ -135,7 +135,8 @@ public final class Coordinator {
             workers.append(worker)
             try worker.send(.setup(WorkerSetup(
                 worker: index, workerCount: count, serverAddress: server.endpoint.address,
-                serverPort: server.endpoint.port, authSecret: config.authSecret, requestedKeepAlive: config.keepAlive,
+                serverPort: server.endpoint.port, authSecret: config.authSecret,
+                tokenKeyID: config.tokenKey?.id, tokenKeySecret: config.tokenKey?.secret, requestedKeepAlive: config.keepAlive,
                 idleDevices: config.idleDevices, fanoutDevices: config.fanoutDevices,
                 sourceAddresses: config.sourceAddresses, connectRate: config.connectRate / Double(count),
                 maxInFlight: config.maxInFlight, connectTimeoutSeconds: config.connectTimeout,

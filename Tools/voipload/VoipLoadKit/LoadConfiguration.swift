@@ -1,3 +1,4 @@
+import SignalingCrypto
 import SignalingProtocol
 import SignalingSupport
 
@@ -22,6 +23,10 @@ public struct LoadConfiguration: Sendable, Equatable {
     public var maxInFlight = 256
     public var sourceAddresses = 64
     public var authSecret: String?
+    /// `--auth-key-file`: the server's token key file; devices present tokens signed with
+    /// its last key, and a server this tool starts is given the file.
+    public var authKeyFile: String?
+    public var tokenKey: TokenKey?
     public var keepAlive: UInt32 = 0
     public var connectTimeout: Double = 60
     public var settleSeconds: Double = 2
@@ -81,7 +86,8 @@ public struct LoadConfiguration: Sendable, Equatable {
             OptionSpec("connect-rate", value: "N", default: "0 = unlimited", help: "Connection attempts started per second, all workers together."),
             OptionSpec("max-in-flight", value: "N", default: "256", help: "Connects and handshakes in progress at once, per worker."),
             OptionSpec("source-addresses", value: "N", default: "64", help: "Loopback source addresses to spread connections over (127.0.0.2 upward)."),
-            OptionSpec("auth-secret", value: "SECRET", help: "Server's HMAC secret; devices then present AuthToken credentials."),
+            OptionSpec("auth-key-file", value: "FILE", help: "Server's token key file (docs/AUTH.md); devices then present device tokens signed with its last key."),
+            OptionSpec("auth-secret", value: "SECRET", help: "Server's legacy secret; devices then present hex(HMAC-SHA256(SECRET, user)) credentials."),
             OptionSpec("keepalive", value: "SECONDS", default: "0 = server's choice", help: "Keep-alive interval requested in HELLO (0 or at least 600)."),
             OptionSpec("connect-timeout", value: "SECONDS", default: "60", help: "A device not connected this long after its first attempt has failed."),
             OptionSpec("settle", value: "SECONDS", default: "2", help: "Wait after the ramp before reading the server's memory."),
@@ -136,6 +142,16 @@ public struct LoadConfiguration: Sendable, Equatable {
         config.maxInFlight = try options.int("max-in-flight", in: 1...10_000) ?? config.maxInFlight
         config.sourceAddresses = try options.int("source-addresses", in: 1...WorkloadLayout.maximumSourceAddresses) ?? config.sourceAddresses
         config.authSecret = options.string("auth-secret")
+        if let path = options.string("auth-key-file") {
+            guard let text = readTextFile(path) else { throw UsageError("--auth-key-file: cannot read \(path)") }
+            do {
+                config.tokenKey = try TokenKeyFile.parse(text).last
+            } catch {
+                throw UsageError("--auth-key-file: \(path): \(error.message)")
+            }
+            config.authKeyFile = path
+        }
+        if config.authSecret != nil && config.authKeyFile != nil { throw UsageError("give --auth-secret or --auth-key-file, not both") }
         if let keepAlive = try options.int("keepalive", in: 0...86_400) {
             guard keepAlive == 0 || keepAlive >= Int(ProtocolLimits.minimumKeepAliveSeconds) else {
                 throw UsageError("--keepalive must be 0 (server's choice) or at least \(ProtocolLimits.minimumKeepAliveSeconds) seconds, got \(keepAlive)")

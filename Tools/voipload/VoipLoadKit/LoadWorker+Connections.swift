@@ -73,7 +73,8 @@ extension LoadWorker {
 
     func sendHello(slot: Int) {
         let identity = layout.identity(ofSlot: slot)
-        let credentials = setup.authSecret.map { AuthToken.make(secret: $0, userID: identity.user) }
+        let credentials = deviceCredentials.credentials(
+            user: identity.user, device: identity.device, now: Int64(SystemClock().wallMilliseconds() / 1000))
         let resume = table.hasSession[slot]
             ? ResumePoint(sessionID: table.session[slot], lastReceivedSeq: table.lastSeq[slot]) : nil
         let hello = Hello(
@@ -118,7 +119,8 @@ extension LoadWorker {
         case .stop:
             disconnect(slot: slot, reason: reason)
             fail(slot: slot, reason: reason)
-        case .resume, .fresh:
+        case .resume, .fresh, .refreshCredentials:
+            // A refused token is minted again at the next HELLO (with a new expiry).
             if close.action == .fresh { table.hasSession[slot] = false }
             let jitter = close.retryJitterMs == 0 ? 0 : UInt32(random.next() % (UInt64(close.retryJitterMs) + 1))
             disconnect(slot: slot, reason: reason)

@@ -14,6 +14,7 @@ import Glibc
 /// and timers are scanned only when the earliest one is due.
 public final class LoadWorker {
     let setup: WorkerSetup
+    let deviceCredentials: DeviceCredentials
     let layout: WorkloadLayout
     let epoll: Epoll
     var table: ConnectionTable
@@ -70,6 +71,7 @@ public final class LoadWorker {
 
     public init(setup: WorkerSetup) throws(SystemError) {
         self.setup = setup
+        deviceCredentials = DeviceCredentials(setup: setup)
         layout = WorkloadLayout(
             worker: setup.worker, workerCount: setup.workerCount, idleDevices: setup.idleDevices,
             fanoutDevices: setup.fanoutDevices, sourceAddresses: setup.sourceAddresses)

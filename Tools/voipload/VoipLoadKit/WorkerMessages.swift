@@ -7,6 +7,9 @@ public struct WorkerSetup: Codable, Sendable, Equatable {
     public var serverAddress: UInt32
     public var serverPort: UInt16
     public var authSecret: String?
+    /// The device-token key (`--auth-key-file`'s last key), when devices present tokens.
+    public var tokenKeyID: String? = nil
+    public var tokenKeySecret: [UInt8]? = nil
     /// HELLO keep-alive request: 0 = the server's interval.
     public var requestedKeepAlive: UInt32
     public var idleDevices: Int
