@@ -1,5 +1,5 @@
 import SignalingProtocol
-import SignalingServer
+@testable import SignalingServer
 import SignalingSupport
 import Testing
 
@@ -96,5 +96,69 @@ struct SenderLimitsTests {
         try server.advance(by: .seconds(1))
         for index in 13...17 { #expect(try alice.request(UInt32(index), message("n\(index)", to: "bob")).isOK) }
         #expect(try alice.request(18, message("n18", to: "bob")).errorCode == .rateLimited)
+    }
+}
+
+/// The share bookkeeping of the routing core, driven directly: counts are kept only for
+/// queues long enough to matter, and are exact for those.
+@Suite("Sender share bookkeeping (routing core, pure)")
+struct SenderShareBookkeepingTests {
+    @Test("share counts stay exact as queues grow past the floor and shrink under half of it, through random sends and acknowledgements")
+    func sharesStayExact() throws {
+        var configuration = SwitchboardConfiguration()
+        configuration.maxPendingEvents = 60
+        configuration.maxPendingPerSender = 12
+        let epoch = Instant(nanoseconds: 1_000_000_000_000)
+        var state = SwitchboardState(configuration: configuration, epoch: epoch)
+        let senders = try (1...3).map { index in
+            try state.attach(
+                userID: "s\(index)", deviceID: "d", resume: nil,
+                connection: ConnectionRef(loop: 0, slot: UInt32(index), generation: 1), now: epoch).get().record
+        }
+        let recipients = try (1...2).map { index in
+            try state.attach(
+                userID: "r\(index)", deviceID: "d", resume: nil,
+                connection: ConnectionRef(loop: 0, slot: UInt32(10 + index), generation: 1), now: epoch).get().record
+        }
+        var random = SystemRandomNumberGenerator()
+        var next = 0
+        var refusedByShare = 0
+        var untracked = 0
+        for iteration in 0..<4_000 {
+            let recipient = recipients.randomElement(using: &random)!
+            // Phases of growth (mostly sends) and of draining (mostly acknowledgements).
+            let sendChance = (iteration / 500) % 2 == 0 ? 8 : 2
+            let wasTracked = state.trackedShareQueues.count
+            defer { if state.trackedShareQueues.count < wasTracked { untracked += 1 } }
+            if Int.random(in: 0..<10, using: &random) < sendChance {
+                next += 1
+                let sender = senders.randomElement(using: &random)!
+                let outcome = state.send(
+                    OutgoingMessage(messageID: "m\(next)", recipient: recipient.userID, contentType: "t", body: [1]),
+                    from: sender, now: epoch)
+                if case .failure(let error) = outcome, error.code == .senderQuotaExceeded { refusedByShare += 1 }
+            } else if recipient.queue.count > 0 {
+                let through = recipient.ackedSeq + UInt64(Int.random(in: 1...max(1, recipient.queue.count / 4), using: &random))
+                _ = state.ack(recipient, connection: recipient.connection!, through: min(through, recipient.lastSeq))
+            }
+            // Every tracked queue's counts equal a count made from scratch; no other queue
+            // has entries.
+            for recipient in recipients {
+                let queue = ShareQueue.device(ObjectIdentifier(recipient))
+                var actual: [String: Int] = [:]
+                recipient.forEachEvent { if let receipt = $0.receipt { actual[receipt.sender, default: 0] += 1 } }
+                for sender in senders {
+                    let kept = state.pendingBySender[SenderShareKey(queue: queue, sender: sender.userID)]
+                    if state.trackedShareQueues.contains(queue) {
+                        #expect(kept == actual[sender.userID], "tracked queue of \(recipient.userID), sender \(sender.userID)")
+                    } else {
+                        #expect(kept == nil)
+                        #expect(recipient.queue.count < state.shareFloor)
+                    }
+                }
+            }
+        }
+        #expect(refusedByShare > 0, "the run never reached a share")
+        #expect(untracked > 0, "no queue ever shrank back under half the floor")
     }
 }

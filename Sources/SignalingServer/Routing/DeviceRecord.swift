@@ -119,6 +119,14 @@ final class DeviceRecord: @unchecked Sendable {
         unwritable = 0
     }
 
+    /// Hands `body` every queued event, in order.
+    func forEachEvent(_ body: (QueuedEvent) -> Void) {
+        queue.forEach(after: 0) { _, event in
+            body(event)
+            return true
+        }
+    }
+
     /// Drops every event numbered ≤ `seq` (acknowledged), handing each to `body` first.
     func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
         queue.removeThrough(seq, body)
@@ -155,6 +163,11 @@ final class UserActivity: @unchecked Sendable {
     var sendBucket: TokenBucket?
 
     var isEmpty: Bool { calls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
+
+    /// Hands `body` every held event, in order.
+    func forEachHeld(_ body: (QueuedEvent) -> Void) {
+        for event in held { body(event) }
+    }
     var nextHeldOrdinal: UInt64 { firstHeldOrdinal + UInt64(held.count) }
 }
 

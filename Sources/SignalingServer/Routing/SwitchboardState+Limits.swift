@@ -31,9 +31,11 @@ extension SwitchboardState {
         configuration.maxPendingPerSender = new.maxPendingPerSender
         configuration.senderRate = new.senderRate
         configuration.memoryBudget = new.memoryBudget
+        retrackShares()
     }
 
-    /// Builds an event stamped with the current time, counted in the memory ledger.
+    /// Builds an event stamped with the current time, counted in the memory ledger (every
+    /// event that carries content or ends a call; receipts are not counted).
     func makeEvent(_ event: Event, receipt: DeliveryReceipt? = nil) -> QueuedEvent {
         QueuedEvent(event, receipt: receipt, createdAt: currentWall, ledger: ledger)
     }
@@ -64,20 +66,100 @@ extension SwitchboardState {
 
     /// Refuses a message when its sender already has its share of any target's queue
     /// (`devices` empty: the list held for a recipient with no device yet).
+    ///
+    /// Costs nothing per target on the usual path (a fan-out checks every device): a queue
+    /// shorter than the share cannot hold a share's worth from anyone.
     func checkSenderShare(_ sender: String, recipient: String, devices: [DeviceRecord]) -> RequestError? {
         let limit = configuration.maxPendingPerSender
-        let queues: [(ShareQueue, String)] = devices.isEmpty
-            ? [(.held(recipient), "")] : devices.map { (.device(ObjectIdentifier($0)), " (device \($0.deviceID))") }
-        for (queue, which) in queues where (pendingBySender[SenderShareKey(queue: queue, sender: sender)] ?? 0) >= limit {
-            return RequestError(
-                .senderQuotaExceeded,
-                "\(sender) already has \(limit) unacknowledged messages waiting for \(recipient)\(which); retry later")
+        func full(_ queue: ShareQueue) -> Bool {
+            (pendingBySender[SenderShareKey(queue: queue, sender: sender)] ?? 0) >= limit
+        }
+        func refusal(_ which: String) -> RequestError {
+            RequestError(.senderQuotaExceeded, "\(sender) already has \(limit) unacknowledged messages waiting for \(recipient)\(which); retry later")
+        }
+        if devices.isEmpty {
+            let held = activities[recipient]?.held.count ?? 0
+            return held >= limit && full(.held(recipient)) ? refusal("") : nil
+        }
+        // Only a queue at least `limit` long can hold that many from one sender; it is
+        // tracked (`shareFloor` is at most `limit`).
+        for device in devices where device.queue.count >= limit && full(.device(ObjectIdentifier(device))) {
+            return refusal(" (device \(device.deviceID))")
         }
         return nil
     }
 
+    // MARK: Share bookkeeping
+    //
+    // A queue's per-sender counts are kept (`pendingBySender`, the queue in
+    // `trackedShareQueues`) only from the moment it holds `shareFloor` events until it falls
+    // under half of that: a queue shorter than the share cannot hold a share's worth from
+    // anyone, so the usual queue, a few events long, costs nothing per message, where
+    // counting every one cost a dictionary update per event (a fan-out enqueues thousands).
+    // Invariant: an untracked queue has no entries; a tracked one has exact counts.
+
+    /// How long a queue gets before its shares are counted.
+    var shareFloor: Int { max(1, configuration.maxPendingPerSender / 2) }
+
+    /// Whether `queue`, holding `count` events, has its shares counted (queues under half
+    /// the floor never do: no lookup).
+    func sharesTracked(_ queue: ShareQueue, count: Int) -> Bool {
+        count >= shareFloor / 2 && trackedShareQueues.contains(queue)
+    }
+
+    /// `event` was added to `queue`, which now holds `count` events (`events` enumerates
+    /// them all, for a queue that starts being tracked).
+    mutating func shareAdded(
+        _ event: QueuedEvent, to queue: ShareQueue, count: Int, events: ((QueuedEvent) -> Void) -> Void
+    ) {
+        guard event.receipt != nil else { return }
+        if sharesTracked(queue, count: count) {
+            countShare(of: event, in: queue, by: 1)
+        } else if count >= shareFloor {
+            trackedShareQueues.insert(queue)
+            events { countShare(of: $0, in: queue, by: 1) }
+        }
+    }
+
+    /// `removed` left `queue`, which was tracked and now holds `count` events (`events`
+    /// enumerates what is left).
+    mutating func trackedSharesRemoved(
+        _ removed: [QueuedEvent], from queue: ShareQueue, count: Int, events: ((QueuedEvent) -> Void) -> Void
+    ) {
+        for event in removed { countShare(of: event, in: queue, by: -1) }
+        if count < shareFloor / 2 { stopTrackingShares(of: queue, events: events) }
+    }
+
+    /// The queue is gone or no longer tracked: its entries go.
+    mutating func stopTrackingShares(of queue: ShareQueue, events: ((QueuedEvent) -> Void) -> Void) {
+        guard trackedShareQueues.remove(queue) != nil else { return }
+        events { event in
+            if let receipt = event.receipt { pendingBySender[SenderShareKey(queue: queue, sender: receipt.sender)] = nil }
+        }
+    }
+
+    /// Starts the bookkeeping afresh for every queue (after a load, or new limits).
+    mutating func retrackShares() {
+        pendingBySender = [:]
+        trackedShareQueues = []
+        for head in users.heads {
+            for device in DeviceList(first: head) where device.queue.count >= shareFloor {
+                let queue = ShareQueue.device(ObjectIdentifier(device))
+                trackedShareQueues.insert(queue)
+                device.queue.forEach(after: 0) { _, event in
+                    countShare(of: event, in: queue, by: 1)
+                    return true
+                }
+            }
+        }
+        for (userID, activity) in activities where activity.held.count >= shareFloor {
+            trackedShareQueues.insert(.held(userID))
+            for event in activity.held { countShare(of: event, in: .held(userID), by: 1) }
+        }
+    }
+
     /// Counts a message (an event with a receipt) in or out of its sender's share.
-    mutating func countShare(of event: QueuedEvent, in queue: ShareQueue, by delta: Int) {
+    private mutating func countShare(of event: QueuedEvent, in queue: ShareQueue, by delta: Int) {
         guard let receipt = event.receipt else { return }
         let key = SenderShareKey(queue: queue, sender: receipt.sender)
         let count = (pendingBySender[key] ?? 0) + delta

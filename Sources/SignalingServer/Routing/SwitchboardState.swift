@@ -126,6 +126,8 @@ struct SwitchboardState {
     /// Unacknowledged messages per sender and recipient queue (`maxPendingPerSender`);
     /// an entry exists only while its count is positive.
     var pendingBySender: [SenderShareKey: Int] = [:]
+    /// The queues whose shares are counted (see `shareFloor`).
+    var trackedShareQueues: Set<ShareQueue> = []
     /// Whether a push gateway is configured (offline devices with a token can be woken).
     var pushAvailable = false
     /// False while the store fails to commit (set by `Switchboard.withState`): events then
@@ -237,10 +239,7 @@ struct SwitchboardState {
         }
         device.next = nil
         pushRegistrations[ObjectIdentifier(device)] = nil
-        device.queue.forEach(after: 0) { _, event in
-            countShare(of: event, in: .device(ObjectIdentifier(device)), by: -1)
-            return true
-        }
+        stopTrackingShares(of: .device(ObjectIdentifier(device)), events: device.forEachEvent)
     }
 
     // MARK: Handshake
@@ -313,8 +312,8 @@ struct SwitchboardState {
     private mutating func claimHeld(_ activity: UserActivity, for device: DeviceRecord) {
         guard !activity.held.isEmpty else { return }
         let lastOrdinal = activity.nextHeldOrdinal - 1
+        stopTrackingShares(of: .held(device.userID), events: activity.forEachHeld)
         for (index, event) in activity.held.enumerated() {
-            countShare(of: event, in: .held(device.userID), by: -1)
             guard !event.isCancelled else { continue }
             event.wasClaimed = true
             enqueue(event, to: device, heldOrdinal: activity.firstHeldOrdinal + UInt64(index))
@@ -395,7 +394,7 @@ struct SwitchboardState {
         if reserved { device.reservedAhead -= 1 }
         let seq = device.append(event)
         counters.eventsQueued += 1
-        countShare(of: event, in: .device(ObjectIdentifier(device)), by: 1)
+        shareAdded(event, to: .device(ObjectIdentifier(device)), count: device.queue.count, events: device.forEachEvent)
         if journaling {
             if let heldOrdinal {
                 unit.add(.claimHeldEvent(user: device.userID, device: device.deviceID, seq: seq, ordinal: heldOrdinal))
@@ -551,16 +550,26 @@ struct SwitchboardState {
     private mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) {
         guard seq > device.ackedSeq else { return }
         var receipts: [DeliveryReceipt] = []
+        let shareQueue = ShareQueue.device(ObjectIdentifier(device))
+        let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
+        var removedMessages: [QueuedEvent] = []
         device.removeThrough(seq) { _, event in
-            countShare(of: event, in: .device(ObjectIdentifier(device)), by: -1)
+            if sharesTracked && event.receipt != nil { removedMessages.append(event) }
             if let receipt = event.receipt, !event.isCancelled { receipts.append(receipt) }
+        }
+        if sharesTracked {
+            trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
         }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
         for receipt in receipts {
-            let delivered = makeEvent(
+            // Not counted in the memory ledger: a receipt is small and made for every
+            // delivery (a fan-out makes thousands a second), and what a device can hold of
+            // them is bounded by --max-pending.
+            let delivered = QueuedEvent(
                 .messageDelivered(
                     messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: device.deviceID,
-                    serverTime: currentWall))
+                    serverTime: currentWall),
+                createdAt: currentWall)
             for senderDevice in devices(of: receipt.sender) { enqueue(delivered, to: senderDevice) }
         }
     }
@@ -613,7 +622,7 @@ struct SwitchboardState {
         let activity = activity(userID)
         let ordinal = activity.nextHeldOrdinal
         activity.held.append(event)
-        countShare(of: event, in: .held(userID), by: 1)
+        shareAdded(event, to: .held(userID), count: activity.held.count, events: activity.forEachHeld)
         heldExpiry.push((userID, event, now + configuration.eventTTL))
         journal(.holdForUser(user: userID, event: StoredEvent(
             seq: ordinal, type: event.encoded.type.rawValue, body: event.encoded.body,
@@ -657,8 +666,11 @@ struct SwitchboardState {
         while let entry = heldExpiry.first, entry.deadline <= now {
             heldExpiry.pop()
             guard let activity = activities[entry.user], activity.held.first === entry.event else { continue }
+            let sharesTracked = sharesTracked(.held(entry.user), count: activity.held.count)
             activity.held.removeFirst()
-            countShare(of: entry.event, in: .held(entry.user), by: -1)
+            if sharesTracked {
+                trackedSharesRemoved([entry.event], from: .held(entry.user), count: activity.held.count, events: activity.forEachHeld)
+            }
             counters.eventsExpired += 1
             journal(.releaseHeld(user: entry.user, through: activity.firstHeldOrdinal))
             activity.firstHeldOrdinal += 1
@@ -723,19 +735,12 @@ struct SwitchboardState {
         }
         let heldByAge = activities.flatMap { userID, activity in activity.held.map { (userID, $0) } }
             .filter { !$0.1.isCancelled }.sorted { $0.1.createdAt < $1.1.createdAt }
-        for (userID, event) in heldByAge {
-            countShare(of: event, in: .held(userID), by: 1)
-            evictIfUnwanted(event)
-        }
+        // Nobody is connected yet: every committed message body may leave memory.
+        for (_, event) in heldByAge { evictIfUnwanted(event) }
         for head in users.heads {
-            for device in DeviceList(first: head) {
-                device.queue.forEach(after: 0) { _, event in
-                    countShare(of: event, in: .device(ObjectIdentifier(device)), by: 1)
-                    evictIfUnwanted(event)  // nobody is connected yet
-                    return true
-                }
-            }
+            for device in DeviceList(first: head) { device.forEachEvent { evictIfUnwanted($0) } }
         }
+        retrackShares()
         for (userID, event) in heldByAge {
             let remaining = configuration.eventTTL - .seconds(Int64(age(event.createdAt)))
             heldExpiry.push((userID, event, now + max(.zero, remaining)))
