@@ -42,7 +42,7 @@ sigaddset(&handledSignals, SIGHUP)
 pthread_sigmask(SIG_BLOCK, &handledSignals, nil)
 signal(SIGPIPE, SIG_IGN)
 
-let logger = Logger(level: configuration.logLevel)
+let logger = Logger(level: configuration.logLevel, format: configuration.logFormat)
 let server: SignalingServer
 do {
     let store = try configuration.storage.openStore(logger: logger)

@@ -77,7 +77,10 @@ extension SwitchboardState {
     }
 
     /// Counts a message (an event with a receipt) in or out of its sender's share.
+    /// Every event entering or leaving a device queue or a user's held list passes here,
+    /// so it also keeps `counters.pendingEvents`.
     mutating func countShare(of event: QueuedEvent, in queue: ShareQueue, by delta: Int) {
+        if event !== QueuedEvent.placeholder { counters.pendingEvents += delta }
         guard let receipt = event.receipt else { return }
         let key = SenderShareKey(queue: queue, sender: receipt.sender)
         let count = (pendingBySender[key] ?? 0) + delta

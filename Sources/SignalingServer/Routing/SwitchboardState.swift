@@ -94,6 +94,9 @@ struct SwitchboardCounters: Sendable, Equatable {
     /// Message bodies dropped from memory (the store keeps them) and read back.
     var bodiesEvicted = 0
     var bodiesRestored = 0
+    /// Events waiting in device queues or held for users (a fanned-out event counts once
+    /// per queue).
+    var pendingEvents = 0
 }
 
 /// The routing core: users, devices, sessions, queues and calls, as a pure state machine.
@@ -140,7 +143,8 @@ struct SwitchboardState {
     /// Session ids come from here (no system call per handshake).
     private var random = FastRandom()
 
-    private var effects: [SwitchboardEffect] = []
+    /// What the loops must do (the admin operations append too; taken by `takeEffects`).
+    var effects: [SwitchboardEffect] = []
     private var unit = CommitUnit()
 
     // Deadlines. Each FIFO's kind has a constant length, so the FIFO is in deadline order.
@@ -227,7 +231,7 @@ struct SwitchboardState {
         users[device.userID] = device
     }
 
-    private mutating func removeDevice(_ device: DeviceRecord) {
+    mutating func removeDevice(_ device: DeviceRecord) {
         if users[device.userID] === device {
             users[device.userID] = device.next
         } else {
@@ -395,6 +399,7 @@ struct SwitchboardState {
         if reserved { device.reservedAhead -= 1 }
         let seq = device.append(event)
         counters.eventsQueued += 1
+        if device.connection == nil { event.waitedForDevice = true }
         countShare(of: event, in: .device(ObjectIdentifier(device)), by: 1)
         if journaling {
             if let heldOrdinal {
@@ -553,7 +558,9 @@ struct SwitchboardState {
         var receipts: [DeliveryReceipt] = []
         device.removeThrough(seq) { _, event in
             countShare(of: event, in: .device(ObjectIdentifier(device)), by: -1)
-            if let receipt = event.receipt, !event.isCancelled { receipts.append(receipt) }
+            // A sender's own devices get its messages too (multi-device sync): only the
+            // recipient's acknowledgements are deliveries.
+            if let receipt = event.receipt, !event.isCancelled, receipt.recipient == device.userID { receipts.append(receipt) }
         }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
         for receipt in receipts {
@@ -613,6 +620,7 @@ struct SwitchboardState {
         let activity = activity(userID)
         let ordinal = activity.nextHeldOrdinal
         activity.held.append(event)
+        event.waitedForDevice = true
         countShare(of: event, in: .held(userID), by: 1)
         heldExpiry.push((userID, event, now + configuration.eventTTL))
         journal(.holdForUser(user: userID, event: StoredEvent(
@@ -750,7 +758,7 @@ struct SwitchboardState {
         let queued = QueuedEvent(
             encoded: EncodedEvent(type: type, body: event.body),
             receipt: event.receipt.map { DeliveryReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
-            createdAt: event.createdAt, ledger: ledger)
+            createdAt: event.createdAt, ledger: ledger, createdNanos: 0)
         queued.isDurable = true
         return queued
     }
