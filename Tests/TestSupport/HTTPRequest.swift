@@ -21,6 +21,7 @@ public struct HTTPReply: Sendable {
 
 public struct HTTPRequestFailure: Error, CustomStringConvertible {
     public let description: String
+    public init(description: String) { self.description = description }
 }
 
 public enum HTTPRequest {
