@@ -408,6 +408,26 @@ struct AdminAPITests {
         // Ten events written (5 messages, 5 receipts), each measured once.
         #expect(families["voipserver_push_latency_seconds"]?.samples.first { $0.name == "voipserver_push_latency_seconds_count" }?.value == 10)
     }
+    @Test("an event that waited for its device to connect is no push latency sample; one written at once is")
+    func pushLatencyLeavesOutWaitingEvents() throws {
+        let server = try adminServer()
+        let (alice, _) = try server.connect(user: "alice")
+        do { _ = try server.connect(user: "bob") }  // known, then offline
+        try server.waitFor("bob to disconnect") { $0.establishedConnections == 1 }
+        for index in 1...3 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK) }
+        #expect(try alice.request(9, message("held", to: "carol")).isOK)  // no device at all
+        let (bob, _) = try server.connect(user: "bob")
+        for _ in 1...3 { _ = try bob.nextEvent() }
+        let (carol, _) = try server.connect(user: "carol")
+        _ = try carol.nextEvent()
+        #expect(try alice.request(10, message("live", to: "bob")).isOK)
+        _ = try bob.nextEvent()
+
+        let families = try PrometheusParser.parse(try http(server, "GET", "/metrics").text)
+        let samples = try #require(families["voipserver_push_latency_seconds"]?.samples)
+        #expect(families["voipserver_events_written"]?.samples.first { $0.labels["kind"] == "message" }?.value == 5)
+        #expect(samples.first { $0.name == "voipserver_push_latency_seconds_count" }?.value == 1)
+    }
 }
 
 /// Parses Prometheus text with the reference parser (Debian python3-prometheus-client,
