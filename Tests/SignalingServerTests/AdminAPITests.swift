@@ -1,4 +1,5 @@
 import Foundation
+import SignalingCrypto
 import SignalingProtocol
 import SignalingServer
 import SignalingStore
@@ -408,6 +409,19 @@ struct AdminAPITests {
         // Ten events written (5 messages, 5 receipts), each measured once.
         #expect(families["voipserver_push_latency_seconds"]?.samples.first { $0.name == "voipserver_push_latency_seconds_count" }?.value == 10)
     }
+    @Test("/metrics counts refused handshakes by their CLOSE code, credentials refusals included")
+    func refusedHandshakesByCode() throws {
+        let key = try TokenKey(id: "k1", secret: Array("admin-metrics-secret-0123456789abcdef".utf8))
+        let server = try TestServer { $0.authKeys = [key]; $0.admin = AdminConfiguration(host: "127.0.0.1", port: 0) }
+        for credentials in [nil, Array("not-a-token".utf8)] {
+            let client = try server.client()
+            #expect(throws: TestClient.Failure.self) { try client.hello(user: "alice", credentials: credentials) }
+        }
+        let families = try PrometheusParser.parse(try http(server, "GET", "/metrics").text)
+        let refused = families["voipserver_handshakes"]?.samples.first { $0.labels == ["result": "unauthorized"] }?.value
+        #expect(refused == 2)
+    }
+
     @Test("an event that waited for its device to connect is no push latency sample; one written at once is")
     func pushLatencyLeavesOutWaitingEvents() throws {
         let server = try adminServer()

@@ -200,6 +200,7 @@ extension EventLoop {
                     ])
                 }
                 context.counters.protocolErrors.increment()
+                metrics.recordHandshakeRefused(refusal.close.code)
                 closeConnection(slot, with: refusal.close)
                 return
             }
