@@ -62,7 +62,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "voipserver",
-            dependencies: ["SignalingServer", "SignalingSupport"]
+            dependencies: ["SignalingServer", "SignalingSupport", "SignalingSystemd"]
         ),
 
         // Helpers shared by test targets: running the executables as real subprocesses.
@@ -199,5 +199,15 @@ let package = Package(
             dependencies: ["VoipClientKit", "SignalingClient", "SignalingProtocol", "SignalingSupport", "TestSupport", "SignalingCrypto"]
         ),
         // --- end voipclient ---
+
+        // ---- Service manager (issue 15): sd_notify for systemd's Type=notify ------------
+        // libsystemd. Debian: libsystemd-dev. Only the server executable links it.
+        .systemLibrary(
+            name: "CSystemd",
+            pkgConfig: "libsystemd",
+            providers: [.apt(["libsystemd-dev"])]
+        ),
+        .target(name: "SignalingSystemd", dependencies: ["CSystemd"]),
+        // --- end service manager ---
     ]
 )

@@ -27,9 +27,21 @@ public enum LogLevel: Int, Comparable, Sendable, CaseIterable {
     public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rawValue < b.rawValue }
 }
 
+/// How a `Logger` writes its lines.
+public enum LogFormat: String, Sendable, CaseIterable {
+    /// `ts=... level=info event=listening addr=0.0.0.0:7443`, for people and grep.
+    case keyValue = "kv"
+    /// One JSON object per line, `{"ts":"...","level":"info","event":"listening",...}`, for
+    /// log shippers (journald's JSON export, Loki, Elasticsearch). Integers and booleans
+    /// are JSON numbers and booleans; everything else is a string.
+    case json
+}
+
 /// Writes structured log lines, `key=value` pairs after a timestamp, level and event name:
 ///
 ///     ts=2026-11-29T13:40:00.123Z level=info event=listening addr=0.0.0.0:7443 workers=2
+///
+/// or the same as one JSON object per line (`LogFormat.json`).
 ///
 /// Each line is a single write(2), so lines from several threads never interleave.
 ///
@@ -44,13 +56,15 @@ public struct Logger: Sendable {
     private let threshold: Threshold
     private let fd: Int32
     private let clock: any Clock
+    public let format: LogFormat
 
     private final class Threshold: Sendable {
         let value: Atomic<Int>
         init(_ level: LogLevel) { value = Atomic(level.rawValue) }
     }
 
-    public init(level: LogLevel = .info, fileDescriptor: Int32 = 2, clock: any Clock = SystemClock()) {
+    public init(level: LogLevel = .info, format: LogFormat = .keyValue, fileDescriptor: Int32 = 2, clock: any Clock = SystemClock()) {
+        self.format = format
         self.threshold = Threshold(level)
         self.fd = fileDescriptor
         self.clock = clock
@@ -83,9 +97,19 @@ public struct Logger: Sendable {
 
     private func write(_ level: LogLevel, _ event: String, _ fields: KeyValuePairs<String, Any>) {
         guard fd >= 0 else { return }
-        var line = "ts=\(Self.timestamp(clock.wallMilliseconds())) level=\(level.name) event=\(event)"
-        for (key, value) in fields {
-            line += " \(key)=\(Self.quoted(String(describing: value)))"
+        var line: String
+        switch format {
+        case .keyValue:
+            line = "ts=\(Self.timestamp(clock.wallMilliseconds())) level=\(level.name) event=\(event)"
+            for (key, value) in fields {
+                line += " \(key)=\(Self.quoted(String(describing: value)))"
+            }
+        case .json:
+            line = "{\"ts\":\"\(Self.timestamp(clock.wallMilliseconds()))\",\"level\":\"\(level.name)\",\"event\":\(Self.jsonString(event))"
+            for (key, value) in fields {
+                line += ",\(Self.jsonString(key)):\(Self.jsonValue(value))"
+            }
+            line += "}"
         }
         line += "\n"
         var bytes = Array(line.utf8)
@@ -110,6 +134,40 @@ public struct Logger: Sendable {
             case "\"": escaped += "\\\""
             case "\n": escaped += "\\n"
             default: escaped.append(character)
+            }
+        }
+        return escaped + "\""
+    }
+
+    /// A JSON number for integers, `true`/`false` for booleans, else a JSON string.
+    static func jsonValue(_ value: Any) -> String {
+        switch value {
+        case let value as Bool: return value ? "true" : "false"
+        case let value as Int: return String(value)
+        case let value as Int64: return String(value)
+        case let value as Int32: return String(value)
+        case let value as UInt64: return String(value)
+        case let value as UInt32: return String(value)
+        case let value as UInt16: return String(value)
+        case let value as UInt8: return String(value)
+        default: return jsonString(String(describing: value))
+        }
+    }
+
+    /// `text` as a JSON string literal (RFC 8259 escapes; control characters as \u00XX).
+    static func jsonString(_ text: String) -> String {
+        var escaped = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": escaped += "\\\""
+            case "\\": escaped += "\\\\"
+            case "\n": escaped += "\\n"
+            case "\r": escaped += "\\r"
+            case "\t": escaped += "\\t"
+            case _ where scalar.value < 0x20:
+                let hex = String(scalar.value, radix: 16)
+                escaped += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: escaped.unicodeScalars.append(scalar)
             }
         }
         return escaped + "\""

@@ -2,6 +2,7 @@
 // SIGHUP reloads what can change at run time. `voipserver token ...` mints a device token.
 import SignalingServer
 import SignalingSupport
+import SignalingSystemd
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -42,7 +43,7 @@ sigaddset(&handledSignals, SIGHUP)
 pthread_sigmask(SIG_BLOCK, &handledSignals, nil)
 signal(SIGPIPE, SIG_IGN)
 
-let logger = Logger(level: configuration.logLevel)
+let logger = Logger(level: configuration.logLevel, format: configuration.logFormat)
 let server: SignalingServer
 do {
     let store = try configuration.storage.openStore(logger: logger)
@@ -52,6 +53,8 @@ do {
     logger.error("start_failed", ["error": "\(error)"])
     exit(70)
 }
+// Type=notify: systemd counts the service as started only now, with the listeners up.
+ServiceManager.ready(status: "listening on \(configuration.host):\(server.port)")
 
 var received: Int32 = 0
 while true {
@@ -60,13 +63,16 @@ while true {
     // Read the command line, the --config file and the key and secret files again, with the
     // same precedence as at start. A mistake keeps everything as it is.
     logger.info("signal", ["signal": "SIGHUP"])
+    ServiceManager.reloading()
     do {
         let (reloaded, _) = try ServerOptions.configuration(from: arguments)
         server.reload(reloaded)
     } catch {
         logger.error("reload_failed", ["error": error.message, "detail": "the running configuration stays"])
     }
+    ServiceManager.ready(status: "listening on \(configuration.host):\(server.port)")
 }
 logger.info("signal", ["signal": received == SIGTERM ? "SIGTERM" : "SIGINT"])
+ServiceManager.stopping()
 server.shutdown()
 exit(0)

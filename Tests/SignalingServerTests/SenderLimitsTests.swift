@@ -141,6 +141,7 @@ struct SenderShareBookkeepingTests {
                 let through = recipient.ackedSeq + UInt64(Int.random(in: 1...max(1, recipient.queue.count / 4), using: &random))
                 _ = state.ack(recipient, connection: recipient.connection!, through: min(through, recipient.lastSeq))
             }
+            #expect(state.counters.pendingEvents == recipients.reduce(0) { $0 + $1.queue.count } + senders.reduce(0) { $0 + $1.queue.count })
             // Every tracked queue's counts equal a count made from scratch; no other queue
             // has entries.
             for recipient in recipients {

@@ -79,6 +79,13 @@ public final class ServerProcess {
     }
 
     static func listeningPort(in log: String) -> UInt16? {
+        for line in log.split(separator: "\n") where line.contains("\"event\":\"listening\"") {
+            // --log-format json
+            guard let start = line.range(of: "\"addr\":\""), let end = line[start.upperBound...].firstIndex(of: "\""),
+                  let colon = line[start.upperBound..<end].lastIndex(of: ":")
+            else { continue }
+            return UInt16(line[line.index(after: colon)..<end])
+        }
         for line in log.split(separator: "\n") where line.contains("event=listening") {
             guard let field = line.split(separator: " ").first(where: { $0.hasPrefix("addr=") }),
                   let colon = field.lastIndex(of: ":")

@@ -43,4 +43,5 @@ int vs_event_initialized(const struct event *event);
 size_t vs_event_struct_size(void);
 
 #include "http_shims.h"
+#include "httpd_shims.h"
 #endif

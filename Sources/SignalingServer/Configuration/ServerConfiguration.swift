@@ -110,6 +110,10 @@ public struct ServerConfiguration: Sendable {
     public var statsInterval: Duration = .seconds(60)
     /// Minimum log level.
     public var logLevel: LogLevel = .info
+    /// How log lines are written: `key=value` pairs or one JSON object per line.
+    public var logFormat: LogFormat = .keyValue
+    /// The admin HTTP API (metrics, health, backend calls); nil: off.
+    public var admin: AdminConfiguration?
     /// Where events are kept until devices acknowledge them.
     public var storage: StorageConfiguration = StorageConfiguration()
     /// With the SQLite store: whether connected devices get events at once or only after
@@ -178,6 +182,7 @@ public struct ServerConfiguration: Sendable {
                 "--listen \(host) without authentication would let anyone on the network claim any user id: "
                     + "give --auth-key-file (or --auth-secret-file), or --allow-anonymous to accept that")
         }
+        try admin?.validate()
     }
 }
 

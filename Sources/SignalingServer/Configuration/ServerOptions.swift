@@ -66,6 +66,9 @@ public enum ServerOptions {
             OptionSpec("loop-cpus", value: "LIST", help: "Run event loop i only on the i-th CPU of LIST (such as 1 or 2-5,7), for loops on cores of their own. (default: any CPU)"),
             OptionSpec("cpu-latency-limit", value: "MICROSECONDS", help: "While running, keep the host's CPUs able to wake within this (PM QoS; 0 = idle CPUs poll, lowest push latency on VMs, more power). Needs root."),
             OptionSpec("log-level", value: "LEVEL", default: "info", help: "debug, info, warn or error."),
+            OptionSpec("log-format", value: "kv|json", default: "kv", help: "Log lines as key=value pairs or as one JSON object per line."),
+            OptionSpec("admin-listen", value: "HOST:PORT", help: "Serve the admin HTTP API (/metrics, /healthz, /readyz, /v1/...) on this address; a bare PORT means 127.0.0.1:PORT. Without --admin-token-file only a loopback address is allowed. (default: off)"),
+            OptionSpec("admin-token-file", value: "FILE", help: "Require 'Authorization: Bearer TOKEN' on the admin API (except /healthz and /readyz); TOKEN is FILE's first line."),
             OptionSpec("stats-interval", value: "SECONDS", default: "60", help: "Log a 'stats' line this often; 0 = never."),
         ],
         epilogue: """
@@ -315,6 +318,28 @@ public enum ServerOptions {
             configuration.pushGateway = push
         } else if options.has("push-interval") || options.has("push-timeout") || options.has("push-max-body") {
             throw UsageError("--push-interval, --push-timeout and --push-max-body need --push-gateway")
+        }
+        if let format = options.string("log-format") {
+            guard let parsed = LogFormat(rawValue: format) else { throw UsageError("--log-format must be kv or json") }
+            configuration.logFormat = parsed
+        }
+        if let listen = options.string("admin-listen") {
+            var host = "127.0.0.1", portText = Substring(listen)
+            if let colon = listen.lastIndex(of: ":") {
+                host = String(listen[..<colon])
+                portText = listen[listen.index(after: colon)...]
+                if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+                if host.isEmpty { host = "127.0.0.1" }
+            }
+            guard let port = UInt16(portText) else { throw UsageError("--admin-listen expects HOST:PORT or PORT, got '\(listen)'") }
+            configuration.admin = AdminConfiguration(host: host, port: port)
+        }
+        if let path = options.string("admin-token-file") {
+            guard configuration.admin != nil else { throw UsageError("--admin-token-file needs --admin-listen") }
+            guard let text = readTextFile(path),
+                  let line = text.split(separator: "\n").first.map({ String($0.trimmingWhitespace()) }), !line.isEmpty
+            else { throw UsageError("--admin-token-file: cannot read a token from \(path)") }
+            configuration.admin?.token = line
         }
         if let level = options.string("log-level") {
             guard let parsed = LogLevel(name: level) else { throw UsageError("--log-level must be debug, info, warn or error") }

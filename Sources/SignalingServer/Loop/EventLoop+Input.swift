@@ -137,6 +137,7 @@ extension EventLoop {
 
     private func protocolViolation(_ slot: UInt32, _ violation: ProtocolViolation) {
         context.counters.protocolErrors.increment()
+        if table.state(slot).pointee.phase == .awaitingHello { metrics.recordHandshakeRefused(violation.code) }
         context.logger.debug("protocol_error", ["conn": reference(slot), "code": violation.code.rawValue, "message": violation.message])
         closeConnection(slot, with: Close(code: violation.code, message: violation.message))
     }
@@ -199,6 +200,7 @@ extension EventLoop {
                     ])
                 }
                 context.counters.protocolErrors.increment()
+                metrics.recordHandshakeRefused(refusal.close.code)
                 closeConnection(slot, with: refusal.close)
                 return
             }
@@ -252,6 +254,7 @@ extension EventLoop {
     private func handleRequest(_ slot: UInt32, id: UInt32, _ request: Request) {
         guard let device = table.state(slot).pointee.device else { return }
         context.counters.requestsHandled.increment()
+        metrics.recordRequest(request.type)
         let now = context.clock.now()
         let wall = context.clock.wallMilliseconds()
         let ref = reference(slot)
@@ -287,7 +290,7 @@ extension EventLoop {
                     if board.journaling, let event = acceptance.event {
                         // "Accepted" is a promise: it waits for the commit.
                         board.deferReply(DeferredReply(
-                            connection: ref, requestID: id, serverTime: acceptance.serverTime, message: event,
+                            target: .connection(ref, requestID: id), serverTime: acceptance.serverTime, message: event,
                             sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout))
                         return (nil, board.takeEffects())
                     }

@@ -215,9 +215,11 @@ extension EventLoop {
         swap(&out, &scratch)
         out.removeAll(keepingCapacity: true)
         var count = 0
+        let writtenAt = LoopMetrics.now()
         let batch = context.switchboard.withDevices { board in
             board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
                 FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
+                metrics.recordWrite(event, at: writtenAt)
                 count += 1
                 return out.count < byteLimit
             }

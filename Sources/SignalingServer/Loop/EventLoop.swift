@@ -89,6 +89,8 @@ final class EventLoop: @unchecked Sendable {
     let openConnections = Atomic<Int>(0)
     /// Set when `run` has returned.
     let finished = Atomic<Bool>(false)
+    /// What `/metrics` reports about this loop (updated under `ownership`).
+    let metrics = LoopMetrics()
 
     static let readBufferSize = 64 * 1024
     static let lingerSeconds: UInt32 = 2

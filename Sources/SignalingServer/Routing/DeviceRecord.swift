@@ -164,6 +164,9 @@ final class UserActivity: @unchecked Sendable {
 
     var isEmpty: Bool { calls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
 
+    /// Held messages, not counting the placeholders of ordinals a restart lost.
+    var heldEventCount: Int { held.reduce(0) { $0 + ($1 === QueuedEvent.placeholder ? 0 : 1) } }
+
     /// Hands `body` every held event, in order.
     func forEachHeld(_ body: (QueuedEvent) -> Void) {
         for event in held { body(event) }

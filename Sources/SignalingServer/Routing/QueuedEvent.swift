@@ -19,6 +19,9 @@ final class QueuedEvent: @unchecked Sendable {
     let receipt: DeliveryReceipt?
     /// Wall-clock creation time (ms), for storage.
     let createdAt: UInt64
+    /// Monotonic creation instant (ns, `LoopMetrics.now()`), for the push latency
+    /// histogram; 0 for an event loaded from the store (created by another process).
+    let createdNanos: UInt64
     /// Never written to a device: its message was refused after all (store failure), or it
     /// fills an ordinal of a user's held messages that a restarted server no longer has.
     var isCancelled = false
@@ -29,13 +32,21 @@ final class QueuedEvent: @unchecked Sendable {
     var isDurable = false
     /// The body is in memory (else only in the store: `evictBody`, `restoreBody`).
     private(set) var isResident = true
+    /// Queued for a device with no connection, or held for a user with no device: its
+    /// write measures how long the device was away, not the server, so the push latency
+    /// histogram leaves it out (`LoopMetrics.recordWrite`).
+    var waitedForDevice = false
 
     convenience init(_ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64, ledger: MemoryLedger? = nil) {
         self.init(encoded: EncodedEvent(event), receipt: receipt, createdAt: createdAt, ledger: ledger)
     }
 
-    init(encoded: EncodedEvent, receipt: DeliveryReceipt?, createdAt: UInt64, ledger: MemoryLedger? = nil) {
+    init(
+        encoded: EncodedEvent, receipt: DeliveryReceipt?, createdAt: UInt64, ledger: MemoryLedger? = nil,
+        createdNanos: UInt64 = LoopMetrics.now()
+    ) {
         self.encoded = encoded
+        self.createdNanos = createdNanos
         self.receipt = receipt
         self.createdAt = createdAt
         self.ledger = ledger

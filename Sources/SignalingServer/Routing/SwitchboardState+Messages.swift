@@ -12,19 +12,34 @@ struct MessageAcceptance {
 /// Message routing (docs/PROTOCOL.md 6.2): de-duplication, all-or-nothing fan-out,
 /// holding for users with no known device.
 extension SwitchboardState {
-    /// Accepts a message and queues it to the recipient's devices.
+    /// Accepts a message from a device and queues it to the recipient's devices and to the
+    /// sender's other devices.
     mutating func send(_ message: OutgoingMessage, from device: DeviceRecord, now: Instant) -> Result<MessageAcceptance, RequestError> {
-        let senderActivity = activities[device.userID]
+        send(message, sender: device.userID, senderDevice: device.deviceID, sendingDevice: device, now: now)
+    }
+
+    /// Accepts a message from `sender` (a device of it, `sendingDevice`, or a system sender
+    /// of the admin API with none) and queues it to the recipient's devices and, for
+    /// multi-device sync, to the sender's devices other than the sending one: every device
+    /// of a user sees the messages the user sent. All of them share one event, so a
+    /// cancelled message is cancelled everywhere; only the recipient's acknowledgements
+    /// produce receipts (`acknowledge`).
+    mutating func send(
+        _ message: OutgoingMessage, sender: String, senderDevice: String, sendingDevice: DeviceRecord?, now: Instant
+    ) -> Result<MessageAcceptance, RequestError> {
+        let senderActivity = activities[sender]
         if let original = senderActivity?.recentMessageIDs[message.messageID] {
             counters.messagesDeduplicated += 1
             return .success(MessageAcceptance(serverTime: original, event: nil))
         }
-        if let refusal = admitSender(device.userID, bytes: message.body.count, now: now) { return .failure(refusal) }
+        if let refusal = admitSender(sender, bytes: message.body.count, now: now) { return .failure(refusal) }
         let recipients = Array(devices(of: message.recipient))
-        let targets = recipients.filter { $0 !== device }
+        let targets = recipients.filter { $0 !== sendingDevice }
         let holdForUser = recipients.isEmpty
+        // A note to oneself already reaches the sender's other devices as the recipient's.
+        let copies = message.recipient == sender ? [] : devices(of: sender).filter { $0 !== sendingDevice }
         // All or nothing: a message is either queued to every target or refused.
-        if let full = targets.first(where: { !hasRoom($0) }) {
+        if let full = (targets + copies).first(where: { !hasRoom($0) }) {
             return .failure(RequestError(
                 .recipientBacklogFull,
                 "device \(full.deviceID) of \(message.recipient) has \(full.queue.count) unacknowledged events; retry later"))
@@ -34,7 +49,7 @@ extension SwitchboardState {
                 .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later"))
         }
         // A full queue first (the recipient's state), then this sender's share of it.
-        if let refusal = checkSenderShare(device.userID, recipient: message.recipient, devices: targets) {
+        if let refusal = checkSenderShare(sender, recipient: message.recipient, devices: targets) {
             counters.refusedSenderQuota += 1
             return .failure(refusal)
         }
@@ -42,18 +57,19 @@ extension SwitchboardState {
         let serverTime = currentWall
         let event = makeEvent(
             .message(DeliveredMessage(
-                messageID: message.messageID, sender: device.userID, senderDevice: device.deviceID,
+                messageID: message.messageID, sender: sender, senderDevice: senderDevice,
                 recipient: message.recipient, contentType: message.contentType, body: message.body,
                 serverTime: serverTime)),
-            receipt: DeliveryReceipt(sender: device.userID, messageID: message.messageID, recipient: message.recipient))
+            receipt: DeliveryReceipt(sender: sender, messageID: message.messageID, recipient: message.recipient))
         if holdForUser {
             hold(event, for: message.recipient, now: now)
         } else {
             for target in targets { enqueue(event, to: target) }
         }
+        for copy in copies { enqueue(event, to: copy) }
         rememberMessageID(
-            message.messageID, sender: device.userID, serverTime: serverTime, now: now,
-            in: senderActivity ?? activity(device.userID))
+            message.messageID, sender: sender, serverTime: serverTime, now: now,
+            in: senderActivity ?? activity(sender))
         counters.messagesAccepted += 1
         return .success(MessageAcceptance(serverTime: serverTime, event: event))
     }

@@ -94,6 +94,9 @@ struct SwitchboardCounters: Sendable, Equatable {
     /// Message bodies dropped from memory (the store keeps them) and read back.
     var bodiesEvicted = 0
     var bodiesRestored = 0
+    /// Events waiting in device queues or held for users (a fanned-out event counts once
+    /// per queue).
+    var pendingEvents = 0
 }
 
 /// The routing core: users, devices, sessions, queues and calls, as a pure state machine.
@@ -142,7 +145,8 @@ struct SwitchboardState {
     /// Session ids come from here (no system call per handshake).
     private var random = FastRandom()
 
-    private var effects: [SwitchboardEffect] = []
+    /// What the loops must do (the admin operations append too; taken by `takeEffects`).
+    var effects: [SwitchboardEffect] = []
     private var unit = CommitUnit()
 
     // Deadlines. Each FIFO's kind has a constant length, so the FIFO is in deadline order.
@@ -229,7 +233,7 @@ struct SwitchboardState {
         users[device.userID] = device
     }
 
-    private mutating func removeDevice(_ device: DeviceRecord) {
+    mutating func removeDevice(_ device: DeviceRecord) {
         if users[device.userID] === device {
             users[device.userID] = device.next
         } else {
@@ -240,6 +244,7 @@ struct SwitchboardState {
         device.next = nil
         pushRegistrations[ObjectIdentifier(device)] = nil
         stopTrackingShares(of: .device(ObjectIdentifier(device)), events: device.forEachEvent)
+        counters.pendingEvents -= device.queue.count
     }
 
     // MARK: Handshake
@@ -313,6 +318,7 @@ struct SwitchboardState {
         guard !activity.held.isEmpty else { return }
         let lastOrdinal = activity.nextHeldOrdinal - 1
         stopTrackingShares(of: .held(device.userID), events: activity.forEachHeld)
+        counters.pendingEvents -= activity.heldEventCount  // counted again as each is enqueued
         for (index, event) in activity.held.enumerated() {
             guard !event.isCancelled else { continue }
             event.wasClaimed = true
@@ -394,6 +400,8 @@ struct SwitchboardState {
         if reserved { device.reservedAhead -= 1 }
         let seq = device.append(event)
         counters.eventsQueued += 1
+        if device.connection == nil { event.waitedForDevice = true }
+        counters.pendingEvents += 1
         shareAdded(event, to: .device(ObjectIdentifier(device)), count: device.queue.count, events: device.forEachEvent)
         if journaling {
             if let heldOrdinal {
@@ -555,7 +563,10 @@ struct SwitchboardState {
         var removedMessages: [QueuedEvent] = []
         device.removeThrough(seq) { _, event in
             if sharesTracked && event.receipt != nil { removedMessages.append(event) }
-            if let receipt = event.receipt, !event.isCancelled { receipts.append(receipt) }
+            counters.pendingEvents -= 1
+            // A sender's own devices get its messages too (multi-device sync): only the
+            // recipient's acknowledgements are deliveries.
+            if let receipt = event.receipt, !event.isCancelled, receipt.recipient == device.userID { receipts.append(receipt) }
         }
         if sharesTracked {
             trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
@@ -622,6 +633,8 @@ struct SwitchboardState {
         let activity = activity(userID)
         let ordinal = activity.nextHeldOrdinal
         activity.held.append(event)
+        event.waitedForDevice = true
+        counters.pendingEvents += 1
         shareAdded(event, to: .held(userID), count: activity.held.count, events: activity.forEachHeld)
         heldExpiry.push((userID, event, now + configuration.eventTTL))
         journal(.holdForUser(user: userID, event: StoredEvent(
@@ -668,6 +681,7 @@ struct SwitchboardState {
             guard let activity = activities[entry.user], activity.held.first === entry.event else { continue }
             let sharesTracked = sharesTracked(.held(entry.user), count: activity.held.count)
             activity.held.removeFirst()
+            counters.pendingEvents -= 1
             if sharesTracked {
                 trackedSharesRemoved([entry.event], from: .held(entry.user), count: activity.held.count, events: activity.forEachHeld)
             }
@@ -741,6 +755,8 @@ struct SwitchboardState {
             for device in DeviceList(first: head) { device.forEachEvent { evictIfUnwanted($0) } }
         }
         retrackShares()
+        counters.pendingEvents = activities.values.reduce(0) { $0 + $1.heldEventCount }
+            + users.heads.reduce(0) { total, head in DeviceList(first: head).reduce(total) { $0 + $1.queue.count } }
         for (userID, event) in heldByAge {
             let remaining = configuration.eventTTL - .seconds(Int64(age(event.createdAt)))
             heldExpiry.push((userID, event, now + max(.zero, remaining)))
@@ -755,7 +771,7 @@ struct SwitchboardState {
         let queued = QueuedEvent(
             encoded: EncodedEvent(type: type, body: event.body),
             receipt: event.receipt.map { DeliveryReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
-            createdAt: event.createdAt, ledger: ledger)
+            createdAt: event.createdAt, ledger: ledger, createdNanos: 0)
         queued.isDurable = true
         return queued
     }

@@ -29,6 +29,8 @@ public final class SignalingServer: Sendable {
     private let writer: StoreWriter?
     private let pushGateway: PushGateway?
     private let state = Mutex<RunState>(RunState())
+    /// Set by `beginShutdown`: `/readyz` then answers 503.
+    private let draining = Atomic<Bool>(false)
 
     private struct RunState: ~Copyable {
         var loops: [EventLoop] = []
@@ -36,6 +38,8 @@ public final class SignalingServer: Sendable {
         var port: UInt16 = 0
         /// Held from start until the loops have stopped (see `cpuLatencyLimit`).
         var cpuLatencyRequest: CPULatencyRequest?
+        /// The admin HTTP API, when configured (stopped after the loops).
+        var admin: AdminHTTPServer?
         var started = false
         var stopped = false
     }
@@ -154,6 +158,14 @@ public final class SignalingServer: Sendable {
             guard error == 0 else {
                 shutdown()
                 throw ServerError("--loop-cpus: cannot run loop \(index) on CPU \(cpu): \(SystemError("pthread_setaffinity_np", error).reason)")
+            }
+        }
+        if let admin = configuration.admin {
+            do {
+                try startAdmin(admin, loops: loops)
+            } catch {
+                shutdown()
+                throw error
             }
         }
         if !configuration.requiresAuthentication {
@@ -304,6 +316,8 @@ public final class SignalingServer: Sendable {
         ("store-timeout", { "\($0.storeTimeout)" }), ("delivery", { "\($0.delivery)" }),
         ("commit-interval", { "\($0.commitInterval)" }),
         ("slow-consumer-timeout", { "\($0.slowConsumerTimeout)" }),
+        ("log-format", { $0.logFormat.rawValue }), ("admin-listen", { $0.admin.map { "\($0.host):\($0.port)" } ?? "off" }),
+        ("admin-token-file", { $0.admin?.token ?? "" }),
     ]
 
     /// Opens the configured PM QoS request. A host that does not allow it (no root, no
@@ -325,6 +339,36 @@ public final class SignalingServer: Sendable {
     /// The port the server listens on (useful with port 0).
     public var port: UInt16 { state.withLock { $0.port } }
 
+    /// The port the admin API listens on (nil: no admin API).
+    public var adminPort: UInt16? { state.withLock { $0.admin?.port } }
+
+    /// Starts the admin HTTP API on its own thread (docs/ADMIN-API.md).
+    private func startAdmin(_ admin: AdminConfiguration, loops: [EventLoop]) throws(ServerError) {
+        let api = AdminAPI(
+            context: context, writer: writer, pushGateway: pushGateway, loops: loops, token: admin.token,
+            readiness: { [weak self] in self?.readiness ?? Readiness() })
+        let server = try AdminHTTPServer(
+            host: admin.host, port: admin.port, maxBodyBytes: admin.maxBodyBytes, handler: api, logger: context.logger)
+        try server.start()
+        state.withLock { $0.admin = server }
+        context.logger.info("admin_listening", [
+            "addr": "\(admin.host):\(server.port)", "auth": admin.token == nil ? "none" : "bearer",
+        ])
+        if admin.token == nil {
+            context.logger.warning("admin_unauthenticated", [
+                "detail": "no --admin-token-file: the admin API accepts anyone who can reach \(admin.host), so it listens on loopback only",
+            ])
+        }
+    }
+
+    /// What `/readyz` reports.
+    var readiness: Readiness {
+        let (listening, loops) = state.withLock { ($0.started && !$0.stopped, $0.loops) }
+        return Readiness(
+            listening: listening && loops.allSatisfy { !$0.finished.load(ordering: .acquiring) },
+            draining: draining.load(ordering: .relaxed), storeHealthy: writer?.isHealthy ?? true)
+    }
+
     /// Drains and stops: every client gets CLOSE goingAway with the configured reconnect
     /// advice, then the loops exit once their clients have closed (or `drainTimeout` has
     /// passed). Returns when every loop thread has finished.
@@ -336,6 +380,7 @@ public final class SignalingServer: Sendable {
     /// Starts the drain and returns at once; see `shutdown()`.
     public func beginShutdown() {
         let loops = state.withLock { $0.loops }
+        draining.store(true, ordering: .relaxed)
         context.logger.info("draining", ["connections": statistics.openConnections])
         for loop in loops { loop.post(.drain) }
     }
@@ -353,6 +398,7 @@ public final class SignalingServer: Sendable {
         }
         for thread in threads { thread.join() }
         if !threads.isEmpty {
+            state.withLock { $0.admin }?.stop()
             writer?.stop()
             pushGateway?.stop()
             state.withLock { $0.cpuLatencyRequest = nil }  // closes the request

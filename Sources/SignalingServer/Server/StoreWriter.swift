@@ -15,8 +15,16 @@ import Glibc
 /// (ERROR storeUnavailable), whatever the writer is doing, even waiting for a write that
 /// never returns. `settle` lets exactly one of them answer.
 final class DeferredReply: Sendable {
-    let connection: ConnectionRef
-    let requestID: UInt32
+    /// Who is waiting for the answer.
+    enum Target: Sendable {
+        /// A device's MESSAGE_SEND: OK or ERROR on its connection.
+        case connection(ConnectionRef, requestID: UInt32)
+        /// An admin API request (`POST /v1/messages`): called once, on the thread that
+        /// settles (the store writer or loop 0), so it must only hand the result over.
+        case completion(@Sendable (Result<UInt64, RequestError>) -> Void)
+    }
+
+    let target: Target
     let serverTime: UInt64
     let message: QueuedEvent
     let sender: String
@@ -31,11 +39,9 @@ final class DeferredReply: Sendable {
     }
 
     init(
-        connection: ConnectionRef, requestID: UInt32, serverTime: UInt64, message: QueuedEvent,
-        sender: String, messageID: String, deadline: Instant
+        target: Target, serverTime: UInt64, message: QueuedEvent, sender: String, messageID: String, deadline: Instant
     ) {
-        self.connection = connection
-        self.requestID = requestID
+        self.target = target
         self.serverTime = serverTime
         self.message = message
         self.sender = sender
@@ -53,6 +59,20 @@ final class DeferredReply: Sendable {
 
     var isSettled: Bool { settlement.load(ordering: .acquiring) != Settlement.open.rawValue }
     var isRefused: Bool { settlement.load(ordering: .acquiring) == Settlement.refused.rawValue }
+
+    /// The task that answers a device, or nil after calling a completion directly.
+    func answer(_ outcome: Result<UInt64, RequestError>) -> LoopTask? {
+        switch target {
+        case .connection(let connection, let requestID):
+            switch outcome {
+            case .success(let time): return .reply(connection, .ok(requestID: requestID, serverTime: time))
+            case .failure(let error): return .reply(connection, .error(requestID: requestID, code: error.code, message: error.message))
+            }
+        case .completion(let complete):
+            complete(outcome)
+            return nil
+        }
+    }
 }
 
 /// Group commit: one thread takes every commit unit the loops produced since its last
@@ -159,6 +179,8 @@ final class StoreWriter: @unchecked Sendable {
     /// Changes that never reached the store: events acknowledged within their own batch
     /// (`StoreBatch.compacted`).
     let compactedChanges = Atomic<Int>(0)
+    /// How long `store.apply` took, committed or failed (real time; this thread writes it).
+    let commitLatency = LatencyHistogram()
 
     init(store: any EventStore, context: ServerContext) throws(ServerError) {
         self.store = store
@@ -273,7 +295,9 @@ final class StoreWriter: @unchecked Sendable {
         StoreBatch.compact(&changes)
         let started = context.clock.now()
         progress.withLock { $0 = CommitProgress(started: started, changes: changes.count) }
+        let applyStarted = LoopMetrics.now()
         do {
+            defer { commitLatency.record(nanoseconds: LoopMetrics.now() &- applyStarted) }
             try store.apply(changes)
         } catch {
             failures += 1
@@ -300,7 +324,7 @@ final class StoreWriter: @unchecked Sendable {
         for unit in units {
             guard let reply = unit.reply else { continue }
             if reply.settle(.accepted) {
-                accepted.append(.reply(reply.connection, .ok(requestID: reply.requestID, serverTime: reply.serverTime)))
+                if let task = reply.answer(.success(reply.serverTime)) { accepted.append(task) }
                 committedMessages.append(reply.message)
             } else {
                 withdrawal.changes += Self.withdrawal(of: unit, reply)
@@ -417,7 +441,7 @@ final class StoreWriter: @unchecked Sendable {
         context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
             for reply in replies { board.cancelMessage(reply.message, sender: reply.sender, messageID: reply.messageID) }
         }
-        post(replies.map { .reply($0.connection, .error(requestID: $0.requestID, code: .storeUnavailable, message: reason)) })
+        post(replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) })
     }
 
     // MARK: Loop 0
@@ -474,36 +498,10 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func deliver(_ effects: [SwitchboardEffect]) {
-        var tasks: [LoopTask] = []
-        for effect in effects {
-            switch effect {
-            case .wake(let ref): tasks.append(.wake(ref))
-            case .close(let ref, let frame): tasks.append(.close(ref, frame))
-            case .wakeUp: context.requestWakeUp(effect)
-            }
-        }
-        post(tasks)
+        post(LoopDispatch.tasks(for: effects, context: context))
     }
 
-    /// Hands the tasks of one commit to their loops, one batch (one inbox lock, at most
-    /// one eventfd write) per loop: posted one at a time, a busy loop would take the first
-    /// of a commit's OKs alone and come back for the rest, each time between two requests.
     private func post(_ tasks: [LoopTask]) {
-        guard !tasks.isEmpty else { return }
-        if loops.count == 1 {
-            loops[0].post(contentsOf: tasks)
-            return
-        }
-        var perLoop = [[LoopTask]](repeating: [], count: loops.count)
-        for task in tasks {
-            let loop: Int
-            switch task {
-            case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
-                loop = Int(ref.loop)
-            case .drain: loop = 0
-            }
-            if loop < loops.count { perLoop[loop].append(task) }
-        }
-        for (loop, tasks) in zip(loops, perLoop) { loop.post(contentsOf: tasks) }
+        LoopDispatch.post(tasks, to: loops)
     }
 }

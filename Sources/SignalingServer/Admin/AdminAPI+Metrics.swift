@@ -1,0 +1,107 @@
+import SignalingProtocol
+import SignalingSupport
+import SignalingPush
+
+/// `GET /metrics`: the server's counters in the Prometheus text format. Reading costs one
+/// pass over the loops' atomics and one short hold of the switchboard lock (its counters
+/// are a copied struct), never a walk over devices or connections.
+extension AdminAPI {
+    func metrics() -> String {
+        let counters = context.counters
+        let routing = context.switchboard.counters
+        let open = counters.openConnections.load(ordering: .relaxed)
+        let established = counters.establishedConnections.load(ordering: .relaxed)
+        var out = PrometheusText()
+
+        out.family("voipserver_build_info", .gauge, "Always 1; the labels say which build runs.")
+        out.sample("voipserver_build_info", ["version": ProductVersion.current, "protocol": String(ProtocolLimits.version)], 1)
+        let state = readiness()
+        out.family("voipserver_ready", .gauge, "1 when /readyz answers 200: listening, not draining, store healthy.")
+        out.sample("voipserver_ready", [:], state.isReady ? 1 : 0)
+        out.family("voipserver_draining", .gauge, "1 once shutdown has begun.")
+        out.sample("voipserver_draining", [:], state.draining ? 1 : 0)
+
+        out.family("voipserver_connections", .gauge, "Open device connections by state (handshake includes closing ones) and transport.")
+        out.sample("voipserver_connections", ["state": "handshake", "transport": "tcp"], max(0, open - established))
+        out.sample("voipserver_connections", ["state": "established", "transport": "tcp"], established)
+        out.family("voipserver_connections_accepted_total", .counter, "Device connections accepted.")
+        out.sample("voipserver_connections_accepted_total", ["transport": "tcp"], counters.acceptedConnections.load(ordering: .relaxed))
+        out.family("voipserver_connections_refused_total", .counter, "Connections refused before any handshake, by reason.")
+        out.sample("voipserver_connections_refused_total", ["reason": "per_address_limit"], counters.connectionsRefusedPerAddress.load(ordering: .relaxed))
+        out.family("voipserver_connection_closes_total", .counter, "Connections the server closed, by reason (takeovers: another connection of the device).")
+        out.sample("voipserver_connection_closes_total", ["reason": "idle_timeout"], counters.idleTimeouts.load(ordering: .relaxed))
+        out.sample("voipserver_connection_closes_total", ["reason": "protocol_error"], counters.protocolErrors.load(ordering: .relaxed))
+        out.sample("voipserver_connection_closes_total", ["reason": "slow_consumer"], counters.slowConsumerCloses.load(ordering: .relaxed))
+        out.sample("voipserver_connection_closes_total", ["reason": "takeover"], counters.takeovers.load(ordering: .relaxed))
+
+        out.family("voipserver_handshakes_total", .counter, "Handshakes by result: completed, throttled (CLOSE overloaded), timeout, or the CLOSE code that refused the HELLO.")
+        out.sample("voipserver_handshakes_total", ["result": "completed"], counters.handshakesCompleted.load(ordering: .relaxed))
+        out.sample("voipserver_handshakes_total", ["result": "throttled"], counters.handshakesThrottled.load(ordering: .relaxed))
+        out.sample("voipserver_handshakes_total", ["result": "timeout"], counters.handshakeTimeouts.load(ordering: .relaxed))
+        for code in CloseCode.allCases {
+            let refused = loops.reduce(0) { $0 + $1.metrics.handshakesRefused(code) }
+            if refused > 0 { out.sample("voipserver_handshakes_total", ["result": String(describing: code)], refused) }
+        }
+
+        let requestTypes: [FrameType] = [.callInvite, .callRinging, .callAccept, .callReject, .callCancel, .callHangup, .messageSend, .pushRegister]
+        out.family("voipserver_requests_total", .counter, "Requests received from devices (events in), by kind.")
+        for type in requestTypes {
+            out.sample("voipserver_requests_total", ["kind": String(describing: type)], loops.reduce(0) { $0 + $1.metrics.requestsReceived(type) })
+        }
+        let eventTypes: [FrameType] = [.callIncoming, .callRang, .callAccepted, .callEnded, .message, .messageDelivered]
+        out.family("voipserver_events_written_total", .counter, "Events written to device sockets (events out, re-sends included), by kind.")
+        for type in eventTypes {
+            out.sample("voipserver_events_written_total", ["kind": String(describing: type)], loops.reduce(0) { $0 + $1.metrics.eventsWritten(type) })
+        }
+        out.family("voipserver_events_queued_total", .counter, "Events queued for devices.")
+        out.sample("voipserver_events_queued_total", [:], routing.eventsQueued)
+        out.family("voipserver_pending_events", .gauge, "Events waiting for an acknowledgement, in device queues or held for users with no device.")
+        out.sample("voipserver_pending_events", [:], routing.pendingEvents)
+        out.family("voipserver_pending_event_bytes", .gauge, "Bytes held by undelivered events (what --memory-budget limits).")
+        out.sample("voipserver_pending_event_bytes", [:], context.switchboard.ledger.bytes)
+        out.histogram(
+            "voipserver_push_latency_seconds", "Server-side push latency: event created to written to its socket (connected devices).",
+            loops.map { $0.metrics.pushLatency.snapshot() }.reduce(LatencyHistogram().snapshot(), +))
+
+        out.family("voipserver_messages_total", .counter, "Messages by outcome.")
+        out.sample("voipserver_messages_total", ["result": "accepted"], routing.messagesAccepted)
+        out.sample("voipserver_messages_total", ["result": "deduplicated"], routing.messagesDeduplicated)
+        out.sample("voipserver_messages_total", ["result": "cancelled"], routing.messagesCancelled)
+        out.family("voipserver_calls_started_total", .counter, "Calls started.")
+        out.sample("voipserver_calls_started_total", [:], routing.callsStarted)
+        out.family("voipserver_refusals_total", .counter, "Messages and calls refused, by reason.")
+        out.sample("voipserver_refusals_total", ["reason": "sender_quota"], routing.refusedSenderQuota)
+        out.sample("voipserver_refusals_total", ["reason": "rate"], routing.refusedRate)
+        out.sample("voipserver_refusals_total", ["reason": "capacity"], routing.refusedCapacity)
+        out.family("voipserver_events_dropped_total", .counter, "Events thrown away, by reason: a full queue (call events, receipts) or expiry with their device or hold.")
+        out.sample("voipserver_events_dropped_total", ["reason": "queue_full"], routing.eventsDropped)
+        out.sample("voipserver_events_dropped_total", ["reason": "expired"], routing.eventsExpired)
+        out.family("voipserver_slow_consumers_total", .counter, "Connections closed with CLOSE slowConsumer.")
+        out.sample("voipserver_slow_consumers_total", [:], counters.slowConsumerCloses.load(ordering: .relaxed))
+        out.family("voipserver_sessions_expired_total", .counter, "Sessions no longer resumable after --session-ttl.")
+        out.sample("voipserver_sessions_expired_total", [:], routing.sessionsExpired)
+        out.family("voipserver_devices_expired_total", .counter, "Devices forgotten after --event-ttl.")
+        out.sample("voipserver_devices_expired_total", [:], routing.devicesExpired)
+
+        out.family("voipserver_store_healthy", .gauge, "1 while the store commits (no store: 1).")
+        out.sample("voipserver_store_healthy", [:], (writer?.isHealthy ?? true) ? 1 : 0)
+        if let writer {
+            out.family("voipserver_store_commits_total", .counter, "Store commits (group commits) by result.")
+            out.sample("voipserver_store_commits_total", ["result": "ok"], writer.commits.load(ordering: .relaxed))
+            out.sample("voipserver_store_commits_total", ["result": "failed"], writer.failedCommits.load(ordering: .relaxed))
+            out.histogram("voipserver_store_commit_seconds", "Time one store commit took (committed or failed).", writer.commitLatency.snapshot())
+        }
+        if let push = pushGateway?.statistics {
+            out.family("voipserver_wakeups_total", .counter, "Push wake-ups by outcome (docs/PUSH.md).")
+            out.sample("voipserver_wakeups_total", ["result": "sent"], push.sent)
+            out.sample("voipserver_wakeups_total", ["result": "rejected"], push.rejected)
+            out.sample("voipserver_wakeups_total", ["result": "dropped"], push.dropped)
+            out.sample("voipserver_wakeups_total", ["result": "coalesced"], push.coalesced)
+            out.family("voipserver_wakeup_attempts_failed_total", .counter, "Wake-up attempts that failed (each may be retried).")
+            out.sample("voipserver_wakeup_attempts_failed_total", [:], push.failedAttempts)
+            out.family("voipserver_wakeups_in_flight", .gauge, "Wake-up requests on the wire.")
+            out.sample("voipserver_wakeups_in_flight", [:], push.inFlight)
+        }
+        return out.text
+    }
+}

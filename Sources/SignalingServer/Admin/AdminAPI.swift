@@ -1,0 +1,293 @@
+import Foundation
+import SignalingProtocol
+import SignalingPush
+import SignalingSupport
+
+/// Whether the server should receive traffic (`/readyz`), and if not, why.
+struct Readiness: Sendable {
+    var listening = false
+    var draining = false
+    var storeHealthy = true
+
+    var isReady: Bool { listening && !draining && storeHealthy }
+}
+
+/// The admin API's endpoints (docs/ADMIN-API.md): health, metrics and the backend calls.
+/// Runs on the admin thread; the backend calls take the switchboard lock like a device's
+/// request does, and hand what they cause (events to write, connections to close) to the
+/// loops.
+final class AdminAPI: AdminRequestHandler {
+    let context: ServerContext
+    let writer: StoreWriter?
+    let pushGateway: PushGateway?
+    let loops: [EventLoop]
+    private let token: [UInt8]?
+    let readiness: @Sendable () -> Readiness
+
+    /// The sender's device id in messages from the admin API.
+    static let systemDevice = "admin"
+    /// The sender when a request names none.
+    static let defaultSender = "system"
+
+    init(
+        context: ServerContext, writer: StoreWriter?, pushGateway: PushGateway?, loops: [EventLoop], token: String?,
+        readiness: @escaping @Sendable () -> Readiness
+    ) {
+        self.context = context
+        self.writer = writer
+        self.pushGateway = pushGateway
+        self.loops = loops
+        self.token = token.map { Array($0.utf8) }
+        self.readiness = readiness
+    }
+
+    func handle(_ request: AdminRequest, respond: @escaping @Sendable (AdminResponse) -> Void) {
+        let segments = request.path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        // Probes carry no credentials (load balancers, kubelets): they reveal nothing.
+        switch segments {
+        case ["healthz"]:
+            return respond(Self.allowing(request, [.get, .head]) ?? .text(200, "ok\n"))
+        case ["readyz"]:
+            return respond(Self.allowing(request, [.get, .head]) ?? ready())
+        default:
+            break
+        }
+        if let refusal = authenticate(request) { return respond(refusal) }
+        switch segments {
+        case ["metrics"]:
+            respond(Self.allowing(request, [.get, .head]) ?? AdminResponse(
+                status: 200, contentType: PrometheusText.contentType, body: Array(metrics().utf8)))
+        case ["v1", "messages"]:
+            if let refusal = Self.allowing(request, [.post]) { return respond(refusal) }
+            sendMessage(request.body, respond: respond)
+        case let path where path.count == 4 && path[0] == "v1" && path[1] == "users" && path[3] == "devices":
+            guard let user = Self.identifier(path[2]) else { return respond(Self.badIdentifier(path[2])) }
+            respond(Self.allowing(request, [.get]) ?? devices(of: user))
+        case let path where path.count == 5 && path[0] == "v1" && path[1] == "users" && path[3] == "devices":
+            guard let user = Self.identifier(path[2]) else { return respond(Self.badIdentifier(path[2])) }
+            guard let device = Self.identifier(path[4]) else { return respond(Self.badIdentifier(path[4])) }
+            respond(Self.allowing(request, [.delete]) ?? revoke(user: user, device: device))
+        case let path where path.count == 3 && path[0] == "v1" && path[1] == "users":
+            guard let user = Self.identifier(path[2]) else { return respond(Self.badIdentifier(path[2])) }
+            respond(Self.allowing(request, [.delete]) ?? forget(user: user))
+        default:
+            respond(Self.error(404, "notFound", "no such endpoint: \(request.path)"))
+        }
+    }
+
+    // MARK: Authentication
+
+    /// Nil when the request may proceed: no token is configured (loopback only, checked
+    /// at start), or it carries `Authorization: Bearer <token>`. Compared in constant time.
+    private func authenticate(_ request: AdminRequest) -> AdminResponse? {
+        guard let token else { return nil }
+        let prefix = "Bearer "
+        guard let header = request.authorization, header.hasPrefix(prefix) else {
+            return Self.error(401, "unauthorized", "this endpoint needs 'Authorization: Bearer <token>'")
+        }
+        let given = Array(header.utf8.dropFirst(prefix.utf8.count))
+        var difference = UInt8(given.count == token.count ? 0 : 1)
+        for index in 0..<token.count { difference |= token[index] ^ (index < given.count ? given[index] : 0) }
+        return difference == 0 ? nil : Self.error(401, "unauthorized", "the bearer token is wrong")
+    }
+
+    // MARK: Health
+
+    private func ready() -> AdminResponse {
+        let state = readiness()
+        var reasons: [String] = []
+        if !state.listening { reasons.append("not listening") }
+        if state.draining { reasons.append("draining") }
+        if !state.storeHealthy { reasons.append("store unhealthy") }
+        return Self.json(state.isReady ? 200 : 503, ["ready": state.isReady, "reasons": reasons])
+    }
+
+    // MARK: Backend calls
+
+    private func sendMessage(_ body: [UInt8], respond: @escaping @Sendable (AdminResponse) -> Void) {
+        let message: OutgoingMessage, sender: String
+        switch Self.parseMessage(body, maxBodyBytes: context.configuration.maxFrameLength - 1024) {
+        case .failure(let refusal): return respond(refusal)
+        case .success(let parsed): (message, sender) = parsed
+        }
+        if let writer, !writer.isHealthy {
+            return respond(Self.error(503, "storeUnavailable", "the store is unavailable; retry later"))
+        }
+        let now = context.clock.now()
+        let storeTimeout = context.configuration.storeTimeout
+        let messageID = message.messageID
+        let answer: @Sendable (Result<UInt64, RequestError>, Bool) -> AdminResponse = { outcome, duplicate in
+            switch outcome {
+            case .success(let serverTime):
+                return Self.json(200, ["messageId": messageID, "serverTime": serverTime, "duplicate": duplicate])
+            case .failure(let error):
+                return Self.refusal(error)
+            }
+        }
+        let (immediate, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board -> (AdminResponse?, [SwitchboardEffect]) in
+            guard board.knows(message.recipient) else {
+                return (Self.error(404, "unknownUser", "the server knows no device of \(message.recipient)"), [])
+            }
+            switch board.send(message, sender: sender, senderDevice: Self.systemDevice, sendingDevice: nil, now: now) {
+            case .success(let acceptance):
+                guard board.journaling, let event = acceptance.event else {
+                    return (answer(.success(acceptance.serverTime), acceptance.event == nil), board.takeEffects())
+                }
+                // As for a device: "accepted" is a promise, answered once committed.
+                board.deferReply(DeferredReply(
+                    target: .completion { outcome in respond(answer(outcome, false)) }, serverTime: acceptance.serverTime,
+                    message: event, sender: sender, messageID: message.messageID, deadline: now + storeTimeout))
+                return (nil, board.takeEffects())
+            case .failure(let error):
+                return (answer(.failure(error), false), board.takeEffects())
+            }
+        }
+        LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
+        if let immediate { respond(immediate) }
+    }
+
+    private func devices(of user: String) -> AdminResponse {
+        let now = context.clock.now()
+        let presence = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { $0.presence(of: user, now: now) }
+        guard let presence else { return Self.error(404, "unknownUser", "the server knows no device of \(user)") }
+        return Self.json(200, [
+            "user": user,
+            "devices": presence.map { device -> [String: Any] in
+                ["device": device.deviceID, "online": device.online, "lastSeen": device.lastSeen, "pendingEvents": device.pendingEvents]
+            },
+        ])
+    }
+
+    private func revoke(user: String, device: String) -> AdminResponse {
+        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            (board.revokeSession(user: user, device: device), board.takeEffects())
+        }
+        LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
+        switch outcome {
+        case .success:
+            context.logger.info("admin_session_revoked", ["user": user, "device": device, "was_online": !effects.isEmpty])
+            return Self.json(200, ["user": user, "device": device, "revoked": true, "disconnected": !effects.isEmpty])
+        case .failure(let refusal):
+            return Self.notFound(refusal)
+        }
+    }
+
+    private func forget(user: String) -> AdminResponse {
+        let now = context.clock.now()
+        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+            (board.forgetUser(user, now: now), board.takeEffects())
+        }
+        LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
+        switch outcome {
+        case .success(let removed):
+            context.logger.info("admin_user_forgotten", ["user": user, "devices": removed])
+            return Self.json(200, ["user": user, "forgotten": true, "devicesRemoved": removed])
+        case .failure(let refusal):
+            return Self.notFound(refusal)
+        }
+    }
+
+    // MARK: Parsing
+
+    /// The message and its sender from a `POST /v1/messages` body, or the 4xx to answer.
+    static func parseMessage(_ body: [UInt8], maxBodyBytes: Int) -> Result<(OutgoingMessage, sender: String), AdminResponse> {
+        let object: [String: Any]
+        do {
+            guard let parsed = try JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else {
+                return .failure(error(400, "badRequest", "the body must be a JSON object"))
+            }
+            object = parsed
+        } catch {
+            return .failure(Self.error(400, "badJSON", "the body is not valid JSON"))
+        }
+        let known: Set<String> = ["to", "messageId", "body", "bodyBase64", "contentType", "from"]
+        if let unknown = object.keys.sorted().first(where: { !known.contains($0) }) {
+            return .failure(error(400, "badRequest", "unknown field '\(unknown)'"))
+        }
+        func text(_ key: String, required: Bool, limit: Int) -> Result<String?, AdminResponse> {
+            guard let value = object[key] else {
+                return required ? .failure(error(400, "badRequest", "'\(key)' is required")) : .success(nil)
+            }
+            guard let string = value as? String else { return .failure(error(400, "badRequest", "'\(key)' must be a string")) }
+            guard !string.isEmpty, string.utf8.count <= limit else {
+                return .failure(error(400, "badRequest", "'\(key)' must hold 1 to \(limit) bytes of UTF-8"))
+            }
+            return .success(string)
+        }
+        let fields: (to: String, id: String, type: String, from: String, body: [UInt8])
+        do throws(AdminResponse) {
+            let to = try text("to", required: true, limit: ProtocolLimits.maxIdentifierBytes).get()!
+            let id = try text("messageId", required: true, limit: ProtocolLimits.maxIdentifierBytes).get()!
+            let type = try text("contentType", required: false, limit: ProtocolLimits.maxShortTextBytes).get()
+            let from = try text("from", required: false, limit: ProtocolLimits.maxIdentifierBytes).get()
+            let plain = object["body"], encoded = object["bodyBase64"]
+            guard (plain == nil) != (encoded == nil) else {
+                return .failure(error(400, "badRequest", "give exactly one of 'body' (text) and 'bodyBase64'"))
+            }
+            var content: [UInt8]
+            if let plain {
+                guard let string = plain as? String else { return .failure(error(400, "badRequest", "'body' must be a string")) }
+                content = Array(string.utf8)
+            } else {
+                guard let string = encoded as? String, let data = Data(base64Encoded: string) else {
+                    return .failure(error(400, "badRequest", "'bodyBase64' must be a base64 string"))
+                }
+                content = Array(data)
+            }
+            guard content.count <= maxBodyBytes else {
+                return .failure(error(413, "bodyTooLarge", "the message body may hold at most \(maxBodyBytes) bytes"))
+            }
+            fields = (to, id, type ?? (plain != nil ? "text/plain; charset=utf-8" : "application/octet-stream"), from ?? defaultSender, content)
+        } catch {
+            return .failure(error)
+        }
+        return .success((
+            OutgoingMessage(messageID: fields.id, recipient: fields.to, contentType: fields.type, body: fields.body), fields.from))
+    }
+
+    /// A path segment, percent-decoded, if it is a valid id.
+    static func identifier(_ segment: String) -> String? {
+        guard let decoded = segment.removingPercentEncoding, !decoded.isEmpty,
+              decoded.utf8.count <= ProtocolLimits.maxIdentifierBytes
+        else { return nil }
+        return decoded
+    }
+
+    // MARK: Responses
+
+    static func allowing(_ request: AdminRequest, _ methods: [AdminRequest.Method]) -> AdminResponse? {
+        methods.contains(request.method) ? nil : error(405, "methodNotAllowed", "this endpoint does not take that method")
+    }
+
+    static func badIdentifier(_ segment: String) -> AdminResponse {
+        error(400, "badRequest", "'\(segment)' is not a valid id (1 to \(ProtocolLimits.maxIdentifierBytes) bytes of UTF-8, percent-encoded)")
+    }
+
+    static func notFound(_ refusal: AdminRefusal) -> AdminResponse {
+        switch refusal {
+        case .unknownUser(let user): return error(404, "unknownUser", "the server knows no device of \(user)")
+        case .unknownDevice(let user, let device): return error(404, "unknownDevice", "\(user) has no device \(device)")
+        }
+    }
+
+    /// A refused message, with its protocol error code: 429 for what a retry later may
+    /// fix by itself (backlogs and rates), 503 for the server's own state.
+    static func refusal(_ error: RequestError) -> AdminResponse {
+        let status: Int
+        switch error.code {
+        case .recipientBacklogFull, .senderQuotaExceeded, .rateLimited: status = 429
+        case .storeUnavailable, .capacityExceeded, .internalError: status = 503
+        default: status = 400
+        }
+        return json(status, ["error": String(describing: error.code), "code": Int(error.code.rawValue), "message": error.message])
+    }
+
+    static func error(_ status: Int, _ code: String, _ message: String) -> AdminResponse {
+        json(status, ["error": code, "message": message])
+    }
+
+    static func json(_ status: Int, _ object: [String: Any]) -> AdminResponse {
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data("{}".utf8)
+        return AdminResponse(status: status, contentType: "application/json", body: Array(data) + [0x0A])
+    }
+}

@@ -1,0 +1,93 @@
+import SignalingProtocol
+import SignalingStore
+import SignalingSupport
+
+/// One device of a user as the admin API shows it (`GET /v1/users/{id}/devices`).
+struct DevicePresence: Sendable, Equatable {
+    let deviceID: String
+    let online: Bool
+    /// Wall-clock ms: now for an online device, else when its last connection ended.
+    let lastSeen: UInt64
+    /// Unacknowledged events in its queue.
+    let pendingEvents: Int
+}
+
+/// Why an admin operation changed nothing.
+enum AdminRefusal: Error, Equatable {
+    case unknownUser(String)
+    case unknownDevice(user: String, device: String)
+}
+
+/// The operations of the admin API's backend endpoints (docs/ADMIN-API.md). Each one runs
+/// under the switchboard lock as a whole, after checking everything it needs, so it is
+/// either applied entirely or refused with nothing changed; its store changes form one
+/// commit unit.
+extension SwitchboardState {
+    /// Whether the server knows `userID`: a device, or messages held for it.
+    func knows(_ userID: String) -> Bool {
+        users[userID] != nil || !(activities[userID]?.held.isEmpty ?? true)
+    }
+
+    /// The user's devices, newest first (nil: the server knows no device of this user).
+    func presence(of userID: String, now: Instant) -> [DevicePresence]? {
+        guard users[userID] != nil else { return nil }
+        let nowSecond = second(now)
+        return devices(of: userID).map { device in
+            let away = device.isOnline ? 0 : UInt64(nowSecond &- min(device.disconnectedSecond, nowSecond))
+            return DevicePresence(
+                deviceID: device.deviceID, online: device.isOnline, lastSeen: currentWall &- min(away * 1000, currentWall),
+                pendingEvents: device.queue.count)
+        }
+    }
+
+    /// Gives the device a new session id, so that no connection can resume the old one,
+    /// and closes its live connection (CLOSE sessionUnknown, action fresh): the device must
+    /// start a new session. Its pending events stay and go to the new session.
+    mutating func revokeSession(user userID: String, device deviceID: String) -> Result<Void, AdminRefusal> {
+        guard users[userID] != nil else { return .failure(.unknownUser(userID)) }
+        guard let device = device(userID, deviceID) else { return .failure(.unknownDevice(user: userID, device: deviceID)) }
+        var random = FastRandom()
+        device.sessionID = SessionID.random(using: &random)
+        journal(.upsertDevice(user: userID, device: deviceID, sessionID: device.sessionID, lastSeen: currentWall))
+        if let connection = device.connection {
+            effects.append(.close(connection, Close(
+                code: .sessionUnknown, message: "the operator revoked this session; start a new session")))
+        }
+        return .success(())
+    }
+
+    /// Forgets a user: every device (closed with CLOSE sessionUnknown if connected) with
+    /// its queue and push registration, the messages held for it, the ids of the messages
+    /// it sent, and the calls it takes part in (ended for the other party as if its
+    /// device had vanished). Returns the number of devices removed. Messages it sent that
+    /// wait in other users' queues stay theirs.
+    mutating func forgetUser(_ userID: String, now: Instant) -> Result<Int, AdminRefusal> {
+        guard knows(userID) else { return .failure(.unknownUser(userID)) }
+        let removed = Array(devices(of: userID))
+        for device in removed {
+            for call in activities[userID]?.calls ?? [] where call.isLive && involves(call, device) {
+                partyVanished(call, device)
+            }
+            if let connection = device.connection {
+                effects.append(.close(connection, Close(
+                    code: .sessionUnknown, message: "the operator removed this user; start a new session")))
+                // The connection's loop detaches nothing when it closes: the record is gone.
+                device.connection = nil
+            }
+            removeDevice(device)
+            journal(.removeDevice(user: userID, device: device.deviceID))
+        }
+        if let activity = activities[userID] {
+            if !activity.held.isEmpty {
+                stopTrackingShares(of: .held(userID), events: activity.forEachHeld)
+                counters.pendingEvents -= activity.heldEventCount
+                journal(.releaseHeld(user: userID, through: activity.nextHeldOrdinal - 1))
+                activity.firstHeldOrdinal = activity.nextHeldOrdinal
+                activity.held = []
+            }
+            for messageID in Array(activity.recentMessageIDs.keys) { forgetMessageID(messageID, sender: userID) }
+            compactActivity(userID)
+        }
+        return .success(removed.count)
+    }
+}
