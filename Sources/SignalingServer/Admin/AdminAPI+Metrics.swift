@@ -59,6 +59,9 @@ extension AdminAPI {
         out.sample("voipserver_pending_events", [:], routing.pendingEvents)
         out.family("voipserver_pending_event_bytes", .gauge, "Bytes held by undelivered events (what --memory-budget limits).")
         out.sample("voipserver_pending_event_bytes", [:], context.switchboard.ledger.bytes)
+        out.family("voipserver_event_bodies_total", .counter, "Message bodies dropped from memory (the store keeps them) and read back from the store.")
+        out.sample("voipserver_event_bodies_total", ["direction": "evicted"], routing.bodiesEvicted)
+        out.sample("voipserver_event_bodies_total", ["direction": "restored"], routing.bodiesRestored)
         out.histogram(
             "voipserver_push_latency_seconds", "Server-side push latency: event created to written to its socket (connected devices).",
             loops.map { $0.metrics.pushLatency.snapshot() }.reduce(LatencyHistogram().snapshot(), +))
