@@ -107,7 +107,6 @@ struct StoreEndToEndTests {
             user: "bob", device: "phone",
             resume: ResumePoint(sessionID: bob.session!, lastReceivedSeq: bob.processedSeq))
         #expect(welcome.resumed, "the session survived the crash")
-        print("DEBUG processed \(bob.processedSeq) welcome acked \(welcome.ackedSeq) last \(welcome.lastSeq) accepted \(accepted.count) seen \(bob.seen.count)")
         try bob.process(receiver, until: { bob.seen.count == total })
         #expect(bob.seen.count == total)
         for id in accepted { #expect(bob.seen[id] == 1, "accepted \(id) was lost") }
