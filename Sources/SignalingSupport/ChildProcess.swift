@@ -45,6 +45,11 @@ public final class ChildProcess {
     public static func spawn(
         _ path: String, arguments: [String], pipeInput: Bool, stdout: Output, stderr: Output
     ) throws(SystemError) -> ChildProcess {
+        // Writing to the stdin of a child that has exited raises SIGPIPE, which would kill
+        // this process (a test runner, a benchmark) instead of failing the write with
+        // EPIPE. The child gets the default disposition back (POSIX_SPAWN_SETSIGDEF below):
+        // an ignored signal would otherwise be inherited across exec.
+        if pipeInput { signal(SIGPIPE, SIG_IGN) }
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -92,8 +97,16 @@ public final class ChildProcess {
 
         let argv = ([path] + arguments).map { strdup($0) } + [nil]
         defer { for pointer in argv { free(pointer) } }
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        sigaddset(&defaults, SIGPIPE)
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF))
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, path, &actions, nil, argv, environ)
+        let result = posix_spawn(&pid, path, &actions, &attributes, argv, environ)
         guard result == 0 else {
             for fd in parentEnds { close(fd) }
             throw SystemError("start \(path)", result)

@@ -15,6 +15,20 @@ struct ChildProcessTests {
         #expect(child.waitForExit(timeoutSeconds: 10) == 0)
     }
 
+    @Test("writing to the stdin of a child that has exited fails with EPIPE, not SIGPIPE; children keep SIGPIPE's default action")
+    func writeToAnExitedChild() throws {
+        let child = try ChildProcess.spawn("/bin/sleep", arguments: ["30"], pipeInput: true, stdout: .discard, stderr: .discard)
+        // The child does not inherit the parent's ignored SIGPIPE (bit 13 of SigIgn).
+        let status = readTextFile("/proc/\(child.pid)/status") ?? ""
+        let ignored = status.split(separator: "\n").first { $0.hasPrefix("SigIgn:") }.flatMap { UInt64($0.split(separator: "\t").last ?? "", radix: 16) }
+        #expect(ignored.map { $0 & (1 << (SIGPIPE - 1)) == 0 } == true, "\(status)")
+        child.send(signal: SIGKILL)
+        _ = child.waitForExit(timeoutSeconds: 10)
+        var byte: UInt8 = 1
+        let written = write(child.input, &byte, 1)
+        #expect(written == -1 && errno == EPIPE)
+    }
+
     @Test("closing a child's stdin ends its input once; the descriptor number is not closed again later")
     func closeInputClosesOnce() throws {
         // Tests run in parallel in this process: another thread may take the freed number

@@ -47,7 +47,9 @@ public enum HTTPRequest {
         var request = Array(head.utf8) + (body ?? [])
         var offset = 0
         while offset < request.count {
-            let written = request.withUnsafeMutableBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
+            // MSG_NOSIGNAL: a server that answers and closes before reading everything (a
+            // refused token, a body too large) must not kill the test process with SIGPIPE.
+            let written = request.withUnsafeMutableBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
             guard written > 0 else { throw HTTPRequestFailure(description: "write: \(errno)") }
             offset += written
         }
