@@ -90,10 +90,6 @@ final class AdminHTTPServer: @unchecked Sendable {
 
     /// Binds and starts the thread; returns once requests are accepted.
     func start() throws(ServerError) {
-        // evhttp writes its responses with writev(2), which raises SIGPIPE when the client
-        // has gone: that would kill the process (the device loops send with MSG_NOSIGNAL).
-        // voipserver ignores SIGPIPE anyway; a process that embeds the server must too.
-        signal(SIGPIPE, SIG_IGN)
         guard let base = vs_event_base_new() else { throw ServerError("admin: cannot create an event base") }
         var bound: UInt16 = 0
         guard let http = vs_httpd_new(base, host, port, Int64(maxBodyBytes), 30, { request, argument in

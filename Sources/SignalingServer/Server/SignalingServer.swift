@@ -98,6 +98,12 @@ public final class SignalingServer: Sendable {
 
     /// Binds the listening sockets and starts the loops. Returns once the server accepts.
     public func start() throws(ServerError) {
+        // libevent's HTTP code (the push gateway's requests, the admin API's responses)
+        // writes with writev(2), which raises SIGPIPE when the peer has gone: that would kill
+        // the whole process. The device loops send with MSG_NOSIGNAL; for the rest the
+        // process ignores SIGPIPE, as voipserver's main does (an embedding app must not
+        // rely on SIGPIPE either).
+        signal(SIGPIPE, SIG_IGN)
         let configuration = self.configuration
         let loopCPUs = configuration.loopCPUs
         if let missing = loopCPUs.first(where: { $0 >= CPUList.configuredCount }) {
