@@ -52,17 +52,21 @@ let package = Package(
         // Push wake-ups: its own libevent loop sends HTTP wake-ups to the configured push
         // gateway; the server only calls `submit` (docs/PUSH.md).
         .target(name: "SignalingPush", dependencies: ["CLibeventShims", "CLinuxShims", "SignalingSupport", "SignalingStore"]),
-        // Event loops, connections, the routing core, the store writer, the admin API.
+        // Event loops, connections, the routing core, the store writer, the admin API. It
+        // knows the EventStore protocol only; the executable picks the store.
         .target(
             name: "SignalingServer",
             dependencies: [
-                "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore",
-                "SignalingStoreSQLite", "SignalingSupport", "SignalingCrypto",
+                "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport",
+                "SignalingCrypto",
             ]
         ),
         // sd_notify for systemd's Type=notify.
         .target(name: "SignalingSystemd", dependencies: ["CSystemd"]),
-        .executableTarget(name: "voipserver", dependencies: ["SignalingServer", "SignalingSupport", "SignalingSystemd"]),
+        .executableTarget(
+            name: "voipserver",
+            dependencies: ["SignalingServer", "SignalingStore", "SignalingStoreSQLite", "SignalingSupport", "SignalingSystemd"]
+        ),
 
         // ---- Client library -----------------------------------------------------------------
         .target(name: "SignalingClient", dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport"]),

@@ -2,7 +2,6 @@ import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
 import SignalingStore
-import SignalingStoreSQLite
 import SignalingSupport
 
 /// Everything that tunes a server. Defaults are the embedded production defaults; every
@@ -199,28 +198,19 @@ public struct StorageConfiguration: Sendable, Equatable {
     /// The data directory (created if missing). Default: `$STATE_DIRECTORY` (set by
     /// systemd's StateDirectory=) or `./voipserver-data`.
     public var directory: String = StorageConfiguration.defaultDirectory
-    /// When a commit is on disk: `.normal` survives a crash of the process, `.full` also a
-    /// power loss (see docs/STORAGE.md).
-    public var synchronous: SQLiteStoreConfiguration.Synchronous = .normal
+    /// When a commit is on disk (see docs/STORAGE.md).
+    public enum Synchronous: String, Sendable {
+        /// Survives a crash of the process.
+        case normal
+        /// Also survives a power loss (slower commits).
+        case full
+    }
+
+    public var synchronous: Synchronous = .normal
     /// Largest size of the database file, in bytes (nil: as large as the disk allows).
     public var maxBytes: Int?
 
     public init() {}
-
-    /// Opens the configured store: nil for `.memory`, else the SQLite store.
-    public func openStore(logger: Logger) throws(StoreError) -> (any EventStore)? {
-        switch mode {
-        case .memory:
-            return nil
-        case .sqlite:
-            let pageSize = 4096
-            return try SQLiteEventStore(
-                configuration: SQLiteStoreConfiguration(
-                    directory: directory, synchronous: synchronous,
-                    maxPageCount: maxBytes.map { max(1, $0 / pageSize) }),
-                logger: logger)
-        }
-    }
 
     public static var defaultDirectory: String {
         if let state = getenv("STATE_DIRECTORY"), let text = String(validatingCString: state), !text.isEmpty {

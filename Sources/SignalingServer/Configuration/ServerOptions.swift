@@ -1,7 +1,6 @@
 import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
-import SignalingStoreSQLite
 import SignalingSupport
 #if canImport(Glibc)
 import Glibc
@@ -251,7 +250,7 @@ public enum ServerOptions {
             configuration.storage.directory = directory
         }
         if let sync = options.string("sync") {
-            guard let parsed = SQLiteStoreConfiguration.Synchronous(rawValue: sync) else { throw UsageError("--sync must be normal or full") }
+            guard let parsed = StorageConfiguration.Synchronous(rawValue: sync) else { throw UsageError("--sync must be normal or full") }
             configuration.storage.synchronous = parsed
         }
         if let delivery = options.string("delivery") {
