@@ -136,4 +136,40 @@ struct ProxyProtocolTests {
         defer { removeFile(path) }
         #expect(try ServerOptions.configuration(from: ["--config", path]).0.proxyProtocol == true)
     }
+
+    @Test(
+        "through a real haproxy with send-proxy-v2, the cap applies to each device's own address",
+        .enabled(if: HAProxy.isAvailable, HAProxy.missingReason))
+    func throughHAProxy() throws {
+        let log = LogFile(level: .debug)
+        let server = try proxiedServer(logger: log.logger) { $0.maxConnectionsPerAddress = 1 }
+        // Its health checks too, as in production: they carry a LOCAL header.
+        let haproxy = try HAProxy(forwardingTo: server.port, serverOptions: "check inter 100ms")
+        // Every connection reaches the server from haproxy's 127.0.0.1.
+        let first = try TestClient(port: haproxy.port, sourceAddress: "127.0.0.5")
+        do {
+            try first.hello(user: "alice")
+        } catch {
+            Issue.record("\(error); \(haproxy.diagnostics)")
+            return
+        }
+        let second = try TestClient(port: haproxy.port, sourceAddress: "127.0.0.5")
+        try second.send(.hello(Hello(userID: "bob", deviceID: "d")))
+        #expect(try second.expectClose().code == .tooManyConnections)
+        let other = try TestClient(port: haproxy.port, sourceAddress: "127.0.0.6")
+        try other.hello(user: "carol")
+        #expect(server.server.statistics.connectionsRefusedPerAddress == 1)
+        let sessions = log.lines("session")
+        #expect(sessions.count == 2, "\(sessions)")
+        #expect(sessions.contains { $0.contains("user=alice") && $0.contains("peer=127.0.0.5:") }, "\(sessions)")
+        #expect(sessions.contains { $0.contains("user=carol") && $0.contains("peer=127.0.0.6:") }, "\(sessions)")
+        // Events flow through the balancer as they do directly.
+        #expect(try other.request(1, .messageSend(OutgoingMessage(
+            messageID: "m1", recipient: "alice", contentType: "text/plain", body: Array("hi".utf8)))).isOK)
+        guard case .message(let message) = try first.nextEvent().event else { Issue.record("no message"); return }
+        #expect(message.body == Array("hi".utf8))
+        // A health check is a connection beyond the two devices', accepted and never refused.
+        try server.waitFor("a health check") { $0.acceptedConnections >= 3 }
+        #expect(log.lines("proxy_header_invalid").isEmpty, "\(haproxy.diagnostics)")
+    }
 }
