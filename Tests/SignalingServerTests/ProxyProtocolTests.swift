@@ -75,7 +75,7 @@ struct ProxyProtocolTests {
         try connect(server, ProxyHeaderBytes.ipv4("198.51.100.3", port: 1)).hello(user: "device")
     }
 
-    @Test("a connection that does not start with a header is closed with CLOSE malformedFrame and a warn line naming its address")
+    @Test("a connection that does not start with a header gets CLOSE malformedFrame advising a slow retry, and a warn line naming its address")
     func missingHeader() throws {
         let log = LogFile()
         let server = try proxiedServer(logger: log.logger)
@@ -84,6 +84,8 @@ struct ProxyProtocolTests {
         let close = try client.expectClose()
         #expect(close.code == .malformedFrame)
         #expect(close.message.contains("PROXY protocol version 2"))
+        // The balancer relays this to a device that did nothing wrong: it comes back later.
+        #expect(close.action == .resume && close.retryAfterMs == 30_000 && close.retryJitterMs == 30_000)
         let lines = log.lines("proxy_header_invalid")
         #expect(lines.count == 1 && lines[0].contains("level=warn") && lines[0].contains("peer=127.0.0.1:"), "\(lines)")
         // Version 1 (haproxy's send-proxy) is named as such.

@@ -143,11 +143,18 @@ extension EventLoop {
         return offset
     }
 
-    func protocolViolation(_ slot: UInt32, _ violation: ProtocolViolation) {
+    /// Closes the connection for a violation, with the code's default advice unless
+    /// `action` says otherwise.
+    func protocolViolation(
+        _ slot: UInt32, _ violation: ProtocolViolation, action: ReconnectAction? = nil,
+        retryAfterMs: UInt32 = 0, retryJitterMs: UInt32 = 0
+    ) {
         context.counters.protocolErrors.increment()
         if table.state(slot).pointee.phase == .awaitingHello { metrics.recordHandshakeRefused(violation.code) }
         context.logger.debug("protocol_error", ["conn": reference(slot), "code": violation.code.rawValue, "message": violation.message])
-        closeConnection(slot, with: Close(code: violation.code, message: violation.message))
+        closeConnection(slot, with: Close(
+            code: violation.code, action: action, retryAfterMs: retryAfterMs, retryJitterMs: retryJitterMs,
+            message: violation.message))
     }
 
     private func handle(_ frame: Frame, on slot: UInt32) {

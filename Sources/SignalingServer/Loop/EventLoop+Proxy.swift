@@ -29,7 +29,11 @@ extension EventLoop {
                     "reason": reason, "suppressed": suppressed,
                 ])
             }
-            protocolViolation(slot, ProtocolViolation(.malformedFrame, reason))
+            // The balancer relays the CLOSE to the device, whose bytes were not at fault: a
+            // balancer set up without send-proxy-v2 must not make every phone stop for
+            // good, so they are told to come back, slowly, as for a full address.
+            protocolViolation(
+                slot, ProtocolViolation(.malformedFrame, reason), action: .resume, retryAfterMs: 30_000, retryJitterMs: 30_000)
             return bytes.count
         case .complete(let header):
             let state = table.state(slot)
