@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -61,6 +62,31 @@ static uint64_t fnv1a(const unsigned char *bytes, size_t count) {
     uint64_t hash = 1469598103934665603ULL;
     for (size_t i = 0; i < count; i++) { hash ^= bytes[i]; hash *= 1099511628211ULL; }
     return hash;
+}
+
+uint64_t shim_address_hash(const void *bytes, size_t count) { return fnv1a(bytes, count); }
+
+int shim_format_address(int family, const void *bytes, uint16_t port, char *out, size_t out_len) {
+    char text[INET6_ADDRSTRLEN];
+    int af = family == 6 ? AF_INET6 : AF_INET;
+    if (!inet_ntop(af, bytes, text, sizeof text)) return -1;
+    int written = snprintf(out, out_len, af == AF_INET6 ? "[%s]:%u" : "%s:%u", text, (unsigned)port);
+    return written < 0 || (size_t)written >= out_len ? -1 : 0;
+}
+
+int shim_peer_address(int fd, char *out, size_t out_len) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+        return shim_format_address(4, &in->sin_addr, ntohs(in->sin_port), out, out_len);
+    }
+    if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+        return shim_format_address(6, &in6->sin6_addr, ntohs(in6->sin6_port), out, out_len);
+    }
+    return -1;
 }
 
 int shim_accept(int listen_fd, uint64_t *address_hash) {

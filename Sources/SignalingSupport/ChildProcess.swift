@@ -42,8 +42,14 @@ public final class ChildProcess {
         input = -1
     }
 
+    /// - Parameter inheriting: descriptors the child gets, by their number in the child
+    ///   (3 and up): such as a listening socket handed to a server (haproxy's `fd@3`), so
+    ///   that its port is known before it starts and no other process can take it. A
+    ///   descriptor must not already have its number in the child (dup2 would keep it
+    ///   close-on-exec).
     public static func spawn(
-        _ path: String, arguments: [String], pipeInput: Bool, stdout: Output, stderr: Output
+        _ path: String, arguments: [String], pipeInput: Bool, stdout: Output, stderr: Output,
+        inheriting: [Int32: Int32] = [:]
     ) throws(SystemError) -> ChildProcess {
         // Writing to the stdin of a child that has exited raises SIGPIPE, which would kill
         // this process (a test runner, a benchmark) instead of failing the write with
@@ -93,6 +99,11 @@ public final class ChildProcess {
                 childEnds.append(fds.write)
                 posix_spawn_file_actions_adddup2(&actions, fds.write, target)
             }
+        }
+
+        for (target, source) in inheriting {
+            // dup2 clears close-on-exec on the child's copy only.
+            posix_spawn_file_actions_adddup2(&actions, source, target)
         }
 
         let argv = ([path] + arguments).map { strdup($0) } + [nil]

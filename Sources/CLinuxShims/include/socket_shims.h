@@ -21,6 +21,18 @@ int shim_local_port(int fd);
 /// address (not the port) to address_hash, so per-address limits need no sockaddr in Swift.
 int shim_accept(int listen_fd, uint64_t *address_hash);
 
+/// The hash shim_accept computes, of an IP address's bytes (4 for IPv4, 16 for IPv6):
+/// an address read from a PROXY protocol header counts against the same per-address cap
+/// as the same address connecting directly.
+uint64_t shim_address_hash(const void *bytes, size_t count);
+
+/// Writes "1.2.3.4:port" (family 4, 4 bytes) or "[2001:db8::1]:port" (family 6, 16 bytes)
+/// to out. Returns 0, or -1 if out is too small (48 bytes always suffice).
+int shim_format_address(int family, const void *bytes, uint16_t port, char *out, size_t out_len);
+
+/// The peer address of a connected socket, formatted like shim_format_address. 0 or -1.
+int shim_peer_address(int fd, char *out, size_t out_len);
+
 /// Non-blocking, close-on-exec eventfd for cross-thread wake-ups.
 int shim_eventfd(void);
 

@@ -60,6 +60,10 @@ public struct ServerConfiguration: Sendable {
     public var slowConsumerTimeout: Duration = .seconds(30)
     /// Connections allowed from one IP address (carrier NAT puts many phones behind one).
     public var maxConnectionsPerAddress = 10_000
+    /// Every connection on the device listener starts with a PROXY protocol version 2
+    /// header from the load balancer in front (HAProxy `send-proxy-v2`, a cloud balancer),
+    /// naming the device's address: the per-address cap and the logs use that address.
+    public var proxyProtocol = false
     /// Handshakes admitted per second (with a burst of the same size); 0 = unlimited.
     public var handshakeRate = 20_000
     /// CLOSE goingAway advice on shutdown: reconnect after this plus up to `drainJitter`.

@@ -47,6 +47,7 @@ public enum ServerOptions {
             OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent replies allowed for a client that does not read; past this its requests are not read until it catches up."),
             OptionSpec("slow-consumer-timeout", value: "SECONDS", default: "30", help: "Close (CLOSE slowConsumer) a client that reads nothing this long while data waits for it."),
             OptionSpec("max-connections-per-ip", value: "N", default: "10000", help: "Connections allowed from one IP address."),
+            OptionSpec("proxy-protocol", help: "Every device connection starts with a PROXY protocol v2 header from the load balancer in front (haproxy: send-proxy-v2); per-IP limits and logs use the address it names."),
             OptionSpec("handshake-rate", value: "N", default: "20000", help: "Handshakes admitted per second (burst of the same size); 0 = unlimited."),
             OptionSpec("drain-retry-after", value: "SECONDS", default: "1", help: "On shutdown, tell devices to reconnect after this..."),
             OptionSpec("drain-jitter", value: "SECONDS", default: "30", help: "...plus a random delay up to this."),
@@ -305,6 +306,7 @@ public enum ServerOptions {
             configuration.authKeys = try readKeyFile(path, option: "auth-key-file")
         }
         configuration.allowAnonymous = options.has("allow-anonymous")
+        configuration.proxyProtocol = options.has("proxy-protocol")
         // Mosquitto 2.0's rule: without authentication, only this host can connect unless
         // an address is asked for (and that needs --allow-anonymous, see `validate`).
         if !options.has("listen") && configuration.requiresAuthentication { configuration.host = "0.0.0.0" }

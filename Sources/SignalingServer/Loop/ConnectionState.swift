@@ -30,6 +30,10 @@ struct ConnectionFlags: OptionSet {
     /// The pump stopped at an event whose body is in the store only and asked the store
     /// writer for it (`StoreWriter.requestBodies`); it resumes on `LoopTask.bodiesLoaded`.
     static let bodiesRequested = ConnectionFlags(rawValue: 1 << 4)
+    /// The listener takes PROXY protocol headers (`--proxy-protocol`) and this
+    /// connection's has not arrived yet: its first bytes wait in `inbound` meanwhile, and
+    /// it is not yet counted against any address.
+    static let awaitingProxyHeader = ConnectionFlags(rawValue: 1 << 5)
 }
 
 /// One connection's state in its event loop's connection table. A plain struct in a
@@ -60,7 +64,8 @@ struct ConnectionState {
     /// Bytes of `outbound` already written (always within its first frame's reach: see
     /// `EventLoop.keepUnwritten`).
     var outboundOffset: UInt32 = 0
-    /// Hash of the peer's IP address, for the per-address connection cap.
+    /// Hash of the peer's IP address, for the per-address connection cap (behind a load
+    /// balancer, of the address its PROXY header names).
     var addressHash: UInt32 = 0
     /// The device's events up to this have been written to this connection.
     var sentSeq: UInt64 = 0

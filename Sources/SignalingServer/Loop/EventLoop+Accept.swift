@@ -31,11 +31,8 @@ extension EventLoop {
 
     private func adopt(_ fd: Int32, addressHash: UInt64) {
         let configuration = context.configuration
-        let address = UInt32(truncatingIfNeeded: addressHash)
-        let admitted = context.admission.admitConnection(from: address)
         guard let slot = table.allocate() else {
             // No slot even to linger in: a best-effort CLOSE.
-            if admitted { context.admission.releaseConnection(from: address) }
             refuseImmediately(fd, Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full"))
             return
         }
@@ -44,22 +41,37 @@ extension EventLoop {
         state.pointee.fd = fd
         state.pointee.phase = .awaitingHello
         state.pointee.lastActivity = nowSeconds
-        state.pointee.addressHash = address
-        if admitted { state.pointee.flags.insert(.countsTowardAddress) }
+        state.pointee.addressHash = UInt32(truncatingIfNeeded: addressHash)
         assignEvent(slot, writable: false)
         context.counters.openConnections.increment()
         openConnections.increment()
-        guard admitted else {
+        if configuration.proxyProtocol {
+            // The socket's address is the balancer's: the device's address is admitted once
+            // the PROXY header names it (`takeProxyHeader`), within the handshake deadline.
+            state.pointee.flags.insert(.awaitingProxyHeader)
+        } else {
+            guard admitAddress(slot) else { return }
+        }
+        helloDeadlines.push((slot, state.pointee.generation, nowInstant + configuration.handshakeTimeout))
+    }
+
+    /// Counts the connection against the cap of its address (`addressHash`): at accept,
+    /// or, behind a load balancer, once the PROXY header names the device's address. Over
+    /// the cap the connection is refused (CLOSE tooManyConnections) and false is returned.
+    func admitAddress(_ slot: UInt32) -> Bool {
+        let state = table.state(slot)
+        guard context.admission.admitConnection(from: state.pointee.addressHash) else {
             // Refused through the normal lingering close, so the client reads the CLOSE
             // (closing at once, with its HELLO unread, would reset the connection).
             context.counters.connectionsRefusedPerAddress.increment()
             closeConnection(slot, with: Close(
                 code: .tooManyConnections, retryAfterMs: 30_000, retryJitterMs: 30_000,
                 message: "more than \(context.admission.maxConnectionsPerAddress) connections from your address"))
-            return
+            return false
         }
-        helloDeadlines.push((slot, state.pointee.generation, nowInstant + configuration.handshakeTimeout))
+        state.pointee.flags.insert(.countsTowardAddress)
         context.counters.acceptedConnections.increment()
+        return true
     }
 
     /// (Re)binds the slot's libevent event to its socket: read unless reading is paused

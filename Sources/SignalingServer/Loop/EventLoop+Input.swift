@@ -89,18 +89,26 @@ extension EventLoop {
         if var pending = state.pointee.inbound {
             state.pointee.inbound = nil
             pending.append(contentsOf: bytes)
-            let used = pending.withUnsafeBytes { decodeFrames(slot, $0) }
+            let used = pending.withUnsafeBytes { decodeInput(slot, $0) }
             if state.pointee.phase != .free && state.pointee.phase != .closing && used < pending.count {
                 pending.removeFirst(used)
                 state.pointee.inbound = pending
             }
         } else {
-            let used = decodeFrames(slot, bytes)
+            let used = decodeInput(slot, bytes)
             if state.pointee.phase != .free && state.pointee.phase != .closing && used < bytes.count {
                 // Only the bytes actually received are copied, never a size from the wire.
                 state.pointee.inbound = Array(bytes[used...])
             }
         }
+    }
+
+    /// Returns the number of bytes used: by the PROXY header while one is awaited, and by
+    /// complete frames.
+    private func decodeInput(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) -> Int {
+        guard table.state(slot).pointee.flags.contains(.awaitingProxyHeader) else { return decodeFrames(slot, bytes) }
+        let used = takeProxyHeader(slot, bytes)
+        return used == 0 ? 0 : used + decodeFrames(slot, UnsafeRawBufferPointer(rebasing: bytes[used...]))
     }
 
     /// Returns the number of bytes used by complete frames.
@@ -135,16 +143,25 @@ extension EventLoop {
         return offset
     }
 
-    private func protocolViolation(_ slot: UInt32, _ violation: ProtocolViolation) {
+    /// Closes the connection for a violation, with the code's default advice unless
+    /// `action` says otherwise.
+    func protocolViolation(
+        _ slot: UInt32, _ violation: ProtocolViolation, action: ReconnectAction? = nil,
+        retryAfterMs: UInt32 = 0, retryJitterMs: UInt32 = 0
+    ) {
         context.counters.protocolErrors.increment()
         if table.state(slot).pointee.phase == .awaitingHello { metrics.recordHandshakeRefused(violation.code) }
         context.logger.debug("protocol_error", ["conn": reference(slot), "code": violation.code.rawValue, "message": violation.message])
-        closeConnection(slot, with: Close(code: violation.code, message: violation.message))
+        closeConnection(slot, with: Close(
+            code: violation.code, action: action, retryAfterMs: retryAfterMs, retryJitterMs: retryJitterMs,
+            message: violation.message))
     }
 
     private func handle(_ frame: Frame, on slot: UInt32) {
         let state = table.state(slot)
         if state.pointee.phase == .awaitingHello {
+            let generation = state.pointee.generation
+            defer { forgetProxiedPeer(slot, generation: generation) }
             guard case .hello(let hello) = frame else {
                 protocolViolation(slot, ProtocolViolation(.frameBeforeHello, "\(frame.type) before HELLO: the first frame must be HELLO"))
                 return
@@ -195,7 +212,7 @@ extension EventLoop {
             if let refusal = Authentication.refusal(for: verdict, userID: hello.userID) {
                 if let suppressed = context.authFailureLog.admit(now: now) {
                     context.logger.warning("auth_failed", [
-                        "conn": reference(slot), "user": hello.userID, "device": hello.deviceID,
+                        "conn": reference(slot), "peer": peerDescription(slot), "user": hello.userID, "device": hello.deviceID,
                         "code": refusal.close.code.rawValue, "reason": refusal.reason, "suppressed": suppressed,
                     ])
                 }
@@ -230,8 +247,8 @@ extension EventLoop {
                 maxFrameLength: UInt32(configuration.maxFrameLength), ackedSeq: grant.ackedSeq,
                 lastSeq: grant.lastSeq)), to: slot)
             context.logger.debug("session", [
-                "conn": ref, "user": hello.userID, "device": hello.deviceID, "resumed": grant.resumed,
-                "keepalive": interval,
+                "conn": ref, "peer": peerDescription(slot), "user": hello.userID, "device": hello.deviceID,
+                "resumed": grant.resumed, "keepalive": interval,
             ])
             apply(effects)
             if grant.needsPump { markDirty(slot, generation: ref.generation) }

@@ -10,13 +10,15 @@ extension EventLoop {
         let now = nowSeconds
         while let due = helloDeadlines.first, due.deadline <= nowInstant {
             helloDeadlines.pop()
+            forgetProxiedPeer(due.slot, generation: due.generation)
             guard table.isLive(due.slot, generation: due.generation),
                   table.state(due.slot).pointee.phase == .awaitingHello
             else { continue }
             context.counters.handshakeTimeouts.increment()
+            let missing = table.state(due.slot).pointee.flags.contains(.awaitingProxyHeader) ? "PROXY header" : "HELLO"
             closeConnection(due.slot, with: Close(
                 code: .handshakeTimeout, retryAfterMs: 1_000, retryJitterMs: 5_000,
-                message: "no HELLO within \(context.configuration.handshakeTimeout.wholeSecondsRoundedUp) s"))
+                message: "no \(missing) within \(context.configuration.handshakeTimeout.wholeSecondsRoundedUp) s"))
         }
         while let due = closingDeadlines.first, due.deadline <= now {
             closingDeadlines.pop()

@@ -49,6 +49,9 @@ final class EventLoop: @unchecked Sendable {
     /// Handshake deadlines (constant length, so FIFO order is deadline order), exact: a
     /// deadline kept in whole seconds from a stamp rounded down fired up to 1 s early.
     var helloDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: Instant)>()
+    /// Device addresses from PROXY headers, by slot, from the header to the HELLO, for the
+    /// handshake's log lines (EventLoop+Proxy.swift); empty without `--proxy-protocol`.
+    var proxiedPeers: [UInt32: (generation: UInt32, address: PeerAddress)] = [:]
     /// Linger deadlines of closing connections.
     var closingDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: UInt32)>()
     /// Connections whose device has new events to write once the current callback is done

@@ -16,6 +16,8 @@ final class ServerContext: Sendable {
     let authFailureLog = LogThrottle()
     /// Paces the warn lines of requests refused by a backlog or a limit.
     let refusalLog = LogThrottle()
+    /// Paces the warn lines of connections refused for a bad PROXY header.
+    let proxyHeaderLog = LogThrottle()
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
 

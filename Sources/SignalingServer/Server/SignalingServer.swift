@@ -185,7 +185,7 @@ public final class SignalingServer: Sendable {
             "addr": "\(configuration.host):\(port)", "version": ProductVersion.current, "workers": configuration.workers,
             "backlog": configuration.listenBacklog,
             "keepalive": configuration.keepAlive.defaultInterval,
-            "auth": Self.authenticationSummary(configuration),
+            "auth": Self.authenticationSummary(configuration), "proxy_protocol": configuration.proxyProtocol ? "v2" : "off",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
             "loop_cpus": placement.isEmpty ? "any" : placement.map(String.init).joined(separator: ","),
         ])
@@ -323,7 +323,7 @@ public final class SignalingServer: Sendable {
         ("commit-interval", { "\($0.commitInterval)" }),
         ("slow-consumer-timeout", { "\($0.slowConsumerTimeout)" }),
         ("log-format", { $0.logFormat.rawValue }), ("admin-listen", { $0.admin.map { "\($0.host):\($0.port)" } ?? "off" }),
-        ("admin-token-file", { $0.admin?.token ?? "" }),
+        ("admin-token-file", { $0.admin?.token ?? "" }), ("proxy-protocol", { "\($0.proxyProtocol)" }),
     ]
 
     /// Opens the configured PM QoS request. A host that does not allow it (no root, no
