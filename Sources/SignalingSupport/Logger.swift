@@ -127,16 +127,7 @@ public struct Logger: Sendable {
     static func quoted(_ value: String) -> String {
         if value.isEmpty { return "\"\"" }
         guard value.contains(where: { $0 == " " || $0 == "\"" || $0 == "=" || $0 == "\n" }) else { return value }
-        var escaped = "\""
-        for character in value {
-            switch character {
-            case "\\": escaped += "\\\\"
-            case "\"": escaped += "\\\""
-            case "\n": escaped += "\\n"
-            default: escaped.append(character)
-            }
-        }
-        return escaped + "\""
+        return "\"" + TextEscaping.backslashEscaped(value) + "\""
     }
 
     /// A JSON number for integers, `true`/`false` for booleans, else a JSON string.
@@ -154,24 +145,7 @@ public struct Logger: Sendable {
         }
     }
 
-    /// `text` as a JSON string literal (RFC 8259 escapes; control characters as \u00XX).
-    static func jsonString(_ text: String) -> String {
-        var escaped = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": escaped += "\\\""
-            case "\\": escaped += "\\\\"
-            case "\n": escaped += "\\n"
-            case "\r": escaped += "\\r"
-            case "\t": escaped += "\\t"
-            case _ where scalar.value < 0x20:
-                let hex = String(scalar.value, radix: 16)
-                escaped += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: escaped.unicodeScalars.append(scalar)
-            }
-        }
-        return escaped + "\""
-    }
+    static func jsonString(_ text: String) -> String { TextEscaping.jsonString(text) }
 
     /// RFC 3339 UTC with milliseconds.
     static func timestamp(_ ms: UInt64) -> String {

@@ -1,4 +1,5 @@
 import Foundation
+import SignalingSupport
 
 /// Builds a Prometheus text exposition (format 0.0.4): each family's `# HELP` and
 /// `# TYPE` lines, then its samples. Names follow the conventions: counters end in
@@ -55,18 +56,7 @@ struct PrometheusText {
         return "\(value)"
     }
 
-    static func escapedLabel(_ value: String) -> String {
-        var escaped = ""
-        for character in value {
-            switch character {
-            case "\\": escaped += "\\\\"
-            case "\"": escaped += "\\\""
-            case "\n": escaped += "\\n"
-            default: escaped.append(character)
-            }
-        }
-        return escaped
-    }
+    static func escapedLabel(_ value: String) -> String { TextEscaping.backslashEscaped(value) }
 
     static func escapedHelp(_ value: String) -> String {
         value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\n", with: "\\n")

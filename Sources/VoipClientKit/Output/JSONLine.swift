@@ -1,4 +1,5 @@
 import Foundation
+import SignalingSupport
 
 /// A JSON value for `--json` output. Objects keep their fields in the order given, so
 /// every line of one event type looks the same (a stable schema scripts can rely on).
@@ -51,20 +52,7 @@ public enum JSONValue: Sendable, Equatable {
     }
 
     private static func writeString(_ text: String, to out: inout String) {
-        out += "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20 || scalar.value == 0x7F:
-                out += String(format: "\\u%04x", scalar.value)
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        out += "\""
+        TextEscaping.appendJSONString(text, to: &out)
     }
 }
 

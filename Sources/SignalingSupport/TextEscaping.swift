@@ -1,0 +1,45 @@
+/// The two escapings the project writes text with, in one place: the log's `key=value`
+/// values and Prometheus label values share backslash escaping; JSON lines (logs,
+/// voipclient's output) share RFC 8259 string literals.
+public enum TextEscaping {
+    /// `\`, `"` and newline escaped with a backslash (no surrounding quotes).
+    public static func backslashEscaped(_ value: String) -> String {
+        var escaped = ""
+        for character in value {
+            switch character {
+            case "\\": escaped += "\\\\"
+            case "\"": escaped += "\\\""
+            case "\n": escaped += "\\n"
+            default: escaped.append(character)
+            }
+        }
+        return escaped
+    }
+
+    /// `text` as a JSON string literal, quotes included: RFC 8259 escapes, other control
+    /// characters (and DEL) as \u00XX.
+    public static func jsonString(_ text: String) -> String {
+        var out = ""
+        appendJSONString(text, to: &out)
+        return out
+    }
+
+    /// Appends `text` as a JSON string literal to `out`.
+    public static func appendJSONString(_ text: String, to out: inout String) {
+        out += "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20 || scalar.value == 0x7F:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        out += "\""
+    }
+}
