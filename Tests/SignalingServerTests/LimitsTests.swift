@@ -91,8 +91,9 @@ struct LimitsTests {
         }
         // Generous: this is about correctness under many connections, not speed, and the
         // suite runs in parallel on a small shared machine.
-        for client in clients {
-            guard case .welcome? = try client.next(timeout: .seconds(30)) else { Issue.record("handshake failed"); return }
+        for (index, client) in clients.enumerated() {
+            let reply = try client.next(timeout: .seconds(30))
+            guard case .welcome? = reply else { Issue.record("handshake \(index) failed: \(String(describing: reply))"); return }
         }
         #expect(server.server.statistics.establishedConnections == count)
         let (sender, _) = try server.connect(user: "sender")
