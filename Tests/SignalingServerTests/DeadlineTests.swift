@@ -165,18 +165,7 @@ struct SwitchboardDeadlineTests {
         #expect(try state.send(message, from: alice, now: at(40.901)).get().event != nil, "still remembered after the window")
     }
 
-    @Test("a device record still fits its 128-byte heap block")
-    func deviceRecordSize() {
-        let record = DeviceRecord(userID: "u", deviceID: "d", sessionID: SessionID(high: 1, low: 2))
-        let usable = mallocUsableSize(Unmanaged.passUnretained(record).toOpaque())
-        #expect(usable <= 120, "DeviceRecord grew out of its 128-byte block (usable \(usable))")
-    }
 }
-
-/// glibc's malloc_usable_size (<malloc.h>, which Swift's Glibc module does not export):
-/// the bytes usable in the heap block behind `pointer`.
-@_silgen_name("malloc_usable_size")
-private func mallocUsableSize(_ pointer: UnsafeMutableRawPointer) -> Int
 
 @Suite("Deadlines never fire early (real sockets, injected clock)")
 struct ServerDeadlineTests {
