@@ -23,7 +23,7 @@ let package = Package(
         .systemLibrary(name: "CLibevent", pkgConfig: "libevent", providers: [.apt(["libevent-dev"])]),
         // SQLite 3 (the durable store). Debian: libsqlite3-dev.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
-        // OpenSSL 3 (HMAC, random bytes). Debian: libssl-dev.
+        // OpenSSL 3 (TLS, HMAC, random bytes). Debian: libssl-dev.
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         // libsystemd (sd_notify for Type=notify). Debian: libsystemd-dev. Only voipserver links it.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
@@ -41,6 +41,9 @@ let package = Package(
         .target(name: "SignalingSupport", dependencies: ["CLinuxShims"]),
         // HMAC-SHA256, constant-time comparison, random bytes; device tokens and their keys.
         .target(name: "SignalingCrypto", dependencies: ["COpenSSLShims"]),
+        // TLS on non-blocking sockets (OpenSSL's libssl): contexts and connections driven by
+        // the caller's readiness events, for the server's loops and the clients alike.
+        .target(name: "SignalingTLS", dependencies: ["COpenSSLShims"]),
 
         // ---- Store ------------------------------------------------------------------------
         // What must survive a restart: the EventStore protocol and its record types.
@@ -127,6 +130,7 @@ let package = Package(
         ),
         .testTarget(name: "SignalingProtocolTests", dependencies: ["SignalingProtocol"]),
         .testTarget(name: "SignalingSupportTests", dependencies: ["SignalingSupport"]),
+        .testTarget(name: "SignalingTLSTests", dependencies: ["SignalingTLS", "TestSupport"]),
         .testTarget(
             name: "SignalingCryptoTests",
             dependencies: ["SignalingCrypto", "SignalingServer", "SignalingProtocol", "SignalingSupport", "TestSupport"]

@@ -7,4 +7,5 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <openssl/err.h>
+#include <openssl/ssl.h>
 #endif

@@ -31,13 +31,21 @@ public struct ExecutableRun: Sendable {
         _ executable: String, _ arguments: [String], through wrapper: [String], timeoutSeconds: Double
     ) throws -> ExecutableRun {
         let command = wrapper + [path(of: executable)] + arguments
+        return try runProgram(command[0], Array(command.dropFirst()), timeoutSeconds: timeoutSeconds, name: executable)
+    }
+
+    /// Runs any program (`openssl`, `/bin/sh`) by path, with the same deadline.
+    public static func runProgram(
+        _ program: String, _ arguments: [String], timeoutSeconds: Double, name: String? = nil
+    ) throws -> ExecutableRun {
+        let executable = name ?? program
         let directory = FileManager.default.temporaryDirectory
             .appendingPathComponent("voipload-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let out = directory.appendingPathComponent("stdout").path
         let err = directory.appendingPathComponent("stderr").path
-        let process = try ChildProcess.spawn(command[0], arguments: Array(command.dropFirst()), pipeInput: false, stdout: .file(out), stderr: .file(err))
+        let process = try ChildProcess.spawn(program, arguments: arguments, pipeInput: false, stdout: .file(out), stderr: .file(err))
         guard let status = process.waitForExit(timeoutSeconds: timeoutSeconds) else {
             process.send(signal: SIGKILL)
             _ = process.waitForExit(timeoutSeconds: 10)

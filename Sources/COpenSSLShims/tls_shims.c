@@ -1,0 +1,347 @@
+#include "TLSShims.h"
+#include <arpa/inet.h>
+#include <errno.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(VS_TLS_VERSION_1_2 == TLS1_2_VERSION, "wire value of TLS 1.2");
+_Static_assert(VS_TLS_VERSION_1_3 == TLS1_3_VERSION, "wire value of TLS 1.3");
+
+/// One connection and what its last failure was: SSL_get_error and errno must be read
+/// right after the failing call, but the caller describes the failure later (or never).
+struct vs_tls {
+    SSL *ssl;
+    int failure;            // SSL_get_error of the last FAILED step, 0 if none
+    int system_errno;       // errno at that failure, when the socket failed
+    unsigned long error;    // OpenSSL's first queued error at that failure, 0 if none
+};
+
+// ---- ALPN ------------------------------------------------------------------------------
+
+// The server's protocol list in wire format (length-prefixed names), hung on its SSL_CTX
+// and freed with it.
+static int alpn_index = -1;
+static pthread_once_t alpn_index_once = PTHREAD_ONCE_INIT;
+
+static void free_alpn(void *parent, void *pointer, CRYPTO_EX_DATA *data, int index, long argl, void *argp) {
+    (void)parent; (void)data; (void)index; (void)argl; (void)argp;
+    free(pointer);
+}
+
+static void make_alpn_index(void) { alpn_index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, free_alpn); }
+
+/// `name` as a one-entry ALPN list: a length byte then the name. NULL when the name is empty
+/// or longer than 255 bytes.
+static unsigned char *alpn_wire(const char *name, unsigned int *length) {
+    size_t count = strlen(name);
+    if (count == 0 || count > 255) return NULL;
+    unsigned char *wire = malloc(count + 2);
+    if (wire == NULL) return NULL;
+    wire[0] = (unsigned char)count;
+    memcpy(wire + 1, name, count);
+    wire[count + 1] = 0;
+    *length = (unsigned int)count + 1;
+    return wire;
+}
+
+// A client that offers ALPN must offer ours (RFC 7301: otherwise the no_application_protocol
+// alert); a client that offers none (openssl s_client, old devices) is served all the same.
+static int select_alpn(SSL *ssl, const unsigned char **out, unsigned char *out_length, const unsigned char *offered,
+                       unsigned int offered_length, void *argument) {
+    (void)argument;
+    const unsigned char *ours = SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), alpn_index);
+    if (ours == NULL) return SSL_TLSEXT_ERR_NOACK;
+    unsigned char *selected = NULL;
+    if (SSL_select_next_proto(&selected, out_length, ours, (unsigned int)ours[0] + 1, offered, offered_length) !=
+        OPENSSL_NPN_NEGOTIATED) {
+        return SSL_TLSEXT_ERR_ALERT_FATAL;
+    }
+    *out = selected;
+    return SSL_TLSEXT_ERR_OK;
+}
+
+// ---- Contexts --------------------------------------------------------------------------
+
+static void report(char *error, size_t capacity, const char *what, const char *detail) {
+    if (error == NULL || capacity == 0) return;
+    char reason[256] = "";
+    unsigned long code = ERR_peek_last_error();
+    if (code != 0) ERR_error_string_n(code, reason, sizeof reason);
+    ERR_clear_error();
+    if (detail != NULL && reason[0] != 0) snprintf(error, capacity, "%s %s: %s", what, detail, reason);
+    else if (detail != NULL) snprintf(error, capacity, "%s %s", what, detail);
+    else if (reason[0] != 0) snprintf(error, capacity, "%s: %s", what, reason);
+    else snprintf(error, capacity, "%s", what);
+}
+
+/// What both sides share: the lowest version, no renegotiation or compression, an EOF without
+/// close_notify read as a close (a phone that loses its network never sends one, and the
+/// frames above are self-delimiting, so a truncation cannot pass for a whole message),
+/// partial writes from a moving buffer, and no record buffers held while idle.
+static int configure_common(SSL_CTX *context, int minimum_version) {
+    if (minimum_version != TLS1_2_VERSION && minimum_version != TLS1_3_VERSION) return 0;
+    if (!SSL_CTX_set_min_proto_version(context, minimum_version)) return 0;
+    SSL_CTX_set_options(context, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_IGNORE_UNEXPECTED_EOF);
+    SSL_CTX_set_mode(context, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    return 1;
+}
+
+vs_tls_context *vs_tls_server_context_new(
+    const char *chain_file, const char *key_file, int minimum_version, const char *alpn, char *error, size_t capacity) {
+    ERR_clear_error();
+    pthread_once(&alpn_index_once, make_alpn_index);
+    SSL_CTX *context = SSL_CTX_new(TLS_server_method());
+    if (context == NULL) {
+        report(error, capacity, "cannot make a TLS context", NULL);
+        return NULL;
+    }
+    if (!configure_common(context, minimum_version)) {
+        report(error, capacity, "unsupported minimum TLS version", NULL);
+        goto fail;
+    }
+    SSL_CTX_set_options(context, SSL_OP_CIPHER_SERVER_PREFERENCE);
+    // Stateless tickets carry the whole session, so the server keeps no per-session cache
+    // (memory that would grow with every device), and one ticket per handshake is enough
+    // for a client that holds one connection.
+    SSL_CTX_set_session_cache_mode(context, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_num_tickets(context, 1);
+    if (SSL_CTX_use_certificate_chain_file(context, chain_file) != 1) {
+        report(error, capacity, "cannot load the certificate chain", chain_file);
+        goto fail;
+    }
+    if (SSL_CTX_use_PrivateKey_file(context, key_file, SSL_FILETYPE_PEM) != 1) {
+        int mismatch = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH;
+        report(error, capacity, mismatch ? "the private key does not match the certificate:" : "cannot load the private key", key_file);
+        goto fail;
+    }
+    if (SSL_CTX_check_private_key(context) != 1) {
+        report(error, capacity, "the private key does not match the certificate", key_file);
+        goto fail;
+    }
+    if (alpn != NULL) {
+        unsigned int length = 0;
+        unsigned char *wire = alpn_wire(alpn, &length);
+        if (wire == NULL || alpn_index < 0 || !SSL_CTX_set_ex_data(context, alpn_index, wire)) {
+            free(wire);
+            report(error, capacity, "invalid ALPN protocol name", alpn);
+            goto fail;
+        }
+        SSL_CTX_set_alpn_select_cb(context, select_alpn, NULL);
+    }
+    return (vs_tls_context *)context;
+fail:
+    SSL_CTX_free(context);
+    return NULL;
+}
+
+int vs_tls_context_set_ticket_key(vs_tls_context *context, const uint8_t *key, size_t length) {
+    if (length != VS_TLS_TICKET_KEY_LENGTH) return 0;
+    return SSL_CTX_set_tlsext_ticket_keys((SSL_CTX *)context, (void *)key, (long)length) == 1;
+}
+
+vs_tls_context *vs_tls_client_context_new(
+    const char *ca_file, int minimum_version, const char *alpn, char *error, size_t capacity) {
+    ERR_clear_error();
+    SSL_CTX *context = SSL_CTX_new(TLS_client_method());
+    if (context == NULL) {
+        report(error, capacity, "cannot make a TLS context", NULL);
+        return NULL;
+    }
+    if (!configure_common(context, minimum_version)) {
+        report(error, capacity, "unsupported minimum TLS version", NULL);
+        goto fail;
+    }
+    SSL_CTX_set_verify(context, SSL_VERIFY_PEER, NULL);
+    if (ca_file != NULL) {
+        if (SSL_CTX_load_verify_locations(context, ca_file, NULL) != 1) {
+            report(error, capacity, "cannot load the CA certificates", ca_file);
+            goto fail;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(context) != 1) {
+        report(error, capacity, "cannot load the system's CA certificates", NULL);
+        goto fail;
+    }
+    // The caller keeps the session to resume (vs_tls_copy_session); no internal cache.
+    SSL_CTX_set_session_cache_mode(context, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    if (alpn != NULL) {
+        unsigned int length = 0;
+        unsigned char *wire = alpn_wire(alpn, &length);
+        int failed = wire == NULL || SSL_CTX_set_alpn_protos(context, wire, length) != 0;  // 0 is success here
+        free(wire);
+        if (failed) {
+            report(error, capacity, "invalid ALPN protocol name", alpn);
+            goto fail;
+        }
+    }
+    return (vs_tls_context *)context;
+fail:
+    SSL_CTX_free(context);
+    return NULL;
+}
+
+void vs_tls_context_free(vs_tls_context *context) { SSL_CTX_free((SSL_CTX *)context); }
+
+// ---- Connections -----------------------------------------------------------------------
+
+vs_tls *vs_tls_new(vs_tls_context *context, int fd, int is_server, const char *server_name) {
+    struct vs_tls *tls = calloc(1, sizeof *tls);
+    if (tls == NULL) return NULL;
+    tls->ssl = SSL_new((SSL_CTX *)context);
+    if (tls->ssl == NULL || SSL_set_fd(tls->ssl, fd) != 1) goto fail;
+    if (is_server) {
+        SSL_set_accept_state(tls->ssl);
+    } else {
+        SSL_set_connect_state(tls->ssl);
+        if (server_name != NULL) {
+            unsigned char address[16];
+            if (inet_pton(AF_INET, server_name, address) == 1 || inet_pton(AF_INET6, server_name, address) == 1) {
+                // An address is checked against the certificate's IP entries, and is never
+                // sent as SNI (RFC 6066 allows host names only).
+                if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(tls->ssl), server_name) != 1) goto fail;
+            } else if (SSL_set_tlsext_host_name(tls->ssl, server_name) != 1 || SSL_set1_host(tls->ssl, server_name) != 1) {
+                goto fail;
+            }
+        }
+    }
+    ERR_clear_error();
+    return tls;
+fail:
+    ERR_clear_error();
+    SSL_free(tls->ssl);
+    free(tls);
+    return NULL;
+}
+
+void vs_tls_free(vs_tls *tls) {
+    if (tls == NULL) return;
+    SSL_free(tls->ssl);
+    free(tls);
+}
+
+/// Turns a step's result into a status, remembering what a failure needs for its description
+/// and leaving this thread's error queue empty for the next connection.
+static vs_tls_status settle(vs_tls *tls, int result) {
+    int saved_errno = errno;
+    int error = SSL_get_error(tls->ssl, result);
+    switch (error) {
+    case SSL_ERROR_WANT_READ:
+        return VS_TLS_WANT_READ;
+    case SSL_ERROR_WANT_WRITE:
+        return VS_TLS_WANT_WRITE;
+    case SSL_ERROR_ZERO_RETURN:
+        return VS_TLS_CLOSED;
+    default:
+        tls->failure = error;
+        tls->system_errno = error == SSL_ERROR_SYSCALL ? saved_errno : 0;
+        tls->error = ERR_peek_error();
+        ERR_clear_error();
+        // An EOF read as a close (SSL_OP_IGNORE_UNEXPECTED_EOF) can still surface as a
+        // syscall error with errno 0 on some paths: a close all the same.
+        if (error == SSL_ERROR_SYSCALL && tls->error == 0 && saved_errno == 0) return VS_TLS_CLOSED;
+        return VS_TLS_FAILED;
+    }
+}
+
+vs_tls_status vs_tls_handshake(vs_tls *tls) {
+    ERR_clear_error();
+    int result = SSL_do_handshake(tls->ssl);
+    return result == 1 ? VS_TLS_DONE : settle(tls, result);
+}
+
+vs_tls_status vs_tls_read(vs_tls *tls, void *buffer, size_t capacity, size_t *count) {
+    ERR_clear_error();
+    size_t got = 0;
+    int result = SSL_read_ex(tls->ssl, buffer, capacity, &got);
+    *count = result == 1 ? got : 0;
+    return result == 1 ? VS_TLS_DONE : settle(tls, result);
+}
+
+vs_tls_status vs_tls_write(vs_tls *tls, const void *bytes, size_t length, size_t *count) {
+    ERR_clear_error();
+    size_t written = 0;
+    int result = SSL_write_ex(tls->ssl, bytes, length, &written);
+    *count = result == 1 ? written : 0;
+    return result == 1 ? VS_TLS_DONE : settle(tls, result);
+}
+
+vs_tls_status vs_tls_shutdown(vs_tls *tls) {
+    // Nothing to close politely before the handshake finished or after a fatal error.
+    if (!SSL_is_init_finished(tls->ssl) || tls->failure != 0) return VS_TLS_DONE;
+    ERR_clear_error();
+    int result = SSL_shutdown(tls->ssl);
+    return result >= 0 ? VS_TLS_DONE : settle(tls, result);
+}
+
+int vs_tls_pending(const vs_tls *tls) { return SSL_pending(tls->ssl); }
+
+int vs_tls_failed_verification(const vs_tls *tls) {
+    return tls->failure == SSL_ERROR_SSL && SSL_get_verify_result(tls->ssl) != X509_V_OK;
+}
+
+void vs_tls_describe_failure(const vs_tls *tls, char *text, size_t capacity) {
+    if (capacity == 0) return;
+    if (vs_tls_failed_verification(tls)) {
+        snprintf(text, capacity, "certificate verify failed: %s",
+                 X509_verify_cert_error_string(SSL_get_verify_result(tls->ssl)));
+    } else if (tls->error != 0) {
+        ERR_error_string_n(tls->error, text, capacity);
+    } else if (tls->system_errno != 0) {
+        char reason[128] = "";
+        if (strerror_r(tls->system_errno, reason, sizeof reason) != 0) snprintf(reason, sizeof reason, "errno %d", tls->system_errno);
+        snprintf(text, capacity, "socket error: %s", reason);
+    } else if (tls->failure != 0) {
+        snprintf(text, capacity, "TLS error %d", tls->failure);
+    } else {
+        snprintf(text, capacity, "no TLS failure");
+    }
+}
+
+int vs_tls_version(const vs_tls *tls) { return SSL_is_init_finished(tls->ssl) ? SSL_version(tls->ssl) : 0; }
+
+size_t vs_tls_alpn(const vs_tls *tls, char *out, size_t capacity) {
+    const unsigned char *data = NULL;
+    unsigned int length = 0;
+    SSL_get0_alpn_selected(tls->ssl, &data, &length);
+    if (capacity == 0) return 0;
+    if (data == NULL || length == 0 || length >= capacity) {
+        out[0] = 0;
+        return 0;
+    }
+    memcpy(out, data, length);
+    out[length] = 0;
+    return length;
+}
+
+int vs_tls_session_reused(const vs_tls *tls) { return SSL_session_reused(tls->ssl); }
+
+int vs_tls_peer_public_key_sha256(const vs_tls *tls, uint8_t *out) {
+    X509 *certificate = SSL_get1_peer_certificate(tls->ssl);
+    if (certificate == NULL) return 0;
+    unsigned char *der = NULL;
+    int length = i2d_X509_PUBKEY(X509_get_X509_PUBKEY(certificate), &der);
+    int ok = length > 0 && EVP_Digest(der, (size_t)length, out, NULL, EVP_sha256(), NULL) == 1;
+    OPENSSL_free(der);
+    X509_free(certificate);
+    ERR_clear_error();
+    return ok;
+}
+
+vs_tls_session *vs_tls_copy_session(const vs_tls *tls) {
+    SSL_SESSION *session = SSL_get1_session(tls->ssl);
+    if (session != NULL && !SSL_SESSION_is_resumable(session)) {
+        SSL_SESSION_free(session);
+        return NULL;
+    }
+    return (vs_tls_session *)session;
+}
+
+int vs_tls_offer_session(vs_tls *tls, vs_tls_session *session) { return SSL_set_session(tls->ssl, (SSL_SESSION *)session); }
+
+void vs_tls_session_free(vs_tls_session *session) { SSL_SESSION_free((SSL_SESSION *)session); }
