@@ -64,13 +64,16 @@ final class TCPRelay: @unchecked Sendable {
     }
 
     /// Cuts every relayed connection on both sides, like a network that lost the path.
-    /// Each pump thread then closes its own descriptors (with a reset), so no descriptor
-    /// is closed while another thread may still use its number.
+    /// Each pump thread then closes its own descriptors (with a reset).
+    ///
+    /// The shutdowns are made under the lock, and a pump closes its descriptors under it
+    /// too: otherwise a pair's numbers could be closed and handed to the client's new
+    /// connection between the listing and the shutdown, which would cut the reconnect
+    /// during its handshake.
     func severAll() {
         lock.lock()
-        let current = pairs
-        lock.unlock()
-        for pair in current {
+        defer { lock.unlock() }
+        for pair in pairs {
             for fd in [pair.client, pair.server] {
                 var option = linger(l_onoff: 1, l_linger: 0)
                 setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
@@ -119,9 +122,9 @@ final class TCPRelay: @unchecked Sendable {
         defer {
             lock.lock()
             pairs.removeAll { $0.client == client }
-            lock.unlock()
             resetAndClose(client)
             resetAndClose(server)
+            lock.unlock()
         }
         while true {
             var fds = [pollfd(fd: client, events: Int16(POLLIN), revents: 0), pollfd(fd: server, events: Int16(POLLIN), revents: 0)]
