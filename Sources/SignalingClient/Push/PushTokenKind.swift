@@ -43,6 +43,19 @@ public enum PushTokenKind: Hashable, Sendable, CustomStringConvertible {
     public var isAPNs: Bool { self == .apnsVoIP || self == .apns }
 
     public var description: String { platform }
+
+    /// Why a registration of this kind with these fields would be refused before it is
+    /// sent, or nil: a webhook platform that names a kind, APNs fields on another kind.
+    /// (The codec checks the lengths.)
+    public func registrationProblem(environment: PushEnvironment?, topic: String?) -> String? {
+        if case .webhook(let platform) = self, Self.reservedPlatforms.contains(platform) {
+            return "\"\(platform)\" names a push kind, not a webhook platform"
+        }
+        if !isAPNs && (environment != nil || topic != nil) {
+            return "environment and topic are for APNs tokens, not \(self)"
+        }
+        return nil
+    }
 }
 
 /// The APNs endpoint a token belongs to: a development build's tokens are sandbox tokens.

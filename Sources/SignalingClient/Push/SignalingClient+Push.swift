@@ -14,7 +14,7 @@ extension SignalingClient {
     /// out a new token.
     public func registerPush(kind: PushTokenKind, token: [UInt8], environment: PushEnvironment? = nil, topic: String? = nil,
                              completion: @escaping RequestCompletion = { _ in }) {
-        if let problem = Self.pushRegistrationProblem(kind: kind, environment: environment, topic: topic) {
+        if let problem = kind.registrationProblem(environment: environment, topic: topic) {
             core.eventQueue.async { completion(.failure(.invalidArgument(problem))) }
             return
         }
@@ -27,17 +27,6 @@ extension SignalingClient {
     /// without environment or topic.
     public func registerPush(platform: String, token: [UInt8], completion: @escaping RequestCompletion = { _ in }) {
         registerPush(kind: PushTokenKind(platform: platform), token: token, completion: completion)
-    }
-
-    /// What the protocol's codec cannot say about a registration; nil when it is fine.
-    static func pushRegistrationProblem(kind: PushTokenKind, environment: PushEnvironment?, topic: String?) -> String? {
-        if case .webhook(let platform) = kind, PushTokenKind.reservedPlatforms.contains(platform) {
-            return "\"\(platform)\" names a push kind, not a webhook platform"
-        }
-        if !kind.isAPNs && (environment != nil || topic != nil) {
-            return "environment and topic are for APNs tokens, not \(kind)"
-        }
-        return nil
     }
 
     /// Handles a push wake-up, the seed's "connect, then mark the socket" flow triggered by
