@@ -154,7 +154,7 @@ let package = Package(
             name: "SignalingClientTests",
             dependencies: [
                 "SignalingClient", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "SignalingServer", "TestSupport",
-                "SignalingCrypto",
+                "SignalingCrypto", "SignalingPush",
             ]
         ),
         .testTarget(

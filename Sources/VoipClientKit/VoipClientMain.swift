@@ -38,6 +38,10 @@ public enum VoipClientMain {
             let send = SendCommand(common: common, options: options)
             SignalWatcher.start { signal in if signal != SIGWINCH { send.interrupt(signal) } }
             return send.run().status.rawValue
+        case .pushRegister(let common, let options):
+            let register = PushRegisterCommand(common: common, options: options)
+            SignalWatcher.start { signal in if signal != SIGWINCH { register.interrupt(signal) } }
+            return register.run().status.rawValue
         case .interactive(let common):
             let console = InteractiveSession(common: common)
             SignalWatcher.start { signal in console.signalReceived(signal) }

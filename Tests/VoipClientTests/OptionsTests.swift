@@ -145,4 +145,40 @@ struct OptionsTests {
         #expect(try VoipClientOptions.parse(["call", "--help"]) == .help)
         #expect(try VoipClientOptions.parse(["-h"]) == .help)
     }
+
+    @Test("push-register: kinds, hex or text tokens, APNs fields; --token is the push token there, credentials come from the other options")
+    func pushRegister() throws {
+        guard case .pushRegister(let common, let options) = try command(
+            base + ["push-register", "--kind", "apns-voip", "--token", "0aFF", "--environment", "sandbox", "--topic", "com.x", "--timeout", "3"])
+        else { Issue.record("not push-register"); return }
+        #expect(common.credentials == nil)
+        #expect(options == {
+            var expected = PushRegisterOptions(kind: .apnsVoIP, token: [0x0A, 0xFF])
+            expected.environment = .sandbox
+            expected.topic = "com.x"
+            expected.timeout = .seconds(3)
+            return expected
+        }())
+        guard case .pushRegister(let secretCommon, let fcm) = try command(
+            base + ["push-register", "--kind", "fcm", "--token-text", "abc", "--auth-secret", "s"])
+        else { Issue.record("not push-register"); return }
+        #expect(fcm == PushRegisterOptions(kind: .fcm, token: Array("abc".utf8)) && secretCommon.credentials != nil)
+        guard case .pushRegister(_, let webhook) = try command(base + ["push-register", "--kind", "relay", "--token", ""])
+        else { Issue.record("not push-register"); return }
+        #expect(webhook == PushRegisterOptions(kind: .webhook(platform: "relay"), token: []))
+
+        let push = base + ["push-register"]
+        #expect(mistake(push + ["--token", "00"])?.contains("--kind") == true)
+        #expect(mistake(push + ["--kind", "apns"])?.contains("--token HEX or --token-text") == true)
+        #expect(mistake(push + ["--kind", "apns", "--token", "abc"])?.contains("hex digits") == true)
+        #expect(mistake(push + ["--kind", "apns", "--token", "zz"])?.contains("hex digits") == true)
+        #expect(mistake(push + ["--kind", "apns", "--token", "00", "--token-text", "x"])?.contains("not both") == true)
+        #expect(mistake(push + ["--kind", "apns", "--token", "00", "--environment", "staging"])?.contains("production or sandbox") == true)
+        #expect(mistake(push + ["--kind", "fcm", "--token", "00", "--topic", "com.x"])?.contains("APNs tokens") == true)
+        #expect(mistake(push + ["--kind", "apns", "--token", "00", "extra"])?.contains("no operand") == true)
+        #expect(mistake(base + ["send", "bob", "hi", "--kind", "apns"])?.contains("does not apply") == true)
+        #expect(mistake(push + ["--kind", "apns", "--token", "00", "--token-file", "/nonexistent", "--auth-secret", "s"])?
+            .contains("give only one of --token-file, --auth-secret and --auth-key-file") == true)
+    }
+
 }

@@ -206,6 +206,23 @@ struct VoipClientExecutableTests {
         #expect(!again.stdout.contains("hello there"))
     }
 
+    @Test("push-register: the server accepts an APNs VoIP token with environment and topic, exit 0; --auth-key-file credentials beside --token")
+    func pushRegister() throws {
+        let scratch = try TemporaryDirectory()
+        let keys = scratch.file("keys")
+        try "k1 \(String(repeating: "k", count: 40))\n".write(toFile: keys, atomically: false, encoding: .utf8)
+        let server = try startServer(["--auth-key-file", keys])
+        let result = try run(client(server, "bob", [
+            "push-register", "--kind", "apns-voip", "--token", String(repeating: "9a", count: 32), "--environment", "sandbox",
+            "--topic", "com.example.app", "--auth-key-file", keys, "--json",
+        ]))
+        #expect(result.exitCode == 0, "\(result.stderr)")
+        #expect(JSONLines(result.stdout).events == ["connected", "push_registered", "result"])
+        let registered = try #require(JSONLines(result.stdout).first("push_registered"))
+        #expect(registered["kind"] as? String == "apns-voip" && registered["token_bytes"] as? Int == 32)
+        #expect(registered["environment"] as? String == "sandbox" && registered["topic"] as? String == "com.example.app")
+    }
+
     @Test("a message pending for the callee: listen --count 1 ends on it and the call finds nobody; --count-calls 1 waits for the call")
     func pendingMessageBeforeCall() throws {
         // The README's first session, with a message already waiting for bob.

@@ -144,11 +144,6 @@ public final class SignalingClient: Sendable {
         return id
     }
 
-    /// PUSH_REGISTER (kept and retried like messages).
-    public func registerPush(platform: String, token: [UInt8], completion: @escaping RequestCompletion = { _ in }) {
-        submit(.pushRegister(platform: platform, token: token), durable: true, completion: completion)
-    }
-
     private func submit(_ request: Request, durable: Bool, completion: @escaping RequestCompletion) {
         core.queue.async { [core] in core.submit(request, durable: durable, completion: completion) }
     }

@@ -11,7 +11,8 @@ public enum ApplicationState: String, Sendable, Equatable, CustomStringConvertib
     public var description: String { rawValue }
 }
 
-/// Why a suspended app was given a slice of time: exactly the article's three reasons.
+/// Why a suspended app was given a slice of time: the article's three reasons, and the
+/// push that today's phones use instead of a socket kept open in the background.
 public enum WakeReason: String, Sendable, Equatable, CaseIterable, CustomStringConvertible {
     /// Data arrived on the marked socket.
     case socketData
@@ -19,6 +20,9 @@ public enum WakeReason: String, Sendable, Equatable, CaseIterable, CustomStringC
     case networkChange
     /// The keep-alive timer fired the keep-alive handler.
     case keepAliveTimer
+    /// A push wake-up arrived (`SignalingClient.handleWakeUp`): a PushKit VoIP push, an
+    /// FCM high-priority message, a background notification.
+    case pushNotification
 
     public var description: String { rawValue }
 }

@@ -161,6 +161,7 @@ extension ClientCore {
             guard let self else { return }
             self.queue.async { self.handle(input, from: id) }
         }
+        sessionStarted(welcome: handshaken.welcome)
         flushOutbox()
         flushAcknowledgement()
         rearmTimer()

@@ -41,6 +41,7 @@ extension ClientCore {
             connection.send(FrameEncoder.encode(.pong))
         case .pong:
             if let roundTrip = keepAlive.pongReceived(now: now) { emit(.keepAliveAnswered(roundTrip: roundTrip)) }
+            wakeUpsSawPong()
         case .ok(let requestID, let serverTime):
             replied(requestID, .success(RequestAcceptance(serverTime: serverTime)), now: now)
         case .error(let requestID, let code, let message):
@@ -104,10 +105,10 @@ extension ClientCore {
         if background.state != .foreground && configuration.notifiesWhenNotInForeground {
             notifyUser(about: event)
         }
-        let handler = eventHandler
+        let hand = handToApp
         let epoch = sequencer.epoch
         eventQueue.async { [weak self] in
-            handler(clientEvent)
+            hand(clientEvent)
             guard let self else { return }
             self.queue.async { self.eventProcessed(seq, epoch: epoch) }
         }
@@ -126,6 +127,7 @@ extension ClientCore {
     private func eventProcessed(_ seq: UInt64, epoch: Int) {
         sequencer.processed(seq: seq, epoch: epoch)
         scheduleAcknowledgement()
+        wakeUpsSawEventProcessed()
     }
 
     /// One ACK per batch: flushed after everything already queued on `queue`.

@@ -32,6 +32,8 @@ final class ClientCore: @unchecked Sendable {
     let queue = DispatchQueue(label: "vsig.client")
     let eventQueue: DispatchQueue
     let eventHandler: @Sendable (ClientEvent) -> Void
+    /// The streams of `SignalingClient.events()`, fed alongside `eventHandler`.
+    let subscribers = EventSubscribers()
     /// Waits for automatic connect attempts, one at a time.
     let connectQueue = DispatchQueue(label: "vsig.client.connect")
     /// Monitor of the system's network; nil when not watching.
@@ -70,6 +72,8 @@ final class ClientCore: @unchecked Sendable {
     var background: BackgroundExecution
     var expirationHandlers: [BackgroundTaskIdentifier: @Sendable () -> Void] = [:]
     var notifications: LocalNotificationCenter
+    /// Accepted push registrations and wake-ups in progress (ClientCore+Push).
+    var push = PushState()
     var random = SystemRandomNumberGenerator()
     /// The most recent attempt (tests check that a timed-out one cleaned up).
     var lastAttempt: ConnectAttempt?
@@ -98,8 +102,17 @@ final class ClientCore: @unchecked Sendable {
     // MARK: Delivering to the app
 
     func emit(_ event: ClientEvent) {
-        let handler = eventHandler
-        eventQueue.async { handler(event) }
+        let hand = handToApp
+        eventQueue.async { hand(event) }
+    }
+
+    /// On the event queue: gives one event to the handler, then to every stream. The one
+    /// place events reach the app, so the callback and the streams see the same order.
+    var handToApp: @Sendable (ClientEvent) -> Void {
+        { [handler = eventHandler, subscribers] event in
+            handler(event)
+            subscribers.yield(event)
+        }
     }
 
     func emitConnectionState() { emit(.connectionStateChanged(publicConnectionState)) }
@@ -139,6 +152,7 @@ final class ClientCore: @unchecked Sendable {
         var deadlines: [Instant] = []
         if let deadline = keepAlive.nextDeadline { deadlines.append(deadline) }
         if let deadline = background.nextDeadline { deadlines.append(deadline) }
+        if let deadline = push.nextDeadline { deadlines.append(deadline) }
         if background.state != .suspended {
             if case .waiting(let until, _, _) = lifecycle { deadlines.append(until) }
             if currentConnection != nil, let retry = outbox.nextRetry { deadlines.append(retry) }
@@ -160,6 +174,7 @@ final class ClientCore: @unchecked Sendable {
         let now = clock.now()
         perform(background.tick(now: now))
         for action in keepAlive.tick(now: now) { perform(action, now: now) }
+        finishOverdueWakeUps(now: now)
         if background.state != .suspended {
             if case .waiting(let until, _, _) = lifecycle, now >= until { startAutomaticConnect() }
             flushOutbox()
@@ -191,8 +206,10 @@ final class ClientCore: @unchecked Sendable {
         for (completion, request) in outbox.drainAll() {
             eventQueue.async { completion(.failure(.clientShutDown(unsent: request))) }
         }
+        finishAllWakeUps(.clientShutDown)
         lifecycle = .stopped(.shutDown)
         emitConnectionState()
+        eventQueue.async { [subscribers] in subscribers.finishAll() }
         return closing
     }
 

@@ -315,7 +315,7 @@ extension EventLoop {
                 case .failure(let error):
                     outcome = .failure(error)
                 }
-            case .pushRegister(let platform, let token):
+            case .pushRegister(let platform, let token, _, _):
                 board.registerPush(PushRegistration(platform: platform, token: token), for: device)
                 outcome = .success(wall)
             }

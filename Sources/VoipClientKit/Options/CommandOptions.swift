@@ -1,3 +1,4 @@
+import SignalingClient
 import SignalingCrypto
 import SignalingSupport
 
@@ -133,16 +134,34 @@ public struct SendOptions: Sendable, Equatable {
     }
 }
 
+/// `push-register --kind KIND --token HEX`.
+public struct PushRegisterOptions: Sendable, Equatable {
+    public var kind: PushTokenKind
+    /// Empty: unregister the kind.
+    public var token: [UInt8]
+    public var environment: PushEnvironment?
+    public var topic: String?
+    public var timeout: Duration = .seconds(30)
+
+    public init(kind: PushTokenKind, token: [UInt8]) {
+        self.kind = kind
+        self.token = token
+    }
+}
+
 /// What the command line asks for.
 public enum VoipClientCommand: Sendable, Equatable {
     case interactive(CommonOptions)
     case call(CommonOptions, CallOptions)
     case listen(CommonOptions, ListenOptions)
     case send(CommonOptions, SendOptions)
+    case pushRegister(CommonOptions, PushRegisterOptions)
 
     public var common: CommonOptions {
         switch self {
-        case .interactive(let common), .call(let common, _), .listen(let common, _), .send(let common, _): return common
+        case .interactive(let common), .call(let common, _), .listen(let common, _), .send(let common, _),
+             .pushRegister(let common, _):
+            return common
         }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import SignalingClient
 import SignalingCrypto
 import SignalingProtocol
 import SignalingSupport
@@ -17,6 +18,7 @@ public enum VoipClientOptions {
         "call": ["json", "require-media", "max-loss", "hangup-after", "timeout"],
         "listen": ["json", "require-media", "max-loss", "auto-answer", "auto-reject", "answer-after", "count", "count-calls", "timeout"],
         "send": ["json", "content-type", "message-id", "wait-delivered", "timeout"],
+        "push-register": ["json", "kind", "token-text", "environment", "topic", "timeout"],
     ]
 
     public static let parser = CommandLineParser(
@@ -26,6 +28,7 @@ public enum VoipClientOptions {
                    voipclient --server HOST:PORT --user NAME listen [--auto-answer | --auto-reject] [--count N | --count-calls N]
                    voipclient --server HOST:PORT --user NAME call CALLEE [--hangup-after SECONDS] [--timeout SECONDS]
                    voipclient --server HOST:PORT --user NAME send RECIPIENT TEXT|- [--wait-delivered]
+                   voipclient --server HOST:PORT --user NAME push-register --kind KIND --token HEX [--environment sandbox] [--topic ID]
             """,
         summary: """
             Places test calls and sends messages through a voipserver, by hand (an interactive prompt) or from \
@@ -36,7 +39,7 @@ public enum VoipClientOptions {
             OptionSpec("server", value: "HOST:PORT", help: "The server (port 7443 when omitted; IPv6 as [ADDR]:PORT). Required."),
             OptionSpec("user", value: "NAME", help: "Your user id. Required."),
             OptionSpec("device", value: "ID", default: "voipclient", help: "Your device id (two copies of one device evict each other)."),
-            OptionSpec("token", value: "TOKEN", help: "Credentials: a device token (voipserver token), or a legacy --auth-secret token."),
+            OptionSpec("token", value: "TOKEN", help: "Credentials: a device token (voipserver token), or a legacy --auth-secret token. push-register: the push token, in hex ('' unregisters the kind); credentials then come from --token-file, --auth-key-file or --auth-secret."),
             OptionSpec("token-file", value: "FILE", help: "Read the credentials from FILE (first line); read again when the server says the token expired."),
             OptionSpec("auth-key-file", value: "FILE", help: "Mint device tokens with the last key of the server's key file (test deployments)."),
             OptionSpec("auth-secret", value: "SECRET", help: "Compute legacy credentials from the server's --auth-secret (test deployments)."),
@@ -50,7 +53,7 @@ public enum VoipClientOptions {
             OptionSpec("require-media", help: "Exit 6 when no probe packet came back."),
             OptionSpec("max-loss", value: "PERCENT", help: "Exit 6 when the probe lost more than this (implies --require-media)."),
             OptionSpec("hangup-after", value: "SECONDS", default: "0", help: "call: hang up this long after the answer (the probe completes first)."),
-            OptionSpec("timeout", value: "SECONDS", help: "call: give up after this long (default 90); listen: exit 4 if --count or --count-calls is not reached; send: (default 30)."),
+            OptionSpec("timeout", value: "SECONDS", help: "call: give up after this long (default 90); listen: exit 4 if --count or --count-calls is not reached; send, push-register: (default 30)."),
             OptionSpec("auto-answer", help: "listen: answer every call (ringing first), probe, wait for the hang-up."),
             OptionSpec("auto-reject", help: "listen: decline every call."),
             OptionSpec("answer-after", value: "SECONDS", default: "0", help: "listen --auto-answer: ring this long before answering."),
@@ -59,6 +62,10 @@ public enum VoipClientOptions {
             OptionSpec("content-type", value: "TYPE", default: "text/plain", help: "send: the message's content type."),
             OptionSpec("message-id", value: "ID", default: "a new UUID", help: "send: the message id (a repeated id is delivered once)."),
             OptionSpec("wait-delivered", help: "send: wait for the delivery receipt, not only the server's acceptance."),
+            OptionSpec("kind", value: "KIND", help: "push-register: apns-voip, apns, fcm, or another name for the server's webhook gateway."),
+            OptionSpec("token-text", value: "TEXT", help: "push-register: the push token as text (FCM tokens), instead of --token HEX."),
+            OptionSpec("environment", value: "ENV", default: "the server's: production", help: "push-register: production or sandbox (APNs kinds)."),
+            OptionSpec("topic", value: "ID", default: "the server's", help: "push-register: the app's bundle id (APNs kinds)."),
         ],
         epilogue: """
             MODES:
@@ -66,6 +73,7 @@ public enum VoipClientOptions {
               listen                 Report incoming calls and messages.
               call CALLEE            Call, wait for the outcome, report timings and the probe.
               send RECIPIENT TEXT    Send a message ('-' reads the text from stdin; '--' before text starting with '-').
+              push-register          Register this device's push token of one kind (PUSH_REGISTER), wait for the OK.
 
             EXIT STATUS:
               0 ok                    the call or message did what was asked
@@ -82,6 +90,7 @@ public enum VoipClientOptions {
               voipclient --server 127.0.0.1:7443 --user bob listen --auto-answer --count-calls 1 &
               voipclient --server 127.0.0.1:7443 --user alice call bob --hangup-after 2 --json
               voipclient --server 127.0.0.1:7443 --user alice send bob "hello" --wait-delivered
+              voipclient --server 127.0.0.1:7443 --user bob --device phone push-register --kind apns-voip --token 9a0f... --environment sandbox
 
             See docs/VOIPCLIENT.md.
             """)
@@ -92,12 +101,14 @@ public enum VoipClientOptions {
         if parsed.versionRequested { return .version }
         let mode = parsed.positionals.first ?? "interactive"
         guard let allowed = modeNames[mode], mode != "interactive" || parsed.positionals.isEmpty else {
-            throw UsageError("unknown mode '\(mode)' (expected listen, call or send)")
+            throw UsageError("unknown mode '\(mode)' (expected listen, call, send or push-register)")
         }
         for name in parsed.values.keys where !commonNames.contains(name) && !allowed.contains(name) {
             throw UsageError("--\(name) does not apply to \(mode == "interactive" ? "the interactive mode" : "'\(mode)'")")
         }
-        let common = try commonOptions(parsed)
+        // push-register takes --token as the push token, as the issue that asked for it
+        // spells the command; its credentials come from the other three options.
+        let common = try commonOptions(parsed, tokenIsCredentials: mode != "push-register")
         let operands = Array(parsed.positionals.dropFirst())
         switch mode {
         case "call":
@@ -142,19 +153,23 @@ public enum VoipClientOptions {
             send.waitDelivered = parsed.flag("wait-delivered")
             if let value = try seconds(parsed, "timeout", 0.1...86_400) { send.timeout = value }
             return .run(.send(common, send))
+        case "push-register":
+            guard operands.isEmpty else { throw UsageError("push-register takes no operand, got '\(operands[0])'") }
+            return .run(.pushRegister(common, try pushRegisterOptions(parsed)))
         default:
             return .run(.interactive(common))
         }
     }
 
-    static func commonOptions(_ parsed: ParsedOptions) throws(UsageError) -> CommonOptions {
+    static func commonOptions(_ parsed: ParsedOptions, tokenIsCredentials: Bool = true) throws(UsageError) -> CommonOptions {
         guard let serverText = parsed.string("server") else { throw UsageError("--server HOST:PORT is required") }
         guard let userText = parsed.string("user") else { throw UsageError("--user NAME is required") }
         let user = try identifier(userText, what: "--user")
         var common = CommonOptions(
             server: try ServerAddress(parsing: serverText), user: user,
             device: try identifier(parsed.string("device") ?? "voipclient", what: "--device"))
-        (common.credentials, common.credentialsSource) = try credentials(parsed, user: user, device: common.device)
+        (common.credentials, common.credentialsSource) = try credentials(
+            parsed, user: user, device: common.device, tokenIsCredentials: tokenIsCredentials)
         common.json = parsed.flag("json")
         if let value = try seconds(parsed, "connect-timeout", 0.1...3600) { common.connectTimeout = value }
         if let name = parsed.string("log-level") {
@@ -181,12 +196,17 @@ public enum VoipClientOptions {
         return common
     }
 
-    static func credentials(_ parsed: ParsedOptions, user: String, device: String) throws(UsageError) -> ([UInt8]?, CredentialsSource) {
-        let given = ["token", "token-file", "auth-secret", "auth-key-file"].filter { parsed.has($0) }
-        guard given.count <= 1 else { throw UsageError("give only one of --token, --token-file, --auth-key-file and --auth-secret") }
+    static func credentials(_ parsed: ParsedOptions, user: String, device: String, tokenIsCredentials: Bool = true)
+        throws(UsageError) -> ([UInt8]?, CredentialsSource)
+    {
+        let names = tokenIsCredentials ? ["token", "token-file", "auth-secret", "auth-key-file"] : ["token-file", "auth-secret", "auth-key-file"]
+        let given = names.filter { parsed.has($0) }
+        guard given.count <= 1 else {
+            throw UsageError("give only one of \(names.dropLast().map { "--\($0)" }.joined(separator: ", ")) and --\(names.last!)")
+        }
         var token: String?
         var source = CredentialsSource.fixed
-        if let text = parsed.string("token") {
+        if tokenIsCredentials, let text = parsed.string("token") {
             token = text
         } else if let path = parsed.string("token-file") {
             guard let line = firstLine(ofFile: path) else { throw UsageError("cannot read --token-file \(path)") }
@@ -217,6 +237,68 @@ public enum VoipClientOptions {
             throw UsageError("the token must be 1-\(ProtocolLimits.maxTokenBytes) bytes")
         }
         return (Array(token.utf8), source)
+    }
+
+    /// `push-register`'s options; the library's own rules decide what may be registered.
+    static func pushRegisterOptions(_ parsed: ParsedOptions) throws(UsageError) -> PushRegisterOptions {
+        guard let kindName = parsed.string("kind") else { throw UsageError("push-register needs --kind apns-voip|apns|fcm|NAME") }
+        guard !kindName.isEmpty, kindName.utf8.count <= ProtocolLimits.maxShortTextBytes else {
+            throw UsageError("--kind must be 1-\(ProtocolLimits.maxShortTextBytes) bytes")
+        }
+        let token: [UInt8]
+        switch (parsed.string("token"), parsed.string("token-text")) {
+        case (let hex?, nil):
+            guard let bytes = Self.hexBytes(hex) else { throw UsageError("--token must be hex digits, an even number of them") }
+            token = bytes
+        case (nil, let text?):
+            token = Array(text.utf8)
+        case (nil, nil):
+            throw UsageError("push-register needs --token HEX or --token-text TEXT")
+        default:
+            throw UsageError("give --token or --token-text, not both")
+        }
+        guard token.count <= ProtocolLimits.maxTokenBytes else {
+            throw UsageError("the push token is \(token.count) bytes, the limit is \(ProtocolLimits.maxTokenBytes)")
+        }
+        var options = PushRegisterOptions(kind: PushTokenKind(platform: kindName), token: token)
+        if let name = parsed.string("environment") {
+            guard let environment = PushEnvironment(rawValue: name) else { throw UsageError("--environment must be production or sandbox") }
+            options.environment = environment
+        }
+        if let topic = parsed.string("topic") {
+            guard topic.utf8.count <= ProtocolLimits.maxShortTextBytes else {
+                throw UsageError("--topic must be at most \(ProtocolLimits.maxShortTextBytes) bytes")
+            }
+            options.topic = topic
+        }
+        if let problem = options.kind.registrationProblem(environment: options.environment, topic: options.topic) {
+            throw UsageError(problem)
+        }
+        if let value = try seconds(parsed, "timeout", 0.1...86_400) { options.timeout = value }
+        return options
+    }
+
+    /// "9a0F..." → bytes; nil unless every character is a hex digit and there is an even
+    /// number of them. An empty string is no bytes.
+    static func hexBytes(_ text: String) -> [UInt8]? {
+        let digits = Array(text.utf8)
+        guard digits.count % 2 == 0 else { return nil }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(digits.count / 2)
+        for index in stride(from: 0, to: digits.count, by: 2) {
+            guard let high = hexValue(digits[index]), let low = hexValue(digits[index + 1]) else { return nil }
+            bytes.append(high << 4 | low)
+        }
+        return bytes
+    }
+
+    private static func hexValue(_ digit: UInt8) -> UInt8? {
+        switch digit {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return digit - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return digit - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): return digit - UInt8(ascii: "A") + 10
+        default: return nil
+        }
     }
 
     /// The first line of a file, without surrounding blanks; nil if it cannot be read.

@@ -135,6 +135,17 @@ public enum Reports {
             + (elapsed.map { " after \(Format.milliseconds($0))" } ?? ""))
     }
 
+    static func pushRegistered(_ options: PushRegisterOptions, serverTime: UInt64, elapsed: Duration) -> ReportEvent {
+        ReportEvent("push_registered", [
+            JSONField("kind", .string(options.kind.platform)), JSONField("token_bytes", .integer(Int64(options.token.count))),
+            JSONField("environment", .optional(options.environment?.rawValue)), JSONField("topic", .optional(options.topic)),
+            JSONField("server_time", .unsigned(serverTime)), JSONField("register_ms", .milliseconds(elapsed)),
+        ], text: "\(options.token.isEmpty ? "unregistered" : "registered") push token of kind \(options.kind)"
+            + (options.token.isEmpty ? "" : " (\(options.token.count) bytes)")
+            + (options.environment.map { ", \($0)" } ?? "") + (options.topic.map { ", topic \($0)" } ?? "")
+            + " after \(Format.milliseconds(elapsed))")
+    }
+
     static func warning(_ text: String) -> ReportEvent {
         ReportEvent("warning", [JSONField("message", .string(text))], text: "warning: \(text)")
     }
