@@ -5,9 +5,12 @@ import Synchronization
 /// The routing core shared by all event loops: one `SwitchboardState` behind one lock.
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
-/// sockets are written by each connection's own loop after the lock is released. With a
-/// handful of worker threads the lock is rarely contended; if it ever shows up in a
-/// profile, the state can be striped by user id without changing its interface.
+/// sockets are written by each connection's own loop after the lock is released. Work
+/// that could grow without bound is split into bounded holds (expiry: a budget per hold;
+/// the user index: incremental growth); a message's fan-out to its recipient's devices is
+/// still one hold (all-or-nothing, and ordered with the sender's other messages). Every
+/// hold is timed: `LoopMetrics.routingLockHold` per loop, `otherThreadHolds` for the rest,
+/// `/metrics` sums them (`voipserver_routing_lock_hold_seconds`).
 ///
 /// With a store, the durable changes an operation made are handed to the `StoreWriter`
 /// before the lock is released, so commit units reach the writer in the order their
