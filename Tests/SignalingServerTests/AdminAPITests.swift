@@ -395,7 +395,7 @@ struct AdminAPITests {
             #expect(families[name]?.type == "counter", "\(name)")
         }
 
-        for histogram in ["voipserver_push_latency_seconds", "voipserver_store_commit_seconds"] {
+        for histogram in ["voipserver_push_latency_seconds", "voipserver_store_commit_seconds", "voipserver_routing_lock_hold_seconds"] {
             let family = try #require(families[histogram], "\(histogram)")
             #expect(family.type == "histogram")
             let buckets = family.samples.filter { $0.name == histogram + "_bucket" }
@@ -406,6 +406,11 @@ struct AdminAPITests {
             #expect(count >= 1)
             #expect((family.samples.first { $0.name == histogram + "_sum" }?.value ?? -1) >= 0)
         }
+        // Every request, ACK and write batch held the routing lock at least once.
+        let holds = try #require(value("voipserver_routing_lock_hold_seconds", "voipserver_routing_lock_hold_seconds_count"))
+        #expect(holds >= 12)  // 2 handshakes, 5 sends, 5 ACKs, and more
+        let longest = try #require(value("voipserver_routing_lock_hold_max_seconds", "voipserver_routing_lock_hold_max_seconds"))
+        #expect(longest > 0 && longest < 1, "the longest hold is a positive number of seconds")
         // Ten events written (5 messages, 5 receipts), each measured once.
         #expect(families["voipserver_push_latency_seconds"]?.samples.first { $0.name == "voipserver_push_latency_seconds_count" }?.value == 10)
     }

@@ -3,14 +3,15 @@ import SignalingSupport
 import SignalingPush
 
 /// `GET /metrics`: the server's counters in the Prometheus text format. Reading costs one
-/// pass over the loops' atomics and one short hold of the switchboard lock (its counters
-/// are a copied struct), never a walk over devices or connections.
+/// pass over the loops' cells (each counter and histogram summed over the loops) and one
+/// short hold of the switchboard lock (its counters are a copied struct), never a walk over
+/// devices or connections.
 extension AdminAPI {
     func metrics() -> String {
         let counters = context.counters
         let routing = context.switchboard.counters
-        let open = counters.openConnections.load(ordering: .relaxed)
-        let established = counters.establishedConnections.load(ordering: .relaxed)
+        let open = counters.openConnections.value
+        let established = counters.establishedConnections.value
         var out = PrometheusText()
 
         out.family("voipserver_build_info", .gauge, "Always 1; the labels say which build runs.")
@@ -25,19 +26,19 @@ extension AdminAPI {
         out.sample("voipserver_connections", ["state": "handshake", "transport": "tcp"], max(0, open - established))
         out.sample("voipserver_connections", ["state": "established", "transport": "tcp"], established)
         out.family("voipserver_connections_accepted_total", .counter, "Device connections accepted.")
-        out.sample("voipserver_connections_accepted_total", ["transport": "tcp"], counters.acceptedConnections.load(ordering: .relaxed))
+        out.sample("voipserver_connections_accepted_total", ["transport": "tcp"], counters.acceptedConnections.value)
         out.family("voipserver_connections_refused_total", .counter, "Connections refused before any handshake, by reason.")
-        out.sample("voipserver_connections_refused_total", ["reason": "per_address_limit"], counters.connectionsRefusedPerAddress.load(ordering: .relaxed))
+        out.sample("voipserver_connections_refused_total", ["reason": "per_address_limit"], counters.connectionsRefusedPerAddress.value)
         out.family("voipserver_connection_closes_total", .counter, "Connections the server closed, by reason (takeovers: another connection of the device).")
-        out.sample("voipserver_connection_closes_total", ["reason": "idle_timeout"], counters.idleTimeouts.load(ordering: .relaxed))
-        out.sample("voipserver_connection_closes_total", ["reason": "protocol_error"], counters.protocolErrors.load(ordering: .relaxed))
-        out.sample("voipserver_connection_closes_total", ["reason": "slow_consumer"], counters.slowConsumerCloses.load(ordering: .relaxed))
-        out.sample("voipserver_connection_closes_total", ["reason": "takeover"], counters.takeovers.load(ordering: .relaxed))
+        out.sample("voipserver_connection_closes_total", ["reason": "idle_timeout"], counters.idleTimeouts.value)
+        out.sample("voipserver_connection_closes_total", ["reason": "protocol_error"], counters.protocolErrors.value)
+        out.sample("voipserver_connection_closes_total", ["reason": "slow_consumer"], counters.slowConsumerCloses.value)
+        out.sample("voipserver_connection_closes_total", ["reason": "takeover"], counters.takeovers.value)
 
         out.family("voipserver_handshakes_total", .counter, "Handshakes by result: completed, throttled (CLOSE overloaded), timeout, or the CLOSE code that refused the HELLO.")
-        out.sample("voipserver_handshakes_total", ["result": "completed"], counters.handshakesCompleted.load(ordering: .relaxed))
-        out.sample("voipserver_handshakes_total", ["result": "throttled"], counters.handshakesThrottled.load(ordering: .relaxed))
-        out.sample("voipserver_handshakes_total", ["result": "timeout"], counters.handshakeTimeouts.load(ordering: .relaxed))
+        out.sample("voipserver_handshakes_total", ["result": "completed"], counters.handshakesCompleted.value)
+        out.sample("voipserver_handshakes_total", ["result": "throttled"], counters.handshakesThrottled.value)
+        out.sample("voipserver_handshakes_total", ["result": "timeout"], counters.handshakeTimeouts.value)
         for code in CloseCode.allCases {
             let refused = loops.reduce(0) { $0 + $1.metrics.handshakesRefused(code) }
             if refused > 0 { out.sample("voipserver_handshakes_total", ["result": String(describing: code)], refused) }
@@ -66,6 +67,14 @@ extension AdminAPI {
             "voipserver_push_latency_seconds", "Server-side push latency: event created to written to its socket (connected devices).",
             loops.map { $0.metrics.pushLatency.snapshot() }.reduce(LatencyHistogram().snapshot(), +))
 
+        let holds = context.switchboard.lockHolds(of: loops)
+        out.histogram(
+            "voipserver_routing_lock_hold_seconds",
+            "How long each hold of the routing lock lasted (every loop and other thread; 64 ns to 16.8 ms in powers of two).",
+            holds)
+        out.family("voipserver_routing_lock_hold_max_seconds", .gauge, "The longest hold of the routing lock since start.")
+        out.sample("voipserver_routing_lock_hold_max_seconds", [:], Double(holds.maxNanoseconds) / 1e9)
+
         out.family("voipserver_messages_total", .counter, "Messages by outcome.")
         out.sample("voipserver_messages_total", ["result": "accepted"], routing.messagesAccepted)
         out.sample("voipserver_messages_total", ["result": "deduplicated"], routing.messagesDeduplicated)
@@ -80,7 +89,7 @@ extension AdminAPI {
         out.sample("voipserver_events_dropped_total", ["reason": "queue_full"], routing.eventsDropped)
         out.sample("voipserver_events_dropped_total", ["reason": "expired"], routing.eventsExpired)
         out.family("voipserver_slow_consumers_total", .counter, "Connections closed with CLOSE slowConsumer.")
-        out.sample("voipserver_slow_consumers_total", [:], counters.slowConsumerCloses.load(ordering: .relaxed))
+        out.sample("voipserver_slow_consumers_total", [:], counters.slowConsumerCloses.value)
         out.family("voipserver_sessions_expired_total", .counter, "Sessions no longer resumable after --session-ttl.")
         out.sample("voipserver_sessions_expired_total", [:], routing.sessionsExpired)
         out.family("voipserver_devices_expired_total", .counter, "Devices forgotten after --event-ttl.")

@@ -1,3 +1,4 @@
+import CLinuxShims
 import SignalingProtocol
 import Synchronization
 #if canImport(Glibc)
@@ -5,20 +6,27 @@ import Glibc
 #endif
 
 /// A latency histogram with fixed bucket bounds (seconds, Prometheus `le`), updated by one
-/// writer at a time and read by anyone.
+/// writer at a time and read by anyone. It also keeps the largest observation.
 ///
-/// Cost: an update is a short linear scan over at most 16 bounds and three relaxed
-/// load/store pairs, no read-modify-write and no lock. That is only correct because
-/// writers never overlap: each histogram belongs to one event loop (whose state, and
-/// therefore this, is touched only while its `ownership` lock is held, by its own thread
-/// or a peer writing for it) or to the store writer's thread. Readers may see a bucket
-/// updated a moment before `sum` and `count`: a scrape is a snapshot, not a transaction.
+/// Cost: an update finds its bucket with a short linear scan over at most 18 bounds (or,
+/// for the power-of-two bounds of `log2(from:buckets:)`, with one count-leading-zeros), then
+/// four relaxed load/store pairs, no read-modify-write and no lock. That is only correct
+/// because writers never overlap: each histogram belongs to one event loop (whose state, and
+/// therefore this, is touched only while its `ownership` lock is held, by its own thread or
+/// a peer writing for it), to one loop's own thread (`LoopMetrics.routingLockHold`), or to
+/// a single writer thread (the store writer's commits), or is written only under a lock
+/// (`Switchboard`'s holds from threads that are not loops). Readers may see a bucket updated
+/// a moment before `sum` and `count`: a scrape is a snapshot, not a transaction.
 final class LatencyHistogram: Sendable {
     /// Upper bounds in nanoseconds, ascending; an implicit +Inf bucket follows.
     let bounds: [UInt64]
+    /// For `log2` bounds: log2 of the first bound (the bucket of n > first is
+    /// ⌈log2 n⌉ - this); nil for arbitrary bounds (linear scan).
+    private let log2FirstBound: Int?
     private let buckets: [MetricCell]
     private let sumNanoseconds = MetricCell()
     private let total = MetricCell()
+    private let largest = MetricCell()
 
     /// 5 µs to 10 s: server-side push latency lives in the first third (most pushes take
     /// under 25 µs on an idle loop), store commits in the rest.
@@ -29,24 +37,42 @@ final class LatencyHistogram: Sendable {
 
     init(bounds: [UInt64] = LatencyHistogram.defaultBounds) {
         self.bounds = bounds
+        self.log2FirstBound = nil
         self.buckets = (0...bounds.count).map { _ in MetricCell() }
+    }
+
+    /// Bounds `first`, `2 × first`, ... (`buckets` of them, `first` a power of two): the
+    /// bucket of an observation is found without a scan.
+    init(log2From first: UInt64, buckets count: Int) {
+        precondition(first > 0 && first & (first - 1) == 0 && count > 0, "log2 bounds start at a power of two")
+        self.bounds = (0..<count).map { first << UInt64($0) }
+        self.log2FirstBound = first.trailingZeroBitCount
+        self.buckets = (0...count).map { _ in MetricCell() }
     }
 
     /// Records one observation (single writer at a time; see the type's comment).
     @inline(__always)
     func record(nanoseconds: UInt64) {
         var index = 0
-        while index < bounds.count && nanoseconds > bounds[index] { index += 1 }
+        if let log2FirstBound {
+            // ⌈log2 n⌉ for n ≥ 1 is the bit width of n - 1.
+            let ceilingLog2 = UInt64.bitWidth - (nanoseconds &- 1).leadingZeroBitCount
+            if nanoseconds > bounds[0] { index = min(ceilingLog2 - log2FirstBound, bounds.count) }
+        } else {
+            while index < bounds.count && nanoseconds > bounds[index] { index += 1 }
+        }
         buckets[index].add(1)
         sumNanoseconds.add(nanoseconds)
         total.add(1)
+        if nanoseconds > largest.value { largest.set(nanoseconds) }
     }
 
-    /// Per-bucket counts (not cumulative; the last one is +Inf), the sum in nanoseconds
-    /// and the count.
+    /// Per-bucket counts (not cumulative; the last one is +Inf), the sum in nanoseconds,
+    /// the count and the largest observation.
     func snapshot() -> HistogramSnapshot {
         HistogramSnapshot(
-            bounds: bounds, counts: buckets.map(\.value), sumNanoseconds: sumNanoseconds.value, count: total.value)
+            bounds: bounds, counts: buckets.map(\.value), sumNanoseconds: sumNanoseconds.value, count: total.value,
+            maxNanoseconds: largest.value)
     }
 }
 
@@ -56,11 +82,27 @@ struct HistogramSnapshot: Sendable {
     var counts: [UInt64]
     var sumNanoseconds: UInt64
     var count: UInt64
+    /// The largest observation (0 when there was none).
+    var maxNanoseconds: UInt64 = 0
 
     static func + (a: HistogramSnapshot, b: HistogramSnapshot) -> HistogramSnapshot {
         HistogramSnapshot(
             bounds: a.bounds, counts: zip(a.counts, b.counts).map { $0 &+ $1 },
-            sumNanoseconds: a.sumNanoseconds &+ b.sumNanoseconds, count: a.count &+ b.count)
+            sumNanoseconds: a.sumNanoseconds &+ b.sumNanoseconds, count: a.count &+ b.count,
+            maxNanoseconds: max(a.maxNanoseconds, b.maxNanoseconds))
+    }
+
+    /// The upper bound of the bucket that holds the `quantile` (0...1) of the observations,
+    /// capped at the largest one (nil without observations). Resolution: one bucket.
+    func quantileNanoseconds(_ quantile: Double) -> UInt64? {
+        guard count > 0 else { return nil }
+        let rank = max(1, UInt64((Double(count) * quantile).rounded(.up)))
+        var cumulative: UInt64 = 0
+        for (index, bucketCount) in counts.enumerated() {
+            cumulative &+= bucketCount
+            if cumulative >= rank { return index < bounds.count ? min(bounds[index], maxNanoseconds) : maxNanoseconds }
+        }
+        return maxNanoseconds
     }
 }
 
@@ -70,6 +112,10 @@ struct HistogramSnapshot: Sendable {
 final class LoopMetrics: Sendable {
     /// Server-side push latency: event created → encoded into the write to its socket.
     let pushLatency = LatencyHistogram()
+    /// How long each hold of the routing lock (`Switchboard.withState`, `withDevices`) by
+    /// this loop's thread lasted. Written only by that thread (a peer that writes for this
+    /// loop records its holds in its own), so it needs no lock of its own.
+    let routingLockHold = LatencyHistogram.routingLockHold()
     /// Events written, by frame type (indexed by raw value).
     private let eventsOut: [MetricCell] = (0..<256).map { _ in MetricCell() }
     /// Requests received, by frame type (indexed by raw value).
@@ -123,5 +169,29 @@ final class MetricCell: Sendable {
         storage.store(storage.load(ordering: .relaxed) &+ amount, ordering: .relaxed)
     }
 
+    /// Replaces the value (same single-writer rule).
+    @inline(__always)
+    func set(_ value: UInt64) {
+        storage.store(value, ordering: .relaxed)
+    }
+
     var value: UInt64 { storage.load(ordering: .relaxed) }
+}
+
+extension LatencyHistogram {
+    /// Routing-lock holds: 64 ns to 16.8 ms in powers of two (a hold of one request takes
+    /// hundreds of nanoseconds; the unbounded holds this histogram exists to find took
+    /// milliseconds).
+    static func routingLockHold() -> LatencyHistogram { LatencyHistogram(log2From: 64, buckets: 19) }
+}
+
+extension EventLoop {
+    /// The event loop whose thread is calling (nil on any other thread: the admin API's, the
+    /// store writer's, a test's). Read from the thread-local pointer each loop sets when it
+    /// starts running (`shim_set_current_loop`); costs one thread-local load.
+    @inline(__always)
+    static func onCurrentThread<Result>(_ body: (EventLoop) -> Result) -> Result? {
+        guard let pointer = shim_current_loop() else { return nil }
+        return Unmanaged<EventLoop>.fromOpaque(pointer)._withUnsafeGuaranteedRef(body)
+    }
 }

@@ -30,13 +30,16 @@ extension EventLoop {
 
         if index == 0 {
             // One loop runs the routing core's deadlines (ring timeouts, call grace,
-            // session expiry) for the whole server.
+            // session expiry) for the whole server, a bounded number per hold of the lock.
             let instant = context.clock.now()
-            let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
-                board.expire(now: instant)
-                return board.takeEffects()
+            var moreDue = true
+            while moreDue {
+                let effects: [SwitchboardEffect]
+                (moreDue, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+                    (board.expire(now: instant), board.takeEffects())
+                }
+                apply(effects)
             }
-            apply(effects)
             // The store's deadlines too: the writer thread may be stuck in a write.
             context.switchboard.writer?.superviseCommits(now: instant)
             logStatisticsIfDue(now)

@@ -643,14 +643,33 @@ struct SwitchboardState {
             createdAt: event.createdAt)))
     }
 
-    /// Runs every deadline that has passed at `now`. Called by one event loop per tick.
-    mutating func expire(now: Instant) {
+    /// How many deadline entries one `expire` call takes at most (256: a few tens of
+    /// microseconds of work, where a mass expiry in one call held the lock for as long as it
+    /// took to drop every device).
+    static let expiryBudget = 256
+
+    /// Runs the deadlines that have passed at `now`, at most `budget` entries of them (an
+    /// entry that turns out stale, such as the expiry of a device that came back, counts
+    /// too), and returns whether more are due: the caller then calls again, in a new hold
+    /// of the lock, so that other loops get the lock in between. Called by one event loop
+    /// per tick (`EventLoop.tick`), until it returns false.
+    ///
+    /// Order: each kind of deadline is taken from its own queue in deadline order, and the
+    /// kinds in the order below, so a call that runs out of budget resumes where it
+    /// stopped; nothing due is skipped, and a device's session expiry (always due before its
+    /// device expiry) still runs first. What is due but waits for the next call is late by
+    /// one hold of the lock, never early.
+    @discardableResult
+    mutating func expire(now: Instant, budget: Int = SwitchboardState.expiryBudget) -> Bool {
+        var budget = budget
         let nowSecond = second(now)
-        while let entry = ringExpiry.first, entry.deadline <= now {
+        while budget > 0, let entry = ringExpiry.first, entry.deadline <= now {
+            budget -= 1
             ringExpiry.pop()
             if entry.call.isLive && entry.call.state.isUnanswered { ringTimedOut(entry.call) }
         }
-        while let entry = graceChecks.first, entry.deadline <= now {
+        while budget > 0, let entry = graceChecks.first, entry.deadline <= now {
+            budget -= 1
             graceChecks.pop()
             let device = entry.device
             // Only the check of the party's latest disconnect acts: after a resume and
@@ -659,24 +678,26 @@ struct SwitchboardState {
                 partyVanished(entry.call, device)
             }
         }
-        while let device = takeDueExpiry(.session, at: nowSecond) {
+        while let device = takeDueExpiry(.session, at: nowSecond, budget: &budget) {
             // No longer resumable: the device must start a new session (its events stay).
             device.sessionID = SessionID.random(using: &random)
             counters.sessionsExpired += 1
             let lastSeen = currentWall &- UInt64(nowSecond &- device.disconnectedSecond) * 1000
             journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: lastSeen))
         }
-        while let device = takeDueExpiry(.device, at: nowSecond) {
+        while let device = takeDueExpiry(.device, at: nowSecond, budget: &budget) {
             removeDevice(device)
             counters.devicesExpired += 1
             counters.eventsExpired += device.queue.count
             journal(.removeDevice(user: device.userID, device: device.deviceID))
         }
-        while let entry = dedupExpiry.first, entry.deadline <= now {
+        while budget > 0, let entry = dedupExpiry.first, entry.deadline <= now {
+            budget -= 1
             dedupExpiry.pop()
             forgetMessageID(entry.messageID, sender: entry.sender)
         }
-        while let entry = heldExpiry.first, entry.deadline <= now {
+        while budget > 0, let entry = heldExpiry.first, entry.deadline <= now {
+            budget -= 1
             heldExpiry.pop()
             guard let activity = activities[entry.user], activity.held.first === entry.event else { continue }
             let sharesTracked = sharesTracked(.held(entry.user), count: activity.held.count)
@@ -690,6 +711,18 @@ struct SwitchboardState {
             activity.firstHeldOrdinal += 1
             compactActivity(entry.user)
         }
+        return budget == 0 && hasDueDeadline(now: now, nowSecond: nowSecond)
+    }
+
+    /// Whether any deadline queue has an entry due at `now` (stale ones included).
+    private func hasDueDeadline(now: Instant, nowSecond: UInt32) -> Bool {
+        if let entry = ringExpiry.first, entry.deadline <= now { return true }
+        if let entry = graceChecks.first, entry.deadline <= now { return true }
+        if let entry = sessionExpiry.first, entry.deadline <= nowSecond { return true }
+        if let entry = deviceExpiry.first, entry.deadline <= nowSecond { return true }
+        if let entry = dedupExpiry.first, entry.deadline <= now { return true }
+        if let entry = heldExpiry.first, entry.deadline <= now { return true }
+        return false
     }
 
     /// Entries in the session-expiry and device-expiry heaps (at most two per device).
@@ -699,8 +732,12 @@ struct SwitchboardState {
     /// passed at `nowSecond`, its entry taken out. Entries that come due for a device that
     /// is online, or was forgotten, are dropped; those of a device that reconnected and
     /// lost its connection again since are entered again at the real deadline.
-    private mutating func takeDueExpiry(_ kind: DeviceRecord.ExpiryEntries, at nowSecond: UInt32) -> DeviceRecord? {
-        while let first = kind == .session ? sessionExpiry.first : deviceExpiry.first, first.deadline <= nowSecond {
+    /// Every entry taken counts against `budget`; none is taken once it is spent.
+    private mutating func takeDueExpiry(
+        _ kind: DeviceRecord.ExpiryEntries, at nowSecond: UInt32, budget: inout Int
+    ) -> DeviceRecord? {
+        while budget > 0, let first = kind == .session ? sessionExpiry.first : deviceExpiry.first, first.deadline <= nowSecond {
+            budget -= 1
             if kind == .session { sessionExpiry.popFirst() } else { deviceExpiry.popFirst() }
             let device = first.key
             device.expiryEntries.remove(kind)

@@ -11,7 +11,7 @@ final class ServerContext: Sendable {
     let logger: Logger
     let switchboard: Switchboard
     let admission: AdmissionControl
-    let counters = StatisticsCounters()
+    let counters: StatisticsCounters
     /// Failed authentications: at most one `auth_failed` line a second, with a count.
     let authFailureLog = LogThrottle()
     /// Paces the warn lines of requests refused by a backlog or a limit.
@@ -30,6 +30,7 @@ final class ServerContext: Sendable {
         self.tokenVerifierHolder = Mutex(tokenVerifier)
         self.clock = clock
         self.logger = logger
+        self.counters = StatisticsCounters(loops: configuration.workers)
         let now = clock.now()
         self.switchboard = Switchboard(configuration: configuration.switchboard, epoch: now, journaling: journaling)
         self.startInstant = now

@@ -51,41 +51,64 @@ public struct ServerStatistics: Sendable, Equatable {
     public var eventsExpired = 0
 }
 
-/// The loops' counters: relaxed atomics, written by loop threads, read by anyone.
+/// The loops' counters, per loop: each event loop's thread writes its own cells (no
+/// read-modify-write, no cache line shared with another loop), and a read sums them.
+/// `StatisticsCounters` is what `SignalingServer.statistics`, the `stats` log line and
+/// `/metrics` read; `ServerStatistics` stays the snapshot they see.
 final class StatisticsCounters: Sendable {
-    let openConnections = Atomic<Int>(0)
-    let establishedConnections = Atomic<Int>(0)
-    let acceptedConnections = Atomic<Int>(0)
-    let handshakesCompleted = Atomic<Int>(0)
-    let handshakesThrottled = Atomic<Int>(0)
-    let connectionsRefusedPerAddress = Atomic<Int>(0)
-    let idleTimeouts = Atomic<Int>(0)
-    let handshakeTimeouts = Atomic<Int>(0)
-    let protocolErrors = Atomic<Int>(0)
-    let slowConsumerCloses = Atomic<Int>(0)
-    let largestOutbound = Atomic<Int>(0)
-    let takeovers = Atomic<Int>(0)
-    let eventsWritten = Atomic<Int>(0)
-    let crossLoopWrites = Atomic<Int>(0)
-    let requestsHandled = Atomic<Int>(0)
+    let openConnections: StripedCounter
+    let establishedConnections: StripedCounter
+    let acceptedConnections: StripedCounter
+    let handshakesCompleted: StripedCounter
+    let handshakesThrottled: StripedCounter
+    let connectionsRefusedPerAddress: StripedCounter
+    let idleTimeouts: StripedCounter
+    let handshakeTimeouts: StripedCounter
+    let protocolErrors: StripedCounter
+    let slowConsumerCloses: StripedCounter
+    let largestOutbound: StripedCounter
+    let takeovers: StripedCounter
+    let eventsWritten: StripedCounter
+    let crossLoopWrites: StripedCounter
+    let requestsHandled: StripedCounter
+
+    /// - Parameter loops: the number of event loops (`ServerConfiguration.workers`).
+    init(loops: Int) {
+        func counter(_ reading: StripedCounter.Reading = .sum) -> StripedCounter { StripedCounter(loops: loops, reading) }
+        openConnections = counter()
+        establishedConnections = counter()
+        acceptedConnections = counter()
+        handshakesCompleted = counter()
+        handshakesThrottled = counter()
+        connectionsRefusedPerAddress = counter()
+        idleTimeouts = counter()
+        handshakeTimeouts = counter()
+        protocolErrors = counter()
+        slowConsumerCloses = counter()
+        largestOutbound = counter(.maximum)
+        takeovers = counter()
+        eventsWritten = counter()
+        crossLoopWrites = counter()
+        requestsHandled = counter()
+    }
 
     func snapshot(_ routing: SwitchboardCounters, eventBytes: Int) -> ServerStatistics {
         ServerStatistics(
-            openConnections: openConnections.load(ordering: .relaxed),
-            establishedConnections: establishedConnections.load(ordering: .relaxed),
-            acceptedConnections: acceptedConnections.load(ordering: .relaxed),
-            handshakesCompleted: handshakesCompleted.load(ordering: .relaxed),
-            handshakesThrottled: handshakesThrottled.load(ordering: .relaxed),
-            connectionsRefusedPerAddress: connectionsRefusedPerAddress.load(ordering: .relaxed),
-            idleTimeouts: idleTimeouts.load(ordering: .relaxed),
-            handshakeTimeouts: handshakeTimeouts.load(ordering: .relaxed),
-            protocolErrors: protocolErrors.load(ordering: .relaxed),
-            slowConsumerCloses: slowConsumerCloses.load(ordering: .relaxed),
-            largestOutbound: largestOutbound.load(ordering: .relaxed),
-            takeovers: takeovers.load(ordering: .relaxed),
-            eventsWritten: eventsWritten.load(ordering: .relaxed),
-            crossLoopWrites: crossLoopWrites.load(ordering: .relaxed),
-            requestsHandled: requestsHandled.load(ordering: .relaxed),
+            openConnections: openConnections.value,
+            establishedConnections: establishedConnections.value,
+            acceptedConnections: acceptedConnections.value,
+            handshakesCompleted: handshakesCompleted.value,
+            handshakesThrottled: handshakesThrottled.value,
+            connectionsRefusedPerAddress: connectionsRefusedPerAddress.value,
+            idleTimeouts: idleTimeouts.value,
+            handshakeTimeouts: handshakeTimeouts.value,
+            protocolErrors: protocolErrors.value,
+            slowConsumerCloses: slowConsumerCloses.value,
+            largestOutbound: largestOutbound.value,
+            takeovers: takeovers.value,
+            eventsWritten: eventsWritten.value,
+            crossLoopWrites: crossLoopWrites.value,
+            requestsHandled: requestsHandled.value,
             eventsQueued: routing.eventsQueued,
             eventsDropped: routing.eventsDropped,
             messagesAccepted: routing.messagesAccepted,
@@ -102,16 +125,86 @@ final class StatisticsCounters: Sendable {
     }
 }
 
-extension Atomic where Value == Int {
-    func increment(by amount: Int = 1) { _ = add(amount, ordering: .relaxed) }
-    func decrement(by amount: Int = 1) { _ = subtract(amount, ordering: .relaxed) }
-    /// Raises the value to `candidate` if that is larger (a high-water mark).
+/// One counter split into a cell per event loop plus one for every other thread, summed
+/// (or, for a high-water mark, maximised) when read.
+///
+/// A loop's thread finds its cell through the thread's current loop (`EventLoop.index`,
+/// one thread-local load) and updates it with a relaxed load and store: it is the cell's
+/// only writer, whichever loop's connection it is working for (a peer writing for another
+/// loop counts in its own cell). Other threads share the last cell and update it with
+/// atomic read-modify-writes. Every cell has a cache line to itself, so loops never bounce
+/// a line between them. A gauge may be raised by one loop and lowered by another (a
+/// connection accepted on one, closed by a peer): cells are signed, only the sum means
+/// anything. Reading costs one load per loop.
+final class StripedCounter: Sendable {
+    enum Reading: Sendable {
+        /// The value is the sum of the cells (counters, gauges).
+        case sum
+        /// The value is the largest cell (a high-water mark updated with `raise(to:)`).
+        case maximum
+    }
+
+    private let cells: [PaddedCell]
+    private let reading: Reading
+
+    init(loops: Int, _ reading: Reading = .sum) {
+        cells = (0...max(0, loops)).map { _ in PaddedCell() }
+        self.reading = reading
+    }
+
+    /// The calling thread's cell and whether it is its only writer.
+    @inline(__always)
+    private var local: (cell: PaddedCell, exclusive: Bool) {
+        let shared = cells.count - 1
+        let index = EventLoop.onCurrentThread { Int($0.index) } ?? shared
+        return index < shared ? (cells[index], true) : (cells[shared], false)
+    }
+
+    @inline(__always)
+    func increment(by amount: Int = 1) {
+        let (cell, exclusive) = local
+        if exclusive {
+            cell.storage.store(cell.storage.load(ordering: .relaxed) &+ amount, ordering: .relaxed)
+        } else {
+            cell.storage.add(amount, ordering: .relaxed)
+        }
+    }
+
+    @inline(__always)
+    func decrement(by amount: Int = 1) { increment(by: -amount) }
+
+    /// Raises the calling thread's cell to `candidate` if that is larger (for `.maximum`).
     func raise(to candidate: Int) {
-        var current = load(ordering: .relaxed)
+        let (cell, exclusive) = local
+        var current = cell.storage.load(ordering: .relaxed)
         while candidate > current {
-            let (exchanged, original) = compareExchange(expected: current, desired: candidate, ordering: .relaxed)
+            if exclusive {
+                cell.storage.store(candidate, ordering: .relaxed)
+                return
+            }
+            let (exchanged, original) = cell.storage.compareExchange(expected: current, desired: candidate, ordering: .relaxed)
             if exchanged { return }
             current = original
         }
     }
+
+    var value: Int {
+        switch reading {
+        case .sum: cells.reduce(0) { $0 &+ $1.storage.load(ordering: .relaxed) }
+        case .maximum: cells.reduce(0) { max($0, $1.storage.load(ordering: .relaxed)) }
+        }
+    }
+}
+
+/// An atomic integer alone on its cache line: 56 bytes of padding on each side (an object
+/// of 136 bytes), so that no other object's bytes share the 64-byte line of `storage`.
+final class PaddedCell: Sendable {
+    private let leading: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0, 0, 0)
+    let storage = Atomic<Int>(0)
+    private let trailing: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0, 0, 0, 0)
+}
+
+extension Atomic where Value == Int {
+    func increment(by amount: Int = 1) { _ = add(amount, ordering: .relaxed) }
+    func decrement(by amount: Int = 1) { _ = subtract(amount, ordering: .relaxed) }
 }
