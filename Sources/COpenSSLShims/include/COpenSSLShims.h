@@ -26,4 +26,7 @@ int vs_crypto_equal(const void *a, const void *b, size_t length);
 int vs_random_bytes(uint8_t *out, size_t length);
 /// OpenSSL's most recent error on this thread as text (empties the queue); 0 if none.
 unsigned long vs_crypto_last_error(char *text, size_t capacity);
+
+// JWT signing keys (ES256, RS256), in a header of their own.
+#include "JWTShims.h"
 #endif
