@@ -131,7 +131,8 @@ struct PushRequestBuilder {
         body += #"{"message":{"token":"#.utf8
         WakeUpJSON.appendString(String(decoding: registration.token, as: UTF8.self), to: &body)
         // A call must get through Doze at once: high priority, and gone when the ring is.
-        let high = wakeUp.kind == .call || wakeUp.kind == .message || wakeUp.kind == .missedCall
+        // Everything else waits for the device's next maintenance window (normal).
+        let high = wakeUp.kind == .call
         body += #","android":{"priority":"#.utf8
         body += (high ? #""high""# : #""normal""#).utf8
         if let callRemaining {
