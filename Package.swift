@@ -25,12 +25,16 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // OpenSSL 3 (TLS, HMAC, random bytes). Debian: libssl-dev.
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        // libcurl with HTTP/2 (nghttp2): the APNs and FCM providers' client. Debian:
+        // libcurl4-openssl-dev.
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         // libsystemd (sd_notify for Type=notify). Debian: libsystemd-dev. Only voipserver links it.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // The libevent and libcrypto functions the Swift code uses, behind headers with no
         // system includes.
         .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         .target(name: "COpenSSLShims", dependencies: ["COpenSSL"]),
+        .target(name: "CCurlShims", dependencies: ["CCurl"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
 
@@ -52,9 +56,12 @@ let package = Package(
         .target(name: "SignalingStoreSQLite", dependencies: ["SignalingStore", "CSQLite", "CLinuxShims", "SignalingSupport"]),
 
         // ---- Server -----------------------------------------------------------------------
-        // Push wake-ups: its own libevent loop sends HTTP wake-ups to the configured push
-        // gateway; the server only calls `submit` (docs/PUSH.md).
-        .target(name: "SignalingPush", dependencies: ["CLibeventShims", "CLinuxShims", "SignalingSupport", "SignalingStore"]),
+        // Push wake-ups: its own libevent loop sends them to APNs and FCM over HTTP/2
+        // (libcurl) and to a webhook gateway; the server only calls `submit` (docs/PUSH.md).
+        .target(
+            name: "SignalingPush",
+            dependencies: ["CLibeventShims", "CLinuxShims", "CCurlShims", "SignalingSupport", "SignalingStore", "SignalingCrypto"]
+        ),
         // Event loops, connections, the routing core, the store writer, the admin API. It
         // knows the EventStore protocol only; the executable picks the store.
         .target(
@@ -110,6 +117,12 @@ let package = Package(
             dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
             path: "Tools/sqlite-store-bench"
         ),
+        // 10,000 wake-ups through the APNs provider to the local HTTP/2 mock over one
+        // connection: requests/s, latency, CPU per wake-up (release build; docs/PUSH.md).
+        .executableTarget(
+            name: "push-bench", dependencies: ["SignalingPush", "SignalingStore", "SignalingCrypto", "SignalingSupport", "TestSupport"],
+            path: "Tools/push-bench"
+        ),
         // What checking a HELLO's credentials costs per core (release build; docs/AUTH.md).
         .executableTarget(name: "token-bench", dependencies: ["SignalingCrypto", "SignalingSupport"], path: "Tools/token-bench"),
 
@@ -142,7 +155,10 @@ let package = Package(
                 "SQLiteStoreFixtures", "TestSupport",
             ]
         ),
-        .testTarget(name: "SignalingPushTests", dependencies: ["SignalingPush", "SignalingStore", "SignalingSupport", "TestSupport"]),
+        .testTarget(
+            name: "SignalingPushTests",
+            dependencies: ["SignalingPush", "SignalingStore", "SignalingSupport", "SignalingCrypto", "TestSupport"]
+        ),
         .testTarget(
             name: "SignalingServerTests",
             dependencies: [

@@ -31,8 +31,12 @@ public enum StoreChange: Sendable, Equatable {
     case rememberMessageID(StoredMessageID)
     /// Forgets one message id (expired or evicted).
     case forgetMessageID(sender: String, messageID: String)
-    /// Stores the device's push registration (replacing any earlier one).
+    /// Stores one of the device's push registrations, replacing the device's earlier one
+    /// of the same kind (`PushRegistration.kind`) and no other.
     case registerPush(user: String, device: String, registration: PushRegistration)
+    /// Deletes the device's push registration of `kind`, if any (the device unregistered
+    /// it, or the push service said the token is no longer valid).
+    case removePush(user: String, device: String, kind: PushTokenKind)
     /// Deletes the device's event `seq` if it is still stored, and raises the device's
     /// `lastSeq` to `seq` as the `appendEvent` it undoes did (so the number is never given
     /// to another event). Undoes the event of a message that was refused at its deadline
