@@ -61,7 +61,7 @@ let package = Package(
             name: "SignalingServer",
             dependencies: [
                 "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport",
-                "SignalingCrypto",
+                "SignalingCrypto", "SignalingTLS",
             ]
         ),
         // sd_notify for systemd's Type=notify.
@@ -147,7 +147,7 @@ let package = Package(
             name: "SignalingServerTests",
             dependencies: [
                 "SignalingServer", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport", "CLinuxShims",
-                "TestSupport", "SignalingCrypto",
+                "TestSupport", "SignalingCrypto", "SignalingTLS",
             ]
         ),
         .testTarget(
