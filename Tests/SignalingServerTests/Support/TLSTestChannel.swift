@@ -27,7 +27,7 @@ final class TLSTestChannel {
     private let fd: Int32
 
     /// Completes the handshake on the connected socket `fd` (made non-blocking here), or
-    /// throws with OpenSSL's reason.
+    /// throws with OpenSSL's reason (the connection is freed once, by `deinit`).
     init(fd: Int32, _ tls: TestTLS, timeout: Duration = .seconds(10)) throws {
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         guard let connection = TLSConnection.connecting(fd: fd, context: tls.context, serverName: tls.serverName) else {
@@ -44,15 +44,12 @@ final class TLSTestChannel {
             case .wantRead, .wantWrite:
                 let remaining = deadline - SystemClock().now()
                 guard remaining > .zero else {
-                    connection.free()
                     throw TestClient.Failure("the TLS handshake did not finish within \(timeout)")
                 }
                 _ = Self.poll(fd, status == .wantRead ? Int16(POLLIN) : Int16(POLLOUT), milliseconds: remaining)
             case .closed:
-                connection.free()
                 throw TestClient.Failure("the server closed the connection during the TLS handshake")
             case .failed(let error):
-                connection.free()
                 throw TestClient.Failure("TLS handshake failed: \(error.message)")
             }
         }

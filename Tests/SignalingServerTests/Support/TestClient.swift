@@ -29,7 +29,12 @@ final class TestClient {
     /// `receiveWindow` shrinks the socket's receive buffer (and the segment size with it,
     /// so that TCP keeps flowing through the small window instead of crawling): the
     /// server's writes to this client then stop part-way as soon as it stops reading.
-    init(port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil, tls: TestTLS? = nil) throws {
+    /// With `tls`, the TLS handshake follows the connect, after `proxyHeader` if one is
+    /// given (as a load balancer sends it, in clear).
+    init(
+        port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil,
+        proxyHeader: [UInt8]? = nil, tls: TestTLS? = nil
+    ) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(errno)") }
         if var window = receiveWindow {
@@ -59,6 +64,7 @@ final class TestClient {
             throw Failure("connect: \(String(cString: strerror(code)))")
         }
         do {
+            if let proxyHeader { try sendRaw(proxyHeader) }
             self.tls = try tls.map { try TLSTestChannel(fd: fd, $0) }
         } catch {
             close(fd)
