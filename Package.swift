@@ -68,7 +68,7 @@ let package = Package(
             name: "SignalingServer",
             dependencies: [
                 "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport",
-                "SignalingCrypto",
+                "SignalingCrypto", "SignalingTLS",
             ]
         ),
         // sd_notify for systemd's Type=notify.
@@ -163,7 +163,7 @@ let package = Package(
             name: "SignalingServerTests",
             dependencies: [
                 "SignalingServer", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport", "CLinuxShims",
-                "TestSupport", "SignalingCrypto",
+                "TestSupport", "SignalingCrypto", "SignalingTLS",
             ]
         ),
         .testTarget(

@@ -22,11 +22,30 @@ extension AdminAPI {
         out.family("voipserver_draining", .gauge, "1 once shutdown has begun.")
         out.sample("voipserver_draining", [:], state.draining ? 1 : 0)
 
-        out.family("voipserver_connections", .gauge, "Open device connections by state (handshake includes closing ones) and transport.")
-        out.sample("voipserver_connections", ["state": "handshake", "transport": "tcp"], max(0, open - established))
-        out.sample("voipserver_connections", ["state": "established", "transport": "tcp"], established)
-        out.family("voipserver_connections_accepted_total", .counter, "Device connections accepted.")
-        out.sample("voipserver_connections_accepted_total", ["transport": "tcp"], counters.acceptedConnections.value)
+        let openTLS = counters.openTLSConnections.value
+        let establishedTLS = counters.establishedTLSConnections.value
+        let accepted = counters.acceptedConnections.value
+        let acceptedTLS = counters.acceptedTLSConnections.value
+        out.family("voipserver_connections", .gauge, "Open device connections by state (handshake includes closing ones) and transport (plain TCP or TLS).")
+        out.sample("voipserver_connections", ["state": "handshake", "transport": "plain"], max(0, (open - openTLS) - (established - establishedTLS)))
+        out.sample("voipserver_connections", ["state": "established", "transport": "plain"], max(0, established - establishedTLS))
+        out.sample("voipserver_connections", ["state": "handshake", "transport": "tls"], max(0, openTLS - establishedTLS))
+        out.sample("voipserver_connections", ["state": "established", "transport": "tls"], establishedTLS)
+        out.family("voipserver_connections_accepted_total", .counter, "Device connections accepted, by transport.")
+        out.sample("voipserver_connections_accepted_total", ["transport": "plain"], max(0, accepted - acceptedTLS))
+        out.sample("voipserver_connections_accepted_total", ["transport": "tls"], acceptedTLS)
+        out.family("voipserver_tls_handshakes_total", .counter, "TLS handshakes on the device listener by result: full, resumed (a session ticket), failed.")
+        out.sample("voipserver_tls_handshakes_total", ["result": "full"], counters.tlsHandshakesFull.value)
+        out.sample("voipserver_tls_handshakes_total", ["result": "resumed"], counters.tlsHandshakesResumed.value)
+        out.sample("voipserver_tls_handshakes_total", ["result": "failed"], counters.tlsHandshakesFailed.value)
+        out.family("voipserver_tls_handshake_failures_total", .counter, "Failed TLS handshakes by reason: not_tls, version, alpn, cipher, certificate (the client refused ours), socket, closed, timeout, other.")
+        for reason in TLSHandshakeFailure.allCases {
+            out.sample("voipserver_tls_handshake_failures_total", ["reason": reason.rawValue], loops.reduce(0) { $0 + $1.metrics.tlsHandshakesFailed(reason) })
+        }
+        if let expiry = context.tlsContext?.certificateNotAfter {
+            out.family("voipserver_tls_certificate_expiry_timestamp_seconds", .gauge, "When the certificate new TLS connections get expires (Unix time): alert well before it.")
+            out.sample("voipserver_tls_certificate_expiry_timestamp_seconds", [:], expiry)
+        }
         out.family("voipserver_connections_refused_total", .counter, "Connections refused before any handshake, by reason.")
         out.sample("voipserver_connections_refused_total", ["reason": "per_address_limit"], counters.connectionsRefusedPerAddress.value)
         out.family("voipserver_connection_closes_total", .counter, "Connections the server closed, by reason (takeovers: another connection of the device).")

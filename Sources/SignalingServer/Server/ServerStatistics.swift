@@ -49,6 +49,16 @@ public struct ServerStatistics: Sendable, Equatable {
     public var bodiesRestored = 0
     public var sessionsExpired = 0
     public var eventsExpired = 0
+    /// Of `openConnections`, `establishedConnections` and `acceptedConnections`: those on
+    /// the TLS listener.
+    public var openTLSConnections = 0
+    public var establishedTLSConnections = 0
+    public var acceptedTLSConnections = 0
+    /// TLS handshakes completed in full, resumed from a session ticket, and failed
+    /// (timeouts included; by reason in `/metrics`).
+    public var tlsHandshakesFull = 0
+    public var tlsHandshakesResumed = 0
+    public var tlsHandshakesFailed = 0
 }
 
 /// The loops' counters, per loop: each event loop's thread writes its own cells (no
@@ -71,6 +81,13 @@ final class StatisticsCounters: Sendable {
     let eventsWritten: StripedCounter
     let crossLoopWrites: StripedCounter
     let requestsHandled: StripedCounter
+    /// Of the connection counters above, those on the TLS listener; and TLS handshakes by result.
+    let openTLSConnections: StripedCounter
+    let establishedTLSConnections: StripedCounter
+    let acceptedTLSConnections: StripedCounter
+    let tlsHandshakesFull: StripedCounter
+    let tlsHandshakesResumed: StripedCounter
+    let tlsHandshakesFailed: StripedCounter
 
     /// - Parameter loops: the number of event loops (`ServerConfiguration.workers`).
     init(loops: Int) {
@@ -90,6 +107,12 @@ final class StatisticsCounters: Sendable {
         eventsWritten = counter()
         crossLoopWrites = counter()
         requestsHandled = counter()
+        openTLSConnections = counter()
+        establishedTLSConnections = counter()
+        acceptedTLSConnections = counter()
+        tlsHandshakesFull = counter()
+        tlsHandshakesResumed = counter()
+        tlsHandshakesFailed = counter()
     }
 
     func snapshot(_ routing: SwitchboardCounters, eventBytes: Int) -> ServerStatistics {
@@ -121,7 +144,13 @@ final class StatisticsCounters: Sendable {
             bodiesEvicted: routing.bodiesEvicted,
             bodiesRestored: routing.bodiesRestored,
             sessionsExpired: routing.sessionsExpired,
-            eventsExpired: routing.eventsExpired)
+            eventsExpired: routing.eventsExpired,
+            openTLSConnections: openTLSConnections.value,
+            establishedTLSConnections: establishedTLSConnections.value,
+            acceptedTLSConnections: acceptedTLSConnections.value,
+            tlsHandshakesFull: tlsHandshakesFull.value,
+            tlsHandshakesResumed: tlsHandshakesResumed.value,
+            tlsHandshakesFailed: tlsHandshakesFailed.value)
     }
 }
 
