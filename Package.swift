@@ -25,12 +25,15 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // OpenSSL 3 (TLS, HMAC, random bytes). Debian: libssl-dev.
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        // hiredis (the Redis store's client, synchronous API). Debian: libhiredis-dev.
+        .systemLibrary(name: "CHiredis", pkgConfig: "hiredis", providers: [.apt(["libhiredis-dev"])]),
         // libsystemd (sd_notify for Type=notify). Debian: libsystemd-dev. Only voipserver links it.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // The libevent and libcrypto functions the Swift code uses, behind headers with no
         // system includes.
         .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         .target(name: "COpenSSLShims", dependencies: ["COpenSSL"]),
+        .target(name: "CHiredisShims", dependencies: ["CHiredis"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
 
@@ -50,6 +53,9 @@ let package = Package(
         .target(name: "SignalingStore", dependencies: ["SignalingProtocol"]),
         // The default store: SQLite in WAL mode, one transaction per group commit.
         .target(name: "SignalingStoreSQLite", dependencies: ["SignalingStore", "CSQLite", "CLinuxShims", "SignalingSupport"]),
+        // The store in Redis (--store redis://...): per-user keys laid out for Redis Cluster,
+        // one Lua script per batch.
+        .target(name: "SignalingStoreRedis", dependencies: ["SignalingStore", "SignalingProtocol", "SignalingSupport", "CHiredisShims"]),
 
         // ---- Server -----------------------------------------------------------------------
         // Push wake-ups: its own libevent loop sends HTTP wake-ups to the configured push
@@ -141,6 +147,10 @@ let package = Package(
                 "SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport", "CSQLite",
                 "SQLiteStoreFixtures", "TestSupport",
             ]
+        ),
+        .testTarget(
+            name: "SignalingStoreRedisTests",
+            dependencies: ["SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport", "SQLiteStoreFixtures", "TestSupport"]
         ),
         .testTarget(name: "SignalingPushTests", dependencies: ["SignalingPush", "SignalingStore", "SignalingSupport", "TestSupport"]),
         .testTarget(
