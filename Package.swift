@@ -74,7 +74,9 @@ let package = Package(
         .target(name: "SignalingSystemd", dependencies: ["CSystemd"]),
         .executableTarget(
             name: "voipserver",
-            dependencies: ["SignalingServer", "SignalingStore", "SignalingStoreSQLite", "SignalingSupport", "SignalingSystemd"]
+            dependencies: [
+                "SignalingServer", "SignalingStore", "SignalingStoreSQLite", "SignalingStoreRedis", "SignalingSupport", "SignalingSystemd",
+            ]
         ),
 
         // ---- Client library -----------------------------------------------------------------
