@@ -112,11 +112,12 @@ let package = Package(
             dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "VoipLoadKit"],
             path: "Tools/connect-cycles"
         ),
-        // Apply throughput of the SQLite store (release build; docs/STORAGE.md).
+        // Apply throughput of the SQLite and the Redis store, and what each event costs
+        // Redis (release build; docs/STORAGE.md).
         .executableTarget(
-            name: "sqlite-store-bench",
-            dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
-            path: "Tools/sqlite-store-bench"
+            name: "store-bench",
+            dependencies: ["SignalingStoreSQLite", "SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/store-bench"
         ),
         // What checking a HELLO's credentials costs per core (release build; docs/AUTH.md).
         .executableTarget(name: "token-bench", dependencies: ["SignalingCrypto", "SignalingSupport"], path: "Tools/token-bench"),
