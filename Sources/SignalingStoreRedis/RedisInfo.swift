@@ -10,7 +10,7 @@ public enum RedisInfo {
             throw StoreError(.other, "INFO \(section) did not answer with text")
         }
         var values: [String: String] = [:]
-        for line in text.split(whereSeparator: { $0 == "\r" || $0 == "\n" }) where !line.hasPrefix("#") {
+        for line in text.split(whereSeparator: \.isNewline) where !line.hasPrefix("#") {
             guard let colon = line.firstIndex(of: ":") else { continue }
             values[String(line[..<colon])] = String(line[line.index(after: colon)...])
         }

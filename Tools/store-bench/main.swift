@@ -8,9 +8,10 @@
 // Each batch is half appendEvent (round-robin over the devices) and half acknowledge
 // (each device acknowledges the event it got in the previous round), so the store stays
 // at about one pending event per device, as a healthy server's would. With --message-ids
-// every event is a message: its sender's id is remembered beside it (and the id of 100
+// every event is a message: its sender's id is remembered beside it (and the id of 10,000
 // messages before forgotten), as the server does. With Redis it also prints what each
-// event cost Redis, from INFO before and after the run.
+// event cost Redis, from INFO before and after the run (start that Redis with
+// --auto-aof-rewrite-percentage 0: a rewrite during the run would shrink the AOF).
 import SignalingProtocol
 import SignalingStore
 import SignalingStoreRedis
@@ -174,7 +175,7 @@ while clock.now() < end {
             seq: lastSeq[index], type: FrameType.message.rawValue, body: body, createdAt: now)))
         appends += 1
         if withMessageIDs {
-            // From one of 100 senders; each sender's ids expire 100 messages later.
+            // From one of 100 senders; ids are forgotten 10,000 messages later.
             let sender = "sender\(appends % 100)"
             batch.append(.rememberMessageID(StoredMessageID(sender: sender, messageID: "m\(appends)", serverTime: now, expiresAt: now + 86_400_000)))
             if appends > 10_000 { batch.append(.forgetMessageID(sender: sender, messageID: "m\(appends - 10_000)")) }
@@ -217,7 +218,7 @@ if let before, let after, appends > 0 {
     func perEvent(_ value: Int) -> String { decimal(Double(value) / Double(appends)) }
     report += """
         redis per event (its append, acknowledgement\(withMessageIDs ? " and message id" : "")): \
-        commands \(perEvent(after.commands - before.commands)) (scripts \(perEvent(after.scripts - before.scripts))), \
+        commands \(perEvent(after.commands - before.commands)) (one script call per \(decimal(Double(appends) / Double(max(1, after.scripts - before.scripts)))) events), \
         bytes received \(perEvent(after.inputBytes - before.inputBytes)), AOF bytes \(perEvent(after.aofBytes - before.aofBytes))
 
         """
