@@ -27,6 +27,9 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         // hiredis (the Redis store's client, synchronous API). Debian: libhiredis-dev.
         .systemLibrary(name: "CHiredis", pkgConfig: "hiredis", providers: [.apt(["libhiredis-dev"])]),
+        // libcurl with HTTP/2 (nghttp2): the APNs and FCM providers' client. Debian:
+        // libcurl4-openssl-dev.
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         // libsystemd (sd_notify for Type=notify). Debian: libsystemd-dev. Only voipserver links it.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // The libevent and libcrypto functions the Swift code uses, behind headers with no
@@ -34,6 +37,7 @@ let package = Package(
         .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         .target(name: "COpenSSLShims", dependencies: ["COpenSSL"]),
         .target(name: "CHiredisShims", dependencies: ["CHiredis"]),
+        .target(name: "CCurlShims", dependencies: ["CCurl"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
 
@@ -58,9 +62,12 @@ let package = Package(
         .target(name: "SignalingStoreRedis", dependencies: ["SignalingStore", "SignalingProtocol", "SignalingSupport", "CHiredisShims"]),
 
         // ---- Server -----------------------------------------------------------------------
-        // Push wake-ups: its own libevent loop sends HTTP wake-ups to the configured push
-        // gateway; the server only calls `submit` (docs/PUSH.md).
-        .target(name: "SignalingPush", dependencies: ["CLibeventShims", "CLinuxShims", "SignalingSupport", "SignalingStore"]),
+        // Push wake-ups: its own libevent loop sends them to APNs and FCM over HTTP/2
+        // (libcurl) and to a webhook gateway; the server only calls `submit` (docs/PUSH.md).
+        .target(
+            name: "SignalingPush",
+            dependencies: ["CLibeventShims", "CLinuxShims", "CCurlShims", "SignalingSupport", "SignalingStore", "SignalingCrypto"]
+        ),
         // Event loops, connections, the routing core, the store writer, the admin API. It
         // knows the EventStore protocol only; the executable picks the store.
         .target(
@@ -155,7 +162,10 @@ let package = Package(
             name: "SignalingStoreRedisTests",
             dependencies: ["SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport", "SQLiteStoreFixtures", "TestSupport"]
         ),
-        .testTarget(name: "SignalingPushTests", dependencies: ["SignalingPush", "SignalingStore", "SignalingSupport", "TestSupport"]),
+        .testTarget(
+            name: "SignalingPushTests",
+            dependencies: ["SignalingPush", "SignalingStore", "SignalingSupport", "SignalingCrypto", "TestSupport"]
+        ),
         .testTarget(
             name: "SignalingServerTests",
             dependencies: [

@@ -145,8 +145,14 @@ public enum Request: Equatable, Sendable {
     case callCancel(callID: String)
     case callHangup(callID: String)
     case messageSend(OutgoingMessage)
-    /// Registers the token the push gateway uses to wake this device.
-    case pushRegister(platform: String, token: [UInt8])
+    /// Registers one push token of this device. `platform` names the kind of token
+    /// (`apns-voip`, `apns`, `fcm`; any other value is for the generic webhook gateway);
+    /// a device holds one token per kind, and an empty token unregisters that kind.
+    /// `environment` (`production` when nil, or `sandbox`) and `topic` (the app's bundle
+    /// id) are for APNs. They are optional trailing fields on the wire: nil is not
+    /// written, and `topic` can only be written after an `environment` (possibly empty),
+    /// so the encoder writes an empty environment when only a topic is given.
+    case pushRegister(platform: String, token: [UInt8], environment: String? = nil, topic: String? = nil)
 
     public var type: FrameType {
         switch self {

@@ -165,9 +165,16 @@ public struct FrameDecoder: Sendable {
                 contentType: try r.text("contentType", minBytes: 1, maxBytes: ProtocolLimits.maxShortTextBytes),
                 body: try r.blob("body")))
         case .pushRegister:
-            return .pushRegister(
-                platform: try r.text("platform", minBytes: 1, maxBytes: ProtocolLimits.maxShortTextBytes),
-                token: try r.blob("token", maxBytes: ProtocolLimits.maxTokenBytes))
+            let platform = try r.text("platform", minBytes: 1, maxBytes: ProtocolLimits.maxShortTextBytes)
+            let token = try r.blob("token", maxBytes: ProtocolLimits.maxTokenBytes)
+            // Optional trailing fields, present only when bytes remain. Bytes that remain
+            // must be a whole environment (and then a whole topic): a stray byte after the
+            // token is malformed, not ignored, since it cannot be a field of this revision.
+            let environment: String? =
+                if r.remaining > 0 { try r.text("environment", maxBytes: ProtocolLimits.maxPushEnvironmentBytes) } else { nil }
+            let topic: String? =
+                if r.remaining > 0 { try r.text("topic", maxBytes: ProtocolLimits.maxShortTextBytes) } else { nil }
+            return .pushRegister(platform: platform, token: token, environment: environment, topic: topic)
         default:
             preconditionFailure("not a request type: \(type)")
         }

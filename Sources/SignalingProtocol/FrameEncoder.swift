@@ -114,9 +114,12 @@ public enum FrameEncoder {
             w.text(message.recipient)
             w.text(message.contentType)
             w.blob(message.body)
-        case .pushRegister(let platform, let token):
+        case .pushRegister(let platform, let token, let environment, let topic):
             w.text(platform)
             w.blob(token)
+            // Optional trailing fields: a topic can only follow an environment.
+            if environment != nil || topic != nil { w.text(environment ?? "") }
+            if let topic { w.text(topic) }
         }
     }
 }

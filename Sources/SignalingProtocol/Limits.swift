@@ -14,6 +14,8 @@ public enum ProtocolLimits {
     public static let maxShortTextBytes = 256
     /// Longest credential or push token, in bytes.
     public static let maxTokenBytes = 4096
+    /// Longest push environment name (PUSH_REGISTER `environment`), in UTF-8 bytes.
+    public static let maxPushEnvironmentBytes = 32
     /// The smallest keep-alive interval a server may hand out or a client may request.
     public static let minimumKeepAliveSeconds: UInt32 = 600
     /// The default maximum frame size (type byte plus body), 64 KiB.

@@ -33,12 +33,14 @@ final class GatewayConnection {
     /// and no callback will come). Completion may be reported before this returns:
     /// libevent calls back synchronously when a connect fails immediately.
     func start(_ attempt: WakeUpScheduler.Attempt, endpoint: GatewayEndpoint, address: String, timeout: Duration, now: Instant) -> Bool {
+        guard case .webhook = attempt.request else { return false }
         guard let connection = openConnection(address: address, port: endpoint.port, timeout: timeout) else { return false }
         self.attempt = attempt
         deadline = now + timeout
         lastError = nil
         var started: OpaquePointer?
-        let rc = attempt.body.withUnsafeBytes { body in
+        guard case .webhook(let payload) = attempt.request else { return false }
+        let rc = payload.withUnsafeBytes { body in
             vs_http_post(
                 connection, endpoint.path, endpoint.hostHeader, "application/json", "voipserver-push/1",
                 body.baseAddress, body.count,

@@ -1,17 +1,19 @@
+import SignalingStore
 import CLibeventShims
 import SignalingSupport
 import Synchronization
 
 /// The gateway's thread: one libevent `event_base` with the inbox's eventfd, a periodic
-/// tick, a deferred "pump" event and up to `maxConcurrentRequests` HTTP connections.
+/// tick, a deferred "pump" event, up to `maxConcurrentRequests` webhook connections, and
+/// libcurl's HTTP/2 connections to APNs and FCM (`HTTP2Client`).
 ///
 /// Concurrency: everything here is confined to the loop's thread except `requestStop`
 /// (an atomic flag, followed by an eventfd wake) and the `ticks`/`finished` atomics.
 /// `@unchecked Sendable` only so that the object can be handed to its thread.
 final class GatewayLoop: @unchecked Sendable {
     let configuration: PushGatewayConfiguration
-    /// The gateway host as an IP literal (resolved once at start).
-    let address: String
+    /// The webhook gateway's host as an IP literal (resolved once at start), if any.
+    let address: String?
     let inbox: GatewayInbox
     let counters: PushCounters
     let clock: any Clock
@@ -26,19 +28,33 @@ final class GatewayLoop: @unchecked Sendable {
     /// Retryable failures since the last delivery, to log a failing gateway once rather
     /// than every attempt.
     var consecutiveFailures = 0
+    /// The HTTP/2 client APNs and FCM share (nil when neither is configured).
+    var http: HTTP2Client?
+    var apns: APNsClient?
+    var fcm: FCMClient?
+    /// Attempts the scheduler has started whose service has no free slot yet, per service
+    /// (at most one per device, so bounded by `maxQueuedDevices`).
+    var queued: [PushService: FIFOQueue<WakeUpScheduler.Attempt>] = [:]
+    /// Requests on the wire to APNs and FCM.
+    var streams: [PushService: Int] = [:]
+    /// Invalid tokens are reported here (to remove them from the server and its store).
+    let onTokenInvalid: @Sendable (WakeUp, PushRegistration, String) -> Void
+    /// The last time each rejection reason was logged, to log each at most once a minute.
+    var rejectionLog: [String: (at: Instant, suppressed: Int)] = [:]
 
     private var wakeEvent: OpaquePointer?
     private var tickEvent: OpaquePointer?
     private var pumpEvent: OpaquePointer?
-    private let stopRequested = Atomic<Bool>(false)
+    let stopRequested = Atomic<Bool>(false)
     /// Ticks run so far (read by `PushGateway.awaitTicks`).
     let ticks = Atomic<Int>(0)
     /// Set when `run` has returned.
     let finished = Atomic<Bool>(false)
 
     init(
-        configuration: PushGatewayConfiguration, address: String, inbox: GatewayInbox,
-        counters: PushCounters, clock: any Clock, logger: Logger
+        configuration: PushGatewayConfiguration, address: String?, inbox: GatewayInbox,
+        counters: PushCounters, clock: any Clock, logger: Logger,
+        onTokenInvalid: @escaping @Sendable (WakeUp, PushRegistration, String) -> Void = { _, _, _ in }
     ) throws(PushGatewayError) {
         guard let base = vs_event_base_new() else { throw PushGatewayError("cannot create an event base") }
         self.base = base
@@ -52,6 +68,13 @@ final class GatewayLoop: @unchecked Sendable {
         scheduler = WakeUpScheduler(
             configuration: configuration, counters: counters,
             idPrefix: String(repeating: "0", count: 8 - prefix.count) + prefix)
+        self.onTokenInvalid = onTokenInvalid
+        if configuration.apns != nil || configuration.fcm != nil {
+            let http = try HTTP2Client(base: base, caFile: configuration.caFile, maxStreams: configuration.maxConcurrentStreams)
+            self.http = http
+            apns = configuration.apns.map { APNsClient(configuration: $0, http: http, clock: clock, timeout: configuration.requestTimeout) }
+            fcm = configuration.fcm.map { FCMClient(configuration: $0, http: http, clock: clock, timeout: configuration.requestTimeout) }
+        }
     }
 
     private var unmanagedSelf: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
@@ -76,6 +99,8 @@ final class GatewayLoop: @unchecked Sendable {
         // Connections first: freeing one frees its queued request without calling back.
         for connection in connections { connection.free() }
         connections = []
+        http?.close()
+        http = nil
         for event in [wakeEvent, tickEvent, pumpEvent] { if let event { vs_event_free(event) } }
         vs_event_base_free(base)
         finished.store(true, ordering: .releasing)
@@ -103,16 +128,46 @@ final class GatewayLoop: @unchecked Sendable {
         ticks.add(1, ordering: .releasing)
     }
 
-    /// Starts every due wake-up there is a free connection for.
+    /// Starts every due wake-up there is room for: a free webhook connection, or a free
+    /// HTTP/2 stream to APNs or FCM. An attempt whose service is full waits in that
+    /// service's queue, so a slow service never holds up the others.
     func pump() {
         guard !stopRequested.load(ordering: .relaxed) else { return }
         let now = clock.now()
-        while let index = idleConnections.popLast() ?? newConnectionIndex() {
-            guard let attempt = scheduler.nextDue(now: now) else {
-                idleConnections.append(index)
-                return
+        let wallSeconds = clock.wallMilliseconds() / 1000
+        for service in PushService.allCases { startQueued(service) }
+        while PushService.allCases.contains(where: hasRoom), let attempt = scheduler.nextDue(now: now, wallSeconds: wallSeconds) {
+            queued[attempt.request.service, default: FIFOQueue()].push(attempt)
+            startQueued(attempt.request.service)
+        }
+    }
+
+    /// Whether a request to `service` could start now.
+    private func hasRoom(_ service: PushService) -> Bool {
+        guard queued[service]?.isEmpty ?? true else { return false }
+        switch service {
+        case .webhook:
+            return configuration.endpoint != nil && (!idleConnections.isEmpty || connections.count < configuration.maxConcurrentRequests)
+        case .apns: return apns != nil && streams[.apns, default: 0] < configuration.maxConcurrentStreams
+        case .fcm: return fcm != nil && streams[.fcm, default: 0] < configuration.maxConcurrentStreams
+        }
+    }
+
+    /// Starts the queued attempts of `service` while it has room.
+    private func startQueued(_ service: PushService) {
+        while var waiting = queued[service], !waiting.isEmpty {
+            switch service {
+            case .webhook:
+                guard let index = idleConnections.popLast() ?? newConnectionIndex() else { return }
+                let attempt = waiting.pop()!
+                queued[service] = waiting
+                send(attempt, on: connections[index])
+            case .apns, .fcm:
+                guard streams[service, default: 0] < configuration.maxConcurrentStreams else { return }
+                let attempt = waiting.pop()!
+                queued[service] = waiting
+                sendStream(attempt)
             }
-            send(attempt, on: connections[index])
         }
     }
 
@@ -135,6 +190,12 @@ final class GatewayLoop: @unchecked Sendable {
             connection.cancel()
             counters.inFlight.increment(by: -1)
         }
+        // Streams in flight are abandoned with the client (`run` closes it after the loop);
+        // the scheduler still counts them as sending, so removeAll counts them.
+        counters.inFlight.increment(by: -streams.values.reduce(0, +))
+        streams = [:]
+        queued = [:]
+        _ = fcm?.dropWaiting()
         counters.droppedStopped.increment(by: scheduler.removeAll())
         vs_event_base_loopbreak(base)
     }

@@ -1,3 +1,4 @@
+import SignalingStore
 import SignalingSupport
 import Synchronization
 #if canImport(Glibc)
@@ -29,6 +30,7 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
 
     private struct RunState: ~Copyable {
         var loop: GatewayLoop?
+        var onTokenInvalid: @Sendable (WakeUp, PushRegistration, String) -> Void = { _, _, _ in }
         var thread: JoinableThread?
         var started = false
         var stopped = false
@@ -59,9 +61,11 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
     public func start() throws(PushGatewayError) {
         let alreadyStarted = run.withLock { $0.started || $0.stopped }
         guard !alreadyStarted else { throw PushGatewayError("a push gateway can be started only once") }
-        let address = try HostResolver.numericAddress(of: configuration.endpoint.host)
+        let address = try configuration.endpoint.map { endpoint throws(PushGatewayError) in try HostResolver.numericAddress(of: endpoint.host) }
+        let onTokenInvalid = run.withLock { $0.onTokenInvalid }
         let loop = try GatewayLoop(
-            configuration: configuration, address: address, inbox: inbox, counters: counters, clock: clock, logger: logger)
+            configuration: configuration, address: address, inbox: inbox, counters: counters, clock: clock, logger: logger,
+            onTokenInvalid: onTokenInvalid)
         let thread = JoinableThread(name: "vs-push") { loop.run() }
         run.withLock {
             $0.loop = loop
@@ -69,9 +73,21 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
             $0.started = true
         }
         logger.info("push_gateway_started", [
-            "endpoint": configuration.endpoint.description, "address": address,
+            "webhook": configuration.endpoint?.description ?? "-", "address": address ?? "-",
+            "apns": configuration.apns.map { "team=\($0.teamID) key=\($0.keyID) topic=\($0.defaultTopic)" } ?? "-",
+            "fcm": configuration.fcm?.account.projectID ?? "-",
             "concurrency": configuration.maxConcurrentRequests,
         ])
+    }
+
+    /// Which registrations this gateway can carry (the services configured).
+    public var routing: PushRouting { configuration.routing }
+
+    /// Sets what runs, on the gateway's thread, when a service declares a device's token
+    /// invalid (APNs 410/Unregistered/BadDeviceToken, FCM 404/UNREGISTERED): the server
+    /// removes it from the device and the store. Call before `start`; it must not block.
+    public func onTokenInvalid(_ handler: @escaping @Sendable (WakeUp, PushRegistration, String) -> Void) {
+        run.withLock { $0.onTokenInvalid = handler }
     }
 
     /// Stops: later submissions are refused, requests in flight are cancelled, and every

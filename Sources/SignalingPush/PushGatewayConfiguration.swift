@@ -1,9 +1,24 @@
 import SignalingSupport
 
-/// Where and how wake-ups are sent. Defaults suit production; see docs/PUSH.md.
+/// Where and how wake-ups are sent. Defaults suit production; see docs/PUSH.md. At least
+/// one service is configured: the webhook gateway, APNs or FCM.
 public struct PushGatewayConfiguration: Sendable {
-    /// The gateway's endpoint (`http://host:port/path`; plain HTTP only).
-    public var endpoint: GatewayEndpoint
+    /// The webhook gateway's endpoint (`http://host:port/path`; plain HTTP only), if any.
+    public var endpoint: GatewayEndpoint?
+    /// Apple's push service, spoken to directly.
+    public var apns: APNsConfiguration?
+    /// Firebase Cloud Messaging, spoken to directly.
+    public var fcm: FCMConfiguration?
+    /// A PEM file of CAs trusted for APNs, FCM and the token endpoint instead of the
+    /// system's (tests; a TLS-inspecting proxy). Nil: the system's store.
+    public var caFile: String?
+    /// How long a call's wake-up stays worth delivering: the ring timeout. A call push is
+    /// never sent later than this after the call started, and tells APNs (apns-expiration)
+    /// and FCM (ttl) to give up by then too: a stale ring must never arrive.
+    public var callLifetime: Duration = .seconds(60)
+    /// Requests in flight at once on the one HTTP/2 connection to each of APNs and FCM
+    /// (the service's SETTINGS may lower it).
+    public var maxConcurrentStreams = 1000
     /// A request that has not completed in this long fails and is retried. libevent
     /// applies it to connecting and to every wait for the gateway to read or answer.
     public var requestTimeout: Duration = .seconds(5)
@@ -30,8 +45,20 @@ public struct PushGatewayConfiguration: Sendable {
     /// wake-ups. New wake-ups are sent at once; this only bounds how late timers fire.
     public var tickInterval: Duration = .milliseconds(100)
 
-    public init(endpoint: GatewayEndpoint) {
+    public init(endpoint: GatewayEndpoint?) {
         self.endpoint = endpoint
+    }
+
+    /// No service yet: set `endpoint`, `apns` or `fcm`.
+    public init() {}
+
+    /// The services configured.
+    public var routing: PushRouting {
+        var services: Set<PushService> = []
+        if endpoint != nil { services.insert(.webhook) }
+        if apns != nil { services.insert(.apns) }
+        if fcm != nil { services.insert(.fcm) }
+        return PushRouting(services: services)
     }
 
     /// Parses `url` (`http://host[:port]/path`) and keeps every other default.
@@ -41,6 +68,13 @@ public struct PushGatewayConfiguration: Sendable {
 
     /// Checks relations between fields.
     public func validate() throws(UsageError) {
+        guard endpoint != nil || apns != nil || fcm != nil else {
+            throw UsageError("no push service: give a webhook gateway, APNs or FCM")
+        }
+        try apns?.validate()
+        try fcm?.validate()
+        guard callLifetime >= .seconds(1) else { throw UsageError("push call lifetime must be at least 1 s") }
+        guard (1...10_000).contains(maxConcurrentStreams) else { throw UsageError("push concurrent streams must be between 1 and 10000") }
         guard requestTimeout >= .milliseconds(1) else { throw UsageError("push request timeout must be at least 1 ms") }
         guard maxBodyBytes >= 64 else { throw UsageError("push body cap must be at least 64 bytes") }
         guard minimumInterval >= .zero else { throw UsageError("push minimum interval must not be negative") }

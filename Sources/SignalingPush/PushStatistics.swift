@@ -25,15 +25,24 @@ public struct PushStatistics: Sendable, Equatable, CustomStringConvertible {
     public var droppedOversize = 0
     /// Wake-ups for a new device while `maxQueuedDevices` devices were tracked.
     public var droppedQueueFull = 0
-    /// Wake-ups given up after `maxAttempts` failures or past `maxAge`.
+    /// Wake-ups given up after `maxAttempts` failures or past `maxAge`, and calls whose
+    /// ring was over before their push could go.
     public var droppedExpired = 0
+    /// Wake-ups none of whose device's registrations a configured service can carry
+    /// (a message for a device with only a VoIP token, an FCM token without FCM).
+    public var droppedUnroutable = 0
+    /// Tokens the service declared invalid (also counted in `rejected`): removed from
+    /// the device and the store.
+    public var tokensRemoved = 0
     /// Wake-ups submitted after `stop`, or still waiting or in flight when it ran.
     public var droppedStopped = 0
     /// Requests on the wire right now.
     public var inFlight = 0
+    /// `rejected` by reason, "service:reason" (bounded; see `PushCounters`).
+    public var rejectionReasons: [String: Int] = [:]
 
     /// Every wake-up dropped for any reason (rejections are counted separately).
-    public var dropped: Int { droppedOversize + droppedQueueFull + droppedExpired + droppedStopped }
+    public var dropped: Int { droppedOversize + droppedQueueFull + droppedExpired + droppedStopped + droppedUnroutable }
 
     public init() {}
 
@@ -41,7 +50,8 @@ public struct PushStatistics: Sendable, Equatable, CustomStringConvertible {
         "submitted=\(submitted) coalesced=\(coalesced) rateLimited=\(rateLimited) sent=\(sent) "
             + "failedAttempts=\(failedAttempts) retried=\(retried) rejected=\(rejected) "
             + "droppedOversize=\(droppedOversize) droppedQueueFull=\(droppedQueueFull) "
-            + "droppedExpired=\(droppedExpired) droppedStopped=\(droppedStopped) inFlight=\(inFlight)"
+            + "droppedExpired=\(droppedExpired) droppedStopped=\(droppedStopped) droppedUnroutable=\(droppedUnroutable) "
+            + "tokensRemoved=\(tokensRemoved) inFlight=\(inFlight)"
     }
 }
 
@@ -59,7 +69,21 @@ final class PushCounters: Sendable {
     let droppedQueueFull = Atomic<Int>(0)
     let droppedExpired = Atomic<Int>(0)
     let droppedStopped = Atomic<Int>(0)
+    let droppedUnroutable = Atomic<Int>(0)
+    let tokensRemoved = Atomic<Int>(0)
     let inFlight = Atomic<Int>(0)
+    /// Rejections and invalid tokens by the service's reason ("apns:BadDeviceToken",
+    /// "fcm:UNREGISTERED", "webhook:404"): at most `maxReasons` distinct ones, the rest
+    /// under "other", so a service inventing reasons cannot grow it.
+    private let reasons = Mutex<[String: Int]>([:])
+    static let maxReasons = 64
+
+    func countRejection(_ reason: String) {
+        reasons.withLock { counts in
+            let key = counts[reason] != nil || counts.count < Self.maxReasons ? reason : "other"
+            counts[key, default: 0] += 1
+        }
+    }
 
     func snapshot() -> PushStatistics {
         var s = PushStatistics()
@@ -74,6 +98,9 @@ final class PushCounters: Sendable {
         s.droppedQueueFull = droppedQueueFull.load(ordering: .relaxed)
         s.droppedExpired = droppedExpired.load(ordering: .relaxed)
         s.droppedStopped = droppedStopped.load(ordering: .relaxed)
+        s.droppedUnroutable = droppedUnroutable.load(ordering: .relaxed)
+        s.tokensRemoved = tokensRemoved.load(ordering: .relaxed)
+        s.rejectionReasons = reasons.withLock { $0 }
         s.inFlight = inFlight.load(ordering: .relaxed)
         return s
     }

@@ -37,27 +37,43 @@ public enum WakeUpKind: String, Sendable, CaseIterable, Comparable {
 public struct WakeUp: Sendable, Equatable {
     public var userID: String
     public var deviceID: String
-    /// The device's push registration (platform name and token, from PUSH_REGISTER).
-    public var registration: PushRegistration
+    /// The device's push registrations (from PUSH_REGISTER, at most one per kind). Which
+    /// one a wake-up uses is decided when it is sent, by its (coalesced) kind:
+    /// `PushRouting.route`.
+    public var registrations: [PushRegistration]
     public var kind: WakeUpKind
     /// Events pending for the device (shown as a badge, for instance). When wake-ups are
     /// coalesced, the latest counter wins: it is the most recent truth.
     public var pendingEvents: Int
+    /// The conversation the latest event belongs to (a message's sender), for the
+    /// services' collapse ids: only a hash of it leaves the server. Nil for calls.
+    public var conversation: String?
 
-    public init(userID: String, deviceID: String, registration: PushRegistration, kind: WakeUpKind, pendingEvents: Int) {
+    public init(
+        userID: String, deviceID: String, registrations: [PushRegistration], kind: WakeUpKind, pendingEvents: Int,
+        conversation: String? = nil
+    ) {
         self.userID = userID
         self.deviceID = deviceID
-        self.registration = registration
+        self.registrations = registrations
         self.kind = kind
         self.pendingEvents = pendingEvents
+        self.conversation = conversation
+    }
+
+    /// A wake-up for a device with one registration.
+    public init(userID: String, deviceID: String, registration: PushRegistration, kind: WakeUpKind, pendingEvents: Int) {
+        self.init(userID: userID, deviceID: deviceID, registrations: [registration], kind: kind, pendingEvents: pendingEvents)
     }
 
     /// Folds a later wake-up for the same device into this one: the higher-ranked kind,
-    /// and the later counter and registration (the device may have registered a new token).
+    /// and the later counter, conversation and registrations (the device may have
+    /// registered a new token).
     mutating func absorb(_ later: WakeUp) {
         kind = max(kind, later.kind)
         pendingEvents = later.pendingEvents
-        registration = later.registration
+        registrations = later.registrations
+        if later.conversation != nil { conversation = later.conversation }
     }
 
     var device: DeviceKey { DeviceKey(userID: userID, deviceID: deviceID) }

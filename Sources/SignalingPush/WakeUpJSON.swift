@@ -1,3 +1,4 @@
+import SignalingStore
 /// The request body the gateway receives (docs/PUSH.md has the schema):
 ///
 ///     {"id":"5f3a91c2.17","user":"bob","device":"phone","kind":"call","pending":3,
@@ -13,9 +14,15 @@ enum WakeUpJSON {
         case hex
     }
 
+    /// The body for `wakeUp` with its first registration (a device with one).
     static func body(_ wakeUp: WakeUp, id: String, attempt: Int) -> [UInt8] {
+        body(wakeUp, registration: wakeUp.registrations.first ?? PushRegistration(platform: "", token: []), id: id, attempt: attempt)
+    }
+
+    /// The body for `wakeUp` sent with `registration` (the one `PushRouting` chose).
+    static func body(_ wakeUp: WakeUp, registration: PushRegistration, id: String, attempt: Int) -> [UInt8] {
         var out: [UInt8] = []
-        out.reserveCapacity(160 + wakeUp.registration.token.count * 2)
+        out.reserveCapacity(160 + registration.token.count * 2)
         out += #"{"id":"#.utf8
         appendString(id, to: &out)
         out += #","user":"#.utf8
@@ -27,9 +34,9 @@ enum WakeUpJSON {
         out += #","pending":"#.utf8
         out += String(max(0, wakeUp.pendingEvents)).utf8
         out += #","platform":"#.utf8
-        appendString(wakeUp.registration.platform, to: &out)
+        appendString(registration.platform, to: &out)
         out += #","token":"#.utf8
-        let token = wakeUp.registration.token
+        let token = registration.token
         let encoding = tokenEncoding(token)
         switch encoding {
         case .text: appendString(String(decoding: token, as: UTF8.self), to: &out)

@@ -18,11 +18,14 @@ struct WakeUpScheduler {
     struct Attempt {
         var device: DeviceKey
         var wakeUp: WakeUp
+        /// The registration `PushRouting` chose for this attempt (an invalid-token answer
+        /// removes exactly this one).
+        var registration: PushRegistration
         /// Same for every attempt of one wake-up, so the gateway may de-duplicate.
         var id: String
         /// 1 for the first attempt.
         var number: Int
-        var body: [UInt8]
+        var request: PushRequest
     }
 
     /// How an attempt ended.
@@ -32,8 +35,12 @@ struct WakeUpScheduler {
         /// Connection error, timeout, 5xx, 408 or 429: retry with back-off, no earlier
         /// than `retryAfter` when the gateway said so.
         case failed(retryAfter: Duration?)
-        /// Any other 4xx (or an unexpected status): not retried.
-        case rejected
+        /// Any other 4xx (or an unexpected status): not retried. `reason` is the
+        /// service's (APNs `reason`, FCM `errorCode`) or the status.
+        case rejected(reason: String)
+        /// The service says the token is no longer valid (APNs 410, Unregistered,
+        /// BadDeviceToken; FCM 404, UNREGISTERED): not retried, and the token is removed.
+        case tokenInvalid(reason: String)
     }
 
     private struct PendingWakeUp {
@@ -42,6 +49,8 @@ struct WakeUpScheduler {
         /// Failed attempts so far.
         var failures: Int
         var queuedAt: Instant
+        /// When a call was first folded in: its push is worthless `callLifetime` later.
+        var callSince: Instant?
     }
 
     private struct DeviceState {
@@ -60,6 +69,9 @@ struct WakeUpScheduler {
     /// Distinguishes this gateway's wake-up ids from those of earlier runs.
     let idPrefix: String
     let counters: PushCounters
+    let routing: PushRouting
+    let builder: PushRequestBuilder
+    let callLifetime: Duration
 
     private var devices: [DeviceKey: DeviceState] = [:]
     private var heap = DeadlineHeap<Instant, DeviceKey, UInt64>()
@@ -74,6 +86,9 @@ struct WakeUpScheduler {
         maxBodyBytes = configuration.maxBodyBytes
         self.idPrefix = idPrefix
         self.counters = counters
+        routing = configuration.routing
+        builder = PushRequestBuilder(webhookMaxBody: configuration.maxBodyBytes, apnsDefaultTopic: configuration.apns?.defaultTopic ?? "")
+        callLifetime = configuration.callLifetime
     }
 
     /// Devices tracked (waiting, in flight, or inside their minimum interval).
@@ -95,6 +110,7 @@ struct WakeUpScheduler {
         }
         if var waiting = state.waiting {
             waiting.wakeUp.absorb(wakeUp)
+            if wakeUp.kind == .call && waiting.callSince == nil { waiting.callSince = now }
             state.waiting = waiting
             counters.coalesced.increment()
             // A call folded into a message deferred by the interval may go at once; a
@@ -113,7 +129,8 @@ struct WakeUpScheduler {
 
     /// The next attempt to start now, if any is due. The caller limits concurrency by
     /// not asking. A wake-up whose body would exceed the size cap is dropped here.
-    mutating func nextDue(now: Instant) -> Attempt? {
+    /// `wallSeconds` is the wall clock now (APNs expirations are absolute).
+    mutating func nextDue(now: Instant, wallSeconds: UInt64 = 0) -> Attempt? {
         while let top = heap.first, top.deadline <= now {
             heap.popFirst()
             guard var state = devices[top.key], state.stamp == top.stamp else { continue }  // stale
@@ -124,9 +141,29 @@ struct WakeUpScheduler {
                 continue
             }
             let id = "\(idPrefix).\(pending.serial)"
-            let body = WakeUpJSON.body(pending.wakeUp, id: id, attempt: pending.failures + 1)
             state.waiting = nil
-            guard body.count <= maxBodyBytes else {
+            var callRemaining: Duration?
+            if pending.wakeUp.kind == .call {
+                let remaining = (pending.callSince ?? pending.queuedAt) + callLifetime - now
+                // A stale ring must never arrive: past the ring timeout the call is over.
+                guard remaining > .zero else {
+                    counters.droppedExpired.increment()
+                    scheduleForget(&state, top.key)
+                    devices[top.key] = state
+                    continue
+                }
+                callRemaining = remaining
+            }
+            guard let route = routing.route(pending.wakeUp.kind, pending.wakeUp.registrations) else {
+                counters.droppedUnroutable.increment()
+                scheduleForget(&state, top.key)
+                devices[top.key] = state
+                continue
+            }
+            guard let request = builder.request(
+                for: pending.wakeUp, registration: route.registration, service: route.service, id: id,
+                attempt: pending.failures + 1, callRemaining: callRemaining, wallSeconds: wallSeconds)
+            else {
                 counters.droppedOversize.increment()
                 scheduleForget(&state, top.key)
                 devices[top.key] = state
@@ -135,7 +172,9 @@ struct WakeUpScheduler {
             state.sending = pending
             state.lastStart = (now, pending.wakeUp.kind)
             devices[top.key] = state
-            return Attempt(device: top.key, wakeUp: pending.wakeUp, id: id, number: pending.failures + 1, body: body)
+            return Attempt(
+                device: top.key, wakeUp: pending.wakeUp, registration: route.registration, id: id, number: pending.failures + 1,
+                request: request)
         }
         compactHeapIfMostlyStale()
         return nil
@@ -151,6 +190,10 @@ struct WakeUpScheduler {
         case .rejected:
             counters.failedAttempts.increment()
             counters.rejected.increment()
+        case .tokenInvalid:
+            counters.failedAttempts.increment()
+            counters.rejected.increment()
+            counters.tokensRemoved.increment()
         case .failed(let retryAfter):
             counters.failedAttempts.increment()
             var again = sending
@@ -158,6 +201,7 @@ struct WakeUpScheduler {
             if let later = state.waiting {
                 // Events that arrived during the attempt ride along with the retry.
                 again.wakeUp.absorb(later.wakeUp)
+                if again.callSince == nil { again.callSince = later.callSince }
                 counters.coalesced.increment()
                 state.waiting = nil
             }
@@ -198,7 +242,7 @@ struct WakeUpScheduler {
 
     private mutating func newWakeUp(_ wakeUp: WakeUp, now: Instant) -> PendingWakeUp {
         defer { nextSerial += 1 }
-        return PendingWakeUp(wakeUp: wakeUp, serial: nextSerial, failures: 0, queuedAt: now)
+        return PendingWakeUp(wakeUp: wakeUp, serial: nextSerial, failures: 0, queuedAt: now, callSince: wakeUp.kind == .call ? now : nil)
     }
 
     /// The earliest start of a new wake-up of `kind`: the minimum interval after the last

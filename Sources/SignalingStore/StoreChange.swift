@@ -31,8 +31,12 @@ public enum StoreChange: Sendable, Equatable {
     case rememberMessageID(StoredMessageID)
     /// Forgets one message id (expired or evicted).
     case forgetMessageID(sender: String, messageID: String)
-    /// Stores the device's push registration (replacing any earlier one).
+    /// Stores one of the device's push registrations, replacing the device's earlier one
+    /// of the same kind (`PushRegistration.kind`) and no other.
     case registerPush(user: String, device: String, registration: PushRegistration)
+    /// Deletes the device's push registration of `kind`, if any (the device unregistered
+    /// it, or the push service said the token is no longer valid).
+    case removePush(user: String, device: String, kind: PushTokenKind)
     /// Deletes the device's event `seq` if it is still stored, and raises the device's
     /// `lastSeq` to `seq` as the `appendEvent` it undoes did (so the number is never given
     /// to another event). Undoes the event of a message that was refused at its deadline
@@ -106,7 +110,8 @@ extension StoreChange {
         case .releaseHeld(let user, let through): return "releaseHeld \(user) through \(through)"
         case .rememberMessageID(let remembered): return "rememberMessageID \(remembered.sender)/\(remembered.messageID)"
         case .forgetMessageID(let sender, let messageID): return "forgetMessageID \(sender)/\(messageID)"
-        case .registerPush(let user, let device, _): return "registerPush \(user)/\(device)"
+        case .registerPush(let user, let device, let registration): return "registerPush \(user)/\(device) \(registration.kind.rawValue)"
+        case .removePush(let user, let device, let kind): return "removePush \(user)/\(device) \(kind.rawValue)"
         case .claimHeldEvent(let user, let device, let seq, let ordinal): return "claimHeldEvent \(user)/\(device) seq \(seq) ordinal \(ordinal)"
         case .withdrawEvent(let user, let device, let seq): return "withdrawEvent \(user)/\(device) seq \(seq)"
         case .withdrawHeld(let user, let ordinal): return "withdrawHeld \(user) ordinal \(ordinal)"
@@ -121,7 +126,7 @@ extension StoreChange {
         switch self {
         case .upsertDevice(let user, _, _, _), .appendEvent(let user, _, _), .acknowledge(let user, _, _),
              .reserveSequence(let user, _, _), .removeDevice(let user, _), .holdForUser(let user, _),
-             .releaseHeld(let user, _), .registerPush(let user, _, _), .claimHeldEvent(let user, _, _, _),
+             .releaseHeld(let user, _), .registerPush(let user, _, _), .removePush(let user, _, _), .claimHeldEvent(let user, _, _, _),
              .withdrawEvent(let user, _, _), .withdrawHeld(let user, _):
             return user
         case .rememberMessageID(let remembered): return remembered.sender

@@ -48,14 +48,68 @@ public struct StoredReceipt: Sendable, Equatable {
     }
 }
 
+/// The kind of push token a registration holds, which decides where its wake-ups go: to
+/// Apple (a PushKit VoIP token, or an alert token), to Firebase, or to the generic webhook
+/// gateway. A device holds at most one registration of each kind.
+public enum PushTokenKind: String, Sendable, CaseIterable, Comparable {
+    /// A PushKit token: calls only (`apns-push-type: voip`).
+    case apnsVoIP = "apns-voip"
+    /// A regular APNs device token: alert pushes.
+    case apns
+    /// An FCM registration token.
+    case fcm
+    /// Any other platform name: the token goes, with that name, to the webhook gateway.
+    case webhook
+
+    /// The kind a PUSH_REGISTER `platform` names; any name but the three reserved ones is
+    /// a webhook gateway's (as every name was before the server spoke to APNs and FCM).
+    public init(platform: String) {
+        self = PushTokenKind(rawValue: platform).flatMap { $0 == .webhook ? nil : $0 } ?? .webhook
+    }
+
+    public static func < (a: PushTokenKind, b: PushTokenKind) -> Bool {
+        allCases.firstIndex(of: a)! < allCases.firstIndex(of: b)!
+    }
+}
+
 /// A push token registered by a device (PUSH_REGISTER).
 public struct PushRegistration: Sendable, Equatable {
+    /// The platform name as the device gave it (`apns-voip`, `apns`, `fcm`, or a name a
+    /// webhook gateway understands).
     public var platform: String
     public var token: [UInt8]
+    /// APNs only: `sandbox`, or `production` (also meant by ""). Kept as given.
+    public var environment: String
+    /// APNs only: the app's bundle id ("": the server's configured topic).
+    public var topic: String
 
-    public init(platform: String, token: [UInt8]) {
+    public init(platform: String, token: [UInt8], environment: String = "", topic: String = "") {
         self.platform = platform
         self.token = token
+        self.environment = environment
+        self.topic = topic
+    }
+
+    /// Derived from `platform`, so the two never disagree.
+    public var kind: PushTokenKind { PushTokenKind(platform: platform) }
+}
+
+extension [PushRegistration] {
+    /// Replaces the registration of `registration`'s kind (or adds it), keeping the array
+    /// in kind order: one per kind, at most four, so a linear scan is the cheapest lookup.
+    public mutating func register(_ registration: PushRegistration) {
+        let kind = registration.kind
+        removeAll { $0.kind == kind }
+        let index = firstIndex { $0.kind > kind } ?? endIndex
+        insert(registration, at: index)
+    }
+
+    /// Removes the registration of `kind`; true if there was one.
+    @discardableResult
+    public mutating func unregister(_ kind: PushTokenKind) -> Bool {
+        let before = count
+        removeAll { $0.kind == kind }
+        return count != before
     }
 }
 
@@ -73,11 +127,12 @@ public struct StoredDevice: Sendable, Equatable {
     public var lastSeen: UInt64
     /// Unacknowledged events, ascending by `seq`, all > `ackedSeq`.
     public var events: [StoredEvent]
-    public var push: PushRegistration?
+    /// At most one per `PushTokenKind`, in kind order.
+    public var pushRegistrations: [PushRegistration]
 
     public init(
         userID: String, deviceID: String, sessionID: SessionID, ackedSeq: UInt64, lastSeq: UInt64,
-        lastSeen: UInt64, events: [StoredEvent] = [], push: PushRegistration? = nil
+        lastSeen: UInt64, events: [StoredEvent] = [], pushRegistrations: [PushRegistration] = []
     ) {
         self.userID = userID
         self.deviceID = deviceID
@@ -86,7 +141,7 @@ public struct StoredDevice: Sendable, Equatable {
         self.lastSeq = lastSeq
         self.lastSeen = lastSeen
         self.events = events
-        self.push = push
+        self.pushRegistrations = pushRegistrations
     }
 }
 

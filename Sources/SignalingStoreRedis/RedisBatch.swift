@@ -96,8 +96,12 @@ struct RedisBatch {
         case .registerPush(_, let device, let registration):
             command.append("P")
             command.append(device)
-            command.append(PushRecord.field)
+            command.append(registration.kind.rawValue)
             command.append(PushRecord.encode(registration))
+        case .removePush(_, let device, let kind):
+            command.append("Q")
+            command.append(device)
+            command.append(kind.rawValue)
         case .withdrawEvent(_, let device, let seq):
             command.append("W")
             command.append(device)
@@ -123,11 +127,11 @@ struct RedisBatch {
     /// Codes and arguments (N = 20-digit number, E = its exclusive end, N + 1):
     /// U device session+lastSeen | A device N E tail | K device N E | R device N |
     /// X device | H N E tail | C device N E ordinal ordinalEnd | L E | M id record |
-    /// F id | P device field record | W device N E | V N E.
+    /// F id | P device kind record | Q device kind | W device N E | V N E.
     /// Returns the number of changes skipped for want of their device.
     static let script = """
         local ZERO = string.rep('0', 20)
-        local nargs = {U=2, A=4, K=3, R=2, X=1, H=3, C=5, L=1, M=2, F=1, P=3, W=3, V=2}
+        local nargs = {U=2, A=4, K=3, R=2, X=1, H=3, C=5, L=1, M=2, F=1, P=3, Q=2, W=3, V=2}
         local deviceOps = {U=true, A=true, K=true, R=true, X=true, C=true, P=true, W=true}
         local groups = {}
         local a = 1
@@ -156,7 +160,7 @@ struct RedisBatch {
             if n == nil then return redis.error_reply('VSBAD unknown change code ' .. tostring(op)) end
             local d = ARGV[a + 1]
             if op == 'A' or op == 'K' or op == 'W' or op == 'C' or op == 'X' then problem = problem or expect(p .. 'q:' .. d, 'zset') end
-            if op == 'X' or op == 'P' then problem = problem or expect(p .. 'push:' .. d, 'hash') end
+            if op == 'X' or op == 'P' or op == 'Q' then problem = problem or expect(p .. 'push:' .. d, 'hash') end
             if op == 'H' or op == 'C' or op == 'L' or op == 'V' then problem = problem or expect(p .. 'held', 'zset') end
             if op == 'M' or op == 'F' then problem = problem or expect(p .. 'mid', 'hash') end
             if problem then return redis.error_reply(problem) end
@@ -220,6 +224,8 @@ struct RedisBatch {
             elseif op == 'F' then
               redis.call('HDEL', mid, x1)
               shrank = true
+            elseif op == 'Q' then
+              redis.call('HDEL', p .. 'push:' .. x1, x2)
             elseif not recs[x1] then
               skipped = skipped + 1
             elseif op == 'A' then

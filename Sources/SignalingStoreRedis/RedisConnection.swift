@@ -61,7 +61,7 @@ final class RedisConnection: @unchecked Sendable {
         var error = [CChar](repeating: 0, count: 256)
         guard let handle = vs_redis_connect(endpoint.host, Int32(endpoint.port), Int32(timeoutMilliseconds), &error, error.count)
         else {
-            throw StoreError(.io, "cannot connect to Redis at \(endpoint.address): \(String(cString: error))")
+            throw StoreError(.io, "cannot connect to Redis at \(endpoint.address): \(Self.text(error))")
         }
         self.handle = handle
         if let password = endpoint.password {
@@ -101,12 +101,17 @@ final class RedisConnection: @unchecked Sendable {
             guard let reply = vs_redis_read(handle) else {
                 var text = [CChar](repeating: 0, count: 256)
                 vs_redis_describe_failure(handle, &text, text.count)
-                throw StoreError(.io, "Redis at \(endpoint.address): \(String(cString: text))")
+                throw StoreError(.io, "Redis at \(endpoint.address): \(Self.text(text))")
             }
             defer { vs_redis_reply_free(reply) }
             replies.append(Self.copy(reply))
         }
         return replies
+    }
+
+    /// A NUL-terminated C buffer as text.
+    private static func text(_ buffer: [CChar]) -> String {
+        String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     private static func copy(_ reply: OpaquePointer) -> RedisReply {

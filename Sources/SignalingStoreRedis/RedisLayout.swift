@@ -13,7 +13,7 @@ import SignalingStore
 /// | `{u:U}:devices` | hash | device id → `DeviceRecord` (counters, session, last seen) |
 /// | `{u:U}:q:D` | sorted set | device D's events, one member each: `seq` (20 digits) + `EventRecord` |
 /// | `{u:U}:held` | sorted set | events held for U, members as the queues', by ordinal |
-/// | `{u:U}:push:D` | hash | device D's push registrations: `PushRecord` |
+/// | `{u:U}:push:D` | hash | device D's push registrations, one per kind: kind → `PushRecord` |
 /// | `{u:U}:mid` | hash | message ids U sent, for de-duplication: id → `MessageIDRecord` |
 ///
 /// Sequence numbers are compared inside Redis, by Lua, whose numbers are doubles (exact
@@ -174,24 +174,27 @@ enum MessageIDRecord {
     }
 }
 
-/// A push registration in `{u:U}:push:D`: platform and token, each u32 length + bytes.
-/// The hash's field is the registration's slot ("" while a device holds one).
+/// A push registration in `{u:U}:push:D`, under its kind (`PushTokenKind.rawValue`, the
+/// hash's field: one registration per kind): platform, token, environment and topic, each
+/// u32 length + bytes.
 enum PushRecord {
-    static let field: [UInt8] = []
-
     static func encode(_ registration: PushRegistration) -> [UInt8] {
-        var writer = ByteWriter(capacity: registration.token.count + 16)
+        var writer = ByteWriter(capacity: registration.token.count + 32)
         writer.blob(Array(registration.platform.utf8))
         writer.blob(registration.token)
+        writer.blob(Array(registration.environment.utf8))
+        writer.blob(Array(registration.topic.utf8))
         return writer.bytes
     }
 
     static func decode(_ bytes: [UInt8], user: String, device: String) throws(StoreError) -> PushRegistration {
         var reader = RecordReader(bytes[...])
-        guard let platform = reader.text(), let token = reader.blob(), !reader.failed, reader.isAtEnd else {
-            throw StoreError(.corrupt, "the push registration of \(user)/\(device) is not a voipserver push record")
+        guard let platform = reader.text(), let token = reader.blob(), let environment = reader.text(), let topic = reader.text(),
+              !reader.failed, reader.isAtEnd
+        else {
+            throw StoreError(.corrupt, "a push registration of \(user)/\(device) is not a voipserver push record")
         }
-        return PushRegistration(platform: platform, token: token)
+        return PushRegistration(platform: platform, token: token, environment: environment, topic: topic)
     }
 }
 

@@ -71,9 +71,9 @@ struct RedisSnapshotReader {
         for index in devices.indices {
             let device = devices[index]
             devices[index].events = try events(perDevice[2 * index], key: RedisLayout.queueKey(device.userID, device.deviceID))
-            for (field, value) in try pairs(perDevice[2 * index + 1], "HGETALL push of \(device.userID)/\(device.deviceID)")
-            where field == PushRecord.field {
-                devices[index].push = try PushRecord.decode(value, user: device.userID, device: device.deviceID)
+            for (_, value) in try pairs(perDevice[2 * index + 1], "HGETALL push of \(device.userID)/\(device.deviceID)") {
+                // `register` keeps them in kind order, one per kind.
+                devices[index].pushRegistrations.register(try PushRecord.decode(value, user: device.userID, device: device.deviceID))
             }
         }
         snapshot.devices += devices

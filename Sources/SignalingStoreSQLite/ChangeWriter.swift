@@ -33,7 +33,9 @@ final class ChangeWriter {
     private let deleteHeldEvent: SQLiteStatement
     private let upsertMessageID: SQLiteStatement
     private let deleteMessageID: SQLiteStatement
-    private let setPushRegistration: SQLiteStatement
+    private let upsertPushRegistration: SQLiteStatement
+    private let deletePushRegistration: SQLiteStatement
+    private let deleteDevicePushRegistrations: SQLiteStatement
 
     init(connection: SQLiteConnection) throws(StoreError) {
         self.connection = connection
@@ -102,9 +104,19 @@ final class ChangeWriter {
         deleteMessageID = try connection.prepare("""
             DELETE FROM message_ids WHERE sender_id = ?1 AND message_id = ?2
             """, as: "delete message id")
-        setPushRegistration = try connection.prepare("""
-            UPDATE devices SET push_platform = ?3, push_token = ?4 WHERE user_id = ?1 AND device_id = ?2
-            """, as: "set push registration")
+        upsertPushRegistration = try connection.prepare("""
+            INSERT INTO push_registrations (user_id, device_id, kind, platform, token, environment, topic)
+            VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+            ON CONFLICT (user_id, device_id, kind) DO UPDATE
+            SET platform = excluded.platform, token = excluded.token,
+                environment = excluded.environment, topic = excluded.topic
+            """, as: "upsert push registration")
+        deletePushRegistration = try connection.prepare("""
+            DELETE FROM push_registrations WHERE user_id = ?1 AND device_id = ?2 AND kind = ?3
+            """, as: "delete push registration")
+        deleteDevicePushRegistrations = try connection.prepare("""
+            DELETE FROM push_registrations WHERE user_id = ?1 AND device_id = ?2
+            """, as: "delete device push registrations")
     }
 
     /// Applies the changes in one transaction: all of them, or (on any error) none.
@@ -214,6 +226,9 @@ final class ChangeWriter {
             try deleteDeviceEvents.bind(1, user)
             try deleteDeviceEvents.bind(2, device)
             try deleteDeviceEvents.run()
+            try deleteDevicePushRegistrations.bind(1, user)
+            try deleteDevicePushRegistrations.bind(2, device)
+            try deleteDevicePushRegistrations.run()
             try deleteDevice.bind(1, user)
             try deleteDevice.bind(2, device)
             try deleteDevice.run()
@@ -242,15 +257,25 @@ final class ChangeWriter {
             try deleteMessageID.run()
 
         case .registerPush(let user, let device, let registration):
-            try setPushRegistration.bind(1, user)
-            try setPushRegistration.bind(2, device)
-            try setPushRegistration.bind(3, registration.platform)
-            try setPushRegistration.bind(4, registration.token)
-            try setPushRegistration.run()
-            // Without a device row the registration would be silently lost.
-            guard connection.changes == 1 else {
+            try upsertPushRegistration.bind(1, user)
+            try upsertPushRegistration.bind(2, device)
+            try upsertPushRegistration.bind(3, registration.kind.rawValue)
+            try upsertPushRegistration.bind(4, registration.platform)
+            try upsertPushRegistration.bind(5, registration.token)
+            try upsertPushRegistration.bind(6, registration.environment)
+            try upsertPushRegistration.bind(7, registration.topic)
+            do throws(StoreError) {
+                try upsertPushRegistration.run()
+            } catch where connection.extendedErrorCode == Self.foreignKeyViolation {
+                // Without a device row the registration would be silently lost.
                 throw StoreError(.other, "no such device; a device is stored (upsertDevice) before its push registration")
             }
+
+        case .removePush(let user, let device, let kind):
+            try deletePushRegistration.bind(1, user)
+            try deletePushRegistration.bind(2, device)
+            try deletePushRegistration.bind(3, kind.rawValue)
+            try deletePushRegistration.run()
 
         case .withdrawEvent(let user, let device, let seq):
             let seq = try StoredValue.sequence(seq, "withdrawn seq")

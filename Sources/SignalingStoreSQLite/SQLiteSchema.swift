@@ -13,7 +13,7 @@ enum SQLiteSchema {
 
     /// `PRAGMA user_version`: the schema this build writes. Raise it with a new entry in
     /// `upgrades` whenever the tables change.
-    static let currentVersion: Int64 = 1
+    static let currentVersion: Int64 = 2
 
     /// Version 1, created in an empty file.
     static let version1: [String] = [
@@ -25,8 +25,8 @@ enum SQLiteSchema {
             acked_seq     INTEGER NOT NULL,            -- every event <= this was acknowledged
             last_seq      INTEGER NOT NULL,            -- highest sequence number assigned
             last_seen     INTEGER NOT NULL,            -- ms since the Unix epoch
-            push_platform TEXT,                        -- both NULL: no push registration
-            push_token    BLOB,
+            push_platform TEXT,                        -- version 1 only; NULL from version 2
+            push_token    BLOB,                      -- (push_registrations holds them)
             CHECK ((push_platform IS NULL) = (push_token IS NULL)),
             PRIMARY KEY (user_id, device_id)
         ) WITHOUT ROWID
@@ -80,9 +80,37 @@ enum SQLiteSchema {
     ]
 
     /// Upgrades from each older version to the next, run in order inside one transaction.
-    /// Version 1 is the first, so there are none yet; an upgrade to version 2 would be
-    /// `[1: ["ALTER TABLE ..."]]`.
-    static let upgrades: [Int64: [String]] = [:]
+    /// A new file gets `version1` and then every upgrade, so there is one path to each
+    /// version.
+    static let upgrades: [Int64: [String]] = [
+        // Version 2: several push registrations per device, one per kind of token (issue
+        // 17: a VoIP and an alert token on one iPhone). The kind is derived from the
+        // platform name as `PushTokenKind(platform:)` does. The old columns stay (SQLite
+        // cannot drop a column a CHECK names) but are emptied and no longer read.
+        1: [
+            """
+            CREATE TABLE push_registrations (
+                user_id     TEXT NOT NULL,
+                device_id   TEXT NOT NULL,
+                kind        TEXT NOT NULL,           -- apns-voip, apns, fcm or webhook
+                platform    TEXT NOT NULL,           -- as the device named it
+                token       BLOB NOT NULL,
+                environment TEXT NOT NULL DEFAULT '', -- APNs: sandbox or production ('')
+                topic       TEXT NOT NULL DEFAULT '', -- APNs: bundle id ('' = configured)
+                PRIMARY KEY (user_id, device_id, kind),
+                FOREIGN KEY (user_id, device_id) REFERENCES devices (user_id, device_id)
+            ) WITHOUT ROWID
+            """,
+            """
+            INSERT INTO push_registrations (user_id, device_id, kind, platform, token)
+            SELECT user_id, device_id,
+                   CASE WHEN push_platform IN ('apns-voip', 'apns', 'fcm') THEN push_platform ELSE 'webhook' END,
+                   push_platform, push_token
+            FROM devices WHERE push_platform IS NOT NULL
+            """,
+            "UPDATE devices SET push_platform = NULL, push_token = NULL WHERE push_platform IS NOT NULL",
+        ],
+    ]
 
     /// Creates the schema in an empty file, upgrades an older one, and refuses a file that
     /// is not ours or is newer than this build. Runs in one write transaction, so a crash
@@ -95,10 +123,9 @@ enum SQLiteSchema {
             if found == 0 {
                 for statement in version1 { try connection.execute(statement) }
                 try connection.execute("PRAGMA application_id = \(applicationID)")
-            } else {
-                for version in found..<currentVersion {
-                    for statement in upgrades[version] ?? [] { try connection.execute(statement) }
-                }
+            }
+            for version in max(found, 1)..<currentVersion {
+                for statement in upgrades[version] ?? [] { try connection.execute(statement) }
             }
             if found != currentVersion {
                 try connection.execute("PRAGMA user_version = \(currentVersion)")

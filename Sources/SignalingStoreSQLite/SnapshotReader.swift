@@ -23,7 +23,7 @@ struct SnapshotReader {
         var devices: [StoredDevice] = []
         var indexByKey: [DeviceKey: Int] = [:]
         let deviceRows = try connection.prepare("""
-            SELECT user_id, device_id, session_id, acked_seq, last_seq, last_seen, push_platform, push_token
+            SELECT user_id, device_id, session_id, acked_seq, last_seq, last_seen
             FROM devices ORDER BY user_id, device_id
             """, as: "read devices")
         defer { deviceRows.reset() }
@@ -33,17 +33,24 @@ struct SnapshotReader {
             guard let sessionID = StoredValue.sessionID(from: deviceRows.blob(2)) else {
                 throw StoreError(.corrupt, "\(connection.path): device \(user)/\(device) has a session id that is not 16 bytes")
             }
-            var push: PushRegistration?
-            if let platform = deviceRows.optionalText(6), let token = deviceRows.optionalBlob(7) {
-                push = PushRegistration(platform: platform, token: token)
-            }
             indexByKey[DeviceKey(userID: user, deviceID: device)] = devices.count
             devices.append(StoredDevice(
                 userID: user, deviceID: device, sessionID: sessionID,
                 ackedSeq: StoredValue.sequence(from: deviceRows.int64(3)),
                 lastSeq: StoredValue.sequence(from: deviceRows.int64(4)),
-                lastSeen: StoredValue.timestamp(from: deviceRows.int64(5)),
-                push: push))
+                lastSeen: StoredValue.timestamp(from: deviceRows.int64(5))))
+        }
+
+        let pushRows = try connection.prepare("""
+            SELECT user_id, device_id, platform, token, environment, topic
+            FROM push_registrations ORDER BY user_id, device_id
+            """, as: "read push registrations")
+        defer { pushRows.reset() }
+        while try pushRows.step() {
+            let key = DeviceKey(userID: pushRows.text(0), deviceID: pushRows.text(1))
+            guard let index = indexByKey[key] else { continue }  // impossible with foreign keys
+            devices[index].pushRegistrations.register(PushRegistration(
+                platform: pushRows.text(2), token: pushRows.blob(3), environment: pushRows.text(4), topic: pushRows.text(5)))
         }
 
         let eventRows = try connection.prepare("""

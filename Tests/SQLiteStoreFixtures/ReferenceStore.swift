@@ -67,7 +67,9 @@ public struct ReferenceStore: Sendable {
         case .forgetMessageID(let sender, let messageID):
             messageIDs[MessageKey(sender: sender, messageID: messageID)] = nil
         case .registerPush(let user, let device, let registration):
-            devices[DeviceKey(userID: user, deviceID: device)]?.push = registration
+            devices[DeviceKey(userID: user, deviceID: device)]?.pushRegistrations.register(registration)
+        case .removePush(let user, let device, let kind):
+            devices[DeviceKey(userID: user, deviceID: device)]?.pushRegistrations.unregister(kind)
         case .withdrawEvent(let user, let device, let seq):
             let key = DeviceKey(userID: user, deviceID: device)
             guard devices[key] != nil else { return }

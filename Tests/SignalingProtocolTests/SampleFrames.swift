@@ -35,6 +35,10 @@ enum SampleFrames {
             messageID: "m-1", recipient: "bob", contentType: "text/plain", body: Array("héllo".utf8)))),
         .request(id: 9, .messageSend(OutgoingMessage(messageID: "m-2", recipient: "bob", contentType: "x", body: []))),
         .request(id: 10, .pushRegister(platform: "apns", token: [1, 2, 3])),
+        .request(id: 11, .pushRegister(platform: "apns-voip", token: [0xAB], environment: "sandbox")),
+        .request(id: 12, .pushRegister(
+            platform: "apns-voip", token: [1, 2], environment: "production", topic: "com.example.voip")),
+        .request(id: 13, .pushRegister(platform: "fcm", token: [], environment: "", topic: "ünï")),
         .ok(requestID: 8, serverTime: 123),
         .error(requestID: 9, code: .unknownCall, message: "no call c9"),
         .error(requestID: 0, code: .storeUnavailable, message: ""),
@@ -47,4 +51,17 @@ enum SampleFrames {
             contentType: "application/json", body: Array(#"{"a":1}"#.utf8), serverTime: 99))),
         .event(seq: 6, .messageDelivered(messageID: "m-1", recipient: "bob", recipientDevice: "tablet", serverTime: 100)),
     ]
+
+    /// The frames a sample's encoding ends as when it is cut exactly before one of its
+    /// optional trailing fields: such a cut is a valid, shorter frame, not a truncation.
+    static func shorterForms(of frame: Frame) -> [Frame] {
+        guard case .request(let id, .pushRegister(let platform, let token, let environment, let topic)) = frame
+        else { return [] }
+        var forms: [Frame] = []
+        if environment != nil { forms.append(.request(id: id, .pushRegister(platform: platform, token: token))) }
+        if topic != nil {
+            forms.append(.request(id: id, .pushRegister(platform: platform, token: token, environment: environment ?? "")))
+        }
+        return forms
+    }
 }

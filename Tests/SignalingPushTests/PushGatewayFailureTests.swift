@@ -17,9 +17,9 @@ struct PushGatewayFailureTests {
         #expect(GatewayLoop.outcome(status: 503, retryAfter: "5") == .failed(retryAfter: .seconds(5)))
         #expect(GatewayLoop.outcome(status: 429, retryAfter: "9") == .failed(retryAfter: .seconds(9)))
         #expect(GatewayLoop.outcome(status: 408, retryAfter: nil) == .failed(retryAfter: nil))
-        #expect(GatewayLoop.outcome(status: 400, retryAfter: nil) == .rejected)
-        #expect(GatewayLoop.outcome(status: 410, retryAfter: nil) == .rejected)
-        #expect(GatewayLoop.outcome(status: 302, retryAfter: nil) == .rejected)
+        #expect(GatewayLoop.outcome(status: 400, retryAfter: nil) == .rejected(reason: "400"))
+        #expect(GatewayLoop.outcome(status: 410, retryAfter: nil) == .rejected(reason: "410"))
+        #expect(GatewayLoop.outcome(status: 302, retryAfter: nil) == .rejected(reason: "302"))
     }
 
     @Test("500 is retried after back-off with the same id, and then delivered")

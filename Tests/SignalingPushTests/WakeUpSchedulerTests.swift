@@ -105,7 +105,7 @@ struct WakeUpSchedulerTests {
         #expect(second.id == first.id)
         #expect(second.number == 2)
         #expect(second.wakeUp.kind == .call && second.wakeUp.pendingEvents == 2)
-        #expect(jsonObject(second.body)?["attempt"] as? Int == 2)
+        #expect(jsonObject(second.webhookBody)?["attempt"] as? Int == 2)
         // The second waits between 1 and 2 s.
         let failedAt = t0 + .seconds(1)
         scheduler.complete(second.device, .failed(retryAfter: nil), now: failedAt)
@@ -150,7 +150,7 @@ struct WakeUpSchedulerTests {
         var scheduler = scheduler()
         scheduler.accept(wakeUp(), now: t0)
         let attempt = try scheduler.requireDue(now: t0)
-        scheduler.complete(attempt.device, .rejected, now: t0)
+        scheduler.complete(attempt.device, .rejected(reason: "400"), now: t0)
         #expect(scheduler.nextDue(now: t0 + .seconds(3600)) == nil)
         #expect(counters.rejected.load(ordering: .relaxed) == 1)
         #expect(counters.failedAttempts.load(ordering: .relaxed) == 1)
@@ -190,7 +190,7 @@ struct WakeUpSchedulerTests {
         scheduler.accept(wakeUp(device: "text", token: [UInt8](repeating: UInt8(ascii: "x"), count: 3800)), now: t0)
         let attempt = try scheduler.requireDue(now: t0)
         #expect(attempt.wakeUp.deviceID == "text")
-        #expect(attempt.body.count <= 4096)
+        #expect(attempt.webhookBody.count <= 4096)
         #expect(scheduler.nextDue(now: t0) == nil)
         #expect(counters.droppedOversize.load(ordering: .relaxed) == 1)
     }

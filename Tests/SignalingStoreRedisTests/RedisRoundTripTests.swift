@@ -46,6 +46,12 @@ struct RedisRoundTripTests {
             .reserveSequence(user: "alice", device: "phone", through: 70),
             Sample.device("alice", "phone", session: 2, lastSeen: 200),
             .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "fcm", token: [9])),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(
+                platform: "apns-voip", token: [7], environment: "sandbox", topic: "com.example.app")),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "fcm", token: [10])),
+            .removePush(user: "alice", device: "phone", kind: .apns),
+            .removePush(user: "alice", device: "phone", kind: .webhook),  // none: nothing happens
+            .registerPush(user: "alice", device: "tablet", registration: PushRegistration(platform: "my-gateway", token: [3])),
             .removeDevice(user: "alice", device: "tablet"),
             Sample.device("carol", "laptop"),
             .claimHeldEvent(user: "carol", device: "laptop", seq: 1, ordinal: 1),
@@ -64,7 +70,10 @@ struct RedisRoundTripTests {
         let phone = try #require(snapshot.devices.first { $0.deviceID == "phone" })
         #expect(phone.events.isEmpty && phone.ackedSeq == 2 && phone.lastSeq == 90)
         #expect(phone.sessionID == Sample.session(2) && phone.lastSeen == 200)
-        #expect(phone.push == PushRegistration(platform: "fcm", token: [9]))
+        #expect(phone.pushRegistrations == [
+            PushRegistration(platform: "apns-voip", token: [7], environment: "sandbox", topic: "com.example.app"),
+            PushRegistration(platform: "fcm", token: [10]),
+        ], "one per kind, in kind order; the apns one removed")
         #expect(!snapshot.devices.contains { $0.deviceID == "tablet" })
         let laptop = try #require(snapshot.devices.first { $0.userID == "carol" })
         #expect(laptop.events.map(\.seq) == [1, 2] && laptop.events[0].receipt == receipt && laptop.lastSeq == 3)
@@ -77,7 +86,7 @@ struct RedisRoundTripTests {
         #expect(users == .array([.string(Array("alice".utf8)), .string(Array("bob".utf8))])
             || users == .array([.string(Array("bob".utf8)), .string(Array("alice".utf8))]), "\(users)")
         let tablet = try #require(try harness.verify().devices.first { $0.deviceID == "tablet" })
-        #expect(tablet.events.isEmpty && tablet.lastSeq == 0 && tablet.push == nil)
+        #expect(tablet.events.isEmpty && tablet.lastSeq == 0 && tablet.pushRegistrations.isEmpty)
     }
 
     @Test("edge values round-trip: 64 KiB and empty bodies, ids with } % : and NUL, extreme numbers")

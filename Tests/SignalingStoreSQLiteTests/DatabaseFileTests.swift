@@ -20,7 +20,7 @@ struct DatabaseFileTests {
         return path
     }
 
-    @Test("a new store creates its directory, with parents, and a WAL-mode file with schema version 1")
+    @Test("a new store creates its directory, with parents, and a WAL-mode file with schema version 2")
     func createsEverything() throws {
         let directory = try TemporaryDirectory()
         let configuration = SQLiteStoreConfiguration(directory: directory.file("a/b/data"))
@@ -28,7 +28,7 @@ struct DatabaseFileTests {
         try store.apply([Sample.device("alice", "phone")])
         let database = try RawDatabase(path: configuration.databasePath)
         #expect(try database.text("PRAGMA journal_mode") == "wal")
-        #expect(try database.text("PRAGMA user_version") == "1")
+        #expect(try database.text("PRAGMA user_version") == "2")
         #expect(try database.text("SELECT count(*) FROM devices") == "1")
         store.close()
         let mode = try FileManager.default.attributesOfItem(atPath: configuration.databasePath)[.posixPermissions] as? Int
@@ -55,6 +55,46 @@ struct DatabaseFileTests {
         let database = try RawDatabase(path: path)
         #expect(try database.text("SELECT name FROM recipes") == "soup")
         #expect(try database.text("SELECT count(*) FROM sqlite_master WHERE name = 'devices'") == "0")
+    }
+
+    @Test("a version 1 file is upgraded: its one push registration per device moves to push_registrations, by kind")
+    func upgradesVersion1() throws {
+        let directory = try TemporaryDirectory()
+        let configuration = configuration(directory)
+        let path = try place([], in: directory)
+        // Version 1 exactly as it was created (SQLiteSchema.version1), with two devices.
+        let raw = try RawDatabase(path: path)
+        try raw.execute("""
+            CREATE TABLE devices (user_id TEXT NOT NULL, device_id TEXT NOT NULL,
+                session_id BLOB NOT NULL CHECK (length(session_id) = 16), acked_seq INTEGER NOT NULL,
+                last_seq INTEGER NOT NULL, last_seen INTEGER NOT NULL, push_platform TEXT, push_token BLOB,
+                CHECK ((push_platform IS NULL) = (push_token IS NULL)), PRIMARY KEY (user_id, device_id)) WITHOUT ROWID;
+            CREATE TABLE device_events (user_id TEXT NOT NULL, device_id TEXT NOT NULL, seq INTEGER NOT NULL,
+                type INTEGER NOT NULL, body BLOB NOT NULL, receipt_sender TEXT, receipt_message_id TEXT,
+                receipt_recipient TEXT, created_at INTEGER NOT NULL, PRIMARY KEY (user_id, device_id, seq),
+                FOREIGN KEY (user_id, device_id) REFERENCES devices (user_id, device_id));
+            CREATE TABLE held_events (user_id TEXT NOT NULL, ordinal INTEGER NOT NULL, type INTEGER NOT NULL,
+                body BLOB NOT NULL, receipt_sender TEXT, receipt_message_id TEXT, receipt_recipient TEXT,
+                created_at INTEGER NOT NULL, PRIMARY KEY (user_id, ordinal));
+            CREATE TABLE message_ids (sender_id TEXT NOT NULL, message_id TEXT NOT NULL, server_time INTEGER NOT NULL,
+                expires_at INTEGER NOT NULL, PRIMARY KEY (sender_id, message_id)) WITHOUT ROWID;
+            INSERT INTO devices VALUES ('alice', 'phone', zeroblob(16), 0, 3, 10, 'apns', x'0102');
+            INSERT INTO devices VALUES ('bob', 'pixel', zeroblob(16), 0, 0, 10, 'my-gateway', x'09');
+            INSERT INTO devices VALUES ('carol', 'pc', zeroblob(16), 0, 0, 10, NULL, NULL);
+            PRAGMA application_id = 1448298823; PRAGMA user_version = 1;
+            """)
+        let store = try SQLiteEventStore(configuration: configuration)
+        let snapshot = try store.loadSnapshot()
+        store.close()
+        let byUser = Dictionary(uniqueKeysWithValues: snapshot.devices.map { ($0.userID, $0) })
+        #expect(byUser["alice"]?.pushRegistrations == [PushRegistration(platform: "apns", token: [1, 2])])
+        #expect(byUser["alice"]?.lastSeq == 3)
+        #expect(byUser["bob"]?.pushRegistrations.map(\.kind) == [.webhook])
+        #expect(byUser["bob"]?.pushRegistrations.first?.platform == "my-gateway")
+        #expect(byUser["carol"]?.pushRegistrations == [])
+        let database = try RawDatabase(path: path)
+        #expect(try database.text("PRAGMA user_version") == "2")
+        #expect(try database.text("SELECT count(*) FROM devices WHERE push_platform IS NOT NULL") == "0")
     }
 
     @Test("a store written by a newer schema version is refused as corrupt, naming both versions")

@@ -24,7 +24,7 @@ struct RoundTripTests {
         #expect(device.sessionID == Sample.session(2))
         #expect(device.lastSeen == 200)
         #expect(device.ackedSeq == 1 && device.lastSeq == 1)
-        #expect(device.push == PushRegistration(platform: "apns", token: [1, 2]))
+        #expect(device.pushRegistrations == [PushRegistration(platform: "apns", token: [1, 2])])
     }
 
     @Test("appendEvent stores the event and raises lastSeq; events come back in seq order")
@@ -88,7 +88,7 @@ struct RoundTripTests {
         // Gone for good: a device of the same name starts afresh.
         try harness.apply([Sample.device("alice", "phone", session: 7)])
         let again = try #require(try harness.verify().devices.first { $0.deviceID == "phone" })
-        #expect(again.events.isEmpty && again.lastSeq == 0 && again.push == nil)
+        #expect(again.events.isEmpty && again.lastSeq == 0 && again.pushRegistrations.isEmpty)
     }
 
     @Test("holdForUser keeps events per user in ordinal order; releaseHeld deletes up to an ordinal")
@@ -152,18 +152,46 @@ struct RoundTripTests {
         ])
     }
 
-    @Test("registerPush stores the token on the device and replaces an earlier one")
+    @Test("registerPush keeps one token per kind: a new one replaces only the device's token of the same kind")
     func registerPush() throws {
         let harness = try StoreHarness()
         try harness.apply([
             Sample.device("alice", "phone"),
             .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "apns", token: [1])),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(
+                platform: "apns-voip", token: [2], environment: "sandbox", topic: "com.example.app")),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "relay-x", token: [3])),
         ])
         let token = [UInt8](repeating: 0xAB, count: ProtocolLimits.maxTokenBytes)
-        try harness.apply([.registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "fcm", token: token))])
+        try harness.apply([
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "fcm", token: token)),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "apns", token: [4], environment: "sandbox")),
+        ])
         try harness.reopen()
         let device = try #require(try harness.verify().devices.first)
-        #expect(device.push == PushRegistration(platform: "fcm", token: token))
+        #expect(device.pushRegistrations == [
+            PushRegistration(platform: "apns-voip", token: [2], environment: "sandbox", topic: "com.example.app"),
+            PushRegistration(platform: "apns", token: [4], environment: "sandbox"),
+            PushRegistration(platform: "fcm", token: token),
+            PushRegistration(platform: "relay-x", token: [3]),
+        ])
+    }
+
+    @Test("removePush deletes the device's token of one kind and leaves the others")
+    func removePush() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            Sample.device("alice", "phone"),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "apns", token: [1])),
+            .registerPush(user: "alice", device: "phone", registration: PushRegistration(platform: "apns-voip", token: [2])),
+        ])
+        try harness.apply([
+            .removePush(user: "alice", device: "phone", kind: .apnsVoIP),
+            .removePush(user: "alice", device: "phone", kind: .fcm),  // none: nothing happens
+        ])
+        try harness.reopen()
+        let device = try #require(try harness.verify().devices.first)
+        #expect(device.pushRegistrations == [PushRegistration(platform: "apns", token: [1])])
     }
 
     @Test("edge values round-trip: empty and 64 KiB bodies, empty and non-ASCII ids, extreme numbers")
@@ -187,7 +215,7 @@ struct RoundTripTests {
         let zoe = try #require(snapshot.devices.first { $0.userID == "zoë 👋" })
         #expect(zoe.events == [big, empty])
         #expect(zoe.lastSeq == UInt64(Int64.max))
-        #expect(zoe.push == PushRegistration(platform: "", token: []))
+        #expect(zoe.pushRegistrations == [PushRegistration(platform: "", token: [])])
         #expect(snapshot.devices.contains { $0.userID == "nul\u{0}inside" })
     }
 

@@ -29,4 +29,6 @@ unsigned long vs_crypto_last_error(char *text, size_t capacity);
 
 // TLS connections and contexts (libssl).
 #include "TLSShims.h"
+// JWT signing keys (ES256, RS256), in a header of their own.
+#include "JWTShims.h"
 #endif

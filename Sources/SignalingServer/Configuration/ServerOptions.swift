@@ -62,6 +62,18 @@ public enum ServerOptions {
             OptionSpec("push-interval", value: "SECONDS", default: "10", help: "Least time between two wake-ups of one device (calls excepted)."),
             OptionSpec("push-timeout", value: "SECONDS", default: "5", help: "A wake-up request not answered within this fails and is retried."),
             OptionSpec("push-max-body", value: "BYTES", default: "4096", help: "Largest wake-up body sent."),
+            OptionSpec("apns-key-file", value: "FILE", help: "Send wake-ups to APNs directly, signing provider tokens with this .p8 key (needs --apns-key-id, --apns-team-id, --apns-topic; docs/PUSH.md). Reloaded on SIGHUP."),
+            OptionSpec("apns-key-id", value: "ID", help: "The APNs key's id (JWT kid)."),
+            OptionSpec("apns-team-id", value: "ID", help: "The Apple developer team id (JWT iss)."),
+            OptionSpec("apns-topic", value: "BUNDLE-ID", help: "The app's bundle id, for registrations that name no topic (VoIP pushes go to BUNDLE-ID.voip)."),
+            OptionSpec("apns-url", value: "URL", default: "https://api.push.apple.com", help: "APNs production endpoint."),
+            OptionSpec("apns-sandbox-url", value: "URL", default: "https://api.sandbox.push.apple.com", help: "APNs sandbox endpoint (tokens registered with environment sandbox)."),
+            OptionSpec("apns-token-refresh", value: "SECONDS", default: "2400", help: "Sign a new APNs provider token this often (1200-3000)."),
+            OptionSpec("fcm-service-account", value: "FILE", help: "Send wake-ups to FCM directly with this service-account JSON key (docs/PUSH.md). Reloaded on SIGHUP."),
+            OptionSpec("fcm-url", value: "URL", default: "https://fcm.googleapis.com", help: "FCM endpoint (/v1/projects/PROJECT/messages:send is appended)."),
+            OptionSpec("fcm-token-url", value: "URL", default: "the key file's token_uri", help: "OAuth2 token endpoint the service-account assertion is exchanged at."),
+            OptionSpec("push-ca-file", value: "FILE", help: "Trust the CAs in this PEM file for APNs, FCM and the token endpoint instead of the system's."),
+            OptionSpec("push-streams", value: "N", default: "1000", help: "Requests in flight at once on the one HTTP/2 connection to each of APNs and FCM."),
             OptionSpec("tcp-user-timeout", value: "SECONDS", default: "30", help: "Kill connections whose sent data stays unacknowledged this long."),
             OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
             OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
@@ -92,6 +104,67 @@ public enum ServerOptions {
 
             See docs/CONFIGURATION.md and docs/OPERATIONS.md.
             """)
+
+    /// The push services: the webhook gateway, APNs and FCM, each optional (nil: none).
+    static func pushConfiguration(
+        _ options: ParsedOptions, seconds: (String, ClosedRange<Double>) throws(UsageError) -> Duration?
+    ) throws(UsageError) -> PushGatewayConfiguration? {
+        let apnsOptions = ["apns-key-file", "apns-key-id", "apns-team-id", "apns-topic", "apns-url", "apns-sandbox-url", "apns-token-refresh"]
+        let fcmOptions = ["fcm-service-account", "fcm-url", "fcm-token-url"]
+        let sharedOptions = ["push-interval", "push-timeout", "push-max-body", "push-ca-file", "push-streams"]
+        var push = PushGatewayConfiguration()
+        if let url = options.string("push-gateway") { push.endpoint = try GatewayEndpoint(url: url) }
+        if let path = options.string("apns-key-file") {
+            guard let pem = readTextFile(path) else { throw UsageError("--apns-key-file: cannot read \(path)") }
+            let key: JWTSigningKey
+            do {
+                key = try JWTSigningKey(pem: pem)
+            } catch {
+                throw UsageError("--apns-key-file \(path): \(error)")
+            }
+            guard let keyID = options.string("apns-key-id"), let teamID = options.string("apns-team-id"),
+                let topic = options.string("apns-topic")
+            else { throw UsageError("--apns-key-file needs --apns-key-id, --apns-team-id and --apns-topic") }
+            var apns = APNsConfiguration(key: key, keyID: keyID, teamID: teamID, defaultTopic: topic)
+            if let url = options.string("apns-url") { apns.productionURL = url }
+            if let url = options.string("apns-sandbox-url") { apns.sandboxURL = url }
+            if let value = try seconds("apns-token-refresh", 1200...3000) { apns.tokenRefreshInterval = value }
+            push.apns = apns
+        } else if let stray = apnsOptions.first(where: options.has) {
+            throw UsageError("--\(stray) needs --apns-key-file")
+        }
+        if let path = options.string("fcm-service-account") {
+            guard let text = readTextFile(path) else { throw UsageError("--fcm-service-account: cannot read \(path)") }
+            let account: FCMConfiguration.ServiceAccount
+            do throws(UsageError) {
+                account = try FCMConfiguration.ServiceAccount(json: Array(text.utf8))
+            } catch {
+                throw UsageError("--fcm-service-account \(path): \(error.message)")
+            }
+            var fcm = FCMConfiguration(account: account)
+            if let url = options.string("fcm-url") { fcm.messagesURL = url }
+            if let url = options.string("fcm-token-url") { fcm.tokenURL = url }
+            push.fcm = fcm
+        } else if let stray = fcmOptions.first(where: options.has) {
+            throw UsageError("--\(stray) needs --fcm-service-account")
+        }
+        guard push.endpoint != nil || push.apns != nil || push.fcm != nil else {
+            if let stray = sharedOptions.first(where: options.has) {
+                throw UsageError("--\(stray) needs a push service: --push-gateway, --apns-key-file or --fcm-service-account")
+            }
+            return nil
+        }
+        if let value = try seconds("push-interval", 0...86_400) { push.minimumInterval = value }
+        if let value = try seconds("push-timeout", 0.001...3600) { push.requestTimeout = value }
+        if let value = try options.int("push-max-body", in: 64...(1 << 20)) { push.maxBodyBytes = value }
+        if let value = try options.int("push-streams", in: 1...10_000) { push.maxConcurrentStreams = value }
+        if let path = options.string("push-ca-file") {
+            guard readTextFile(path) != nil else { throw UsageError("--push-ca-file: cannot read \(path)") }
+            push.caFile = path
+        }
+        try push.validate()
+        return push
+    }
 
     /// Builds the configuration from the command line (and the file it names).
     public static func configuration(from arguments: [String]) throws(UsageError) -> (ServerConfiguration, helpRequested: Bool) {
@@ -332,16 +405,7 @@ public enum ServerOptions {
         // Mosquitto 2.0's rule: without authentication, only this host can connect unless
         // an address is asked for (and that needs --allow-anonymous, see `validate`).
         if !options.has("listen") && configuration.requiresAuthentication { configuration.host = "0.0.0.0" }
-        if let url = options.string("push-gateway") {
-            var push = try PushGatewayConfiguration(url: url)
-            if let value = try seconds("push-interval", 0...86_400) { push.minimumInterval = value }
-            if let value = try seconds("push-timeout", 0.001...3600) { push.requestTimeout = value }
-            if let value = try options.int("push-max-body", in: 64...(1 << 20)) { push.maxBodyBytes = value }
-            try push.validate()
-            configuration.pushGateway = push
-        } else if options.has("push-interval") || options.has("push-timeout") || options.has("push-max-body") {
-            throw UsageError("--push-interval, --push-timeout and --push-max-body need --push-gateway")
-        }
+        configuration.pushGateway = try pushConfiguration(options, seconds: seconds)
         if let format = options.string("log-format") {
             guard let parsed = LogFormat(rawValue: format) else { throw UsageError("--log-format must be kv or json") }
             configuration.logFormat = parsed

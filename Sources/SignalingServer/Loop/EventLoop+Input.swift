@@ -315,9 +315,9 @@ extension EventLoop {
                 case .failure(let error):
                     outcome = .failure(error)
                 }
-            case .pushRegister(let platform, let token):
-                board.registerPush(PushRegistration(platform: platform, token: token), for: device)
-                outcome = .success(wall)
+            case .pushRegister(let platform, let token, let environment, let topic):
+                let registration = PushRegistration(platform: platform, token: token, environment: environment ?? "", topic: topic ?? "")
+                outcome = board.registerPush(registration, for: device).map { wall }
             }
             let reply: Frame
             switch outcome {

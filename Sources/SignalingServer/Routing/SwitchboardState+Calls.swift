@@ -22,8 +22,12 @@ extension SwitchboardState {
 
         let calleeDevices = Array(devices(of: callee))
         let online = calleeDevices.filter(\.isOnline)
-        let wakeable = pushAvailable
-            ? calleeDevices.filter { !$0.isOnline && pushRegistrations[ObjectIdentifier($0)] != nil } : []
+        let wakeable = calleeDevices.filter { device in
+            guard !device.isOnline, let routing = pushRouting, let registrations = pushRegistrations[ObjectIdentifier(device)] else {
+                return false
+            }
+            return routing.canWake(.call, registrations)
+        }
         if online.isEmpty && wakeable.isEmpty {
             // Nobody to ring and nobody to wake: the caller learns at once.
             call.state = .ended(.unreachable)

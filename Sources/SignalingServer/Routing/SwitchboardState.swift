@@ -56,7 +56,8 @@ struct AttachGrant {
 struct CommitUnit: Sendable {
     var changes: [StoreChange] = []
     /// (device, seq): after the commit, events of `device` up to `seq` may be written.
-    var durable: [(device: DeviceRecord, seq: UInt64, kind: WakeUpKind)] = []
+    /// `event` is the last of them, what an offline device's wake-up is about.
+    var durable: [(device: DeviceRecord, seq: UInt64, event: QueuedEvent)] = []
     /// (device, through): after the commit, numbers of `device` up to `through` are
     /// reserved (`DeviceRecord.reservedAhead`).
     var reservations: [(device: DeviceRecord, through: UInt64)] = []
@@ -122,7 +123,9 @@ struct SwitchboardState {
     /// Calls, held messages and recent message ids, for the users that have any.
     var activities: [String: UserActivity] = [:]
     var calls: [String: CallRecord] = [:]
-    var pushRegistrations: [ObjectIdentifier: PushRegistration] = [:]
+    /// Each device's push registrations (at most one per kind, a handful of bytes each);
+    /// a device with none has no entry.
+    var pushRegistrations: [ObjectIdentifier: [PushRegistration]] = [:]
     var counters = SwitchboardCounters()
     /// The memory held by this server's events (`--memory-budget`).
     let ledger = MemoryLedger()
@@ -131,8 +134,8 @@ struct SwitchboardState {
     var pendingBySender: [SenderShareKey: Int] = [:]
     /// The queues whose shares are counted (see `shareFloor`).
     var trackedShareQueues: Set<ShareQueue> = []
-    /// Whether a push gateway is configured (offline devices with a token can be woken).
-    var pushAvailable = false
+    /// The push services configured (nil: none; offline devices are never woken).
+    var pushRouting: PushRouting?
     /// False while the store fails to commit (set by `Switchboard.withState`): events then
     /// wait for their commit even with `Delivery.immediate`, so that a message refused
     /// with storeUnavailable was not delivered first.
@@ -427,13 +430,13 @@ struct SwitchboardState {
                 // the store batch drops it before it reaches the disk). Its number is
                 // reserved, so a crash before the commit cannot make it reused.
                 device.writableSeq = seq
-                announce(device, event.wakeUpKind)
+                announce(device, about: event)
             } else {
-                unit.durable.append((device, seq, event.wakeUpKind))
+                unit.durable.append((device, seq, event))
             }
         } else {
             device.writableSeq = seq
-            announce(device, event.wakeUpKind)
+            announce(device, about: event)
         }
         return true
     }
@@ -473,24 +476,31 @@ struct SwitchboardState {
     }
 
     /// Events up to `seq` of `device` are committed: they may be written now.
-    mutating func markDurable(_ device: DeviceRecord, through seq: UInt64, kind: WakeUpKind) {
+    mutating func markDurable(_ device: DeviceRecord, through seq: UInt64, about event: QueuedEvent) {
         guard seq > device.writableSeq else { return }
         device.writableSeq = seq
-        announce(device, kind)
+        announce(device, about: event)
+    }
+
+    private mutating func announce(_ device: DeviceRecord, about event: QueuedEvent) {
+        announce(device, event.wakeUpKind, conversation: event.receipt?.sender)
     }
 
     /// Wakes the device's connection, or asks for a push wake-up if it has none (whether
     /// one is sent depends on the gateway; without one it is only logged).
-    private mutating func announce(_ device: DeviceRecord, _ kind: WakeUpKind) {
+    private mutating func announce(_ device: DeviceRecord, _ kind: WakeUpKind, conversation: String? = nil) {
         if let connection = device.connection {
             if !device.wakePending {
                 device.wakePending = true
                 effects.append(.wake(connection))
             }
-        } else if let registration = pushRegistrations[ObjectIdentifier(device)] {
+        } else if let registrations = pushRegistrations[ObjectIdentifier(device)],
+            pushRouting?.canWake(kind, registrations) ?? true
+        {
+            // Without a gateway the wake-up is only logged (ServerContext.requestWakeUp).
             effects.append(.wakeUp(WakeUp(
-                userID: device.userID, deviceID: device.deviceID, registration: registration, kind: kind,
-                pendingEvents: device.queue.count)))
+                userID: device.userID, deviceID: device.deviceID, registrations: registrations, kind: kind,
+                pendingEvents: device.queue.count, conversation: conversation)))
         }
     }
 
@@ -597,9 +607,39 @@ struct SwitchboardState {
 
     // MARK: Push registration
 
-    mutating func registerPush(_ registration: PushRegistration, for device: DeviceRecord) {
-        pushRegistrations[ObjectIdentifier(device)] = registration
-        journal(.registerPush(user: device.userID, device: device.deviceID, registration: registration))
+    /// Stores the device's token of `registration.kind`, replacing its earlier one of that
+    /// kind only; an empty token removes the device's token of that kind. Refuses an APNs
+    /// environment other than production or sandbox (badRequest).
+    @discardableResult
+    mutating func registerPush(_ registration: PushRegistration, for device: DeviceRecord) -> Result<Void, RequestError> {
+        guard ["", "production", "sandbox"].contains(registration.environment) else {
+            return .failure(RequestError(.badRequest, "push environment '\(registration.environment)' is neither production nor sandbox"))
+        }
+        let key = ObjectIdentifier(device)
+        var registrations = pushRegistrations[key] ?? []
+        if registration.token.isEmpty {
+            guard registrations.unregister(registration.kind) else { return .success(()) }
+            journal(.removePush(user: device.userID, device: device.deviceID, kind: registration.kind))
+        } else {
+            registrations.register(registration)
+            journal(.registerPush(user: device.userID, device: device.deviceID, registration: registration))
+        }
+        pushRegistrations[key] = registrations.isEmpty ? nil : registrations
+        return .success(())
+    }
+
+    /// Removes a token the push service refused as no longer valid, unless the device has
+    /// registered another one of that kind meanwhile. True if it was removed.
+    mutating func removeRejectedPushToken(user userID: String, device deviceID: String, _ rejected: PushRegistration) -> Bool {
+        guard let device = device(userID, deviceID) else { return false }
+        let key = ObjectIdentifier(device)
+        guard var registrations = pushRegistrations[key],
+            registrations.contains(where: { $0.kind == rejected.kind && $0.token == rejected.token })
+        else { return false }
+        registrations.unregister(rejected.kind)
+        pushRegistrations[key] = registrations.isEmpty ? nil : registrations
+        journal(.removePush(user: userID, device: deviceID, kind: rejected.kind))
+        return true
     }
 
     // MARK: Deadlines
@@ -733,7 +773,7 @@ struct SwitchboardState {
             device.reservedAhead = 0  // the reservation ends at `stored.lastSeq`
             device.disconnectedSecond = nowSecond &- age(stored.lastSeen)
             addDevice(device)
-            if let push = stored.push { pushRegistrations[ObjectIdentifier(device)] = push }
+            if !stored.pushRegistrations.isEmpty { pushRegistrations[ObjectIdentifier(device)] = stored.pushRegistrations }
             armExpiry(device)
         }
         for (userID, events) in snapshot.held {

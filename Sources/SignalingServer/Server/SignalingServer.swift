@@ -57,7 +57,9 @@ public final class SignalingServer: Sendable {
         }
         self.settings = Mutex(configuration)
         var pushGateway: PushGateway?
-        if let push = configuration.pushGateway {
+        if var push = configuration.pushGateway {
+            // A call's push is worth delivering only while the call rings.
+            push.callLifetime = configuration.ringTimeout
             do {
                 pushGateway = try PushGateway(configuration: push, clock: clock, logger: logger)
             } catch {
@@ -69,7 +71,20 @@ public final class SignalingServer: Sendable {
             configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway,
             tokenVerifier: try Authentication.verifier(for: configuration))
         self.context = context
-        context.switchboard.withState(wall: clock.wallMilliseconds()) { $0.pushAvailable = pushGateway != nil }
+        context.switchboard.withState(wall: clock.wallMilliseconds()) { $0.pushRouting = pushGateway?.routing }
+        // A token the push service declared invalid is removed from the device and, as a
+        // store change, from the store; a device that registered a new token meanwhile
+        // keeps it. Runs on the push thread; the switchboard lock is short.
+        pushGateway?.onTokenInvalid { [weak context] wakeUp, registration, reason in
+            guard let context else { return }
+            let removed = context.switchboard.withState(wall: context.clock.wallMilliseconds()) {
+                $0.removeRejectedPushToken(user: wakeUp.userID, device: wakeUp.deviceID, registration)
+            }
+            context.logger.info("push_token_removed", [
+                "user": wakeUp.userID, "device": wakeUp.deviceID, "kind": registration.kind.rawValue, "reason": reason,
+                "removed": removed,
+            ])
+        }
         guard let store else {
             writer = nil
             return

@@ -348,7 +348,7 @@ final class StoreWriter: @unchecked Sendable {
                     for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
                     // A refused message's events stay unwritable (and wake nobody up).
                     guard unit.reply?.isRefused != true else { continue }
-                    for (device, seq, kind) in unit.durable { board.markDurable(device, through: seq, kind: kind) }
+                    for (device, seq, event) in unit.durable { board.markDurable(device, through: seq, about: event) }
                 }
                 return board.takeEffects()
             }

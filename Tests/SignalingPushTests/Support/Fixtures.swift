@@ -25,3 +25,11 @@ struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
 }
+
+extension WakeUpScheduler.Attempt {
+    /// The webhook body of an attempt routed to the webhook gateway (empty otherwise).
+    var webhookBody: [UInt8] {
+        if case .webhook(let body) = request { return body }
+        return []
+    }
+}

@@ -5,18 +5,20 @@
 /// Memory: the storage holds at most about twice the elements queued (popped elements
 /// are dropped from the front once they are half of it), and a buffer left mostly empty
 /// after a burst is replaced by a smaller one.
-struct FIFOQueue<Element> {
+public struct FIFOQueue<Element> {
     private var storage: [Element] = []
     private var head = 0
 
-    var isEmpty: Bool { head == storage.count }
-    var count: Int { storage.count - head }
-    var first: Element? { isEmpty ? nil : storage[head] }
+    public init() {}
 
-    mutating func push(_ element: Element) { storage.append(element) }
+    public var isEmpty: Bool { head == storage.count }
+    public var count: Int { storage.count - head }
+    public var first: Element? { isEmpty ? nil : storage[head] }
+
+    public mutating func push(_ element: Element) { storage.append(element) }
 
     @discardableResult
-    mutating func pop() -> Element? {
+    public mutating func pop() -> Element? {
         guard !isEmpty else { return nil }
         let element = storage[head]
         head += 1
@@ -40,3 +42,5 @@ struct FIFOQueue<Element> {
         return element
     }
 }
+
+extension FIFOQueue: Sendable where Element: Sendable {}
