@@ -126,6 +126,12 @@ let package = Package(
             dependencies: ["SignalingStoreSQLite", "SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
             path: "Tools/store-bench"
         ),
+        // 10,000 wake-ups through the APNs provider to the local HTTP/2 mock over one
+        // connection: requests/s, latency, CPU per wake-up (release build; docs/PUSH.md).
+        .executableTarget(
+            name: "push-bench", dependencies: ["SignalingPush", "SignalingStore", "SignalingCrypto", "SignalingSupport", "TestSupport"],
+            path: "Tools/push-bench"
+        ),
         // What checking a HELLO's credentials costs per core (release build; docs/AUTH.md).
         .executableTarget(name: "token-bench", dependencies: ["SignalingCrypto", "SignalingSupport"], path: "Tools/token-bench"),
 

@@ -18,7 +18,9 @@ public struct PushGatewayConfiguration: Sendable {
     public var callLifetime: Duration = .seconds(60)
     /// Requests in flight at once on the one HTTP/2 connection to each of APNs and FCM
     /// (the service's SETTINGS may lower it).
-    public var maxConcurrentStreams = 1000
+    /// 100 rather than APNs' 1000: libcurl's CPU per request grows with the transfers
+    /// in flight (docs/PUSH.md, "Benchmark").
+    public var maxConcurrentStreams = 100
     /// A request that has not completed in this long fails and is retried. libevent
     /// applies it to connecting and to every wait for the gateway to read or answer.
     public var requestTimeout: Duration = .seconds(5)

@@ -104,6 +104,12 @@ extension AdminAPI {
             out.sample("voipserver_wakeup_attempts_failed_total", [:], push.failedAttempts)
             out.family("voipserver_wakeups_in_flight", .gauge, "Wake-up requests on the wire.")
             out.sample("voipserver_wakeups_in_flight", [:], push.inFlight)
+            out.family("voipserver_push_tokens_removed_total", .counter, "Push tokens APNs or FCM declared invalid, removed from their device.")
+            out.sample("voipserver_push_tokens_removed_total", [:], push.tokensRemoved)
+            out.family("voipserver_push_rejections_total", .counter, "Wake-ups refused by the push service, by service:reason (at most 64 reasons).")
+            for (reason, count) in push.rejectionReasons.sorted(by: { $0.key < $1.key }) {
+                out.sample("voipserver_push_rejections_total", ["reason": reason], count)
+            }
         }
         return out.text
     }
