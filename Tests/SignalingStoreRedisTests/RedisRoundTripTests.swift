@@ -92,21 +92,12 @@ struct RedisRoundTripTests {
     @Test("edge values round-trip: 64 KiB and empty bodies, ids with } % : and NUL, extreme numbers")
     func edgeValues() throws {
         let harness = try RedisStoreHarness()
-        let big = StoredEvent(seq: 1, type: 0xFF, body: [UInt8](repeating: 0x5A, count: ProtocolLimits.defaultMaxFrameLength),
-                              receipt: StoredReceipt(sender: "", messageID: "", recipient: ""), createdAt: UInt64.max)
-        let empty = StoredEvent(seq: UInt64(Int64.max), type: 0, body: [], createdAt: 0)
-        try harness.apply([
-            .upsertDevice(user: "zoë 👋", device: "", sessionID: SessionID(high: .max, low: .max), lastSeen: .max),
-            .upsertDevice(user: "nul\u{0}inside", device: "d", sessionID: SessionID(high: 0, low: 0), lastSeen: 0),
-            // Ids that would collide in keys without escaping: user "x}:q:y" device "d" and
-            // user "x" device "y}:q:d"; and a user named like an escape.
+        let big = Sample.bigEvent, empty = Sample.emptyEvent
+        // Ids that would collide in keys without escaping: user "x}:q:y" device "d" and
+        // user "x" device "y}:q:d"; and a user named like an escape.
+        try harness.apply(Sample.edgeValues + [
             Sample.device("x}:q:y", "d"), Sample.device("x", "y}:q:d"), Sample.device("%7D", "d"), Sample.device("}", "d"),
             Sample.append("x}:q:y", "d", 1), Sample.append("x", "y}:q:d", 2), Sample.append("%7D", "d", 3), Sample.append("}", "d", 4),
-            .appendEvent(user: "zoë 👋", device: "", event: big),
-            .appendEvent(user: "zoë 👋", device: "", event: empty),
-            .registerPush(user: "zoë 👋", device: "", registration: PushRegistration(platform: "", token: [])),
-            .holdForUser(user: "", event: empty),
-            .rememberMessageID(StoredMessageID(sender: "日本", messageID: "\u{0}", serverTime: .max, expiresAt: .max)),
         ])
         try harness.reopen()
         let snapshot = try harness.verify()
