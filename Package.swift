@@ -25,6 +25,8 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // OpenSSL 3 (TLS, HMAC, random bytes). Debian: libssl-dev.
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        // hiredis (the Redis store's client, synchronous API). Debian: libhiredis-dev.
+        .systemLibrary(name: "CHiredis", pkgConfig: "hiredis", providers: [.apt(["libhiredis-dev"])]),
         // libcurl with HTTP/2 (nghttp2): the APNs and FCM providers' client. Debian:
         // libcurl4-openssl-dev.
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
@@ -34,6 +36,7 @@ let package = Package(
         // system includes.
         .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         .target(name: "COpenSSLShims", dependencies: ["COpenSSL"]),
+        .target(name: "CHiredisShims", dependencies: ["CHiredis"]),
         .target(name: "CCurlShims", dependencies: ["CCurl"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
@@ -54,6 +57,9 @@ let package = Package(
         .target(name: "SignalingStore", dependencies: ["SignalingProtocol"]),
         // The default store: SQLite in WAL mode, one transaction per group commit.
         .target(name: "SignalingStoreSQLite", dependencies: ["SignalingStore", "CSQLite", "CLinuxShims", "SignalingSupport"]),
+        // The store in Redis (--store redis://...): per-user keys laid out for Redis Cluster,
+        // one Lua script per batch.
+        .target(name: "SignalingStoreRedis", dependencies: ["SignalingStore", "SignalingProtocol", "SignalingSupport", "CHiredisShims"]),
 
         // ---- Server -----------------------------------------------------------------------
         // Push wake-ups: its own libevent loop sends them to APNs and FCM over HTTP/2
@@ -75,7 +81,9 @@ let package = Package(
         .target(name: "SignalingSystemd", dependencies: ["CSystemd"]),
         .executableTarget(
             name: "voipserver",
-            dependencies: ["SignalingServer", "SignalingStore", "SignalingStoreSQLite", "SignalingSupport", "SignalingSystemd"]
+            dependencies: [
+                "SignalingServer", "SignalingStore", "SignalingStoreSQLite", "SignalingStoreRedis", "SignalingSupport", "SignalingSystemd",
+            ]
         ),
 
         // ---- Client library -----------------------------------------------------------------
@@ -111,11 +119,12 @@ let package = Package(
             dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "VoipLoadKit"],
             path: "Tools/connect-cycles"
         ),
-        // Apply throughput of the SQLite store (release build; docs/STORAGE.md).
+        // Apply throughput of the SQLite and the Redis store, and what each event costs
+        // Redis (release build; docs/STORAGE.md).
         .executableTarget(
-            name: "sqlite-store-bench",
-            dependencies: ["SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
-            path: "Tools/sqlite-store-bench"
+            name: "store-bench",
+            dependencies: ["SignalingStoreSQLite", "SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
+            path: "Tools/store-bench"
         ),
         // 10,000 wake-ups through the APNs provider to the local HTTP/2 mock over one
         // connection: requests/s, latency, CPU per wake-up (release build; docs/PUSH.md).
@@ -154,6 +163,10 @@ let package = Package(
                 "SignalingStoreSQLite", "SignalingStore", "SignalingProtocol", "SignalingSupport", "CSQLite",
                 "SQLiteStoreFixtures", "TestSupport",
             ]
+        ),
+        .testTarget(
+            name: "SignalingStoreRedisTests",
+            dependencies: ["SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport", "SQLiteStoreFixtures", "TestSupport"]
         ),
         .testTarget(
             name: "SignalingPushTests",

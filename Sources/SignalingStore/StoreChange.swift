@@ -96,3 +96,41 @@ public protocol EventStore: AnyObject, Sendable {
     /// Closes the store; no calls afterwards.
     func close()
 }
+
+extension StoreChange {
+    /// What the change is about, for error messages (never bodies or tokens).
+    public var summary: String {
+        switch self {
+        case .upsertDevice(let user, let device, _, _): return "upsertDevice \(user)/\(device)"
+        case .appendEvent(let user, let device, let event): return "appendEvent \(user)/\(device) seq \(event.seq)"
+        case .acknowledge(let user, let device, let through): return "acknowledge \(user)/\(device) through \(through)"
+        case .reserveSequence(let user, let device, let through): return "reserveSequence \(user)/\(device) through \(through)"
+        case .removeDevice(let user, let device): return "removeDevice \(user)/\(device)"
+        case .holdForUser(let user, let event): return "holdForUser \(user) ordinal \(event.seq)"
+        case .releaseHeld(let user, let through): return "releaseHeld \(user) through \(through)"
+        case .rememberMessageID(let remembered): return "rememberMessageID \(remembered.sender)/\(remembered.messageID)"
+        case .forgetMessageID(let sender, let messageID): return "forgetMessageID \(sender)/\(messageID)"
+        case .registerPush(let user, let device, let registration): return "registerPush \(user)/\(device) \(registration.kind.rawValue)"
+        case .removePush(let user, let device, let kind): return "removePush \(user)/\(device) \(kind.rawValue)"
+        case .claimHeldEvent(let user, let device, let seq, let ordinal): return "claimHeldEvent \(user)/\(device) seq \(seq) ordinal \(ordinal)"
+        case .withdrawEvent(let user, let device, let seq): return "withdrawEvent \(user)/\(device) seq \(seq)"
+        case .withdrawHeld(let user, let ordinal): return "withdrawHeld \(user) ordinal \(ordinal)"
+        }
+    }
+
+    /// The user whose data the change touches: the device's or held events' user, or for
+    /// message ids the sender. Changes of different users never touch the same data, so a
+    /// batch may be split by user, keeping each user's changes in order, and applied user
+    /// by user with the same result (the Redis store's per-user hash tags rest on this).
+    public var owner: String {
+        switch self {
+        case .upsertDevice(let user, _, _, _), .appendEvent(let user, _, _), .acknowledge(let user, _, _),
+             .reserveSequence(let user, _, _), .removeDevice(let user, _), .holdForUser(let user, _),
+             .releaseHeld(let user, _), .registerPush(let user, _, _), .removePush(let user, _, _), .claimHeldEvent(let user, _, _, _),
+             .withdrawEvent(let user, _, _), .withdrawHeld(let user, _):
+            return user
+        case .rememberMessageID(let remembered): return remembered.sender
+        case .forgetMessageID(let sender, _): return sender
+        }
+    }
+}

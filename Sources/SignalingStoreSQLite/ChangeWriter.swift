@@ -302,25 +302,3 @@ final class ChangeWriter {
         try statement.bind(first + 5, StoredValue.timestamp(event.createdAt))
     }
 }
-
-extension StoreChange {
-    /// What the change is about, for error messages (never bodies or tokens).
-    var summary: String {
-        switch self {
-        case .upsertDevice(let user, let device, _, _): return "upsertDevice \(user)/\(device)"
-        case .appendEvent(let user, let device, let event): return "appendEvent \(user)/\(device) seq \(event.seq)"
-        case .acknowledge(let user, let device, let through): return "acknowledge \(user)/\(device) through \(through)"
-        case .reserveSequence(let user, let device, let through): return "reserveSequence \(user)/\(device) through \(through)"
-        case .removeDevice(let user, let device): return "removeDevice \(user)/\(device)"
-        case .holdForUser(let user, let event): return "holdForUser \(user) ordinal \(event.seq)"
-        case .releaseHeld(let user, let through): return "releaseHeld \(user) through \(through)"
-        case .rememberMessageID(let remembered): return "rememberMessageID \(remembered.sender)/\(remembered.messageID)"
-        case .forgetMessageID(let sender, let messageID): return "forgetMessageID \(sender)/\(messageID)"
-        case .registerPush(let user, let device, let registration): return "registerPush \(user)/\(device) \(registration.kind.rawValue)"
-        case .removePush(let user, let device, let kind): return "removePush \(user)/\(device) \(kind.rawValue)"
-        case .claimHeldEvent(let user, let device, let seq, let ordinal): return "claimHeldEvent \(user)/\(device) seq \(seq) ordinal \(ordinal)"
-        case .withdrawEvent(let user, let device, let seq): return "withdrawEvent \(user)/\(device) seq \(seq)"
-        case .withdrawHeld(let user, let ordinal): return "withdrawHeld \(user) ordinal \(ordinal)"
-        }
-    }
-}

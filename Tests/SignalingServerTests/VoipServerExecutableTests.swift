@@ -21,7 +21,7 @@ struct VoipServerExecutableTests {
     }
 
     @Test("--version prints the name and the one shared version, and exits 0", arguments: [
-        "voipserver", "voipclient", "voipload", "signaling-client-probe", "sqlite-store-bench", "reference-probe",
+        "voipserver", "voipclient", "voipload", "signaling-client-probe", "store-bench", "reference-probe",
     ])
     func version(executable: String) throws {
         let run = try ExecutableRun.run(executable, ["--version"], timeoutSeconds: 30)

@@ -1,3 +1,4 @@
+import SQLiteStoreFixtures
 import Foundation
 import SignalingStore
 import SignalingStoreSQLite

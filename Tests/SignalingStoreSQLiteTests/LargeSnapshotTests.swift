@@ -1,3 +1,4 @@
+import SQLiteStoreFixtures
 import SignalingProtocol
 import SignalingStore
 import SignalingStoreSQLite

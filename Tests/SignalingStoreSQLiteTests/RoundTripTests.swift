@@ -1,3 +1,4 @@
+import SQLiteStoreFixtures
 import SignalingProtocol
 import SignalingStore
 import SignalingStoreSQLite
@@ -196,18 +197,8 @@ struct RoundTripTests {
     @Test("edge values round-trip: empty and 64 KiB bodies, empty and non-ASCII ids, extreme numbers")
     func edgeValues() throws {
         let harness = try StoreHarness()
-        let big = StoredEvent(seq: 1, type: 0xFF, body: [UInt8](repeating: 0x5A, count: ProtocolLimits.defaultMaxFrameLength),
-                              receipt: StoredReceipt(sender: "", messageID: "", recipient: ""), createdAt: UInt64.max)
-        let empty = StoredEvent(seq: UInt64(Int64.max), type: 0, body: [], createdAt: 0)
-        try harness.apply([
-            .upsertDevice(user: "zoë 👋", device: "", sessionID: SessionID(high: .max, low: .max), lastSeen: .max),
-            .upsertDevice(user: "nul\u{0}inside", device: "d", sessionID: SessionID(high: 0, low: 0), lastSeen: 0),
-            .appendEvent(user: "zoë 👋", device: "", event: big),
-            .appendEvent(user: "zoë 👋", device: "", event: empty),
-            .registerPush(user: "zoë 👋", device: "", registration: PushRegistration(platform: "", token: [])),
-            .holdForUser(user: "", event: empty),
-            .rememberMessageID(StoredMessageID(sender: "日本", messageID: "\u{0}", serverTime: .max, expiresAt: .max)),
-        ])
+        let big = Sample.bigEvent, empty = Sample.emptyEvent
+        try harness.apply(Sample.edgeValues)
         try harness.verify()
         try harness.reopen()
         let snapshot = try harness.verify()

@@ -208,9 +208,26 @@ public struct StorageConfiguration: Sendable, Equatable {
         case sqlite
         /// Memory only: fastest, but a restart loses every pending event.
         case memory
+        /// Redis at `redisURL` (docs/STORAGE.md, "Redis").
+        case redis
     }
 
     public var mode: Mode = .sqlite
+    /// `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` with `.redis` (the executable's store
+    /// parses it when it opens the store).
+    public var redisURL: String?
+    /// The weakest AOF setting the Redis store accepts.
+    public enum RedisFsync: String, Sendable {
+        /// `appendfsync always`: an accepted message survives a crash of Redis's machine.
+        case always
+        /// `appendfsync everysec` or better: it survives a crash of the Redis process; a
+        /// crash of its machine can lose about the last second.
+        case everysec
+    }
+
+    public var redisFsync: RedisFsync = .always
+    /// Run with a Redis whose AOF is off or weaker than `redisFsync` (warning instead of refusing to start).
+    public var redisAllowVolatile = false
     /// The data directory (created if missing). Default: `$STATE_DIRECTORY` (set by
     /// systemd's StateDirectory=) or `./voipserver-data`.
     public var directory: String = StorageConfiguration.defaultDirectory

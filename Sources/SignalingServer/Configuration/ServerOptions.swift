@@ -42,7 +42,9 @@ public enum ServerOptions {
             OptionSpec("memory-budget", value: "BYTES", default: "a quarter of the machine's memory", help: "Undelivered event data the server may hold in memory; past it messages and calls are refused (capacityExceeded)."),
             OptionSpec("session-ttl", value: "SECONDS", default: "86400", help: "How long a disconnected device's session stays resumable."),
             OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
-            OptionSpec("store", value: "sqlite|memory", default: "sqlite", help: "Keep pending events in SQLite (survive restarts) or in memory only."),
+            OptionSpec("store", value: "sqlite|memory|redis://HOST:PORT", default: "sqlite", help: "Keep pending events in SQLite (survive restarts), in memory only, or in Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (put a password in the --config file, not on the command line)."),
+            OptionSpec("redis-fsync", value: "always|everysec", default: "always", help: "With a Redis store: the weakest AOF fsync setting Redis may run with (checked at every connect); always survives a crash of Redis's machine, everysec may lose about its last second."),
+            OptionSpec("redis-allow-volatile", help: "With a Redis store: start even if Redis's AOF is off or weaker than --redis-fsync (a warning; accepted messages can be lost when Redis stops)."),
             OptionSpec("data-dir", value: "DIR", default: "$STATE_DIRECTORY or ./voipserver-data", help: "Directory of the SQLite store (created if missing)."),
             OptionSpec("sync", value: "normal|full", default: "normal", help: "normal survives a process crash; full also a power loss (slower commits)."),
             OptionSpec("store-max-bytes", value: "BYTES", help: "Cap the store's size; past it messages are refused until space is freed."),
@@ -321,8 +323,28 @@ public enum ServerOptions {
         if let value = try seconds("event-ttl", 0...(86_400 * 3650)) { configuration.eventTTL = value }
         if let value = try seconds("store-timeout", 0.01...3600) { configuration.storeTimeout = value }
         if let mode = options.string("store") {
-            guard let parsed = StorageConfiguration.Mode(rawValue: mode) else { throw UsageError("--store must be sqlite or memory") }
-            configuration.storage.mode = parsed
+            if mode.hasPrefix("redis://") {
+                configuration.storage.mode = .redis
+                configuration.storage.redisURL = mode
+            } else {
+                guard let parsed = StorageConfiguration.Mode(rawValue: mode), parsed != .redis else {
+                    throw UsageError("--store must be sqlite, memory or a redis:// URL")
+                }
+                configuration.storage.mode = parsed
+            }
+        }
+        if let fsync = options.string("redis-fsync") {
+            guard let parsed = StorageConfiguration.RedisFsync(rawValue: fsync) else { throw UsageError("--redis-fsync must be always or everysec") }
+            configuration.storage.redisFsync = parsed
+        }
+        configuration.storage.redisAllowVolatile = options.has("redis-allow-volatile")
+        if configuration.storage.mode == .redis {
+            // Settings of the SQLite store, which a Redis store would silently ignore.
+            for name in ["sync", "store-max-bytes"] where options.has(name) {
+                throw UsageError("--\(name) is for the SQLite store; with Redis, set its AOF (--redis-fsync) and maxmemory")
+            }
+        } else if options.has("redis-fsync") || options.has("redis-allow-volatile") {
+            throw UsageError("--redis-fsync and --redis-allow-volatile need --store redis://...")
         }
         if let directory = options.string("data-dir") {
             guard !directory.isEmpty else { throw UsageError("--data-dir must not be empty") }

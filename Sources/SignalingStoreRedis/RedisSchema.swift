@@ -1,0 +1,96 @@
+import SignalingStore
+import SignalingSupport
+
+/// What the store checks on every connection, first and later ones alike: Redis may have
+/// been restarted with other settings or without its data in between.
+enum RedisSchema {
+    /// The AOF settings Redis reports.
+    struct Durability: Equatable {
+        var appendOnly: String
+        var appendFsync: String
+    }
+
+    /// Reads `appendonly` and `appendfsync` and refuses (`.other`) a Redis that does not
+    /// meet `configuration.requiredFsync`, unless `allowVolatile` (then it logs a warning).
+    /// Returns what Redis reported (nil when CONFIG GET is refused and that is allowed).
+    static func checkDurability(_ connection: RedisConnection, _ configuration: RedisStoreConfiguration, logger: Logger)
+        throws(StoreError) -> Durability?
+    {
+        let replies = try connection.pipeline([RedisCommand("CONFIG", "GET", "appendonly"), RedisCommand("CONFIG", "GET", "appendfsync")])
+        let address = connection.endpoint.address
+        guard case .array(let appendOnly) = replies[0], appendOnly.count == 2, let appendOnlyValue = appendOnly[1].text,
+              case .array(let appendFsync) = replies[1], appendFsync.count == 2, let appendFsyncValue = appendFsync[1].text
+        else {
+            let reason = "cannot read Redis's AOF settings at \(address) (CONFIG GET answered \(replies[0]))"
+            guard configuration.allowVolatile else {
+                throw StoreError(.other, "\(reason); refusing to run without knowing that accepted messages are durable "
+                    + "(allow it with --redis-allow-volatile)")
+            }
+            logger.warning("store_durability_unknown", ["address": address, "detail": reason])
+            return nil
+        }
+        let durability = Durability(appendOnly: appendOnlyValue, appendFsync: appendFsyncValue)
+        if !configuration.requiredFsync.isMet(appendOnly: appendOnlyValue, appendFsync: appendFsyncValue) {
+            let found = appendOnlyValue == "yes" ? "appendonly yes, appendfsync \(appendFsyncValue)" : "appendonly \(appendOnlyValue) (no AOF)"
+            let wanted = "appendonly yes and appendfsync \(configuration.requiredFsync == .always ? "always" : "everysec or always")"
+            guard configuration.allowVolatile else {
+                throw StoreError(.other, "Redis at \(address) runs with \(found), weaker than required (--redis-fsync "
+                    + "\(configuration.requiredFsync.rawValue) needs \(wanted)): accepted messages could be lost. "
+                    + "Set it in redis.conf (or CONFIG SET and CONFIG REWRITE), lower --redis-fsync, or accept the loss "
+                    + "with --redis-allow-volatile")
+            }
+            logger.warning("store_volatile", ["address": address, "redis": found, "required": wanted,
+                "detail": "--redis-allow-volatile: accepted messages can be lost when Redis stops"])
+        }
+        return durability
+    }
+
+    /// What `prepare` found.
+    enum Found: Equatable {
+        /// An empty database: the version key was written.
+        case created
+        /// The current version.
+        case current
+    }
+
+    /// Checks the layout version key. On the first connection an empty database is made
+    /// ours; one that holds other keys and no version is refused (`.corrupt`: not ours),
+    /// and so is a newer version. On a later connection (`firstConnection` false) a
+    /// missing key means Redis lost the store since it was opened (restarted without its
+    /// AOF, flushed): refused too, since the server's memory no longer matches it.
+    static func prepare(_ connection: RedisConnection, firstConnection: Bool) throws(StoreError) -> Found {
+        let address = "Redis at \(connection.endpoint.address) database \(connection.endpoint.database)"
+        switch try connection.run(RedisCommand("GET", RedisLayout.schemaKey)) {
+        case .string(let bytes):
+            let text = String(decoding: bytes, as: UTF8.self)
+            guard let version = Int(text), version >= 1 else {
+                throw StoreError(.corrupt, "\(address): \(RedisLayout.schemaKey) is '\(text)', not a voipserver layout version")
+            }
+            guard version <= RedisLayout.schemaVersion else {
+                throw StoreError(.corrupt, "\(address) was written by a newer voipserver (layout version \(version); "
+                    + "this build understands up to \(RedisLayout.schemaVersion))")
+            }
+            // Version 1 is the first: nothing to upgrade yet.
+            return .current
+        case .null:
+            guard firstConnection else {
+                throw StoreError(.corrupt, "\(address) lost the store since the server opened it (no \(RedisLayout.schemaKey) key: "
+                    + "restarted without its AOF, or flushed); restart voipserver to load what Redis holds now")
+            }
+            guard case .integer(let keys) = try connection.run(RedisCommand("DBSIZE")) else {
+                throw StoreError(.other, "\(address): DBSIZE did not answer with a number")
+            }
+            guard keys == 0 else {
+                throw StoreError(.corrupt, "\(address) holds \(keys) keys but no \(RedisLayout.schemaKey): not a voipserver store; "
+                    + "give the server a database of its own (redis://HOST:PORT/DB)")
+            }
+            let reply = try connection.run(RedisCommand("SET", RedisLayout.schemaKey, String(RedisLayout.schemaVersion), "NX"))
+            if case .error(let message) = reply { throw RedisEventStore.error(fromReply: message, address: address) }
+            return .created
+        case .error(let message):
+            throw RedisEventStore.error(fromReply: message, address: address)
+        default:
+            throw StoreError(.corrupt, "\(address): \(RedisLayout.schemaKey) is not a string")
+        }
+    }
+}

@@ -1,0 +1,130 @@
+import SignalingStore
+
+/// Reads everything a single node loads at start: the users in `voip:users`, then each
+/// user's keys, a few hundred users per round trip (pipelined), so the cost is linear in
+/// what is stored and the number of round trips in the number of users / `usersPerRound`.
+///
+/// Not one consistent read across users: it runs before the server starts, when nothing
+/// else writes to the store (one server per database on a single node).
+struct RedisSnapshotReader {
+    let connection: RedisConnection
+    static let usersPerRound = 256
+
+    func read() throws(StoreError) -> StoredSnapshot {
+        var snapshot = StoredSnapshot()
+        let users = try readUsers()
+        var start = 0
+        while start < users.count {
+            let round = Array(users[start..<min(users.count, start + Self.usersPerRound)])
+            start += round.count
+            try read(round, into: &snapshot)
+        }
+        snapshot.devices.sort { Self.utf8Less(($0.userID, $0.deviceID), ($1.userID, $1.deviceID)) }
+        snapshot.messageIDs.sort { Self.utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) }
+        return snapshot
+    }
+
+    /// SSCAN, not SMEMBERS: Redis serves other clients between the pages.
+    private func readUsers() throws(StoreError) -> [String] {
+        var users = Set<String>()  // SSCAN may return a member twice
+        var cursor = "0"
+        repeat {
+            let reply = try connection.run(RedisCommand("SSCAN", RedisLayout.usersKey, cursor, "COUNT", "1000"))
+            guard case .array(let page) = reply, page.count == 2, let next = page[0].text, case .array(let members) = page[1] else {
+                throw unexpected("SSCAN", reply)
+            }
+            for member in members {
+                guard case .string(let bytes) = member else { throw unexpected("SSCAN", reply) }
+                users.insert(String(decoding: bytes, as: UTF8.self))
+            }
+            cursor = next
+        } while cursor != "0"
+        return users.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+    }
+
+    private func read(_ users: [String], into snapshot: inout StoredSnapshot) throws(StoreError) {
+        var commands: [RedisCommand] = []
+        for user in users {
+            commands.append(command("HGETALL", RedisLayout.devicesKey(user)))
+            commands.append(range(RedisLayout.heldKey(user)))
+            commands.append(command("HGETALL", RedisLayout.messageIDsKey(user)))
+        }
+        let replies = try connection.pipeline(commands)
+        var devices: [StoredDevice] = []
+        for (index, user) in users.enumerated() {
+            for (field, value) in try pairs(replies[3 * index], "HGETALL devices of \(user)") {
+                devices.append(try DeviceRecord.decode(value, user: user, device: String(decoding: field, as: UTF8.self)))
+            }
+            let held = try events(replies[3 * index + 1], key: RedisLayout.heldKey(user))
+            if !held.isEmpty { snapshot.held[user] = held }
+            for (field, value) in try pairs(replies[3 * index + 2], "HGETALL message ids of \(user)") {
+                snapshot.messageIDs.append(try MessageIDRecord.decode(value, sender: user, messageID: String(decoding: field, as: UTF8.self)))
+            }
+        }
+        guard !devices.isEmpty else { return }
+        commands = []
+        for device in devices {
+            commands.append(range(RedisLayout.queueKey(device.userID, device.deviceID)))
+            commands.append(command("HGETALL", RedisLayout.pushKey(device.userID, device.deviceID)))
+        }
+        let perDevice = try connection.pipeline(commands)
+        for index in devices.indices {
+            let device = devices[index]
+            devices[index].events = try events(perDevice[2 * index], key: RedisLayout.queueKey(device.userID, device.deviceID))
+            for (_, value) in try pairs(perDevice[2 * index + 1], "HGETALL push of \(device.userID)/\(device.deviceID)") {
+                // `register` keeps them in kind order, one per kind.
+                devices[index].pushRegistrations.register(try PushRecord.decode(value, user: device.userID, device: device.deviceID))
+            }
+        }
+        snapshot.devices += devices
+    }
+
+    private func command(_ name: String, _ key: [UInt8]) -> RedisCommand {
+        var command = RedisCommand(name)
+        command.append(key)
+        return command
+    }
+
+    /// A whole queue or held set, in number order (the members' byte order).
+    private func range(_ key: [UInt8]) -> RedisCommand {
+        var command = RedisCommand("ZRANGE")
+        command.append(key)
+        command.append("0")
+        command.append("-1")
+        return command
+    }
+
+    private func events(_ reply: RedisReply, key: [UInt8]) throws(StoreError) -> [StoredEvent] {
+        let name = String(decoding: key, as: UTF8.self)
+        guard case .array(let members) = reply else { throw unexpected("ZRANGE \(name)", reply) }
+        var events: [StoredEvent] = []
+        events.reserveCapacity(members.count)
+        for member in members {
+            guard case .string(let bytes) = member else { throw unexpected("ZRANGE \(name)", reply) }
+            events.append(try EventRecord.decode(bytes, in: name))
+        }
+        return events
+    }
+
+    private func pairs(_ reply: RedisReply, _ what: String) throws(StoreError) -> [(field: [UInt8], value: [UInt8])] {
+        guard case .array(let items) = reply, items.count % 2 == 0 else { throw unexpected(what, reply) }
+        var pairs: [(field: [UInt8], value: [UInt8])] = []
+        pairs.reserveCapacity(items.count / 2)
+        for index in stride(from: 0, to: items.count, by: 2) {
+            guard case .string(let field) = items[index], case .string(let value) = items[index + 1] else { throw unexpected(what, reply) }
+            pairs.append((field, value))
+        }
+        return pairs
+    }
+
+    private func unexpected(_ what: String, _ reply: RedisReply) -> StoreError {
+        if case .error(let message) = reply { return RedisEventStore.error(fromReply: message, address: connection.endpoint.address) }
+        return StoreError(.corrupt, "\(what): unexpected reply")
+    }
+
+    /// The SQLite store's order (byte-wise on UTF-8), so both stores' snapshots compare equal.
+    private static func utf8Less(_ a: (String, String), _ b: (String, String)) -> Bool {
+        if a.0 != b.0 { return a.0.utf8.lexicographicallyPrecedes(b.0.utf8) }
+        return a.1.utf8.lexicographicallyPrecedes(b.1.utf8)
+    }
+}

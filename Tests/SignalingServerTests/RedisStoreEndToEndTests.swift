@@ -1,0 +1,122 @@
+import SignalingProtocol
+import SignalingSupport
+import TestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The real `voipserver` with `--store redis://...` on a real `redis-server`: what the
+/// server promises with its SQLite store holds with Redis too.
+@Suite(
+    "Store end to end (voipserver subprocess, Redis)", .serialized,
+    .enabled(if: RedisServer.isAvailable, "redis-server is not installed"))
+struct RedisStoreEndToEndTests {
+    func message(_ id: String, to recipient: String) -> Request {
+        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
+    }
+
+    @Test("kill -9 of the server: an offline device's messages come back from Redis with the same sequence numbers")
+    func offlineDeviceAcrossKill() throws {
+        let redis = try RedisServer()
+        var firstSeq: UInt64 = 0
+        let session: SessionID
+        do {
+            let server = try ServerProcess(["--store", redis.url()])
+            let alice = try TestClient(port: server.port)
+            try alice.hello(user: "alice", device: "laptop")
+            do {
+                let bob = try TestClient(port: server.port)
+                session = try bob.hello(user: "bob", device: "phone").sessionID
+                #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+                let (seq, event) = try bob.nextEvent()
+                guard case .message(let first) = event else { throw TestClient.Failure("expected m1, got \(event)") }
+                #expect(first.messageID == "m1")
+                firstSeq = seq  // seen, not acknowledged: bob's phone goes away
+            }
+            #expect(try alice.request(2, message("m2", to: "bob")).isOK)
+            #expect(try alice.request(3, message("m3", to: "bob")).isOK)
+            #expect(kill(server.process.pid, SIGKILL) == 0)
+            _ = server.process.waitForExit(timeoutSeconds: 10)
+        }
+
+        let server = try ServerProcess(["--store", redis.url()])
+        let bob = try TestClient(port: server.port)
+        let welcome = try bob.hello(user: "bob", device: "phone", resume: ResumePoint(sessionID: session, lastReceivedSeq: 0))
+        #expect(welcome.resumed, "the session was stored in Redis")
+        var delivered: [(UInt64, String)] = []
+        for _ in 1...3 {
+            let (seq, event) = try bob.nextEvent()
+            if case .message(let message) = event { delivered.append((seq, message.messageID)) }
+            try bob.ack(seq)
+        }
+        #expect(delivered.map(\.1) == ["m1", "m2", "m3"])
+        #expect(delivered.first?.0 == firstSeq, "m1 keeps its number")
+        #expect(delivered.map(\.0) == delivered.map(\.0).sorted())
+    }
+
+    @Test("Redis stopped mid-run: sends are refused with storeUnavailable; restarted, they are accepted again and nothing accepted is lost")
+    func redisOutage() throws {
+        let redis = try RedisServer()
+        let server = try ServerProcess(["--store", redis.url(), "--store-timeout", "1"])
+        do {
+            let bob = try TestClient(port: server.port)
+            try bob.hello(user: "bob", device: "phone")
+        }
+        let alice = try TestClient(port: server.port)
+        try alice.hello(user: "alice", device: "laptop")
+        var accepted: [String] = []
+        var request: UInt32 = 0
+        func send() throws -> Frame {
+            request += 1
+            let id = "m\(request)"
+            let reply = try alice.request(request, message(id, to: "bob"))
+            if reply.isOK { accepted.append(id) }
+            return reply
+        }
+        for _ in 1...5 { #expect(try send().isOK) }
+
+        redis.kill()
+        let clock = SystemClock()
+        var deadline = clock.now() + .seconds(20)
+        var refusal: Frame?
+        while refusal == nil && clock.now() < deadline {
+            let reply = try send()
+            if !reply.isOK { refusal = reply }
+        }
+        #expect(refusal?.errorCode == .storeUnavailable, "\(String(describing: refusal))")
+        #expect(server.log.contains("store_commit_failed"))
+
+        try redis.start()
+        deadline = clock.now() + .seconds(20)
+        var recovered = false
+        while !recovered && clock.now() < deadline {
+            recovered = try send().isOK
+            if !recovered { clock.sleep(until: clock.now() + .milliseconds(50)) }
+        }
+        #expect(recovered, "sends were still refused 20 s after Redis came back")
+
+        // Everything accepted reaches bob, each once, also after a restart of the server.
+        #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
+        let restarted = try ServerProcess(["--store", redis.url()])
+        let bob = try TestClient(port: restarted.port)
+        try bob.hello(user: "bob", device: "phone")
+        var received: [String] = []
+        while received.count < accepted.count {
+            let (seq, event) = try bob.nextEvent(timeout: .seconds(10))
+            if case .message(let message) = event { received.append(message.messageID) }
+            try bob.ack(seq)
+        }
+        #expect(received == accepted)
+    }
+
+    @Test("voipserver refuses to start on a Redis without an AOF, unless told to accept it")
+    func refusesVolatileRedis() throws {
+        let redis = try RedisServer(settings: ["--appendonly", "no", "--save", ""])
+        let run = try ExecutableRun.run("voipserver", ["--listen", "127.0.0.1:0", "--store", redis.url()], timeoutSeconds: 30)
+        #expect(run.exitCode == 70)
+        #expect(run.stderr.contains("appendonly no") && run.stderr.contains("--redis-allow-volatile"), "\(run.stderr)")
+        let server = try ServerProcess(["--store", redis.url(), "--redis-allow-volatile"])
+        #expect(server.log.contains("store_volatile"))
+    }
+}

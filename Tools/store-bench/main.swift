@@ -1,0 +1,226 @@
+// store-bench: how many StoreChanges per second a store (SQLite, or Redis) applies when
+// the server's writer thread batches them (group commit). Build it in release mode:
+//
+//   swift build -c release --product store-bench
+//   .build/release/store-bench --seconds 5 --batch-size 2000
+//   .build/release/store-bench --store redis://127.0.0.1:6379/15 --message-ids
+//
+// Each batch is half appendEvent (round-robin over the devices) and half acknowledge
+// (each device acknowledges the event it got in the previous round), so the store stays
+// at about one pending event per device, as a healthy server's would. With --message-ids
+// every event is a message: its sender's id is remembered beside it (and the id of 10,000
+// messages before forgotten), as the server does. With Redis it also prints what each
+// event cost Redis, from INFO before and after the run (start that Redis with
+// --auto-aof-rewrite-percentage 0: a rewrite during the run would shrink the AOF).
+import SignalingProtocol
+import SignalingStore
+import SignalingStoreRedis
+import SignalingStoreSQLite
+import SignalingSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let parser = CommandLineParser(
+    command: "store-bench",
+    usage: "store-bench [options]",
+    summary: "Measures a store's apply throughput with group-committed batches.",
+    options: [
+        OptionSpec("store", value: "sqlite|redis://HOST:PORT[/DB]", default: "sqlite",
+                   help: "The store to measure. Give Redis an empty database of its own: the run writes into it."),
+        OptionSpec("dir", value: "PATH", default: "a new temporary directory, removed afterwards",
+                   help: "SQLite: data directory (an existing store there is used as is)."),
+        OptionSpec("devices", value: "N", default: "10000", help: "Devices the events are spread over."),
+        OptionSpec("batch-size", value: "N", default: "2000", help: "Changes per apply (half appends, half acknowledgements)."),
+        OptionSpec("body-bytes", value: "N", default: "200", help: "Size of each event body."),
+        OptionSpec("seconds", value: "S", default: "5", help: "How long to run."),
+        OptionSpec("synchronous", value: "normal|full", default: "normal", help: "SQLite: durability setting."),
+        OptionSpec("message-ids", help: "Remember a message id with every event (and forget an old one), as for messages."),
+    ])
+
+@MainActor func fail(_ message: String) -> Never {
+    StandardStreams.error("store-bench: \(message)\nTry 'store-bench --help'.\n")
+    exit(64)
+}
+
+let options: ParsedOptions
+let deviceCount: Int, batchSize: Int, bodyBytes: Int, seconds: Double
+let synchronous: SQLiteStoreConfiguration.Synchronous
+var redisEndpoint: RedisEndpoint?
+do {
+    options = try parser.parse(Array(CommandLine.arguments.dropFirst()))
+    if options.helpRequested {
+        StandardStreams.output(parser.helpText)
+        exit(0)
+    }
+    if options.versionRequested {
+        StandardStreams.output(ProductVersion.line(for: "store-bench"))
+        exit(0)
+    }
+    guard options.positionals.isEmpty else { throw UsageError("unexpected argument '\(options.positionals[0])'") }
+    deviceCount = try options.int("devices", in: 1...10_000_000) ?? 10_000
+    batchSize = try options.int("batch-size", in: 2...10_000_000) ?? 2_000
+    bodyBytes = try options.int("body-bytes", in: 0...65_536) ?? 200
+    seconds = try options.double("seconds", in: 0.1...3_600) ?? 5
+    guard let parsed = SQLiteStoreConfiguration.Synchronous(rawValue: options.string("synchronous") ?? "normal") else {
+        throw UsageError("--synchronous must be normal or full")
+    }
+    synchronous = parsed
+    if let store = options.string("store"), store != "sqlite" {
+        redisEndpoint = try RedisEndpoint(url: store)
+    }
+} catch {
+    fail("\(error)")
+}
+
+// A temporary directory unless one was given; only the store's own files are removed.
+let temporary = options.string("dir") == nil && redisEndpoint == nil
+var directory = options.string("dir") ?? ""
+if temporary {
+    var template = Array("/tmp/store-bench-XXXXXX".utf8CString)
+    guard let created = mkdtemp(&template) else { fail("cannot create a temporary directory") }
+    directory = String(cString: created)
+}
+@MainActor func removeTemporaryStore() {
+    guard temporary else { return }
+    let configuration = SQLiteStoreConfiguration(directory: directory)
+    for path in [configuration.databasePath, configuration.databasePath + "-wal", configuration.databasePath + "-shm", configuration.lockPath] {
+        unlink(path)
+    }
+    rmdir(directory)
+}
+
+let store: any EventStore
+var setting = "store=sqlite synchronous=\(synchronous.rawValue)"
+do {
+    if let redisEndpoint {
+        // Whatever Redis runs with is measured; the header says what that was.
+        store = try RedisEventStore(configuration: RedisStoreConfiguration(endpoint: redisEndpoint, allowVolatile: true))
+        let persistence = try RedisInfo.read(redisEndpoint, section: "persistence")
+        setting = "store=\(redisEndpoint.redacted) aof_enabled=\(persistence["aof_enabled"] ?? "?") appendfsync=\(try RedisInfo.config(redisEndpoint, "appendfsync"))"
+    } else {
+        store = try SQLiteEventStore(configuration: SQLiteStoreConfiguration(directory: directory, synchronous: synchronous))
+    }
+} catch {
+    removeTemporaryStore()
+    fail("\(error)")
+}
+
+let devices = (0..<deviceCount).map { (user: "user\($0)", device: "phone") }
+var lastSeq = [UInt64](repeating: 0, count: deviceCount)
+let body = [UInt8](repeating: 0x61, count: bodyBytes)
+let withMessageIDs = options.has("message-ids")
+let clock = SystemClock()
+
+@MainActor func run(_ batch: [StoreChange]) {
+    do {
+        try store.apply(batch)
+    } catch {
+        store.close()
+        removeTemporaryStore()
+        fail("apply failed: \(error)")
+    }
+}
+
+/// What Redis has done so far: command calls (those run by the apply script included),
+/// bytes received from clients, the AOF's size.
+struct RedisCounters {
+    var commands = 0, scripts = 0, inputBytes = 0, aofBytes = 0
+
+    init(_ endpoint: RedisEndpoint) throws(StoreError) {
+        // INFO and CONFIG are the benchmark's own.
+        for (command, calls) in try RedisInfo.commandCalls(endpoint) where !command.hasPrefix("info") && !command.hasPrefix("config") {
+            commands += calls
+            if command == "evalsha" { scripts = calls }
+        }
+        inputBytes = Int(try RedisInfo.read(endpoint, section: "stats")["total_net_input_bytes"] ?? "") ?? 0
+        aofBytes = Int(try RedisInfo.read(endpoint, section: "persistence")["aof_current_size"] ?? "") ?? 0
+    }
+}
+
+// The devices, in batches of the same size.
+var setup: [StoreChange] = []
+for (index, device) in devices.enumerated() {
+    setup.append(.upsertDevice(user: device.user, device: device.device, sessionID: SessionID(high: 1, low: UInt64(index)), lastSeen: clock.wallMilliseconds()))
+    if setup.count == batchSize { run(setup); setup.removeAll(keepingCapacity: true) }
+}
+if !setup.isEmpty { run(setup) }
+
+var before: RedisCounters?
+do {
+    before = try redisEndpoint.map { endpoint throws(StoreError) in try RedisCounters(endpoint) }
+} catch {
+    fail("\(error)")
+}
+var latencies: [Duration] = []
+var appends = 0, acknowledgements = 0, messageIDChanges = 0
+var nextDevice = 0
+let start = clock.now()
+let end = start + .milliseconds(Int64(seconds * 1000))
+var batch: [StoreChange] = []
+batch.reserveCapacity(batchSize * 2)
+while clock.now() < end {
+    batch.removeAll(keepingCapacity: true)
+    for _ in 0..<(batchSize / 2) {
+        let index = nextDevice
+        nextDevice = (nextDevice + 1) % deviceCount
+        let device = devices[index]
+        if lastSeq[index] > 0 {
+            batch.append(.acknowledge(user: device.user, device: device.device, through: lastSeq[index]))
+            acknowledgements += 1
+        }
+        lastSeq[index] += 1
+        let now = clock.wallMilliseconds()
+        batch.append(.appendEvent(user: device.user, device: device.device, event: StoredEvent(
+            seq: lastSeq[index], type: FrameType.message.rawValue, body: body, createdAt: now)))
+        appends += 1
+        if withMessageIDs {
+            // From one of 100 senders; ids are forgotten 10,000 messages later.
+            let sender = "sender\(appends % 100)"
+            batch.append(.rememberMessageID(StoredMessageID(sender: sender, messageID: "m\(appends)", serverTime: now, expiresAt: now + 86_400_000)))
+            if appends > 10_000 { batch.append(.forgetMessageID(sender: sender, messageID: "m\(appends - 10_000)")) }
+            messageIDChanges += appends > 10_000 ? 2 : 1
+        }
+    }
+    let started = clock.now()
+    run(batch)
+    latencies.append(clock.now() - started)
+}
+let elapsed = (clock.now() - start).seconds
+store.close()
+removeTemporaryStore()
+var after: RedisCounters?
+do {
+    after = try redisEndpoint.map { endpoint throws(StoreError) in try RedisCounters(endpoint) }
+} catch {
+    fail("\(error)")
+}
+
+latencies.sort()
+/// Two decimals without Foundation.
+func decimal(_ value: Double) -> String {
+    let hundredths = Int((value * 100).rounded())
+    let fraction = hundredths % 100
+    return "\(hundredths / 100).\(fraction < 10 ? "0" : "")\(fraction)"
+}
+@MainActor func percentile(_ p: Double) -> String {
+    decimal(latencies[min(latencies.count - 1, Int(Double(latencies.count) * p))].seconds * 1000)
+}
+let changes = appends + acknowledgements + messageIDChanges
+var report = """
+    \(setting) devices=\(deviceCount) batch-size=\(batchSize) body-bytes=\(bodyBytes) message-ids=\(withMessageIDs)
+    batches: \(latencies.count) in \(decimal(elapsed)) s (\(Int(Double(latencies.count) / elapsed))/s)
+    changes/s: \(Int(Double(changes) / elapsed)) (appendEvent \(Int(Double(appends) / elapsed))/s, acknowledge \(Int(Double(acknowledgements) / elapsed))/s, message ids \(Int(Double(messageIDChanges) / elapsed))/s)
+    apply latency ms: p50 \(percentile(0.5)) p99 \(percentile(0.99)) max \(percentile(1))
+
+    """
+if let before, let after, appends > 0 {
+    func perEvent(_ value: Int) -> String { decimal(Double(value) / Double(appends)) }
+    report += """
+        redis per event (its append, acknowledgement\(withMessageIDs ? " and message id" : "")): \
+        commands \(perEvent(after.commands - before.commands)) (one script call per \(decimal(Double(appends) / Double(max(1, after.scripts - before.scripts)))) events), \
+        bytes received \(perEvent(after.inputBytes - before.inputBytes)), AOF bytes \(perEvent(after.aofBytes - before.aofBytes))
+
+        """
+}
+StandardStreams.output(report)
