@@ -74,7 +74,8 @@ public enum VoipClientOptions {
               2 callee unreachable    no device of the callee is online
               3 rejected              declined or busy
               4 timed out             no answer (ring timeout or --timeout), or listen/send waited in vain
-              5 refused               by the server (unauthorized, replaced, error reply) or a protocol error
+              5 refused               by the server (unauthorized, replaced, error reply), a protocol error,
+                                      or TLS (certificate rejected, no --pin matched, handshake failed)
               6 media failed          --require-media / --max-loss and the probe failed
               7 call dropped          the call broke after it was set up (peer disconnected)
               8 unsent messages       interactive: quit with messages the server never accepted (they are dropped)
