@@ -62,7 +62,7 @@ let package = Package(
             name: "SignalingServer",
             dependencies: [
                 "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport",
-                "SignalingCrypto",
+                "SignalingCrypto", "SignalingTLS",
             ]
         ),
         // sd_notify for systemd's Type=notify.
@@ -148,7 +148,7 @@ let package = Package(
             name: "SignalingServerTests",
             dependencies: [
                 "SignalingServer", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport", "CLinuxShims",
-                "TestSupport", "SignalingCrypto",
+                "TestSupport", "SignalingCrypto", "SignalingTLS",
             ]
         ),
         .testTarget(

@@ -35,5 +35,6 @@ int vs_event_add(struct event *event, int64_t timeout_microseconds) {
 }
 
 int vs_event_del(struct event *event) { return event_del(event); }
+void vs_event_activate(struct event *event, short what) { event_active(event, what, 0); }
 int vs_event_initialized(const struct event *event) { return event_initialized(event); }
 size_t vs_event_struct_size(void) { return event_get_struct_event_size(); }

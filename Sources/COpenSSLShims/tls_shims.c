@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 _Static_assert(VS_TLS_VERSION_1_2 == TLS1_2_VERSION, "wire value of TLS 1.2");
 _Static_assert(VS_TLS_VERSION_1_3 == TLS1_3_VERSION, "wire value of TLS 1.3");
@@ -186,6 +187,17 @@ fail:
     return NULL;
 }
 
+int64_t vs_tls_context_certificate_expiry(vs_tls_context *context) {
+    X509 *leaf = SSL_CTX_get0_certificate((SSL_CTX *)context);
+    const ASN1_TIME *not_after = leaf == NULL ? NULL : X509_get0_notAfter(leaf);
+    struct tm expiry;
+    if (not_after == NULL || ASN1_TIME_to_tm(not_after, &expiry) != 1) {
+        ERR_clear_error();
+        return 0;
+    }
+    return (int64_t)timegm(&expiry);
+}
+
 void vs_tls_context_free(vs_tls_context *context) { SSL_CTX_free((SSL_CTX *)context); }
 
 // ---- Connections -----------------------------------------------------------------------
@@ -283,6 +295,32 @@ int vs_tls_pending(const vs_tls *tls) { return SSL_pending(tls->ssl); }
 
 int vs_tls_failed_verification(const vs_tls *tls) {
     return tls->failure == SSL_ERROR_SSL && SSL_get_verify_result(tls->ssl) != X509_V_OK;
+}
+
+vs_tls_failure_class vs_tls_failure_kind(const vs_tls *tls) {
+    if (vs_tls_failed_verification(tls)) return VS_TLS_FAILURE_CERTIFICATE;
+    if (tls->failure == SSL_ERROR_SYSCALL && tls->error == 0) return VS_TLS_FAILURE_SOCKET;
+    if (tls->error == 0 || ERR_GET_LIB(tls->error) != ERR_LIB_SSL) return VS_TLS_FAILURE_OTHER;
+    switch (ERR_GET_REASON(tls->error)) {
+    case SSL_R_WRONG_VERSION_NUMBER: case SSL_R_HTTP_REQUEST: case SSL_R_HTTPS_PROXY_REQUEST:
+    case SSL_R_UNKNOWN_PROTOCOL: case SSL_R_PACKET_LENGTH_TOO_LONG: case SSL_R_RECORD_LENGTH_MISMATCH:
+    case SSL_R_BAD_PACKET_LENGTH: case SSL_R_UNEXPECTED_MESSAGE:
+        return VS_TLS_FAILURE_NOT_TLS;
+    case SSL_R_UNSUPPORTED_PROTOCOL: case SSL_R_VERSION_TOO_LOW: case SSL_R_TLSV1_ALERT_PROTOCOL_VERSION:
+        return VS_TLS_FAILURE_VERSION;
+    case SSL_R_NO_APPLICATION_PROTOCOL: case SSL_R_TLSV1_ALERT_NO_APPLICATION_PROTOCOL:
+        return VS_TLS_FAILURE_ALPN;
+    case SSL_R_NO_SHARED_CIPHER: case SSL_R_NO_SHARED_GROUPS: case SSL_R_NO_SUITABLE_SIGNATURE_ALGORITHM:
+    case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE: case SSL_R_TLSV1_ALERT_INSUFFICIENT_SECURITY:
+        return VS_TLS_FAILURE_CIPHER;
+    case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE: case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED: case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN: case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+    case SSL_R_TLSV1_ALERT_DECRYPT_ERROR: case SSL_R_TLSV1_UNRECOGNIZED_NAME:
+        return VS_TLS_FAILURE_CERTIFICATE;
+    default:
+        return VS_TLS_FAILURE_OTHER;
+    }
 }
 
 void vs_tls_describe_failure(const vs_tls *tls, char *text, size_t capacity) {

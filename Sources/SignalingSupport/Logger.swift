@@ -148,7 +148,7 @@ public struct Logger: Sendable {
     static func jsonString(_ text: String) -> String { TextEscaping.jsonString(text) }
 
     /// RFC 3339 UTC with milliseconds.
-    static func timestamp(_ ms: UInt64) -> String {
+    public static func timestamp(_ ms: UInt64) -> String {
         var seconds = time_t(ms / 1000)
         var parts = tm()
         gmtime_r(&seconds, &parts)

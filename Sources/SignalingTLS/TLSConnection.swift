@@ -78,6 +78,10 @@ public struct TLSConnection {
         return length == 0 ? nil : String(nulTerminated: name)
     }
 
+    /// What the last `.failed` step came to, in classes an operator can act on (a server's
+    /// metrics and logs name it).
+    public var failureClass: TLSFailureClass { TLSFailureClass(vs_tls_failure_kind(raw)) }
+
     /// True when the handshake resumed an earlier session from a ticket.
     public var resumedSession: Bool { vs_tls_session_reused(raw) == 1 }
 
@@ -108,6 +112,37 @@ public struct TLSConnection {
             var text = [CChar](repeating: 0, count: 512)
             text.withUnsafeMutableBufferPointer { vs_tls_describe_failure(raw, $0.baseAddress, $0.count) }
             return .failed(TLSError(String(nulTerminated: text), isCertificateRejected: vs_tls_failed_verification(raw) == 1))
+        }
+    }
+}
+
+/// Why a TLS step failed, coarsely: the label a server counts failed handshakes under.
+public enum TLSFailureClass: String, Sendable, CaseIterable {
+    /// The bytes were no TLS at all: the plain protocol, HTTP, a port scanner.
+    case notTLS = "not_tls"
+    /// No protocol version both sides accept (a client older than `--tls-min-version`).
+    case version
+    /// The client offered ALPN protocols, none of them ours.
+    case alpn
+    /// No cipher suite, key-exchange group or signature algorithm in common.
+    case cipher
+    /// A certificate was refused: the server's by the client (its alert says so: unknown
+    /// CA, expired, wrong name), or, on a client, the server's by its own check.
+    case certificate
+    /// The socket failed (reset, timed out).
+    case socket
+    /// Anything else OpenSSL refused.
+    case other
+
+    init(_ kind: vs_tls_failure_class) {
+        switch kind {
+        case VS_TLS_FAILURE_NOT_TLS: self = .notTLS
+        case VS_TLS_FAILURE_VERSION: self = .version
+        case VS_TLS_FAILURE_ALPN: self = .alpn
+        case VS_TLS_FAILURE_CIPHER: self = .cipher
+        case VS_TLS_FAILURE_CERTIFICATE: self = .certificate
+        case VS_TLS_FAILURE_SOCKET: self = .socket
+        default: self = .other
         }
     }
 }

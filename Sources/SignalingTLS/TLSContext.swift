@@ -69,6 +69,12 @@ public final class TLSServerContext: @unchecked Sendable {
         raw = made
     }
 
+    /// When the certificate (the chain's leaf) expires, in seconds since the Unix epoch.
+    public var certificateNotAfter: Int64? {
+        let expiry = vs_tls_context_certificate_expiry(raw)
+        return expiry == 0 ? nil : expiry
+    }
+
     /// The length of a session-ticket key.
     public static let ticketKeyLength = Int(VS_TLS_TICKET_KEY_LENGTH)
 

@@ -54,7 +54,7 @@ do {
     exit(70)
 }
 // Type=notify: systemd counts the service as started only now, with the listeners up.
-ServiceManager.ready(status: "listening on \(configuration.host):\(server.port)")
+ServiceManager.ready(status: "listening on \(server.listeningDescription)")
 
 var received: Int32 = 0
 while true {
@@ -70,7 +70,7 @@ while true {
     } catch {
         logger.error("reload_failed", ["error": error.message, "detail": "the running configuration stays"])
     }
-    ServiceManager.ready(status: "listening on \(configuration.host):\(server.port)")
+    ServiceManager.ready(status: "listening on \(server.listeningDescription)")
 }
 logger.info("signal", ["signal": received == SIGTERM ? "SIGTERM" : "SIGINT"])
 ServiceManager.stopping()

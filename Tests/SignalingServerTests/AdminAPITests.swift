@@ -383,7 +383,7 @@ struct AdminAPITests {
         #expect(families["voipserver_handshakes"]?.type == "counter")
         #expect(value("voipserver_handshakes", "voipserver_handshakes_total", ["result": "completed"]) == 2)
         #expect(value("voipserver_handshakes", "voipserver_handshakes_total", ["result": "keepAliveTooShort"]) == 1)
-        #expect(value("voipserver_connections", "voipserver_connections", ["state": "established", "transport": "tcp"]) == 2)
+        #expect(value("voipserver_connections", "voipserver_connections", ["state": "established", "transport": "plain"]) == 2)
         #expect(value("voipserver_requests", "voipserver_requests_total", ["kind": "messageSend"]) == 5)
         #expect(value("voipserver_events_written", "voipserver_events_written_total", ["kind": "message"]) == 5)
         #expect(value("voipserver_events_written", "voipserver_events_written_total", ["kind": "messageDelivered"]) == 5)

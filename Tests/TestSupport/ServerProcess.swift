@@ -9,7 +9,10 @@ import Glibc
 /// released, so a failing test never leaves a server behind.
 public final class ServerProcess {
     public let process: ChildProcess
+    /// The plain listener's port; 0 with `--listen off`.
     public let port: UInt16
+    /// The TLS listener's port (nil: no `--tls-listen`).
+    public let tlsPort: UInt16?
     public let logPath: String
     /// The server's data directory (a fresh temporary one unless `--data-dir` was given).
     public let dataDirectory: String
@@ -44,8 +47,8 @@ public final class ServerProcess {
         let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))
         while true {
             let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
-            if let port = Self.listeningPort(in: log) {
-                self.port = port
+            if let ports = Self.listeningPorts(in: log) {
+                (port, tlsPort) = (ports.plain ?? 0, ports.tls)
                 return
             }
             if let status = process.poll() {
@@ -78,19 +81,26 @@ public final class ServerProcess {
         return process.waitForExit(timeoutSeconds: timeoutSeconds)
     }
 
-    static func listeningPort(in log: String) -> UInt16? {
+    /// The ports of the `listening` line: nil before it is logged; a listener that is off
+    /// (`addr=off`) or not configured has no port.
+    static func listeningPorts(in log: String) -> (plain: UInt16?, tls: UInt16?)? {
+        func port(_ address: Substring) -> UInt16? {
+            address.lastIndex(of: ":").flatMap { UInt16(address[address.index(after: $0)...]) }
+        }
         for line in log.split(separator: "\n") where line.contains("\"event\":\"listening\"") {
             // --log-format json
-            guard let start = line.range(of: "\"addr\":\""), let end = line[start.upperBound...].firstIndex(of: "\""),
-                  let colon = line[start.upperBound..<end].lastIndex(of: ":")
-            else { continue }
-            return UInt16(line[line.index(after: colon)..<end])
+            func field(_ name: String) -> Substring? {
+                guard let start = line.range(of: "\"\(name)\":\""), let end = line[start.upperBound...].firstIndex(of: "\"") else { return nil }
+                return line[start.upperBound..<end]
+            }
+            return (field("addr").flatMap(port), field("tls_addr").flatMap(port))
         }
         for line in log.split(separator: "\n") where line.contains("event=listening") {
-            guard let field = line.split(separator: " ").first(where: { $0.hasPrefix("addr=") }),
-                  let colon = field.lastIndex(of: ":")
-            else { continue }
-            return UInt16(field[field.index(after: colon)...])
+            let fields = line.split(separator: " ")
+            func field(_ name: String) -> Substring? {
+                fields.first { $0.hasPrefix("\(name)=") }.map { $0.dropFirst(name.count + 1) }
+            }
+            return (field("addr").flatMap(port), field("tls_addr").flatMap(port))
         }
         return nil
     }

@@ -38,6 +38,10 @@ int vs_event_assign(struct event *event, struct event_base *base, int fd, short 
 /// Adds the event; timeout_microseconds < 0 means none.
 int vs_event_add(struct event *event, int64_t timeout_microseconds);
 int vs_event_del(struct event *event);
+/// Makes the event's callback run in the loop's next pass with `what` (VS_EV_* flags), as
+/// if the socket had become ready: for input a library buffered, which no readiness
+/// event announces.
+void vs_event_activate(struct event *event, short what);
 /// Non-zero once the event memory has been assigned (zeroed memory is not).
 int vs_event_initialized(const struct event *event);
 size_t vs_event_struct_size(void);

@@ -42,6 +42,9 @@ int vs_tls_context_set_ticket_key(vs_tls_context *context, const uint8_t *key, s
 /// NULL, offering ALPN `alpn` (NULL: none). NULL on failure, with the reason in `error`.
 vs_tls_context *vs_tls_client_context_new(
     const char *ca_file, int minimum_version, const char *alpn, char *error, size_t capacity);
+/// When the server context's certificate (the chain's leaf) expires, in seconds since the
+/// Unix epoch; 0 when unknown.
+int64_t vs_tls_context_certificate_expiry(vs_tls_context *context);
 /// Drops the caller's reference; connections made from it keep theirs.
 void vs_tls_context_free(vs_tls_context *context);
 
@@ -67,6 +70,19 @@ int vs_tls_pending(const vs_tls *tls);
 void vs_tls_describe_failure(const vs_tls *tls, char *text, size_t capacity);
 /// True when the last failure was the peer's certificate failing verification.
 int vs_tls_failed_verification(const vs_tls *tls);
+
+/// What the last failure was, in classes an operator can act on (a server's metrics and
+/// logs): a few reasons of OpenSSL's hundreds, the rest OTHER.
+typedef enum {
+    VS_TLS_FAILURE_OTHER = 0,
+    VS_TLS_FAILURE_NOT_TLS = 1,      // the bytes were no TLS record (plain protocol, HTTP, garbage)
+    VS_TLS_FAILURE_VERSION = 2,      // no protocol version both sides accept
+    VS_TLS_FAILURE_ALPN = 3,         // no ALPN protocol both sides accept
+    VS_TLS_FAILURE_CIPHER = 4,       // no cipher suite, group or signature algorithm in common
+    VS_TLS_FAILURE_CERTIFICATE = 5,  // a certificate was refused: ours by the peer (its alert), or the peer's
+    VS_TLS_FAILURE_SOCKET = 6,       // the socket failed (reset, timed out)
+} vs_tls_failure_class;
+vs_tls_failure_class vs_tls_failure_kind(const vs_tls *tls);
 
 /// The negotiated version (VS_TLS_VERSION_*), 0 before the handshake.
 int vs_tls_version(const vs_tls *tls);

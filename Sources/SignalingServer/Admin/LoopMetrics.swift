@@ -76,6 +76,8 @@ final class LoopMetrics: Sendable {
     private let requestsIn: [MetricCell] = (0..<256).map { _ in MetricCell() }
     /// Handshakes refused with a CLOSE, by close code (index in `CloseCode.allCases`).
     private let refusedHandshakes: [MetricCell] = CloseCode.allCases.map { _ in MetricCell() }
+    /// Failed TLS handshakes, by reason (index in `TLSHandshakeFailure.allCases`).
+    private let failedTLSHandshakes: [MetricCell] = TLSHandshakeFailure.allCases.map { _ in MetricCell() }
 
     /// The current time on the monotonic clock that `QueuedEvent.createdNanos` uses.
     @inline(__always)
@@ -103,6 +105,15 @@ final class LoopMetrics: Sendable {
     func recordHandshakeRefused(_ code: CloseCode) {
         guard let index = CloseCode.allCases.firstIndex(of: code) else { return }
         refusedHandshakes[index].add(1)
+    }
+
+    func recordTLSHandshakeFailed(_ reason: TLSHandshakeFailure) {
+        guard let index = TLSHandshakeFailure.allCases.firstIndex(of: reason) else { return }
+        failedTLSHandshakes[index].add(1)
+    }
+
+    func tlsHandshakesFailed(_ reason: TLSHandshakeFailure) -> UInt64 {
+        TLSHandshakeFailure.allCases.firstIndex(of: reason).map { failedTLSHandshakes[$0].value } ?? 0
     }
 
     func eventsWritten(_ type: FrameType) -> UInt64 { eventsOut[Int(type.rawValue)].value }

@@ -14,6 +14,11 @@ public struct ServerConfiguration: Sendable {
     public var host = "127.0.0.1"
     /// Port to listen on; 0 picks a free port (tests).
     public var port: UInt16 = 7443
+    /// The plain listener (`host`:`port`) is open. Off (`--listen off`, or `--tls-listen`
+    /// without `--listen`) for a TLS-only server.
+    public var plainListener = true
+    /// The TLS listener, beside the plain one or instead of it (nil: none).
+    public var tls: TLSListenerConfiguration?
     /// Length of each loop's queue of connections the kernel has completed but the loop has
     /// not accepted yet (`listen(2)`'s backlog). A reconnect storm overflows a short queue
     /// into SYN retries (1 s, then 3 s later). The kernel caps it at
@@ -180,9 +185,16 @@ public struct ServerConfiguration: Sendable {
         if let limit = cpuLatencyLimit, limit < .zero || limit > .seconds(1) {
             throw UsageError("cpu-latency-limit must be between 0 and 1,000,000 microseconds")
         }
-        if !requiresAuthentication && !allowAnonymous && !Self.isLoopback(host) {
+        guard plainListener || tls != nil else {
+            throw UsageError("--listen off leaves no listener: give --tls-listen too, or a --listen address")
+        }
+        if proxyProtocol && !plainListener {
+            throw UsageError("--proxy-protocol is for the plain listener, which is off: for the TLS listener give --tls-proxy-protocol")
+        }
+        let listeners = (plainListener ? [("--listen", host)] : []) + (tls.map { [("--tls-listen", $0.host)] } ?? [])
+        for (option, address) in listeners where !requiresAuthentication && !allowAnonymous && !Self.isLoopback(address) {
             throw UsageError(
-                "--listen \(host) without authentication would let anyone on the network claim any user id: "
+                "\(option) \(address) without authentication would let anyone on the network claim any user id: "
                     + "give --auth-key-file (or --auth-secret-file), or --allow-anonymous to accept that")
         }
         try admin?.validate()

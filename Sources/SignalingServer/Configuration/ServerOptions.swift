@@ -2,6 +2,7 @@ import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
 import SignalingSupport
+import SignalingTLS
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -19,7 +20,13 @@ public enum ServerOptions {
             Runs on its embedded defaults with no options at all.
             """,
         options: [
-            OptionSpec("listen", value: "HOST:PORT", default: "0.0.0.0:7443 with authentication, 127.0.0.1:7443 without", help: "Address and port to accept devices on. A non-loopback address without authentication needs --allow-anonymous."),
+            OptionSpec("listen", value: "HOST:PORT|off", default: "0.0.0.0:7443 with authentication, 127.0.0.1:7443 without; off with --tls-listen", help: "Address and port to accept devices on in plain TCP; off for a TLS-only server. A non-loopback address without authentication needs --allow-anonymous."),
+            OptionSpec("tls-listen", value: "HOST:PORT", help: "Also accept devices over TLS (ALPN vsig/1) on this address; without --listen the server is TLS-only. Needs --tls-cert and --tls-key. (default: off)"),
+            OptionSpec("tls-cert", value: "FILE", help: "The TLS certificate chain (PEM, leaf first). Reloaded on SIGHUP."),
+            OptionSpec("tls-key", value: "FILE", help: "The TLS certificate's private key (PEM). Reloaded on SIGHUP."),
+            OptionSpec("tls-min-version", value: "1.2|1.3", default: "1.3", help: "The lowest TLS version accepted."),
+            OptionSpec("tls-ticket-key-file", value: "FILE", default: "DATA-DIR/tls-ticket-key, made on first start; a random key per process with --store memory", help: "The session-ticket key: 160 hex digits (openssl rand -hex 80). Reloaded on SIGHUP."),
+            OptionSpec("tls-proxy-protocol", help: "Every connection to the TLS listener starts with a PROXY protocol v2 header, before the TLS handshake (a TCP load balancer in front: haproxy send-proxy-v2)."),
             OptionSpec("config", value: "FILE", help: "Read options from FILE: one 'name = value' per line; '#' starts a comment at a line's start or after whitespace; values may be quoted."),
             OptionSpec("listen-backlog", value: "N", default: "net.core.somaxconn, or 4096", help: "Completed connections each loop's socket queues before accepting them (the kernel caps it at net.core.somaxconn)."),
             OptionSpec("workers", value: "N", default: "one per core", help: "Event-loop threads."),
@@ -47,7 +54,7 @@ public enum ServerOptions {
             OptionSpec("max-queued-bytes", value: "BYTES", default: "1048576", help: "Unsent replies allowed for a client that does not read; past this its requests are not read until it catches up."),
             OptionSpec("slow-consumer-timeout", value: "SECONDS", default: "30", help: "Close (CLOSE slowConsumer) a client that reads nothing this long while data waits for it."),
             OptionSpec("max-connections-per-ip", value: "N", default: "10000", help: "Connections allowed from one IP address."),
-            OptionSpec("proxy-protocol", help: "Every device connection starts with a PROXY protocol v2 header from the load balancer in front (haproxy: send-proxy-v2); per-IP limits and logs use the address it names."),
+            OptionSpec("proxy-protocol", help: "Every connection to the plain --listen listener starts with a PROXY protocol v2 header from the load balancer in front (haproxy: send-proxy-v2); per-IP limits and logs use the address it names. For the TLS listener: --tls-proxy-protocol."),
             OptionSpec("handshake-rate", value: "N", default: "20000", help: "Handshakes admitted per second (burst of the same size); 0 = unlimited."),
             OptionSpec("drain-retry-after", value: "SECONDS", default: "1", help: "On shutdown, tell devices to reconnect after this..."),
             OptionSpec("drain-jitter", value: "SECONDS", default: "30", help: "...plus a random delay up to this."),
@@ -213,13 +220,11 @@ public enum ServerOptions {
     static func build(_ options: ParsedOptions) throws(UsageError) -> ServerConfiguration {
         var configuration = ServerConfiguration()
         if let listen = options.string("listen") {
-            guard let colon = listen.lastIndex(of: ":"), let port = UInt16(listen[listen.index(after: colon)...]) else {
-                throw UsageError("--listen expects HOST:PORT, got '\(listen)'")
+            if listen == "off" {
+                configuration.plainListener = false
+            } else {
+                (configuration.host, configuration.port) = try address("listen", listen)
             }
-            var host = String(listen[..<colon])
-            if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-            configuration.host = host.isEmpty ? "0.0.0.0" : host
-            configuration.port = port
         }
         if let workers = try options.int("workers", in: 1...256) { configuration.workers = workers }
         if let backlog = try options.int("listen-backlog", in: 1...Int(Int32.max)) { configuration.listenBacklog = backlog }
@@ -307,6 +312,10 @@ public enum ServerOptions {
         }
         configuration.allowAnonymous = options.has("allow-anonymous")
         configuration.proxyProtocol = options.has("proxy-protocol")
+        configuration.tls = try tlsListener(options, configuration.storage)
+        // Asking for a TLS listener alone means TLS only, as a Mosquitto listener
+        // replaces the default one: a plain port nobody asked for would carry tokens in clear.
+        if configuration.tls != nil && !options.has("listen") { configuration.plainListener = false }
         // Mosquitto 2.0's rule: without authentication, only this host can connect unless
         // an address is asked for (and that needs --allow-anonymous, see `validate`).
         if !options.has("listen") && configuration.requiresAuthentication { configuration.host = "0.0.0.0" }
@@ -352,6 +361,43 @@ public enum ServerOptions {
 }
 
 extension ServerOptions {
+    /// A listener's `HOST:PORT`, `[v6]:PORT`, or `:PORT` for every interface.
+    static func address(_ name: String, _ text: String) throws(UsageError) -> (host: String, port: UInt16) {
+        guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]) else {
+            throw UsageError("--\(name) expects HOST:PORT, got '\(text)'")
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        return (host.isEmpty ? "0.0.0.0" : host, port)
+    }
+
+    /// The TLS listener the `tls-*` options describe, nil without `--tls-listen` (the
+    /// other `tls-*` options alone are a mistake).
+    static func tlsListener(_ options: ParsedOptions, _ storage: StorageConfiguration) throws(UsageError) -> TLSListenerConfiguration? {
+        guard let listen = options.string("tls-listen") else {
+            if let stray = ["tls-cert", "tls-key", "tls-min-version", "tls-ticket-key-file", "tls-proxy-protocol"].first(where: options.has) {
+                throw UsageError("--\(stray) needs --tls-listen")
+            }
+            return nil
+        }
+        let (host, port) = try address("tls-listen", listen)
+        guard let chain = options.string("tls-cert"), let key = options.string("tls-key") else {
+            throw UsageError("--tls-listen needs --tls-cert and --tls-key (the certificate chain and its private key, PEM)")
+        }
+        var tls = TLSListenerConfiguration(host: host, port: port, certificateChainFile: chain, privateKeyFile: key)
+        if let version = options.string("tls-min-version") {
+            guard let parsed = TLSVersion(rawValue: version) else { throw UsageError("--tls-min-version must be 1.2 or 1.3") }
+            tls.minimumVersion = parsed
+        }
+        if let path = options.string("tls-ticket-key-file") {
+            tls.ticketKey = .file(path)
+        } else if storage.mode == .sqlite {
+            tls.ticketKey = .dataDirectory(storage.directory + "/" + TicketKeySource.fileName)
+        }
+        tls.proxyProtocol = options.has("tls-proxy-protocol")
+        return tls
+    }
+
     /// The keys of a token key file, or a usage error naming the option, the file and the line.
     public static func readKeyFile(_ path: String, option: String) throws(UsageError) -> [TokenKey] {
         guard let text = readTextFile(path) else { throw UsageError("--\(option): cannot read \(path)") }

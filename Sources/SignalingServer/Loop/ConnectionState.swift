@@ -34,6 +34,10 @@ struct ConnectionFlags: OptionSet {
     /// connection's has not arrived yet: its first bytes wait in `inbound` meanwhile, and
     /// it is not yet counted against any address.
     static let awaitingProxyHeader = ConnectionFlags(rawValue: 1 << 5)
+    /// Accepted on the TLS listener: its bytes go through the `TLSConnection` in the
+    /// table's side table (`ConnectionTable.tls`). Plain connections pay one branch on
+    /// this bit, nothing else.
+    static let tls = ConnectionFlags(rawValue: 1 << 6)
 }
 
 /// One connection's state in its event loop's connection table. A plain struct in a

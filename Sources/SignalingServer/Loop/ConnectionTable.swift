@@ -1,4 +1,5 @@
 import CLibeventShims
+import SignalingTLS
 
 /// The connections of one event loop, by slot number.
 ///
@@ -8,16 +9,29 @@ import CLibeventShims
 /// 64-byte state plus one `struct event` (128 bytes on x86-64), whatever its lifetime.
 /// Free slots are reused most-recently-freed first, which keeps the touched memory small.
 ///
+/// A loop with a TLS listener also keeps each slot's `TLSConnection` in a side table of
+/// the same chunks (8 bytes a slot; none without a TLS listener), so that
+/// `ConnectionState` stays 64 bytes and plain connections never touch it. An entry is set
+/// at accept and taken (to be freed) when the connection is destroyed: none outlives its
+/// connection into the slot's next one.
+///
 /// Used only while the owning event loop's `ownership` lock is held (see `EventLoop`).
 struct ConnectionTable {
     static let chunkSize = 1024
 
     private var stateChunks: [UnsafeMutablePointer<ConnectionState>] = []
     private var eventChunks: [UnsafeMutableRawPointer] = []
+    private var tlsChunks: [UnsafeMutablePointer<TLSConnection?>] = []
+    /// The side table of TLS connections exists (the loop has a TLS listener).
+    private let holdsTLS: Bool
     private var freeSlots: [UInt32] = []
     private var nextUnused: UInt32 = 0
     private let eventSize = Int(vs_event_struct_size())
     private(set) var liveCount = 0
+
+    init(holdsTLS: Bool = false) {
+        self.holdsTLS = holdsTLS
+    }
 
     /// A free slot, with a fresh generation; the caller fills in the state.
     mutating func allocate() -> UInt32? {
@@ -59,6 +73,26 @@ struct ConnectionTable {
         OpaquePointer(eventChunks[Int(slot) / Self.chunkSize] + (Int(slot) % Self.chunkSize) * eventSize)
     }
 
+    /// The slot's TLS connection (only with `holdsTLS`, while a TLS connection holds it).
+    @inline(__always)
+    func tls(_ slot: UInt32) -> TLSConnection? {
+        tlsChunks[Int(slot) / Self.chunkSize][Int(slot) % Self.chunkSize]
+    }
+
+    /// Hands the slot its TLS connection (at accept).
+    func setTLS(_ connection: TLSConnection, for slot: UInt32) {
+        precondition(holdsTLS && tls(slot) == nil, "a TLS connection outlived its slot's last connection")
+        tlsChunks[Int(slot) / Self.chunkSize][Int(slot) % Self.chunkSize] = connection
+    }
+
+    /// Removes and returns the slot's TLS connection, for the caller to free exactly once.
+    func takeTLS(_ slot: UInt32) -> TLSConnection? {
+        guard holdsTLS else { return nil }
+        let entry = tlsChunks[Int(slot) / Self.chunkSize] + Int(slot) % Self.chunkSize
+        defer { entry.pointee = nil }
+        return entry.pointee
+    }
+
     /// Whether `slot` currently holds the connection of that generation.
     func isLive(_ slot: UInt32, generation: UInt32) -> Bool {
         guard slot < nextUnused else { return false }
@@ -78,6 +112,11 @@ struct ConnectionTable {
         let events = UnsafeMutableRawPointer.allocate(byteCount: Self.chunkSize * eventSize, alignment: 16)
         events.initializeMemory(as: UInt8.self, repeating: 0, count: Self.chunkSize * eventSize)
         eventChunks.append(events)
+        if holdsTLS {
+            let connections = UnsafeMutablePointer<TLSConnection?>.allocate(capacity: Self.chunkSize)
+            connections.initialize(repeating: nil, count: Self.chunkSize)
+            tlsChunks.append(connections)
+        }
     }
 
     /// Frees the chunks. Only after every event has been removed from the loop.
@@ -87,7 +126,12 @@ struct ConnectionTable {
             chunk.deallocate()
         }
         for chunk in eventChunks { chunk.deallocate() }
+        for chunk in tlsChunks {
+            chunk.deinitialize(count: Self.chunkSize)
+            chunk.deallocate()
+        }
         stateChunks = []
         eventChunks = []
+        tlsChunks = []
     }
 }

@@ -2,18 +2,22 @@ import CLibeventShims
 import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 #if canImport(Glibc)
 import Glibc
 #endif
 
 extension EventLoop {
-    /// Accepts what is waiting on this loop's listening socket, a bounded number per
-    /// callback so that a connection flood cannot starve established connections.
-    func acceptConnections() {
+    /// Accepts what is waiting on one of this loop's listening sockets, a bounded number
+    /// per callback so that a connection flood cannot starve established connections.
+    func acceptConnections(tls: Bool) {
         refreshTime()
+        // Read once per callback: a reload swaps it for the connections accepted after it.
+        let tlsContext = tls ? context.tlsContext : nil
+        let listener = tls ? tlsListenFD : listenFD
         for _ in 0..<256 {
             var addressHash: UInt64 = 0
-            let fd = shim_accept(listenFD, &addressHash)
+            let fd = shim_accept(listener, &addressHash)
             if fd < 0 {
                 switch errno {
                 case EAGAIN, EWOULDBLOCK, EINTR, ECONNABORTED: break
@@ -24,20 +28,38 @@ extension EventLoop {
                 }
                 break
             }
-            adopt(fd, addressHash: addressHash)
+            adopt(fd, addressHash: addressHash, tls: tlsContext)
         }
         flushDirty()
     }
 
-    private func adopt(_ fd: Int32, addressHash: UInt64) {
+    /// Takes an accepted socket into a slot; `tls` is the context of a connection accepted
+    /// on the TLS listener, whose handshake starts when its first bytes arrive.
+    private func adopt(_ fd: Int32, addressHash: UInt64, tls tlsContext: TLSServerContext?) {
         let configuration = context.configuration
         guard let slot = table.allocate() else {
-            // No slot even to linger in: a best-effort CLOSE.
-            refuseImmediately(fd, Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full"))
+            // No slot even to linger in: a best-effort CLOSE (there is no TLS session to
+            // carry one on the TLS listener).
+            if tlsContext == nil {
+                refuseImmediately(fd, Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full"))
+            } else {
+                close(fd)
+            }
             return
         }
-        configureSocket(fd)
         let state = table.state(slot)
+        if let tlsContext {
+            guard let connection = TLSConnection.accepting(fd: fd, context: tlsContext) else {
+                context.logger.error("accept_failed", ["error": "cannot start a TLS connection (out of memory)"])
+                close(fd)
+                table.release(slot)
+                return
+            }
+            table.setTLS(connection, for: slot)
+            state.pointee.flags.insert(.tls)
+            context.counters.openTLSConnections.increment()
+        }
+        configureSocket(fd)
         state.pointee.fd = fd
         state.pointee.phase = .awaitingHello
         state.pointee.lastActivity = nowSeconds
@@ -45,7 +67,7 @@ extension EventLoop {
         assignEvent(slot, writable: false)
         context.counters.openConnections.increment()
         openConnections.increment()
-        if configuration.proxyProtocol {
+        if tlsContext == nil ? configuration.proxyProtocol : configuration.tls?.proxyProtocol == true {
             // The socket's address is the balancer's: the device's address is admitted once
             // the PROXY header names it (`takeProxyHeader`), within the handshake deadline.
             state.pointee.flags.insert(.awaitingProxyHeader)
@@ -71,6 +93,7 @@ extension EventLoop {
         }
         state.pointee.flags.insert(.countsTowardAddress)
         context.counters.acceptedConnections.increment()
+        if state.pointee.flags.contains(.tls) { context.counters.acceptedTLSConnections.increment() }
         return true
     }
 

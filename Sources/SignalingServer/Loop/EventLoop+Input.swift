@@ -13,11 +13,15 @@ extension EventLoop {
     func connectionReady(_ slot: UInt32, what: Int32) {
         activity &+= 1
         refreshTime()
-        if what & VS_EV_WRITE != 0 {
-            flushOutbound(slot)
-        }
-        if what & VS_EV_READ != 0, table.state(slot).pointee.phase != .free {
-            readAvailable(slot)
+        if table.state(slot).pointee.flags.contains(.tls) {
+            tlsConnectionReady(slot, what: what)
+        } else {
+            if what & VS_EV_WRITE != 0 {
+                flushOutbound(slot)
+            }
+            if what & VS_EV_READ != 0, table.state(slot).pointee.phase != .free {
+                readAvailable(slot)
+            }
         }
         flushDirty()
     }
@@ -30,7 +34,10 @@ extension EventLoop {
     /// which a plain read would put between a MESSAGE_SEND and its push. Taken afterwards,
     /// the ACK goes out once the pushes are written, or rides on the reply when there is
     /// one (WELCOME, PONG, OK), and no packet of its own is sent at all.
-    private func readAvailable(_ slot: UInt32) {
+    ///
+    /// TLS connections read here only while they linger (the input is discarded unread):
+    /// their data is read through OpenSSL (`readTLS`).
+    func readAvailable(_ slot: UInt32) {
         let state = table.state(slot)
         for _ in 0..<4 {
             let lingering = state.pointee.phase == .closing
@@ -241,6 +248,7 @@ extension EventLoop {
             enterIdleWheel(slot)
             context.counters.handshakesCompleted.increment()
             context.counters.establishedConnections.increment()
+            if state.pointee.flags.contains(.tls) { context.counters.establishedTLSConnections.increment() }
             send(.welcome(Welcome(
                 sessionID: grant.sessionID, resumed: grant.resumed, keepAliveSeconds: interval,
                 idleTimeoutSeconds: idleTimeout, serverTime: context.clock.wallMilliseconds(),

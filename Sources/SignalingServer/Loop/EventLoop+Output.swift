@@ -61,6 +61,16 @@ extension EventLoop {
         return outbound.count - Int(state.pointee.outboundOffset)
     }
 
+    /// Writes bytes to the connection: to its socket, or through its TLS connection.
+    /// Returns the bytes taken, or -1 with `errno` set (EAGAIN: retry once writable, with
+    /// the same bytes first: OpenSSL may have put some of them in a record already).
+    @inline(__always)
+    func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> Int {
+        let state = table.state(slot)
+        guard state.pointee.flags.contains(.tls) else { return shim_send(state.pointee.fd, bytes.baseAddress, bytes.count) }
+        return transmitTLS(bytes, to: slot)
+    }
+
     /// Writes `scratch` (whole frames) to the connection, or queues what the socket does
     /// not take.
     func writeScratch(to slot: UInt32) {
@@ -73,7 +83,7 @@ extension EventLoop {
             context.noteOutbound(queuedBytes(slot))
             return
         }
-        let written = scratch.withUnsafeBytes { shim_send(state.pointee.fd, $0.baseAddress, $0.count) }
+        let written = scratch.withUnsafeBytes { transmit($0, to: slot) }
         if written == scratch.count { return }
         if written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
             socketFailed(slot, errno: errno)  // EPIPE, ECONNRESET...: the device is gone; its events stay pending
@@ -113,7 +123,7 @@ extension EventLoop {
         }
         let offset = Int(state.pointee.outboundOffset)
         let written = outbound.withUnsafeBytes { bytes in
-            shim_send(state.pointee.fd, bytes.baseAddress! + offset, bytes.count - offset)
+            transmit(UnsafeRawBufferPointer(rebasing: bytes[offset...]), to: slot)
         }
         if written < 0 {
             if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { socketFailed(slot, errno: errno) }
@@ -133,8 +143,12 @@ extension EventLoop {
         case .established:
             markDirty(slot, generation: state.pointee.generation)
             // Requests read but held back while replies piled up.
-            if paused { consume(slot, UnsafeRawBufferPointer(start: nil, count: 0)) }
-        case .closing: shutdown(state.pointee.fd, Int32(SHUT_WR))
+            if paused {
+                consume(slot, UnsafeRawBufferPointer(start: nil, count: 0))
+                // What OpenSSL decrypted meanwhile is announced by no readiness event.
+                if state.pointee.flags.contains(.tls) { readAgainSoon(slot) }
+            }
+        case .closing: finishWriting(slot)
         default: break
         }
     }
@@ -261,10 +275,17 @@ extension EventLoop {
             guard state.pointee.outbound == nil else { return true }
             let before = state.pointee.sentSeq
             guard let batch = encodeNextBatch(ref.slot) else { return true }
-            let written = scratch.withUnsafeBytes { shim_send(state.pointee.fd, $0.baseAddress, $0.count) }
+            let written = scratch.withUnsafeBytes { transmit($0, to: ref.slot) }
             if written == scratch.count {
                 context.counters.crossLoopWrites.increment()
                 return !batch.mayHaveMore  // more to come: the owner pumps the rest
+            }
+            if written < 0 && errno == EAGAIN && state.pointee.flags.contains(.tls) {
+                // OpenSSL may hold part of these bytes in a record it could not send yet:
+                // the retry must offer the same bytes again, so they are kept, not re-made.
+                keepUnwritten(scratch, written: 0, in: ref.slot, at: context.seconds(at: context.clock.now()))
+                post(.watchWritable(ref))
+                return true
             }
             if written <= 0 {
                 // Socket full or broken: nothing went out, so the owner writes it again
@@ -343,14 +364,18 @@ extension EventLoop {
         let state = table.state(slot)
         guard let outbound = state.pointee.outbound else { return }
         let offset = Int(state.pointee.outboundOffset)
+        // Over TLS, a write the socket did not take may sit in a record OpenSSL made
+        // already (up to a record's worth of bytes past `offset`); its retry must offer
+        // at least those bytes again, so those frames count as begun.
+        let begun = state.pointee.flags.contains(.tls) ? offset + Self.tlsMaximumRecord : offset
         // `outbound` starts at a frame boundary: walk to the end of the frame in progress.
         var frameEnd = 0
-        while frameEnd < offset && frameEnd + 4 <= outbound.count {
+        while frameEnd < begun && frameEnd + 4 <= outbound.count {
             let length = Int(outbound[frameEnd]) << 24 | Int(outbound[frameEnd + 1]) << 16
                 | Int(outbound[frameEnd + 2]) << 8 | Int(outbound[frameEnd + 3])
             frameEnd += 4 + length
         }
-        if frameEnd <= offset {
+        if frameEnd <= offset && !state.pointee.flags.contains(.tls) {
             state.pointee.outbound = nil  // nothing begun is left: the CLOSE goes straight out
             state.pointee.outboundOffset = 0
         } else {
@@ -367,8 +392,21 @@ extension EventLoop {
         guard state.pointee.phase == .awaitingHello || state.pointee.phase == .established else { return }
         detachDevice(slot)
         if replySlot == slot { endReplies() }  // replies already made go out before CLOSE
-        send(.close(frame), to: slot)
-        guard state.pointee.phase != .free else { return }  // the write failed
+        // Before its TLS handshake is over a connection has no session to carry a CLOSE in:
+        // it just lingers (its peer sees the connection end, as for any lost connection).
+        if !state.pointee.flags.contains(.tls) || isTLSEstablished(slot) {
+            send(.close(frame), to: slot)
+            guard state.pointee.phase != .free else { return }  // the write failed
+        }
+        linger(slot)
+        context.logger.debug("close", ["conn": reference(slot), "code": frame.code.rawValue, "message": frame.message])
+    }
+
+    /// Starts the lingering close of a connection whose last bytes are written or queued:
+    /// our side shuts down (once `outbound` is written), input is read and discarded until
+    /// the peer closes or the linger deadline passes.
+    func linger(_ slot: UInt32) {
+        let state = table.state(slot)
         state.pointee.phase = .closing
         state.pointee.inbound = nil
         if state.pointee.flags.contains(.readPaused) {
@@ -376,9 +414,16 @@ extension EventLoop {
             state.pointee.flags.remove(.readPaused)
             assignEvent(slot, writable: state.pointee.flags.contains(.wantsWrite))
         }
-        if state.pointee.outbound == nil { shutdown(state.pointee.fd, Int32(SHUT_WR)) }
+        if state.pointee.outbound == nil { finishWriting(slot) }
         closingDeadlines.push((slot, state.pointee.generation, nowSeconds + Self.lingerSeconds))
-        context.logger.debug("close", ["conn": reference(slot), "code": frame.code.rawValue, "message": frame.message])
+    }
+
+    /// Ends our side of the stream once everything is written: TLS's close_notify first,
+    /// then the TCP FIN.
+    func finishWriting(_ slot: UInt32) {
+        let state = table.state(slot)
+        if state.pointee.flags.contains(.tls) { table.tls(slot)?.shutdown() }
+        shutdown(state.pointee.fd, Int32(SHUT_WR))
     }
 
     /// Releases everything the connection holds.
@@ -392,6 +437,10 @@ extension EventLoop {
         }
         let event = table.event(slot)
         if vs_event_initialized(event) != 0 { vs_event_del(event) }
+        if state.pointee.flags.contains(.tls) {
+            table.takeTLS(slot)?.free()
+            context.counters.openTLSConnections.decrement()
+        }
         close(state.pointee.fd)
         if state.pointee.flags.contains(.countsTowardAddress) { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
@@ -404,6 +453,7 @@ extension EventLoop {
         guard let device = state.pointee.device else { return }
         state.pointee.device = nil
         context.counters.establishedConnections.decrement()
+        if state.pointee.flags.contains(.tls) { context.counters.establishedTLSConnections.decrement() }
         let ref = reference(slot)
         let now = context.clock.now()
         let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in

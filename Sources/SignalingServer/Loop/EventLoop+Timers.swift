@@ -15,7 +15,10 @@ extension EventLoop {
                   table.state(due.slot).pointee.phase == .awaitingHello
             else { continue }
             context.counters.handshakeTimeouts.increment()
-            let missing = table.state(due.slot).pointee.flags.contains(.awaitingProxyHeader) ? "PROXY header" : "HELLO"
+            let flags = table.state(due.slot).pointee.flags
+            let inTLSHandshake = flags.contains(.tls) && !isTLSEstablished(due.slot)
+            if inTLSHandshake { recordTLSHandshakeFailure(.timeout) }
+            let missing = flags.contains(.awaitingProxyHeader) ? "PROXY header" : inTLSHandshake ? "TLS handshake" : "HELLO"
             closeConnection(due.slot, with: Close(
                 code: .handshakeTimeout, retryAfterMs: 1_000, retryJitterMs: 5_000,
                 message: "no \(missing) within \(context.configuration.handshakeTimeout.wholeSecondsRoundedUp) s"))

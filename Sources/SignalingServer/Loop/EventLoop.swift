@@ -25,8 +25,8 @@ enum LoopTask: Sendable {
 }
 
 /// One libevent `event_base` running on its own thread, memcached-style: it accepts on its
-/// own SO_REUSEPORT listening socket, and owns every connection it accepted until that
-/// connection closes.
+/// own SO_REUSEPORT listening sockets (plain, TLS, or both), and owns every connection it
+/// accepted until that connection closes.
 ///
 /// Concurrency: the loop's state (connection table, buffers, deadlines) is touched only
 /// while `ownership` is held. The loop's own thread holds it for each libevent callback
@@ -44,7 +44,7 @@ final class EventLoop: @unchecked Sendable {
     var peers: [EventLoop] = []
 
     let base: OpaquePointer
-    var table = ConnectionTable()
+    var table: ConnectionTable
     var wheel: TimingWheel
     /// Handshake deadlines (constant length, so FIFO order is deadline order), exact: a
     /// deadline kept in whole seconds from a stamp rounded down fired up to 1 s early.
@@ -76,8 +76,12 @@ final class EventLoop: @unchecked Sendable {
     /// Cached once per callback: the current time, exact.
     var nowInstant = Instant(nanoseconds: 0)
 
+    /// The plain listener's socket (-1: none, or stopped).
     var listenFD: Int32
     private var listenEvent: OpaquePointer?
+    /// The TLS listener's socket (-1: none, or stopped).
+    var tlsListenFD: Int32
+    private var tlsListenEvent: OpaquePointer?
     private var wakeEvent: OpaquePointer?
     private var tickEvent: OpaquePointer?
     private let wakeFD: Int32
@@ -98,7 +102,7 @@ final class EventLoop: @unchecked Sendable {
     static let readBufferSize = 64 * 1024
     static let lingerSeconds: UInt32 = 2
 
-    init(index: UInt16, context: ServerContext, listenFD: Int32) throws(ServerError) {
+    init(index: UInt16, context: ServerContext, listenFD: Int32, tlsListenFD: Int32 = -1) throws(ServerError) {
         guard let base = vs_event_base_new() else { throw ServerError("cannot create an event base") }
         let wakeFD = shim_eventfd()
         guard wakeFD >= 0 else {
@@ -109,6 +113,8 @@ final class EventLoop: @unchecked Sendable {
         self.context = context
         self.base = base
         self.listenFD = listenFD
+        self.tlsListenFD = tlsListenFD
+        self.table = ConnectionTable(holdsTLS: tlsListenFD >= 0)
         self.wakeFD = wakeFD
         self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
@@ -140,10 +146,20 @@ final class EventLoop: @unchecked Sendable {
     func run() {
         shim_set_current_loop(unmanagedSelf)
         let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
-        listenEvent = vs_event_new(base, listenFD, persistRead, { _, _, arg in
-            let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
-            loop.owned { loop.acceptConnections() }
-        }, unmanagedSelf)
+        if listenFD >= 0 {
+            listenEvent = vs_event_new(base, listenFD, persistRead, { _, _, arg in
+                let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
+                loop.owned { loop.acceptConnections(tls: false) }
+            }, unmanagedSelf)
+            vs_event_add(listenEvent, -1)
+        }
+        if tlsListenFD >= 0 {
+            tlsListenEvent = vs_event_new(base, tlsListenFD, persistRead, { _, _, arg in
+                let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
+                loop.owned { loop.acceptConnections(tls: true) }
+            }, unmanagedSelf)
+            vs_event_add(tlsListenEvent, -1)
+        }
         wakeEvent = vs_event_new(base, wakeFD, persistRead, { _, _, arg in
             let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
             loop.owned { loop.runInbox() }
@@ -152,7 +168,6 @@ final class EventLoop: @unchecked Sendable {
             let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
             loop.owned { loop.tick() }
         }, unmanagedSelf)
-        vs_event_add(listenEvent, -1)
         vs_event_add(wakeEvent, -1)
         vs_event_add(tickEvent, max(1, context.configuration.tickInterval.microseconds))
 
@@ -280,14 +295,12 @@ final class EventLoop: @unchecked Sendable {
     }
 
     func stopListening() {
-        if let listenEvent {
-            vs_event_free(listenEvent)
-            self.listenEvent = nil
-        }
-        if listenFD >= 0 {
-            close(listenFD)
-            listenFD = -1
-        }
+        for event in [listenEvent, tlsListenEvent] { if let event { vs_event_free(event) } }
+        listenEvent = nil
+        tlsListenEvent = nil
+        for fd in [listenFD, tlsListenFD] where fd >= 0 { close(fd) }
+        listenFD = -1
+        tlsListenFD = -1
     }
 
     func refreshTime() {

@@ -2,6 +2,7 @@ import SignalingCrypto
 import SignalingProtocol
 import SignalingPush
 import SignalingSupport
+import SignalingTLS
 import Synchronization
 
 /// What every event loop of one server shares. Immutable, or internally synchronised.
@@ -18,14 +19,17 @@ final class ServerContext: Sendable {
     let refusalLog = LogThrottle()
     /// Paces the warn lines of connections refused for a bad PROXY header.
     let proxyHeaderLog = LogThrottle()
+    /// Paces the `tls_handshake_failed` lines (scanners and old clients make many).
+    let tlsHandshakeLog = LogThrottle()
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
 
     init(
         configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool,
-        pushGateway: (any WakeUpSubmitter)?, tokenVerifier: TokenVerifier?
+        pushGateway: (any WakeUpSubmitter)?, tokenVerifier: TokenVerifier?, tlsContext: TLSServerContext? = nil
     ) {
         self.configuration = configuration
+        self.tlsContextHolder = Mutex(tlsContext)
         self.pushGateway = pushGateway
         self.tokenVerifierHolder = Mutex(tokenVerifier)
         self.clock = clock
@@ -46,6 +50,17 @@ final class ServerContext: Sendable {
         set { tokenVerifierHolder.withLock { $0 = newValue } }
     }
     private let tokenVerifierHolder: Mutex<TokenVerifier?>
+
+    /// What new TLS connections are made from: certificate, key, minimum version, ticket
+    /// key (nil: no TLS listener). A reload (SIGHUP) builds a new one off the loops and
+    /// swaps it in; each TLS accept reads it once, under a lock held only for the copy of
+    /// a reference. Connections made from an older one keep it alive (OpenSSL counts its
+    /// references), so a reload drops nobody.
+    var tlsContext: TLSServerContext? {
+        get { tlsContextHolder.withLock { $0 } }
+        set { tlsContextHolder.withLock { $0 = newValue } }
+    }
+    private let tlsContextHolder: Mutex<TLSServerContext?>
 
     /// The push gateway, when one is configured.
     let pushGateway: (any WakeUpSubmitter)?

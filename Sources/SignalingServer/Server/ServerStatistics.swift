@@ -49,6 +49,16 @@ public struct ServerStatistics: Sendable, Equatable {
     public var bodiesRestored = 0
     public var sessionsExpired = 0
     public var eventsExpired = 0
+    /// Of `openConnections`, `establishedConnections` and `acceptedConnections`: those on
+    /// the TLS listener.
+    public var openTLSConnections = 0
+    public var establishedTLSConnections = 0
+    public var acceptedTLSConnections = 0
+    /// TLS handshakes completed in full, resumed from a session ticket, and failed
+    /// (timeouts included; by reason in `/metrics`).
+    public var tlsHandshakesFull = 0
+    public var tlsHandshakesResumed = 0
+    public var tlsHandshakesFailed = 0
 }
 
 /// The loops' counters: relaxed atomics, written by loop threads, read by anyone.
@@ -68,6 +78,12 @@ final class StatisticsCounters: Sendable {
     let eventsWritten = Atomic<Int>(0)
     let crossLoopWrites = Atomic<Int>(0)
     let requestsHandled = Atomic<Int>(0)
+    let openTLSConnections = Atomic<Int>(0)
+    let establishedTLSConnections = Atomic<Int>(0)
+    let acceptedTLSConnections = Atomic<Int>(0)
+    let tlsHandshakesFull = Atomic<Int>(0)
+    let tlsHandshakesResumed = Atomic<Int>(0)
+    let tlsHandshakesFailed = Atomic<Int>(0)
 
     func snapshot(_ routing: SwitchboardCounters, eventBytes: Int) -> ServerStatistics {
         ServerStatistics(
@@ -98,7 +114,13 @@ final class StatisticsCounters: Sendable {
             bodiesEvicted: routing.bodiesEvicted,
             bodiesRestored: routing.bodiesRestored,
             sessionsExpired: routing.sessionsExpired,
-            eventsExpired: routing.eventsExpired)
+            eventsExpired: routing.eventsExpired,
+            openTLSConnections: openTLSConnections.load(ordering: .relaxed),
+            establishedTLSConnections: establishedTLSConnections.load(ordering: .relaxed),
+            acceptedTLSConnections: acceptedTLSConnections.load(ordering: .relaxed),
+            tlsHandshakesFull: tlsHandshakesFull.load(ordering: .relaxed),
+            tlsHandshakesResumed: tlsHandshakesResumed.load(ordering: .relaxed),
+            tlsHandshakesFailed: tlsHandshakesFailed.load(ordering: .relaxed))
     }
 }
 

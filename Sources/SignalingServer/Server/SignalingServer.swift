@@ -4,6 +4,7 @@ import SignalingProtocol
 import SignalingPush
 import SignalingStore
 import SignalingSupport
+import SignalingTLS
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -31,11 +32,15 @@ public final class SignalingServer: Sendable {
     private let state = Mutex<RunState>(RunState())
     /// Set by `beginShutdown`: `/readyz` then answers 503.
     private let draining = Atomic<Bool>(false)
+    /// The session-ticket key drawn at start, for a TLS listener whose key lives nowhere
+    /// else (`TicketKeySource.perProcess`): every reload reuses it, so tickets survive.
+    private let drawnTicketKey: [UInt8]
 
     private struct RunState: ~Copyable {
         var loops: [EventLoop] = []
         var threads: [JoinableThread] = []
         var port: UInt16 = 0
+        var tlsPort: UInt16?
         /// Held from start until the loops have stopped (see `cpuLatencyLimit`).
         var cpuLatencyRequest: CPULatencyRequest?
         /// The admin HTTP API, when configured (stopped after the loops).
@@ -65,9 +70,16 @@ public final class SignalingServer: Sendable {
             }
         }
         self.pushGateway = pushGateway
+        var tlsContext: TLSServerContext?
+        do {
+            drawnTicketKey = try SecureRandom.bytes(TLSServerContext.ticketKeyLength)
+        } catch {
+            throw ServerError("cannot draw a session-ticket key: \(error)")
+        }
+        if let tls = configuration.tls { tlsContext = try Self.makeTLSContext(tls, drawnTicketKey: drawnTicketKey) }
         let context = ServerContext(
             configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway,
-            tokenVerifier: try Authentication.verifier(for: configuration))
+            tokenVerifier: try Authentication.verifier(for: configuration), tlsContext: tlsContext)
         self.context = context
         context.switchboard.withState(wall: clock.wallMilliseconds()) { $0.pushAvailable = pushGateway != nil }
         guard let store else {
@@ -117,26 +129,46 @@ public final class SignalingServer: Sendable {
             }
         }
         var loops: [EventLoop] = []
-        var port = configuration.port
+        var port = configuration.plainListener ? configuration.port : 0
+        var tlsPort = configuration.tls?.port ?? 0
         var errorText = [CChar](repeating: 0, count: 256)
         func lastError() -> String {
             String(decoding: errorText.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
         }
-        if port != 0 && shim_port_is_free(configuration.host, port, &errorText, errorText.count) == 0 {
-            throw ServerError(lastError() + " (is another voipserver running?)")
+        for (host, fixedPort) in listenerAddresses(configuration) where fixedPort != 0 {
+            if shim_port_is_free(host, fixedPort, &errorText, errorText.count) == 0 {
+                throw ServerError(lastError() + " (is another voipserver running?)")
+            }
         }
-        for index in 0..<configuration.workers {
-            // The first socket may pick the port (port 0); the others join it.
-            let fd = shim_listen_tcp(configuration.host, port, 1, Int32(configuration.listenBacklog), &errorText, errorText.count)
+        /// One listening socket; the first of each listener may pick the port (port 0),
+        /// the other loops' sockets join it (SO_REUSEPORT).
+        func listenSocket(_ host: String, _ port: UInt16) throws(ServerError) -> Int32 {
+            let fd = shim_listen_tcp(host, port, 1, Int32(configuration.listenBacklog), &errorText, errorText.count)
             guard fd >= 0 else {
                 for loop in loops { loop.stopListening() }
                 throw ServerError(lastError())
             }
-            if index == 0 { port = UInt16(shim_local_port(fd)) }
+            return fd
+        }
+        for index in 0..<configuration.workers {
+            let fd = configuration.plainListener ? try listenSocket(configuration.host, port) : -1
+            var tlsFD: Int32 = -1
+            if let tls = configuration.tls {
+                do {
+                    tlsFD = try listenSocket(tls.host, tlsPort)
+                } catch {
+                    if fd >= 0 { close(fd) }
+                    throw error
+                }
+            }
+            if index == 0 {
+                if fd >= 0 { port = UInt16(shim_local_port(fd)) }
+                if tlsFD >= 0 { tlsPort = UInt16(shim_local_port(tlsFD)) }
+            }
             do {
-                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd))
+                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd, tlsListenFD: tlsFD))
             } catch {
-                close(fd)
+                for descriptor in [fd, tlsFD] where descriptor >= 0 { close(descriptor) }
                 for loop in loops { loop.stopListening() }
                 throw error
             }
@@ -154,6 +186,7 @@ public final class SignalingServer: Sendable {
             $0.loops = loops
             $0.threads = threads
             $0.port = port
+            $0.tlsPort = configuration.tls == nil ? nil : tlsPort
             $0.started = true
         }
         // Loop i on the i-th CPU of the list (wrapping): a polling loop keeps its core
@@ -176,18 +209,57 @@ public final class SignalingServer: Sendable {
         }
         if !configuration.requiresAuthentication {
             context.logger.warning("auth_disabled", [
-                "detail": ServerConfiguration.isLoopback(configuration.host)
+                "detail": listenerAddresses(configuration).allSatisfy { ServerConfiguration.isLoopback($0.host) }
                     ? "no --auth-key-file: any device may claim any user id, so only this host may connect (loopback only)"
                     : "no --auth-key-file and --allow-anonymous: any device on the network may claim any user id",
             ])
         }
+        let tls = configuration.tls
         context.logger.info("listening", [
-            "addr": "\(configuration.host):\(port)", "version": ProductVersion.current, "workers": configuration.workers,
+            "addr": configuration.plainListener ? "\(configuration.host):\(port)" : "off",
+            "tls_addr": tls.map { "\($0.host):\(tlsPort)" } ?? "off", "version": ProductVersion.current,
+            "workers": configuration.workers,
             "backlog": configuration.listenBacklog,
             "keepalive": configuration.keepAlive.defaultInterval,
             "auth": Self.authenticationSummary(configuration), "proxy_protocol": configuration.proxyProtocol ? "v2" : "off",
+            "tls_proxy_protocol": tls?.proxyProtocol == true ? "v2" : "off",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
             "loop_cpus": placement.isEmpty ? "any" : placement.map(String.init).joined(separator: ","),
+        ])
+        if let tls, let tlsContext = context.tlsContext { logTLSCertificate(tls, tlsContext) }
+    }
+
+    /// The addresses of the listeners configured (plain, then TLS), ports as configured.
+    private func listenerAddresses(_ configuration: ServerConfiguration) -> [(host: String, port: UInt16)] {
+        (configuration.plainListener ? [(configuration.host, configuration.port)] : [])
+            + (configuration.tls.map { [($0.host, $0.port)] } ?? [])
+    }
+
+    /// Loads the TLS listener's certificate, key and ticket key into a new context (at start
+    /// and on each reload, off the loops).
+    private static func makeTLSContext(_ tls: TLSListenerConfiguration, drawnTicketKey: [UInt8]) throws(ServerError) -> TLSServerContext {
+        let ticketKey = try tls.ticketKey.load(drawn: drawnTicketKey)
+        do {
+            return try TLSServerContext(
+                certificateChainFile: tls.certificateChainFile, privateKeyFile: tls.privateKeyFile,
+                minimumVersion: tls.minimumVersion, ticketKey: ticketKey)
+        } catch {
+            throw ServerError("TLS: \(error.message)")
+        }
+    }
+
+    /// The `tls_certificate` line: which certificate new TLS connections get (at start and
+    /// after each reload), and when it expires.
+    private func logTLSCertificate(_ tls: TLSListenerConfiguration, _ tlsContext: TLSServerContext) {
+        let ticketKey: String
+        switch tls.ticketKey {
+        case .file(let path), .dataDirectory(let path): ticketKey = path
+        case .perProcess: ticketKey = "per-process"
+        }
+        context.logger.info("tls_certificate", [
+            "cert": tls.certificateChainFile,
+            "not_after": tlsContext.certificateNotAfter.map { Logger.timestamp(UInt64(max(0, $0)) * 1000) } ?? "unknown",
+            "min_version": tls.minimumVersion.rawValue, "ticket_key": ticketKey,
         ])
     }
 
@@ -212,6 +284,7 @@ public final class SignalingServer: Sendable {
     /// fixed at start.
     public static let reloadableSettings = [
         "log-level", "auth-key-file", "auth-secret", "max-pending", "max-connections-per-ip", "handshake-rate",
+        "tls-cert", "tls-key", "tls-min-version", "tls-ticket-key-file",
     ]
 
     /// The `auth` field of the `listening` line: `tokens(k1,k2)`, `legacy`, both, or `off`.
@@ -273,6 +346,28 @@ public final class SignalingServer: Sendable {
                 if new.maxConnectionsPerAddress != current.maxConnectionsPerAddress { result.applied.append("max-connections-per-ip") }
                 if new.handshakeRate != current.handshakeRate { result.applied.append("handshake-rate") }
             }
+            if let running = current.tls, let wanted = new.tls {
+                // The files are read again whatever their names: a renewed certificate
+                // usually replaces the old one in place. New connections get the new
+                // context; open ones keep theirs.
+                do {
+                    let fresh = try Self.makeTLSContext(wanted, drawnTicketKey: drawnTicketKey)
+                    context.tlsContext = fresh
+                    result.applied += ["tls-cert", "tls-key"]
+                    if wanted.minimumVersion != running.minimumVersion { result.applied.append("tls-min-version") }
+                    if wanted.ticketKey != running.ticketKey { result.applied.append("tls-ticket-key-file") }
+                    current.tls?.certificateChainFile = wanted.certificateChainFile
+                    current.tls?.privateKeyFile = wanted.privateKeyFile
+                    current.tls?.minimumVersion = wanted.minimumVersion
+                    current.tls?.ticketKey = wanted.ticketKey
+                    logTLSCertificate(wanted, fresh)
+                } catch {
+                    context.logger.error("reload_refused", [
+                        "keys": "tls-cert,tls-key,tls-min-version,tls-ticket-key-file",
+                        "detail": "\(error); new TLS connections keep getting the running certificate",
+                    ])
+                }
+            }
             current.logLevel = new.logLevel
             if authApplied {
                 current.authKeys = new.authKeys
@@ -305,7 +400,9 @@ public final class SignalingServer: Sendable {
 
     /// Every other setting, as text to compare: what a reload reports but cannot change.
     private static let restartOnlySettings: [(name: String, value: @Sendable (ServerConfiguration) -> String)] = [
-        ("listen", { "\($0.host):\($0.port)" }), ("listen-backlog", { "\($0.listenBacklog)" }),
+        ("listen", { $0.plainListener ? "\($0.host):\($0.port)" : "off" }), ("listen-backlog", { "\($0.listenBacklog)" }),
+        ("tls-listen", { $0.tls.map { "\($0.host):\($0.port)" } ?? "off" }),
+        ("tls-proxy-protocol", { "\($0.tls?.proxyProtocol ?? false)" }),
         ("workers", { "\($0.workers)" }), ("keepalive", { "\($0.keepAlive.defaultInterval)" }),
         ("max-keepalive", { "\($0.keepAlive.maximumInterval)" }), ("ring-timeout", { "\($0.ringTimeout)" }),
         ("call-grace", { "\($0.callGrace)" }), ("max-frame", { "\($0.maxFrameLength)" }),
@@ -342,8 +439,20 @@ public final class SignalingServer: Sendable {
         }
     }
 
-    /// The port the server listens on (useful with port 0).
+    /// The port the plain listener listens on (useful with port 0); 0 when it is off.
     public var port: UInt16 { state.withLock { $0.port } }
+
+    /// Where devices connect, for a status line: `127.0.0.1:7443`, `0.0.0.0:8443 (TLS)`, or both.
+    public var listeningDescription: String {
+        let configuration = self.configuration
+        let (port, tlsPort) = state.withLock { ($0.port, $0.tlsPort) }
+        let plain = configuration.plainListener ? ["\(configuration.host):\(port)"] : []
+        let tls = zip(configuration.tls.map { [$0.host] } ?? [], tlsPort.map { [$0] } ?? []).map { "\($0):\($1) (TLS)" }
+        return (plain + tls).joined(separator: " and ")
+    }
+
+    /// The port the TLS listener listens on (nil: no TLS listener).
+    public var tlsPort: UInt16? { state.withLock { $0.tlsPort } }
 
     /// The port the admin API listens on (nil: no admin API).
     public var adminPort: UInt16? { state.withLock { $0.admin?.port } }

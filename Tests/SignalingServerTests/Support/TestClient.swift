@@ -7,9 +7,12 @@ import Glibc
 
 /// A deliberately simple, blocking protocol client for server tests: it speaks raw frames
 /// (or raw bytes), so tests can do things a well-behaved client never would. Every wait
-/// has a deadline.
+/// has a deadline. Made with `tls:`, it completes a TLS handshake first and then carries
+/// the same frames through it (`TLSTestChannel`).
 final class TestClient {
     let fd: Int32
+    /// The TLS connection the frames go through (nil: plain TCP).
+    private(set) var tls: TLSTestChannel?
     private var buffer: [UInt8] = []
     /// Frames read while waiting for something else; `next` returns them first.
     private var skipped: [Frame] = []
@@ -26,7 +29,12 @@ final class TestClient {
     /// `receiveWindow` shrinks the socket's receive buffer (and the segment size with it,
     /// so that TCP keeps flowing through the small window instead of crawling): the
     /// server's writes to this client then stop part-way as soon as it stops reading.
-    init(port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil) throws {
+    /// With `tls`, the TLS handshake follows the connect, after `proxyHeader` if one is
+    /// given (as a load balancer sends it, in clear).
+    init(
+        port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil,
+        proxyHeader: [UInt8]? = nil, tls: TestTLS? = nil
+    ) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(errno)") }
         if var window = receiveWindow {
@@ -55,14 +63,29 @@ final class TestClient {
             close(fd)
             throw Failure("connect: \(String(cString: strerror(code)))")
         }
+        do {
+            if let proxyHeader { try sendRaw(proxyHeader) }
+            self.tls = try tls.map { try TLSTestChannel(fd: fd, $0) }
+        } catch {
+            close(fd)
+            throw error
+        }
     }
 
-    deinit { close(fd) }
+    deinit {
+        if let tls { _ = tls.connection.shutdown() }
+        close(fd)
+    }
+
+    /// Writes some of `bytes` now (through TLS, if any): the count, or -1 with errno.
+    private func transmit(_ bytes: ArraySlice<UInt8>) -> Int {
+        bytes.withUnsafeBytes { tls?.send($0) ?? shim_send(fd, $0.baseAddress, $0.count) }
+    }
 
     func sendRaw(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes { shim_send(fd, $0.baseAddress, $0.count) }
+            let written = transmit(bytes[offset...])
             if written < 0 {
                 if errno == EAGAIN || errno == EINTR { _ = waitFor(Int16(POLLOUT), milliseconds: 1000); continue }
                 throw Failure("send: \(String(cString: strerror(errno)))")
@@ -82,7 +105,7 @@ final class TestClient {
         var total = 0
         var offset = 0
         while SystemClock().now() < deadline {
-            let written = bytes[offset...].withUnsafeBytes { shim_send(fd, $0.baseAddress, $0.count) }
+            let written = transmit(bytes[offset...])
             if written < 0 {
                 guard errno == EAGAIN || errno == EINTR else { throw Failure("send: \(String(cString: strerror(errno)))") }
                 if !waitFor(Int16(POLLOUT), milliseconds: Int32(quiet.milliseconds)) { return total }
@@ -95,6 +118,7 @@ final class TestClient {
     }
 
     private func waitFor(_ events: Int16, milliseconds: Int32) -> Bool {
+        if events == Int16(POLLIN), tls?.hasPendingBytes == true { return true }
         var descriptor = pollfd(fd: fd, events: events, revents: 0)
         return poll(&descriptor, 1, milliseconds) > 0
     }
@@ -115,9 +139,8 @@ final class TestClient {
             }
             let remaining = deadline - SystemClock().now()
             guard remaining > .zero else { throw Failure("timed out waiting for a frame") }
-            guard waitFor(Int16(POLLIN), milliseconds: Int32(max(1, remaining.milliseconds))) else { continue }
             var chunk = [UInt8](repeating: 0, count: 65536)
-            let count = recv(fd, &chunk, chunk.count, 0)
+            let count = receive(into: &chunk, milliseconds: max(1, remaining.milliseconds))
             if count == 0 {
                 guard buffer.isEmpty else { throw Failure("connection closed mid-frame") }
                 return nil
@@ -129,6 +152,17 @@ final class TestClient {
             }
             buffer += chunk[..<count]
         }
+    }
+
+    /// Up to `chunk.count` bytes within `milliseconds` (through TLS, if any): the count, 0
+    /// at the end of the stream, or -1 with errno (EAGAIN: nothing arrived).
+    private func receive(into chunk: inout [UInt8], milliseconds: Int64) -> Int {
+        if let tls { return chunk.withUnsafeMutableBytes { tls.receive(into: $0, milliseconds: milliseconds) } }
+        guard waitFor(Int16(POLLIN), milliseconds: Int32(clamping: milliseconds)) else {
+            errno = EAGAIN
+            return -1
+        }
+        return recv(fd, &chunk, chunk.count, 0)
     }
 
     /// Returns the first frame that matches, earlier skipped ones included; frames that do
@@ -213,6 +247,7 @@ final class TestClient {
 
     /// True while the server has not closed the connection (nothing pending, no EOF).
     var isOpenAndQuiet: Bool {
+        if tls?.hasPendingBytes == true { return false }
         var byte: UInt8 = 0
         let count = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
         return count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)

@@ -2,6 +2,7 @@ import SignalingProtocol
 import SignalingStore
 import SignalingServer
 import SignalingSupport
+import TestSupport
 
 /// A real server on an ephemeral loopback port, driven by a manual clock, with a fast
 /// tick so that clock changes are noticed within milliseconds.
@@ -49,6 +50,21 @@ final class TestServer {
 
     func client(sourceAddress: String? = nil) throws -> TestClient {
         try TestClient(port: port, sourceAddress: sourceAddress)
+    }
+
+    /// The TLS listener's port (configured with `tls(_:)`).
+    var tlsPort: UInt16 { server.tlsPort ?? 0 }
+
+    /// A client that completes a TLS handshake with the TLS listener, trusting `certificates`' CA.
+    func tlsClient(_ certificates: TestCertificates, receiveWindow: Int32? = nil) throws -> TestClient {
+        try TestClient(port: tlsPort, receiveWindow: receiveWindow, tls: TestTLS(caFile: certificates.caFile))
+    }
+
+    /// Sets up a TLS listener on a free loopback port serving `certificates`' server certificate.
+    static func tls(_ certificates: TestCertificates, _ configuration: inout ServerConfiguration) {
+        configuration.tls = TLSListenerConfiguration(
+            host: "127.0.0.1", port: 0, certificateChainFile: certificates.serverChainFile,
+            privateKeyFile: certificates.serverKeyFile)
     }
 
     /// A connected, handshaken client.
