@@ -115,7 +115,7 @@ extension ClientCore {
                     keepAliveInterval: .seconds(Int64(welcome.keepAliveSeconds)),
                     idleTimeout: .seconds(Int64(welcome.idleTimeoutSeconds)), serverTime: welcome.serverTime,
                     maxFrameLength: Int(welcome.maxFrameLength), localAddress: handshaken.localAddress,
-                    remoteAddress: handshaken.remoteAddress, markingFailures: failures)
+                    remoteAddress: handshaken.remoteAddress, markingFailures: failures, tls: handshaken.stream.tlsDetails)
                 queue.async { [self] in
                     adopt(connection, info: info, handshaken: handshaken, attempt: attempt)
                 }
@@ -156,7 +156,8 @@ extension ClientCore {
         lifecycle = .connected(connection, info)
         keepAlive.connected(serverInterval: handshaken.welcome.keepAliveSeconds, now: now)
         logger.info("connected", ["local": info.localAddress, "remote": info.remoteAddress,
-                                  "session": info.sessionID, "resumed": info.resumed])
+                                  "session": info.sessionID, "resumed": info.resumed,
+                                  "tls": info.tls.map { "\($0.version.rawValue)\($0.resumed ? " resumed" : "")" } ?? "off"])
         emit(.connectionStateChanged(.connected(info)))
         let id = connection.id
         connection.start(leftover: handshaken.leftover) { [weak self] input in

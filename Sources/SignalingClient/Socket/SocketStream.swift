@@ -111,6 +111,12 @@ final class SocketStream: @unchecked Sendable {
         socket.close()
     }
 
+    /// What the handshake negotiated; nil for plain TCP.
+    var tlsDetails: TLSSessionDetails? {
+        guard let tls, let version = tls.version else { return nil }
+        return TLSSessionDetails(version: version, alpn: tls.alpn, resumed: tls.resumedSession)
+    }
+
     /// The session the server's ticket established (TLS 1.3 sends it after the handshake,
     /// so it is there once the first bytes were read); nil for plain TCP or before a ticket.
     func resumableTLSSession() -> TLSSession? { tls?.resumableSession() }
