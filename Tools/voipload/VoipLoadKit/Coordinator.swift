@@ -27,7 +27,7 @@ public final class Coordinator {
             if endpoint.port == 0, let port = SocketCalls.freeLoopbackPort() { endpoint.port = port }
             server = ServerUnderTest(
                 endpoint: endpoint, binary: binary, authSecret: configuration.authSecret, authKeyFile: configuration.authKeyFile,
-                extraArguments: configuration.serverArguments, logPath: configuration.serverLog)
+                tls: configuration.tls != nil, extraArguments: configuration.serverArguments, logPath: configuration.serverLog)
         } else {
             server = ServerUnderTest(endpoint: configuration.serverEndpoint, pid: configuration.serverPID)
         }

@@ -109,7 +109,7 @@ public struct LoadConfiguration: Sendable, Equatable {
             OptionSpec("storm", value: "none|drop|restart", default: "none", help: "Reconnect storm to measure at the end."),
             OptionSpec("storm-deadline", value: "SECONDS", default: "120", help: "How long a storm may take before devices count as failed."),
             OptionSpec("server-pid", value: "PID", help: "Pid of the server, for its memory and CPU time from /proc."),
-            OptionSpec("server-bin", value: "PATH", help: "Start this voipserver (arguments after -- are passed on); needed for --storm restart."),
+            OptionSpec("server-bin", value: "PATH", help: "Start this voipserver (arguments after -- are passed on); needed for --storm restart. With --tls it listens with --tls-listen on --server: pass --tls-cert and --tls-key after --."),
             OptionSpec("server-log", value: "PATH", help: "Append the started server's output here (default: this tool's stderr)."),
             OptionSpec("json", help: "Print one JSON object on stdout (the summary goes to stderr)."),
             OptionSpec("quiet", help: "No progress line."),
