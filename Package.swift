@@ -49,8 +49,9 @@ let package = Package(
         // HMAC-SHA256, constant-time comparison, random bytes; device tokens and their keys.
         .target(name: "SignalingCrypto", dependencies: ["COpenSSLShims"]),
         // TLS on non-blocking sockets (OpenSSL's libssl): contexts and connections driven by
-        // the caller's readiness events, for the server's loops and the clients alike.
-        .target(name: "SignalingTLS", dependencies: ["COpenSSLShims"]),
+        // the caller's readiness events, for the server's loops and the clients alike; the
+        // client tools' shared TLS options (hence SignalingSupport, for the option parser).
+        .target(name: "SignalingTLS", dependencies: ["COpenSSLShims", "SignalingSupport"]),
 
         // ---- Store ------------------------------------------------------------------------
         // What must survive a restart: the EventStore protocol and its record types.
@@ -87,7 +88,7 @@ let package = Package(
         ),
 
         // ---- Client library -----------------------------------------------------------------
-        .target(name: "SignalingClient", dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport"]),
+        .target(name: "SignalingClient", dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "SignalingTLS"]),
         // The small executable the client tests run inside network namespaces.
         .executableTarget(name: "signaling-client-probe", dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport"]),
 
@@ -95,13 +96,13 @@ let package = Package(
         // voipclient, the terminal for test calls and messages (docs/VOIPCLIENT.md). The
         // logic is a library built on SignalingClient's public API only; the executable
         // only parses and runs.
-        .target(name: "VoipClientKit", dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport", "SignalingCrypto"]),
+        .target(name: "VoipClientKit", dependencies: ["SignalingClient", "SignalingProtocol", "SignalingSupport", "SignalingCrypto", "SignalingTLS"]),
         .executableTarget(name: "voipclient", dependencies: ["VoipClientKit", "SignalingSupport"]),
         // voipload, the load tool: the engine (worker loop, coordinator, histograms, /proc
         // readers) is a library so its parts can be unit-tested.
         .target(
             name: "VoipLoadKit",
-            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "SignalingCrypto"],
+            dependencies: ["CLinuxShims", "SignalingProtocol", "SignalingSupport", "SignalingCrypto", "SignalingTLS"],
             path: "Tools/voipload/VoipLoadKit"
         ),
         .executableTarget(name: "voipload", dependencies: ["VoipLoadKit", "SignalingSupport"], path: "Tools/voipload/Command"),
@@ -183,16 +184,20 @@ let package = Package(
             name: "SignalingClientTests",
             dependencies: [
                 "SignalingClient", "SignalingProtocol", "SignalingSupport", "CLinuxShims", "SignalingServer", "TestSupport",
-                "SignalingCrypto", "SignalingPush",
+                "SignalingCrypto", "SignalingPush", "SignalingTLS",
             ]
         ),
         .testTarget(
             name: "VoipClientTests",
-            dependencies: ["VoipClientKit", "SignalingClient", "SignalingProtocol", "SignalingSupport", "TestSupport", "SignalingCrypto"]
+            dependencies: [
+                "VoipClientKit", "SignalingClient", "SignalingProtocol", "SignalingSupport", "TestSupport", "SignalingCrypto", "SignalingTLS",
+            ]
         ),
         .testTarget(
             name: "VoipLoadTests",
-            dependencies: ["VoipLoadKit", "CLinuxShims", "SignalingProtocol", "SignalingSupport", "TestSupport", "SignalingCrypto"]
+            dependencies: [
+                "VoipLoadKit", "CLinuxShims", "SignalingProtocol", "SignalingSupport", "TestSupport", "SignalingCrypto", "SignalingTLS",
+            ]
         ),
     ]
 )

@@ -65,7 +65,7 @@ int voipload_enable_receive_timestamps(int fd) {
     return setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on);
 }
 
-long voipload_read_stamped(int fd, void *buffer, unsigned long length, uint64_t *kernel_realtime_ns) {
+static long receive_stamped(int fd, void *buffer, unsigned long length, int flags, uint64_t *kernel_realtime_ns) {
     // Room for one struct timespec control message (and one more, should another appear).
     union {
         char bytes[CMSG_SPACE(sizeof(struct timespec)) * 2];
@@ -78,7 +78,7 @@ long voipload_read_stamped(int fd, void *buffer, unsigned long length, uint64_t 
     message.msg_control = control.bytes;
     message.msg_controllen = sizeof control.bytes;
     *kernel_realtime_ns = 0;
-    long count = recvmsg(fd, &message, 0);
+    long count = recvmsg(fd, &message, flags);
     if (count <= 0) return count;
     for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header)) {
         if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_TIMESTAMPNS
@@ -89,6 +89,15 @@ long voipload_read_stamped(int fd, void *buffer, unsigned long length, uint64_t 
         }
     }
     return count;
+}
+
+long voipload_read_stamped(int fd, void *buffer, unsigned long length, uint64_t *kernel_realtime_ns) {
+    return receive_stamped(fd, buffer, length, 0, kernel_realtime_ns);
+}
+
+long voipload_peek_stamp(int fd, uint64_t *kernel_realtime_ns) {
+    unsigned char byte;
+    return receive_stamped(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT, kernel_realtime_ns);
 }
 
 uint64_t voipload_realtime_ns(void) {

@@ -372,12 +372,14 @@ int vs_tls_peer_public_key_sha256(const vs_tls *tls, uint8_t *out) {
 }
 
 vs_tls_session *vs_tls_copy_session(const vs_tls *tls) {
-    SSL_SESSION *session = SSL_get1_session(tls->ssl);
-    if (session != NULL && !SSL_SESSION_is_resumable(session)) {
-        SSL_SESSION_free(session);
-        return NULL;
-    }
-    return (vs_tls_session *)session;
+    SSL_SESSION *session = SSL_get0_session(tls->ssl);
+    if (session == NULL || !SSL_SESSION_is_resumable(session)) return NULL;
+    // A copy, not another reference to the connection's session: SSL_free of a connection
+    // that ended without close_notify marks its session not resumable (a TLS 1.2 rule
+    // against truncation), and a phone's connection usually ends that way (the network
+    // went). TLS 1.3 dropped the rule (RFC 8446, 6.1), and our frames are self-delimiting,
+    // so a truncation cannot pass for a whole frame: the copy stays resumable.
+    return (vs_tls_session *)SSL_SESSION_dup(session);
 }
 
 int vs_tls_offer_session(vs_tls *tls, vs_tls_session *session) { return SSL_set_session(tls->ssl, (SSL_SESSION *)session); }

@@ -93,8 +93,9 @@ public struct TLSConnection {
         return ok == 1 ? digest : nil
     }
 
-    /// The session to offer next time (client side), once the server sent its ticket (in
-    /// TLS 1.3 that comes after the handshake, with the first bytes read).
+    /// A copy of the session to offer next time (client side), once the server sent its
+    /// ticket (in TLS 1.3 that comes after the handshake, with the first bytes read). The
+    /// copy stays resumable however this connection ends (reset, no close_notify).
     public func resumableSession() -> TLSSession? {
         vs_tls_copy_session(raw).map(TLSSession.init(raw:))
     }

@@ -2,6 +2,7 @@ import SignalingCrypto
 import Foundation
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 import TestSupport
 import Testing
 @testable import VoipClientKit
@@ -54,6 +55,23 @@ struct OptionsTests {
                 "after '--' everything is an operand")
         guard case .send(_, let fromInput) = try command(base + ["send", "bob", "-", "--message-id", "m-1"]) else { return }
         #expect(fromInput.body == .standardInput && fromInput.messageID == "m-1")
+    }
+
+    @Test("TLS options: --tls alone trusts the system store; --ca-file, --server-name and --pin imply TLS; pins repeat; a bad pin is a usage error")
+    func tlsOptions() throws {
+        guard case .interactive(let plain) = try command(base) else { Issue.record("not interactive"); return }
+        #expect(plain.tls == nil)
+        guard case .interactive(let system) = try command(base + ["--tls"]) else { Issue.record("not interactive"); return }
+        #expect(system.tls == TLSClientConfiguration())
+        let first = String(repeating: "ab", count: 32), second = String(repeating: "0F", count: 32)
+        guard case .listen(let common, _) = try command(
+            base + ["listen", "--ca-file", "/etc/ca.pem", "--server-name", "signal.example.net", "--pin", first, "--pin", second])
+        else { Issue.record("not listen"); return }
+        #expect(common.tls == TLSClientConfiguration(
+            caFile: "/etc/ca.pem", serverName: "signal.example.net", pins: [PublicKeyPin(hex: first)!, PublicKeyPin(hex: second)!]))
+        #expect(mistake(base + ["--pin", "abc"])?.contains("64 hex digits") == true)
+        #expect(mistake(base + ["--pin", String(repeating: "zz", count: 32)])?.contains("--pin") == true)
+        #expect(mistake(base + ["--server-name", ""]) != nil)
     }
 
     @Test("server addresses: host, port, IPv6 in brackets, default port")

@@ -298,6 +298,29 @@ struct VoipClientExecutableTests {
         #expect(refused.stderr.contains("tokenExpired"), "\(refused.stderr)")
     }
 
+    @Test("over TLS (--tls --ca-file) a listener gets a message; an untrusted CA or a wrong --pin exits 5 with one line naming the certificate problem")
+    func overTLS() throws {
+        let certificates = try TestCertificates()
+        let server = try startServer(["--tls-listen", "127.0.0.1:0", "--tls-cert", certificates.serverChainFile, "--tls-key", certificates.serverKeyFile])
+        let port = try #require(server.tlsPort)
+        let tls = ["--server", "localhost:\(port)", "--tls", "--ca-file", certificates.caFile]
+        let bob = try VoipClientProcess(tls + ["--user", "bob", "listen", "--count", "1", "--json"])
+        #expect(bob.waitForOutput(#""event":"listening""#), "\(bob.stderr)")
+        let alice = try run(tls + ["--user", "alice", "send", "bob", "hello over TLS", "--wait-delivered"])
+        #expect(alice.exitCode == 0, "\(alice.stderr)")
+        #expect(bob.exitCode() == 0, "\(bob.stderr)")
+        #expect(bob.stdout.contains("hello over TLS"))
+
+        let stranger = try TestCertificates()
+        let untrusted = try run(["--server", "127.0.0.1:\(port)", "--ca-file", stranger.caFile, "--user", "carol", "send", "bob", "x"])
+        #expect(untrusted.exitCode == 5)
+        #expect(untrusted.stderr.contains("certificate was rejected") && untrusted.stderr.contains("unable to get local issuer"), "\(untrusted.stderr)")
+        #expect(untrusted.stderr.split(separator: "\n").count == 1, "one line: \(untrusted.stderr)")
+        let pinned = try run(tls + ["--pin", String(repeating: "ab", count: 32), "--user", "carol", "send", "bob", "x"])
+        #expect(pinned.exitCode == 5)
+        #expect(pinned.stderr.contains("matches no --pin"), "\(pinned.stderr)")
+    }
+
     @Test("a second copy of the same device takes over: the first listener is told to stop and exits 5")
     func replaced() throws {
         let server = try startServer()

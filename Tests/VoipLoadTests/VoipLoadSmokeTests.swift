@@ -42,6 +42,33 @@ import Testing
         #expect(run.stderr.contains("result       PASS"), "the human summary goes to stderr with --json")
     }
 
+    @Test func holdsDevicesOverTLSAndResumesAfterADrop() throws {
+        let data = try TemporaryDirectory("voipload-tls")
+        let certificates = try TestCertificates()
+        let run = try ExecutableRun.run("voipload", [
+            "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0", "--tls", "--ca-file", certificates.caFile,
+            "--devices", "200", "--source-addresses", "4", "--events", "200", "--rate", "2000",
+            "--storm", "drop", "--settle", "0.2", "--loss-deadline", "10", "--json", "--quiet",
+            "--", "--tls-cert", certificates.serverChainFile, "--tls-key", certificates.serverKeyFile,
+            "--log-level", "warn", "--workers", "1", "--data-dir", data.path,
+        ], timeoutSeconds: 120)
+        #expect(run.exitCode == 0, "stderr: \(run.stderr)")
+        let report = try JSONDecoder().decode(LoadReport.self, from: Data(run.stdout.utf8))
+        #expect(report.passed, "\(report.problems)")
+        #expect(report.connections.connected == 200)
+        let push = try #require(report.push)
+        #expect(push.received == 200 && push.lost == 0)
+        // The arrival stamp is peeked before OpenSSL reads, so TLS is measured like plain TCP.
+        #expect(push.unstampedEvents == 0)
+        let tls = try #require(report.tls)
+        // Every idle device and each worker's two senders did one full handshake; the storm's
+        // reconnects offered their tickets and resumed.
+        #expect(tls.fullHandshakes == 200 + 2 * UInt64(report.setup.workers), "\(tls)")
+        let storm = try #require(report.storm)
+        #expect(storm.recovered && storm.tlsResumedHandshakes == 200 && storm.tlsFullHandshakes == 0, "\(storm)")
+        #expect(run.stderr.contains("full +") && run.stderr.contains("resumed handshakes"))
+    }
+
     /// Whether this process may use SCHED_FIFO (root, CAP_SYS_NICE or an RLIMIT_RTPRIO).
     static let realtimeAllowed: Bool = {
         guard voipload_set_realtime(1) == 0 else { return false }

@@ -50,6 +50,11 @@ int voipload_enable_receive_timestamps(int fd);
 /// `*kernel_realtime_ns`, else 0 is. For TCP it is the timestamp of the last segment
 /// the read took bytes from. Returns what read(2) would (count, 0 at end, -1 with errno).
 long voipload_read_stamped(int fd, void *buffer, unsigned long length, uint64_t *kernel_realtime_ns);
+/// The receive timestamp of the next unread byte, without consuming it (MSG_PEEK, never
+/// blocking): for reads that go through OpenSSL, which reads the socket itself. 0 in
+/// `*kernel_realtime_ns` when nothing is queued or no stamp is attached. Returns as
+/// voipload_read_stamped (1, 0 at end, -1 with errno).
+long voipload_peek_stamp(int fd, uint64_t *kernel_realtime_ns);
 /// CLOCK_REALTIME in nanoseconds: the clock of kernel receive timestamps.
 uint64_t voipload_realtime_ns(void);
 

@@ -94,7 +94,8 @@ int vs_tls_session_reused(const vs_tls *tls);
 /// (32 bytes). 1 on success, 0 with no peer certificate.
 int vs_tls_peer_public_key_sha256(const vs_tls *tls, uint8_t *out);
 
-/// The session to resume next time (client side), NULL when none; free it.
+/// A copy of the session to resume next time (client side), NULL when none; free it. The
+/// copy stays resumable however the connection ends.
 vs_tls_session *vs_tls_copy_session(const vs_tls *tls);
 /// Offers `session` for resumption on a client connection before its handshake. 1 on success.
 int vs_tls_offer_session(vs_tls *tls, vs_tls_session *session);

@@ -128,6 +128,18 @@ public struct SessionInfo: Sendable, Equatable {
     public var remoteAddress: SocketAddress
     /// Socket options the marking could not set (empty normally).
     public var markingFailures: [MarkingFailure]
+    /// The TLS in force; nil for plain TCP.
+    public var tls: TLSSessionDetails? = nil
+}
+
+/// What a connection's TLS handshake negotiated.
+public struct TLSSessionDetails: Sendable, Equatable {
+    public var version: TLSVersion
+    /// The ALPN protocol the server selected (`vsig/1`); nil when it selected none.
+    public var alpn: String?
+    /// True when the handshake resumed the previous connection's session from its ticket
+    /// (no certificate, no signature: the cheap reconnect).
+    public var resumed: Bool
 }
 
 /// A snapshot for status displays (`voipclient status`).

@@ -34,6 +34,17 @@ public enum ConnectError: Error, Equatable, Sendable, CustomStringConvertible {
     /// expired, or its key was retired) and `credentialsProvider` had none to give (or
     /// there is no provider). Retried with back-off: the provider is asked again.
     case credentialsUnavailable(Close)
+    /// TLS: the server's certificate failed verification; the text is OpenSSL's reason
+    /// ("unable to get local issuer certificate", "certificate has expired", "hostname
+    /// mismatch"...). Automatic retries wait `reconnect.certificateFailureDelay`.
+    case certificateRejected(String)
+    /// TLS: the certificate verified but its public key matches none of the pins;
+    /// `presented` is the key's SHA-256 in hex (empty: no certificate). Retried like
+    /// `certificateRejected`.
+    case pinMismatch(presented: String)
+    /// TLS: the handshake failed for another reason (no common version, ALPN refused, a
+    /// plain-TCP port, a reset); OpenSSL's words. Retried with the ordinary back-off.
+    case tlsHandshakeFailed(String)
 
     public var description: String {
         switch self {
@@ -49,6 +60,20 @@ public enum ConnectError: Error, Equatable, Sendable, CustomStringConvertible {
         case .invalidTimeout: return "the connect timeout must be positive and finite"
         case .clientShutDown: return "the client was shut down"
         case .credentialsUnavailable(let close): return "no fresh credentials after \(close.code) (\(close.code.rawValue)): \(close.message)"
+        case .certificateRejected(let reason): return "the server's TLS certificate was rejected: \(reason)"
+        case .pinMismatch(let presented):
+            return presented.isEmpty ? "the server presented no certificate to check the pins against"
+                : "the server's public key (SHA-256 \(presented)) matches none of the pins"
+        case .tlsHandshakeFailed(let reason): return "TLS handshake failed: \(reason)"
+        }
+    }
+
+    /// True when the server's certificate was not accepted (`certificateRejected`,
+    /// `pinMismatch`): retrying soon cannot help.
+    public var isCertificateFailure: Bool {
+        switch self {
+        case .certificateRejected, .pinMismatch: return true
+        default: return false
         }
     }
 

@@ -20,17 +20,19 @@ public final class SignalingClient: Sendable {
         eventQueue: DispatchQueue = .main, eventHandler: @escaping @Sendable (ClientEvent) -> Void
     ) throws(ClientConfigurationError) {
         try configuration.validate()
+        let tls = try configuration.tls.map { (tls) throws(ClientConfigurationError) in try TLSClientSetup(tls, host: configuration.host) }
         core = ClientCore(
             configuration: configuration, clock: clock, logger: logger, eventQueue: eventQueue,
-            eventHandler: eventHandler, networkMonitor: configuration.watchesNetwork ? makeSystemNetworkMonitor() : nil)
+            eventHandler: eventHandler, networkMonitor: configuration.watchesNetwork ? makeSystemNetworkMonitor() : nil, tls: tls)
     }
 
     /// For tests: a client whose network monitor is supplied by the caller.
     init(configuration: ClientConfiguration, clock: any Clock, logger: Logger, eventQueue: DispatchQueue,
          networkMonitor: (any NetworkMonitor)?, eventHandler: @escaping @Sendable (ClientEvent) -> Void) throws(ClientConfigurationError) {
         try configuration.validate()
+        let tls = try configuration.tls.map { (tls) throws(ClientConfigurationError) in try TLSClientSetup(tls, host: configuration.host) }
         core = ClientCore(configuration: configuration, clock: clock, logger: logger, eventQueue: eventQueue,
-                          eventHandler: eventHandler, networkMonitor: networkMonitor)
+                          eventHandler: eventHandler, networkMonitor: networkMonitor, tls: tls)
     }
 
     deinit {

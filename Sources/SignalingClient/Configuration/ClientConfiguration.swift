@@ -18,6 +18,9 @@ public struct ClientConfiguration: Sendable {
     /// over such a refusal: without a provider, or while it returns nil, it retries with
     /// back-off. See docs/CLIENT.md, "Credentials".
     public var credentialsProvider: (@Sendable (Close) -> [UInt8]?)?
+    /// TLS to the server (CA, name check, pins); nil: plain TCP, for loopback or behind a
+    /// TLS-terminating load balancer. See docs/CLIENT.md, "TLS".
+    public var tls: ClientTLSConfiguration?
     /// Keep-alive interval to ask the server for, in seconds; 0 = the server's choice.
     /// 1...599 is refused by `init` (the server would refuse it too).
     public var requestedKeepAliveSeconds: UInt32 = 0
@@ -74,6 +77,7 @@ public struct ClientConfiguration: Sendable {
         for (name, value) in [("connectTimeout", connectTimeout), ("pongTimeout", pongTimeout),
                               ("keepAliveHandlerBudget", keepAliveHandlerBudget), ("requestRetryDelay", requestRetryDelay),
                               ("reconnect.initialDelay", reconnect.initialDelay),
+                              ("reconnect.certificateFailureDelay", reconnect.certificateFailureDelay),
                               ("backgroundExecution.wakeSlice", backgroundExecution.wakeSlice),
                               ("backgroundExecution.taskAllowance", backgroundExecution.taskAllowance)] where value <= .zero {
             throw .invalid("\(name) must be positive")
@@ -84,6 +88,7 @@ public struct ClientConfiguration: Sendable {
         else { throw .invalid("backgroundExecution.expirationWarning must be within the task allowance") }
         guard notificationCapacity >= 1 else { throw .invalid("notificationCapacity must be at least 1") }
         if let wait = maximumTimerWait, wait <= .zero { throw .invalid("maximumTimerWait must be positive") }
+        if let tls, let serverName = tls.serverName, serverName.isEmpty { throw .invalid("tls.serverName is empty") }
     }
 }
 

@@ -14,6 +14,13 @@ public struct ReconnectPolicy: Sendable, Equatable {
     /// A connection that stayed up this long resets the back-off to its first step; a
     /// server that accepts and then drops at once keeps climbing instead of being hammered.
     public var stableConnection: Duration = .seconds(30)
+    /// After the server's certificate was rejected or matched no pin, the next automatic
+    /// attempt waits a random time in `certificateFailureDelay / 2 ... certificateFailureDelay`
+    /// (not the back-off): such a failure repeats until the certificate is fixed or the
+    /// device leaves the network that intercepts its TLS (a captive portal), so retrying
+    /// sooner would only spend the battery and the server's handshakes. A network change,
+    /// the return to the foreground and an explicit `connect` still try at once.
+    public var certificateFailureDelay: Duration = .seconds(300)
 
     public init() {}
 

@@ -58,6 +58,7 @@ final class ConnectAttempt: @unchecked Sendable {
     /// Starts the background thread; it takes the lock before doing anything else.
     func start() {
         Thread.detachNewThread { [self] in
+            BrokenPipeSignal.blockOnThisThread()
             lock.lock()
             var result: Outcome
             do throws(ConnectError) {
@@ -65,8 +66,8 @@ final class ConnectAttempt: @unchecked Sendable {
             } catch {
                 result = .failed(error)
             }
-            if cancelled.load(ordering: .acquiring), case .connected(let socket) = result {
-                socket.socket.close()
+            if cancelled.load(ordering: .acquiring), case .connected(let handshaken) = result {
+                handshaken.stream.close()
                 result = .failed(.cancelled)
             }
             outcome = result

@@ -1,5 +1,6 @@
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 
 /// Everything the connect thread needs, captured on the client's queue when the attempt
 /// is created, so the thread never touches client state.
@@ -15,11 +16,17 @@ struct HandshakePlan: Sendable {
     /// The CLOSE that made the current credentials unusable (action `refreshCredentials`):
     /// when set, the thread asks the provider before it connects.
     var credentialsRefusal: Close?
+    /// TLS to speak before HELLO; nil for plain TCP.
+    var tls: TLSClientSetup?
+    /// The TLS session of an earlier connection to offer for resumption (a ticket): the
+    /// reconnect then costs the server no signature and no certificate.
+    var tlsSession: TLSSession?
 }
 
 /// A connected socket that has completed HELLO/WELCOME and is not yet marked.
 struct HandshakenSocket: Sendable {
-    let socket: SocketHandle
+    /// The socket, with its TLS when the plan had TLS.
+    let stream: SocketStream
     let welcome: Welcome
     let localAddress: SocketAddress
     let remoteAddress: SocketAddress
@@ -31,4 +38,7 @@ struct HandshakenSocket: Sendable {
     let resumeRefused: Bool
     /// The credentials the server accepted (fresh ones if the provider was asked).
     let credentials: [UInt8]?
+    /// The TLS session to offer next time (the server's ticket, which arrives before
+    /// WELCOME); nil for plain TCP or a server that sent no ticket.
+    let tlsSession: TLSSession?
 }

@@ -1,5 +1,6 @@
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -7,7 +8,7 @@ import Darwin
 #endif
 
 /// The work of the background connect thread: resolve, TCP connect (trying each address
-/// in turn), send HELLO, wait for WELCOME. Every wait is bounded by the attempt's
+/// in turn), the TLS handshake when configured, send HELLO, wait for WELCOME. Every wait is bounded by the attempt's
 /// deadline and wakes at once when the attempt is cancelled. Runs on that thread only.
 struct Handshaker {
     let plan: HandshakePlan
@@ -74,14 +75,54 @@ struct Handshaker {
                 lastError = .unreachable(unreachableAddress, errno: code)
                 continue
             }
+            let stream = try openStream(on: socket)
             do {
-                return try handshake(on: socket, address: address, hello: hello, resumeRefused: resumeRefused)
+                return try handshake(on: stream, address: address, hello: hello, resumeRefused: resumeRefused)
             } catch {
-                socket.close()
+                stream.close()
                 throw error
             }
         }
         throw lastError
+    }
+
+    /// The stream HELLO goes over: the socket itself, or TLS on it when the plan has TLS
+    /// (handshake, then the pin check). Closes the socket when it throws.
+    private func openStream(on socket: SocketHandle) throws(ConnectError) -> SocketStream {
+        guard let tls = plan.tls else { return SocketStream(plain: socket) }
+        guard let connection = TLSConnection.connecting(fd: socket.descriptor, context: tls.context, serverName: tls.serverName) else {
+            socket.close()
+            throw .tlsHandshakeFailed("cannot start TLS to \(tls.serverName): out of memory, or a name the certificate check cannot use")
+        }
+        if let session = plan.tlsSession { connection.offer(session) }
+        let stream = SocketStream(socket: socket, tls: connection)
+        do throws(ConnectError) {
+            while true {
+                switch connection.handshake() {
+                case .done:
+                    if let mismatch = connection.pinMismatch(against: tls.pins) {
+                        throw .pinMismatch(presented: mismatch.presented?.description ?? "")
+                    }
+                    return stream
+                case .wantRead: try waitUntil(.readable, stream)
+                case .wantWrite: try waitUntil(.writable, stream)
+                case .closed: throw .closedDuringHandshake
+                case .failed(let error): throw ConnectError(tlsFailure: error)
+                }
+            }
+        } catch {
+            stream.close()
+            throw error
+        }
+    }
+
+    /// Waits within the attempt's deadline until the stream's socket is ready.
+    private func waitUntil(_ readiness: SocketStream.Readiness, _ stream: SocketStream) throws(ConnectError) {
+        switch PollWait.wait(for: stream.socket.descriptor, events: readiness.pollEvents, cancel: cancel, deadline: deadline) {
+        case .cancelled: throw .cancelled
+        case .timedOut: throw .timedOut
+        case .ready: return
+        }
     }
 
     private func connect(to address: SocketAddress) throws(ConnectError) -> SocketHandle {
@@ -117,8 +158,8 @@ struct Handshaker {
         return socket
     }
 
-    private func handshake(on socket: SocketHandle, address: SocketAddress, hello: Hello, resumeRefused: Bool) throws(ConnectError) -> HandshakenSocket {
-        try writeAll(FrameEncoder.encode(.hello(hello)), to: socket)
+    private func handshake(on stream: SocketStream, address: SocketAddress, hello: Hello, resumeRefused: Bool) throws(ConnectError) -> HandshakenSocket {
+        try writeAll(FrameEncoder.encode(.hello(hello)), to: stream)
         let decoder = FrameDecoder(maxFrameLength: plan.maxFrameLength)
         var received: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
@@ -138,46 +179,49 @@ struct Handshaker {
                         throw .protocolViolation("WELCOME keep-alive \(welcome.keepAliveSeconds) s is under the 600 s minimum")
                     }
                     return HandshakenSocket(
-                        socket: socket, welcome: welcome, localAddress: socket.localAddress() ?? address.withPort(0),
+                        stream: stream, welcome: welcome, localAddress: stream.socket.localAddress() ?? address.withPort(0),
                         remoteAddress: address, leftover: Array(received[size...]), resumeRefused: resumeRefused,
-                        credentials: hello.credentials)
+                        credentials: hello.credentials, tlsSession: stream.resumableTLSSession())
                 case .close(let close):
                     throw .rejected(close)
                 default:
                     throw .protocolViolation("expected WELCOME or CLOSE, got \(frame.type)")
                 }
             }
-            switch PollWait.wait(for: socket.descriptor, events: Int16(POLLIN), cancel: cancel, deadline: deadline) {
-            case .cancelled: throw .cancelled
-            case .timedOut: throw .timedOut
-            case .ready: break
+            // Read before polling: TLS may hold decrypted bytes no poll would announce.
+            switch chunk.withUnsafeMutableBytes({ stream.read(into: $0) }) {
+            case .moved(let count): received.append(contentsOf: chunk[0..<count])
+            case .wait(let readiness): try waitUntil(readiness, stream)
+            case .closed, .failed(.socket(errno: ECONNRESET)): throw .closedDuringHandshake
+            case .failed(.socket(let code)): throw .socketError(operation: "recv", errno: code)
+            case .failed(.tls(let error)): throw ConnectError(tlsFailure: error)
             }
-            let count = chunk.withUnsafeMutableBytes { socket.receiveBytes(into: $0) }
-            if count == 0 { throw .closedDuringHandshake }
-            if count < 0 {
-                if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { continue }
-                if errno == ECONNRESET { throw .closedDuringHandshake }
-                throw .socketError(operation: "recv", errno: errno)
-            }
-            received.append(contentsOf: chunk[0..<count])
         }
     }
 
-    private func writeAll(_ bytes: [UInt8], to socket: SocketHandle) throws(ConnectError) {
+    private func writeAll(_ bytes: [UInt8], to stream: SocketStream) throws(ConnectError) {
         var offset = 0
         while offset < bytes.count {
-            let count = bytes.withUnsafeBytes { socket.sendBytes(UnsafeRawBufferPointer(rebasing: $0[offset...])) }
-            if count > 0 { offset += count; continue }
-            if errno == EINTR { continue }
-            guard errno == EAGAIN || errno == EWOULDBLOCK else {
-                if errno == ECONNRESET || errno == EPIPE { throw .closedDuringHandshake }
-                throw .socketError(operation: "send", errno: errno)
+            switch bytes.withUnsafeBytes({ stream.write(UnsafeRawBufferPointer(rebasing: $0[offset...])) }) {
+            case .moved(let count): offset += count
+            case .wait(let readiness): try waitUntil(readiness, stream)
+            case .closed, .failed(.socket(errno: ECONNRESET)), .failed(.socket(errno: EPIPE)): throw .closedDuringHandshake
+            case .failed(.socket(let code)): throw .socketError(operation: "send", errno: code)
+            case .failed(.tls(let error)): throw ConnectError(tlsFailure: error)
             }
-            switch PollWait.wait(for: socket.descriptor, events: Int16(POLLOUT), cancel: cancel, deadline: deadline) {
-            case .cancelled: throw .cancelled
-            case .timedOut: throw .timedOut
-            case .ready: continue
-            }
+        }
+    }
+}
+
+extension ConnectError {
+    /// A TLS failure during the connect: a rejected certificate, or anything else.
+    init(tlsFailure error: TLSError) {
+        if error.isCertificateRejected {
+            // The shim says "certificate verify failed: <reason>"; the case says the first part.
+            let prefix = "certificate verify failed: "
+            self = .certificateRejected(error.message.hasPrefix(prefix) ? String(error.message.dropFirst(prefix.count)) : error.message)
+        } else {
+            self = .tlsHandshakeFailed(error.message)
         }
     }
 }

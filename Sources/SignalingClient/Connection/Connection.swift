@@ -22,6 +22,8 @@ enum ConnectionEnd: Sendable, Equatable {
     case closedByPeer
     /// A read or write failed (ETIMEDOUT after TCP_USER_TIMEOUT, EHOSTUNREACH...).
     case failed(errno: Int32)
+    /// TLS failed on an established connection (a bad record, an alert); OpenSSL's words.
+    case tlsFailed(String)
     /// The server's bytes broke the protocol.
     case protocolViolation(String)
     /// The client closed it (`close()`).
@@ -30,14 +32,16 @@ enum ConnectionEnd: Sendable, Equatable {
 
 /// One established, marked connection and the thread that does its I/O.
 ///
-/// Threading: the socket belongs to the I/O thread, which polls it together with a
+/// Threading: the socket (and its TLS) belongs to the I/O thread, which polls it together with a
 /// wake-up descriptor. Other threads only append to `outgoing` (behind a mutex) and
 /// signal; the thread writes, reads, decodes and hands frames to `deliver`, which the
 /// client points at its own queue.
 final class Connection: Sendable {
     /// Distinguishes this connection's reports from those of connections before it.
     let id: UInt64
-    let socket: SocketHandle
+    /// The socket, in clear or through TLS.
+    let stream: SocketStream
+    var socket: SocketHandle { stream.socket }
     let welcome: Welcome
     let localAddress: SocketAddress
     let remoteAddress: SocketAddress
@@ -58,7 +62,7 @@ final class Connection: Sendable {
 
     init(id: UInt64, handshaken: HandshakenSocket) throws(ConnectError) {
         self.id = id
-        self.socket = handshaken.socket
+        self.stream = handshaken.stream
         self.welcome = handshaken.welcome
         self.localAddress = handshaken.localAddress
         self.remoteAddress = handshaken.remoteAddress
@@ -72,9 +76,10 @@ final class Connection: Sendable {
         // (and at least 1 MiB) without ever trusting an unbounded length.
         let maxFrame = max(2 * Int(welcome.maxFrameLength), 1 << 20)
         let thread = Thread { [self] in
+            BrokenPipeSignal.blockOnThisThread()
             var reader = FrameReader(maxFrameLength: maxFrame, pending: leftover)
             let end = runLoop(reader: &reader, deliver: deliver)
-            socket.close()
+            stream.close()  // with TLS close_notify first
             ended.signal()
             deliver(.ended(end))
         }
@@ -117,6 +122,11 @@ final class Connection: Sendable {
     private func runLoop(reader: inout FrameReader, deliver: @Sendable (ConnectionInput) -> Void) -> ConnectionEnd {
         var pendingWrite: [UInt8] = []
         var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
+        // What the last read and write wait for. A plain socket reads on POLLIN and writes
+        // on POLLOUT; TLS may read on POLLOUT (and write on POLLIN) while it exchanges
+        // records of its own.
+        var readWaitsFor = SocketStream.Readiness.readable
+        var writeWaitsFor = SocketStream.Readiness.writable
         // Frames that arrived with the handshake come first.
         switch reader.drain() {
         case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
@@ -130,13 +140,16 @@ final class Connection: Sendable {
             pendingWrite.append(contentsOf: more)
             if !pendingWrite.isEmpty {
                 switch writeSome(&pendingWrite) {
-                case .some(let end): return end
-                case .none: break
+                case .ended(let end): return end
+                case .waiting(let readiness): writeWaitsFor = readiness
+                case .done: break
                 }
             }
             if closeRequested { return .closedLocally }
+            var events = readWaitsFor.pollEvents
+            if !pendingWrite.isEmpty { events |= writeWaitsFor.pollEvents }
             var fds = [
-                pollfd(fd: socket.descriptor, events: Int16(POLLIN) | (pendingWrite.isEmpty ? 0 : Int16(POLLOUT)), revents: 0),
+                pollfd(fd: socket.descriptor, events: events, revents: 0),
                 pollfd(fd: wakeup.readDescriptor, events: Int16(POLLIN), revents: 0),
             ]
             if poll(&fds, 2, -1) < 0 {
@@ -144,34 +157,50 @@ final class Connection: Sendable {
                 return .failed(errno: errno)
             }
             if fds[1].revents != 0 { wakeup.drain() }
-            if fds[0].revents & (Int16(POLLIN) | Int16(POLLHUP) | Int16(POLLERR)) != 0 {
-                let count = readBuffer.withUnsafeMutableBytes { socket.receiveBytes(into: $0) }
-                if count == 0 { return .closedByPeer }
-                if count < 0 {
-                    if errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR { continue }
-                    return errno == ECONNRESET ? .closedByPeer : .failed(errno: errno)
+            let ready = fds[0].revents
+            let readable = ready & (readWaitsFor.pollEvents | Int16(POLLHUP) | Int16(POLLERR)) != 0
+            guard readable else { continue }
+            // One read, then more while TLS holds decrypted bytes that no poll will announce.
+            repeat {
+                switch readBuffer.withUnsafeMutableBytes({ stream.read(into: $0) }) {
+                case .moved(let count):
+                    readWaitsFor = .readable
+                    reader.append(readBuffer[0..<count])
+                    switch reader.drain() {
+                    case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
+                    case .failure(let violation): return .protocolViolation(violation.description)
+                    }
+                case .wait(let readiness):
+                    readWaitsFor = readiness
+                case .closed, .failed(.socket(errno: ECONNRESET)):
+                    return .closedByPeer
+                case .failed(.socket(let code)):
+                    return .failed(errno: code)
+                case .failed(.tls(let error)):
+                    return .tlsFailed(error.message)
                 }
-                reader.append(readBuffer[0..<count])
-                switch reader.drain() {
-                case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
-                case .failure(let violation): return .protocolViolation(violation.description)
-                }
-            }
+            } while stream.bufferedBytes > 0
         }
     }
 
-    /// Writes as much as the socket takes; returns an end on a fatal error.
-    private func writeSome(_ bytes: inout [UInt8]) -> ConnectionEnd? {
+    private enum WriteProgress {
+        case done
+        /// The stream took part or nothing; the rest waits for this readiness.
+        case waiting(SocketStream.Readiness)
+        case ended(ConnectionEnd)
+    }
+
+    /// Writes as much as the stream takes.
+    private func writeSome(_ bytes: inout [UInt8]) -> WriteProgress {
         while !bytes.isEmpty {
-            let count = bytes.withUnsafeBytes { socket.sendBytes($0) }
-            if count > 0 {
-                bytes.removeFirst(count)
-                continue
+            switch bytes.withUnsafeBytes({ stream.write($0) }) {
+            case .moved(let count): bytes.removeFirst(count)
+            case .wait(let readiness): return .waiting(readiness)
+            case .closed, .failed(.socket(errno: EPIPE)), .failed(.socket(errno: ECONNRESET)): return .ended(.closedByPeer)
+            case .failed(.socket(let code)): return .ended(.failed(errno: code))
+            case .failed(.tls(let error)): return .ended(.tlsFailed(error.message))
             }
-            if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK { return nil }
-            return errno == EPIPE || errno == ECONNRESET ? .closedByPeer : .failed(errno: errno)
         }
-        return nil
+        return .done
     }
 }

@@ -70,11 +70,12 @@ extension ClientCore {
         let provider = configuration.credentialsProvider
         let plan = HandshakePlan(
             host: configuration.host, port: configuration.port, hello: hello, maxFrameLength: 1 << 20,
-            credentialsProvider: provider, credentialsRefusal: provider == nil ? nil : credentialsRefusal)
+            credentialsProvider: provider, credentialsRefusal: provider == nil ? nil : credentialsRefusal,
+            tls: tls, tlsSession: tlsSession)
         let attempt = try ConnectAttempt(id: nextAttemptID, plan: plan, timeout: timeout)
         lifecycle = .connecting(attempt)
         lastAttempt = attempt
-        logger.debug("connect_attempt", ["attempt": nextAttemptID, "resume": resume != nil])
+        logger.debug("connect_attempt", ["attempt": nextAttemptID, "resume": resume != nil, "tls_resume": tlsSession != nil])
         emitConnectionState()
         attempt.start()
         return attempt
@@ -104,7 +105,7 @@ extension ClientCore {
         switch outcome {
         case .connected(let handshaken):
             let failures = VoIPSocketMarker.mark(
-                handshaken.socket, options: configuration.socketOptions,
+                handshaken.stream.socket, options: configuration.socketOptions,
                 idleTimeoutSeconds: handshaken.welcome.idleTimeoutSeconds)
             do {
                 let connection = try Connection(id: attempt.id, handshaken: handshaken)
@@ -114,13 +115,13 @@ extension ClientCore {
                     keepAliveInterval: .seconds(Int64(welcome.keepAliveSeconds)),
                     idleTimeout: .seconds(Int64(welcome.idleTimeoutSeconds)), serverTime: welcome.serverTime,
                     maxFrameLength: Int(welcome.maxFrameLength), localAddress: handshaken.localAddress,
-                    remoteAddress: handshaken.remoteAddress, markingFailures: failures)
+                    remoteAddress: handshaken.remoteAddress, markingFailures: failures, tls: handshaken.stream.tlsDetails)
                 queue.async { [self] in
                     adopt(connection, info: info, handshaken: handshaken, attempt: attempt)
                 }
                 result = .success(info)
             } catch {
-                handshaken.socket.close()
+                handshaken.stream.close()
                 result = .failure(error)
             }
         case .failed(let error):
@@ -137,7 +138,7 @@ extension ClientCore {
     private func adopt(_ connection: Connection, info: SessionInfo, handshaken: HandshakenSocket, attempt: ConnectAttempt) {
         guard case .connecting(let current) = lifecycle, current === attempt, wantsConnection, !isShutDown else {
             // Disconnected or shut down while the caller was marking: drop it.
-            handshaken.socket.close()
+            handshaken.stream.close()
             return
         }
         let now = clock.now()
@@ -149,12 +150,14 @@ extension ClientCore {
         sessionID = handshaken.welcome.sessionID
         credentials = handshaken.credentials
         credentialsRefusal = nil
+        if let session = handshaken.tlsSession { tlsSession = session }
         serverMaxFrame = info.maxFrameLength
         connectedAt = now
         lifecycle = .connected(connection, info)
         keepAlive.connected(serverInterval: handshaken.welcome.keepAliveSeconds, now: now)
         logger.info("connected", ["local": info.localAddress, "remote": info.remoteAddress,
-                                  "session": info.sessionID, "resumed": info.resumed])
+                                  "session": info.sessionID, "resumed": info.resumed,
+                                  "tls": info.tls.map { "\($0.version.rawValue)\($0.resumed ? " resumed" : "")" } ?? "off"])
         emit(.connectionStateChanged(.connected(info)))
         let id = connection.id
         connection.start(leftover: handshaken.leftover) { [weak self] input in
@@ -178,6 +181,14 @@ extension ClientCore {
             // The provider had nothing yet: ask it first next time, after a back-off.
             credentialsRefusal = close
             enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false)
+        } else if error.isCertificateFailure {
+            // It fails the same way until the certificate is fixed or the device leaves
+            // the network that intercepts its TLS: wait long, never in a tight loop. The
+            // server did not resume the session offered (a rejection comes from a full
+            // handshake), so it is of no use any more.
+            tlsSession = nil
+            enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false,
+                              delay: backoff.certificateFailureDelay(using: &random))
         } else {
             enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false)
         }
@@ -198,10 +209,13 @@ extension ClientCore {
 
     /// On `queue`: decides the next attempt after a loss or a failure. A CLOSE's advice
     /// wins; otherwise back-off with full jitter, or at once when `immediate`.
-    func enterDisconnected(reason: DisconnectReason, close: Close?, immediate: Bool) {
+    /// `delay`, when given, is used as it is (a rejected certificate's long wait).
+    func enterDisconnected(reason: DisconnectReason, close: Close?, immediate: Bool, delay fixedDelay: Duration? = nil) {
         let now = clock.now()
         var delay: Duration
-        if let close {
+        if let fixedDelay {
+            delay = fixedDelay
+        } else if let close {
             switch close.action {
             case .stop:
                 stopByServer(close)

@@ -21,6 +21,8 @@ extension ClientCore {
                 enterDisconnected(reason: .protocolViolation(message), close: nil, immediate: false)
             case .failed(let code):
                 enterDisconnected(reason: .connectionLost(String(cString: strerror(code))), close: nil, immediate: false)
+            case .tlsFailed(let message):
+                enterDisconnected(reason: .connectionLost("TLS: \(message)"), close: nil, immediate: false)
             case .closedByPeer, .closedLocally:
                 enterDisconnected(reason: .connectionLost("closed by the server without CLOSE"), close: nil, immediate: false)
             }

@@ -1,6 +1,7 @@
 import Foundation
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 
 /// The client's state and logic. Every mutable property is owned by `queue`: the public
 /// `SignalingClient` methods, the connections' I/O threads, the network monitor and the
@@ -38,6 +39,8 @@ final class ClientCore: @unchecked Sendable {
     let connectQueue = DispatchQueue(label: "vsig.client.connect")
     /// Monitor of the system's network; nil when not watching.
     let networkMonitor: (any NetworkMonitor)?
+    /// TLS for every attempt (trust store loaded once); nil for plain TCP.
+    let tls: TLSClientSetup?
 
     // MARK: State owned by `queue`
 
@@ -58,6 +61,9 @@ final class ClientCore: @unchecked Sendable {
     /// Set by a CLOSE with action `refreshCredentials`; the next attempt asks the
     /// provider first. Cleared by a successful handshake.
     var credentialsRefusal: Close?
+    /// The TLS session of the last connection (its ticket), offered by the next attempt
+    /// so a reconnect resumes instead of doing a full handshake.
+    var tlsSession: TLSSession?
     var serverMaxFrame = ProtocolLimits.defaultMaxFrameLength
     var everConnected = false
     var reconnectCount = 0
@@ -80,8 +86,9 @@ final class ClientCore: @unchecked Sendable {
     private var timer: DispatchSourceTimer?
 
     init(configuration: ClientConfiguration, clock: any Clock, logger: Logger, eventQueue: DispatchQueue,
-         eventHandler: @escaping @Sendable (ClientEvent) -> Void, networkMonitor: (any NetworkMonitor)?) {
+         eventHandler: @escaping @Sendable (ClientEvent) -> Void, networkMonitor: (any NetworkMonitor)?, tls: TLSClientSetup?) {
         self.configuration = configuration
+        self.tls = tls
         self.clock = clock
         self.logger = logger
         self.eventQueue = eventQueue

@@ -23,5 +23,14 @@ struct ReconnectBackoff {
         return .milliseconds(Int64(close.retryAfterMs) + Int64(jitter))
     }
 
+    /// The wait after a rejected certificate: uniform in the upper half of the policy's
+    /// `certificateFailureDelay`, so devices spread out but none retries early.
+    func certificateFailureDelay(using generator: inout some RandomNumberGenerator) -> Duration {
+        let delay = policy.certificateFailureDelay
+        let nanoseconds = delay.components.seconds * 1_000_000_000 + delay.components.attoseconds / 1_000_000_000
+        guard nanoseconds > 1 else { return delay }
+        return .nanoseconds(Int64.random(in: nanoseconds / 2...nanoseconds, using: &generator))
+    }
+
     mutating func reset() { attempt = 0 }
 }

@@ -1,6 +1,7 @@
 import SignalingClient
 import SignalingCrypto
 import SignalingSupport
+import SignalingTLS
 
 /// What every mode needs: where the server is, who we are, how to report.
 public struct CommonOptions: Sendable, Equatable {
@@ -12,6 +13,8 @@ public struct CommonOptions: Sendable, Equatable {
     /// Where fresh credentials come from when the server asks for them (CLOSE
     /// `tokenExpired` or `unknownKey`).
     public var credentialsSource = CredentialsSource.fixed
+    /// `--tls` and its options; nil: plain TCP.
+    public var tls: TLSClientConfiguration?
     /// One JSON object per line on stdout instead of text.
     public var json = false
     /// Deadline of the first connect (TCP, HELLO, WELCOME); also of automatic reconnects.

@@ -3,15 +3,16 @@ import SignalingClient
 import SignalingCrypto
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 
 /// The command line of `voipclient`: one parser for every mode (options may come before or
 /// after the mode word), then a check that each option belongs to the chosen mode.
 public enum VoipClientOptions {
     /// Options every mode accepts.
-    static let commonNames: Set<String> = [
+    static let commonNames: Set<String> = Set<String>([
         "server", "user", "device", "token", "token-file", "auth-secret", "auth-key-file", "connect-timeout", "log-level",
         "media-address", "media-port", "probe-packets", "probe-interval",
-    ]
+    ]).union(TLSClientConfiguration.commandLineNames)
     /// Options of some modes only (`json` and `timeout` belong to the three scripted modes).
     static let modeNames: [String: Set<String>] = [
         "interactive": [],
@@ -43,6 +44,7 @@ public enum VoipClientOptions {
             OptionSpec("token-file", value: "FILE", help: "Read the credentials from FILE (first line); read again when the server says the token expired."),
             OptionSpec("auth-key-file", value: "FILE", help: "Mint device tokens with the last key of the server's key file (test deployments)."),
             OptionSpec("auth-secret", value: "SECRET", help: "Compute legacy credentials from the server's --auth-secret (test deployments)."),
+        ] + TLSClientConfiguration.commandLineOptions + [
             OptionSpec("json", help: "Print one JSON object per event (scripted modes; schema in docs/VOIPCLIENT.md)."),
             OptionSpec("connect-timeout", value: "SECONDS", default: "10", help: "Give up connecting after this long (exit 69)."),
             OptionSpec("log-level", value: "LEVEL", help: "Client library log on stderr: debug, info, warn or error."),
@@ -80,7 +82,8 @@ public enum VoipClientOptions {
               2 callee unreachable    no device of the callee is online
               3 rejected              declined or busy
               4 timed out             no answer (ring timeout or --timeout), or listen/send waited in vain
-              5 refused               by the server (unauthorized, replaced, error reply) or a protocol error
+              5 refused               by the server (unauthorized, replaced, error reply), a protocol error,
+                                      or TLS (certificate rejected, no --pin matched, handshake failed)
               6 media failed          --require-media / --max-loss and the probe failed
               7 call dropped          the call broke after it was set up (peer disconnected)
               8 unsent messages       interactive: quit with messages the server never accepted (they are dropped)
@@ -91,6 +94,7 @@ public enum VoipClientOptions {
               voipclient --server 127.0.0.1:7443 --user alice call bob --hangup-after 2 --json
               voipclient --server 127.0.0.1:7443 --user alice send bob "hello" --wait-delivered
               voipclient --server 127.0.0.1:7443 --user bob --device phone push-register --kind apns-voip --token 9a0f... --environment sandbox
+              voipclient --server signal.example.net:7443 --tls --ca-file ca.pem --user alice listen
 
             See docs/VOIPCLIENT.md.
             """)
@@ -170,6 +174,7 @@ public enum VoipClientOptions {
             device: try identifier(parsed.string("device") ?? "voipclient", what: "--device"))
         (common.credentials, common.credentialsSource) = try credentials(
             parsed, user: user, device: common.device, tokenIsCredentials: tokenIsCredentials)
+        common.tls = try TLSClientConfiguration.parse(parsed)
         common.json = parsed.flag("json")
         if let value = try seconds(parsed, "connect-timeout", 0.1...3600) { common.connectTimeout = value }
         if let name = parsed.string("log-level") {

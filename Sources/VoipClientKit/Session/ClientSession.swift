@@ -17,6 +17,7 @@ final class ClientSession: Sendable {
                                                 userID: common.user, deviceID: common.device,
                                                 credentials: common.credentials)
         configuration.connectTimeout = common.connectTimeout
+        configuration.tls = common.tls
         if common.credentialsSource != .fixed {
             let (source, user, device) = (common.credentialsSource, common.user, common.device)
             configuration.credentialsProvider = { _ in
@@ -71,7 +72,15 @@ final class ClientSession: Sendable {
             return Outcome(.serverUnreachable, "the server is not taking connections now: \(close.code) (\(close.code.rawValue))"
                 + (close.message.isEmpty ? "" : ": \(close.message)"))
         case .protocolViolation, .closedDuringHandshake:
-            return Outcome(.refused, "\(server) does not speak the signaling protocol: \(error)")
+            return Outcome(.refused, "\(server) does not speak the signaling protocol: \(error)"
+                + (error == .closedDuringHandshake ? " (a TLS-only port? try --tls)" : ""))
+        case .certificateRejected(let reason):
+            return Outcome(.refused, "\(server): the server's TLS certificate was rejected: \(reason)")
+        case .pinMismatch(let presented):
+            return Outcome(.refused, "\(server): " + (presented.isEmpty ? "the server presented no certificate"
+                : "the server's public key matches no --pin (it presented \(presented))"))
+        case .tlsHandshakeFailed(let reason):
+            return Outcome(.refused, "\(server): TLS handshake failed: \(reason)")
         case .cancelled, .clientShutDown, .invalidTimeout:
             return Outcome(.internalError, "connect failed: \(error)")
         }

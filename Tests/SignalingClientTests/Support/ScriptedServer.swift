@@ -2,6 +2,7 @@ import CLinuxShims
 import Foundation
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 @testable import SignalingClient
 #if canImport(Glibc)
 import Glibc
@@ -15,16 +16,17 @@ struct FixtureError: Error, CustomStringConvertible {
 
 /// A real TCP listener on an ephemeral loopback port whose server side the test scripts
 /// frame by frame: accept, read HELLO, answer WELCOME or CLOSE, send events, drop the
-/// connection. Every wait has a deadline.
+/// connection. Every wait has a deadline. With a TLS context, each accepted connection
+/// does the server side of a real TLS handshake (OpenSSL) before any frame.
 final class ScriptedServer: @unchecked Sendable {
     let descriptor: Int32
     let port: UInt16
     let host: String
+    let tls: TLSServerContext?
 
-    /// - Parameter accepting: false leaves connections in the backlog forever (a server
-    ///   that never answers).
-    init(host: String = "127.0.0.1") throws {
+    init(host: String = "127.0.0.1", tls: TLSServerContext? = nil) throws {
         self.host = host
+        self.tls = tls
         let family = host.contains(":") ? AF_INET6 : AF_INET
         let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw FixtureError("socket: \(errno)") }
@@ -48,7 +50,8 @@ final class ScriptedServer: @unchecked Sendable {
         // Close-on-exec: tests on other threads spawn processes, which must not hold it.
         let fd = shim_accept_cloexec(descriptor)
         guard fd >= 0 else { throw FixtureError("accept: \(errno)") }
-        return PeerConnection(descriptor: fd)
+        guard let tls else { return PeerConnection(descriptor: fd) }
+        return try PeerConnection(descriptor: fd, handshakingWith: tls, within: timeout)
     }
 
     /// Accepts, reads HELLO and answers WELCOME: a connection ready for events.
@@ -64,17 +67,61 @@ final class ScriptedServer: @unchecked Sendable {
 /// The server side of one accepted connection.
 final class PeerConnection: @unchecked Sendable {
     let descriptor: Int32
+    /// The server side of TLS, handshaken; nil for plain TCP.
+    let tls: TLSConnection?
     private var buffer: [UInt8] = []
     private var isClosed = false
     private let decoder = FrameDecoder(maxFrameLength: 1 << 20)
 
-    init(descriptor: Int32) { self.descriptor = descriptor }
+    init(descriptor: Int32) {
+        self.descriptor = descriptor
+        self.tls = nil
+    }
+
+    /// Accepts TLS on a blocking socket whose reads and writes time out after `timeout`
+    /// (so a stuck handshake fails instead of hanging); throws what OpenSSL reported.
+    init(descriptor: Int32, handshakingWith context: TLSServerContext, within timeout: Duration) throws {
+        self.descriptor = descriptor
+        // OpenSSL writes with write(2): a client that already closed must fail the write,
+        // not kill the test process.
+        signal(SIGPIPE, SIG_IGN)
+        var limit = timeval(tv_sec: Int(timeout.components.seconds), tv_usec: Int(timeout.components.attoseconds / 1_000_000_000_000))
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        guard let tls = TLSConnection.accepting(fd: descriptor, context: context) else {
+            Glibc.close(descriptor)
+            throw FixtureError("cannot start TLS")
+        }
+        self.tls = tls
+        let status = tls.handshake()
+        guard status == .done(0) else {
+            close()
+            throw FixtureError("TLS handshake: \(status)")
+        }
+    }
+
     deinit { close() }
 
     func close() {
         guard !isClosed else { return }
         isClosed = true
+        tls?.free()
         Glibc.close(descriptor)
+    }
+
+    /// Bytes read from the client (decrypted with TLS); 0 at its close, -1 on an error.
+    private func receive(into chunk: inout [UInt8]) -> Int {
+        guard let tls else { return chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) } }
+        switch chunk.withUnsafeMutableBytes({ tls.read(into: $0) }) {
+        case .done(let count): return count
+        case .closed: return 0
+        default: return -1
+        }
+    }
+
+    /// True when bytes can be read now: TLS may already hold decrypted ones.
+    private func readable(within timeout: Duration) -> Bool {
+        (tls?.pendingBytes ?? 0) > 0 || waitReadable(descriptor, timeout)
     }
 
     /// Resets the connection (RST), like a crashed server or a dropped NAT mapping.
@@ -89,7 +136,14 @@ final class PeerConnection: @unchecked Sendable {
     func sendRaw(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
-            let count = bytes.withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+            let count: Int
+            if let tls {
+                let status = bytes.withUnsafeBytes { tls.write(UnsafeRawBufferPointer(rebasing: $0[offset...])) }
+                guard case .done(let written) = status else { throw FixtureError("TLS write: \(status)") }
+                count = written
+            } else {
+                count = bytes.withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+            }
             guard count > 0 else { throw FixtureError("send: \(errno)") }
             offset += count
         }
@@ -114,9 +168,9 @@ final class PeerConnection: @unchecked Sendable {
             }
             if case .failure(let violation) = decoder.decode(array: buffer) { throw FixtureError("bad frame: \(violation)") }
             let now = SystemClock().now()
-            guard now < deadline, waitReadable(descriptor, deadline - now) else { throw FixtureError("no frame within \(timeout)") }
+            guard now < deadline, readable(within: deadline - now) else { throw FixtureError("no frame within \(timeout)") }
             var chunk = [UInt8](repeating: 0, count: 4096)
-            let count = chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
+            let count = receive(into: &chunk)
             guard count > 0 else { throw FixtureError("client closed the connection") }
             buffer.append(contentsOf: chunk[0..<count])
         }
@@ -145,9 +199,9 @@ final class PeerConnection: @unchecked Sendable {
         let deadline = SystemClock().now() + timeout
         while true {
             let now = SystemClock().now()
-            guard now < deadline, waitReadable(descriptor, deadline - now) else { throw FixtureError("client did not close within \(timeout)") }
+            guard now < deadline, readable(within: deadline - now) else { throw FixtureError("client did not close within \(timeout)") }
             var chunk = [UInt8](repeating: 0, count: 4096)
-            let count = chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
+            let count = receive(into: &chunk)
             if count <= 0 { return frames }
             buffer.append(contentsOf: chunk[0..<count])
             while case .success(let decoded?) = decoder.decode(array: buffer) {

@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingTLS
 
 /// Where a connection slot is in its life.
 enum ConnectionState: UInt8 {
@@ -6,6 +7,8 @@ enum ConnectionState: UInt8 {
     case unstarted
     /// TCP connect in progress.
     case connecting
+    /// TLS handshake in progress (TLS runs only).
+    case securing
     /// HELLO sent, waiting for WELCOME.
     case handshaking
     case established
@@ -15,8 +18,9 @@ enum ConnectionState: UInt8 {
     case failed
 }
 
-/// Per-connection state as parallel arrays (struct of arrays), about 50 bytes a
-/// connection: no object, no string and no buffer per connection. Partial frames and
+/// Per-connection state as parallel arrays (struct of arrays), about 66 bytes a
+/// connection: no object, no string and no buffer per connection (over TLS, OpenSSL's
+/// own state per connection and its last session come on top). Partial frames and
 /// unsent bytes, which are rare, live in side tables keyed by slot.
 struct ConnectionTable {
     var fd: [Int32]
@@ -35,6 +39,11 @@ struct ConnectionTable {
     /// resume point.
     var lastSeq: [UInt64]
     var session: [SessionID]
+    /// The TLS connection while connected over TLS (nil or one pointer: 8 bytes).
+    var tls: [TLSConnection?]
+    /// The session (the server's ticket) of the slot's last TLS connection, offered when
+    /// it reconnects so that a storm resumes instead of doing full handshakes.
+    var tlsSession: [TLSSession?]
 
     init(count: Int) {
         fd = Array(repeating: -1, count: count)
@@ -46,6 +55,8 @@ struct ConnectionTable {
         attemptStartedAt = Array(repeating: 0, count: count)
         lastSeq = Array(repeating: 0, count: count)
         session = Array(repeating: SessionID(high: 0, low: 0), count: count)
+        tls = Array(repeating: nil, count: count)
+        tlsSession = Array(repeating: nil, count: count)
     }
 
     var count: Int { fd.count }

@@ -27,7 +27,7 @@ public final class Coordinator {
             if endpoint.port == 0, let port = SocketCalls.freeLoopbackPort() { endpoint.port = port }
             server = ServerUnderTest(
                 endpoint: endpoint, binary: binary, authSecret: configuration.authSecret, authKeyFile: configuration.authKeyFile,
-                extraArguments: configuration.serverArguments, logPath: configuration.serverLog)
+                tls: configuration.tls != nil, extraArguments: configuration.serverArguments, logPath: configuration.serverLog)
         } else {
             server = ServerUnderTest(endpoint: configuration.serverEndpoint, pid: configuration.serverPID)
         }
@@ -61,7 +61,9 @@ public final class Coordinator {
         let socketsBefore = ProcessStats.socketSummary()
         try startWorkers()
 
+        let rampCPUBefore = server.pid.flatMap(ProcessStats.cpuSeconds(pid:))
         let ramp = try rampUp()
+        let rampCPU = zip(rampCPUBefore, server.pid.flatMap(ProcessStats.cpuSeconds(pid:))).map { $0.1 - $0.0 }
         try pump(seconds: config.settleSeconds, label: "settling")
         let rssAfter = server.pid.flatMap(ProcessStats.residentBytes(pid:))
         let socketsAfter = ProcessStats.socketSummary()
@@ -76,8 +78,11 @@ public final class Coordinator {
         let storm = config.storm == .none ? nil : try measureStorm()
 
         let reports = try collectReports()
-        var handshakeLatency = LatencyHistogram()
-        for report in reports { handshakeLatency.merge(LatencyHistogram(report.handshakeLatency) ?? LatencyHistogram()) }
+        var handshakeLatency = LatencyHistogram(), tlsHandshakeLatency = LatencyHistogram()
+        for report in reports {
+            handshakeLatency.merge(LatencyHistogram(report.handshakeLatency) ?? LatencyHistogram())
+            if let tls = report.tlsHandshakeLatency { tlsHandshakeLatency.merge(LatencyHistogram(tls) ?? LatencyHistogram()) }
+        }
         let final = WorkerStatus.total(reports.map(\.status))
 
         let devices = Double(config.idleDevices)
@@ -94,7 +99,11 @@ public final class Coordinator {
             requested: config.idleDevices, connected: ramp.connected, failed: final.idleFailed,
             failureReasons: final.failures, disconnectReasons: final.disconnects,
             rampSeconds: ramp.seconds, handshakesPerSecond: ramp.seconds > 0 ? Double(ramp.connected) / ramp.seconds : 0,
-            peakHandshakesPerSecond: ramp.peak, handshakeLatency: LoadReport.Latency(handshakeLatency))
+            peakHandshakesPerSecond: ramp.peak, handshakeLatency: LoadReport.Latency(handshakeLatency),
+            rampServerCPUSeconds: rampCPU, handshakesPerServerCPUSecond: rampCPU.flatMap { $0 > 0 ? Double(ramp.connected) / $0 : nil })
+        let tls = config.tls == nil ? nil : LoadReport.TLS(
+            fullHandshakes: final.tlsFullHandshakes, resumedHandshakes: final.tlsResumedHandshakes,
+            handshakeLatency: LoadReport.Latency(tlsHandshakeLatency))
 
         if final.idleFailed > 0 {
             problems.append("\(final.idleFailed) of \(config.idleDevices) devices failed: \(final.failures.summary)")
@@ -116,7 +125,7 @@ public final class Coordinator {
                 server: server.address, serverStarted: config.serverBinary != nil, devices: config.idleDevices,
                 workers: workers.count, sourceAddresses: config.sourceAddresses, connectRate: config.connectRate,
                 maxInFlightPerWorker: config.maxInFlight, payloadBytes: config.payloadBytes),
-            connections: connections, memory: memory, push: push, fanout: fanout, storm: storm, problems: problems)
+            connections: connections, memory: memory, push: push, fanout: fanout, storm: storm, tls: tls, problems: problems)
     }
 
     // MARK: - Phases
@@ -140,7 +149,7 @@ public final class Coordinator {
                 idleDevices: config.idleDevices, fanoutDevices: config.fanoutDevices,
                 sourceAddresses: config.sourceAddresses, connectRate: config.connectRate / Double(count),
                 maxInFlight: config.maxInFlight, connectTimeoutSeconds: config.connectTimeout,
-                payloadBytes: config.payloadBytes, runID: runID, probePriority: config.probePriority)))
+                payloadBytes: config.payloadBytes, runID: runID, probePriority: config.probePriority, tls: config.tls)))
         }
     }
 
@@ -323,7 +332,9 @@ public final class Coordinator {
             recoverySeconds: finishedAt - start, serverDownSeconds: serverDown,
             handshakes: after.handshakes - before.handshakes, resumed: after.resumed - before.resumed,
             peakHandshakesPerSecond: tracker.peakRate(),
-            disconnectReasons: after.disconnects.growth(since: before.disconnects))
+            disconnectReasons: after.disconnects.growth(since: before.disconnects),
+            tlsFullHandshakes: config.tls == nil ? nil : after.tlsFullHandshakes - before.tlsFullHandshakes,
+            tlsResumedHandshakes: config.tls == nil ? nil : after.tlsResumedHandshakes - before.tlsResumedHandshakes)
     }
 
     func collectReports() throws(LoadError) -> [WorkerReport] {

@@ -1,6 +1,7 @@
 import SignalingCrypto
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 
 /// How a reconnect storm is caused.
 public enum StormKind: String, Codable, Sendable, CaseIterable {
@@ -28,6 +29,9 @@ public struct LoadConfiguration: Sendable, Equatable {
     public var authKeyFile: String?
     public var tokenKey: TokenKey?
     public var keepAlive: UInt32 = 0
+    /// `--tls` and its options (the name to check defaults to the host of `--server`);
+    /// nil: plain TCP.
+    public var tls: TLSClientConfiguration?
     public var connectTimeout: Double = 60
     public var settleSeconds: Double = 2
     public var holdSeconds: Double = 0
@@ -88,6 +92,7 @@ public struct LoadConfiguration: Sendable, Equatable {
             OptionSpec("source-addresses", value: "N", default: "64", help: "Loopback source addresses to spread connections over (127.0.0.2 upward)."),
             OptionSpec("auth-key-file", value: "FILE", help: "Server's token key file (docs/AUTH.md); devices then present device tokens signed with its last key."),
             OptionSpec("auth-secret", value: "SECRET", help: "Server's legacy secret; devices then present hex(HMAC-SHA256(SECRET, user)) credentials."),
+        ] + TLSClientConfiguration.commandLineOptions + [
             OptionSpec("keepalive", value: "SECONDS", default: "0 = server's choice", help: "Keep-alive interval requested in HELLO (0 or at least 600)."),
             OptionSpec("connect-timeout", value: "SECONDS", default: "60", help: "A device not connected this long after its first attempt has failed."),
             OptionSpec("settle", value: "SECONDS", default: "2", help: "Wait after the ramp before reading the server's memory."),
@@ -104,7 +109,7 @@ public struct LoadConfiguration: Sendable, Equatable {
             OptionSpec("storm", value: "none|drop|restart", default: "none", help: "Reconnect storm to measure at the end."),
             OptionSpec("storm-deadline", value: "SECONDS", default: "120", help: "How long a storm may take before devices count as failed."),
             OptionSpec("server-pid", value: "PID", help: "Pid of the server, for its memory and CPU time from /proc."),
-            OptionSpec("server-bin", value: "PATH", help: "Start this voipserver (arguments after -- are passed on); needed for --storm restart."),
+            OptionSpec("server-bin", value: "PATH", help: "Start this voipserver (arguments after -- are passed on); needed for --storm restart. With --tls it listens with --tls-listen on --server: pass --tls-cert and --tls-key after --."),
             OptionSpec("server-log", value: "PATH", help: "Append the started server's output here (default: this tool's stderr)."),
             OptionSpec("json", help: "Print one JSON object on stdout (the summary goes to stderr)."),
             OptionSpec("quiet", help: "No progress line."),
@@ -117,6 +122,7 @@ public struct LoadConfiguration: Sendable, Equatable {
               voipload --server-bin .build/release/voipserver --devices 15000 --events 20000 \\
                        --rate 2000 --fanout-devices 1000 --storm restart -- --drain-jitter 2
               voipload --server 127.0.0.1:7443 --server-pid $(pidof voipserver) --devices 5000
+              voipload --server localhost:7444 --tls --ca-file ca.pem --server-pid $(pidof voipserver) --devices 15000
               voipload table results/*.json
             """)
 
@@ -152,6 +158,18 @@ public struct LoadConfiguration: Sendable, Equatable {
             config.authKeyFile = path
         }
         if config.authSecret != nil && config.authKeyFile != nil { throw UsageError("give --auth-secret or --auth-key-file, not both") }
+        if var tls = try TLSClientConfiguration.parse(options) {
+            if tls.serverName == nil, let server = options.string("server") {
+                tls.serverName = String(server[..<(server.lastIndex(of: ":") ?? server.endIndex)])
+            }
+            tls.serverName = tls.serverName ?? "127.0.0.1"
+            do {
+                _ = try tls.makeContext()  // a CA file that cannot be loaded is a usage error, now
+            } catch {
+                throw UsageError("--ca-file: \(error.message)")
+            }
+            config.tls = tls
+        }
         if let keepAlive = try options.int("keepalive", in: 0...86_400) {
             guard keepAlive == 0 || keepAlive >= Int(ProtocolLimits.minimumKeepAliveSeconds) else {
                 throw UsageError("--keepalive must be 0 (server's choice) or at least \(ProtocolLimits.minimumKeepAliveSeconds) seconds, got \(keepAlive)")

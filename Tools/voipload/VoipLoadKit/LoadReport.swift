@@ -47,6 +47,21 @@ public struct LoadReport: Codable, Sendable {
         public var peakHandshakesPerSecond: Double
         /// Connect start to WELCOME, every handshake of the run.
         public var handshakeLatency: Latency
+        /// The server's CPU time (utime + stime) during the ramp, and the idle devices'
+        /// connections (TCP, TLS when on, HELLO/WELCOME) per second of it: what one core
+        /// of the server's loops can accept (nil without the server's pid).
+        public var rampServerCPUSeconds: Double? = nil
+        public var handshakesPerServerCPUSecond: Double? = nil
+    }
+
+    /// TLS handshakes of a `--tls` run.
+    public struct TLS: Codable, Sendable {
+        /// Full handshakes (certificate, signature, key exchange) and resumed ones (a
+        /// ticket from the device's previous connection), the whole run.
+        public var fullHandshakes: UInt64
+        public var resumedHandshakes: UInt64
+        /// Connect start to TLS done, every TLS handshake of the run.
+        public var handshakeLatency: Latency
     }
 
     public struct Memory: Codable, Sendable {
@@ -125,6 +140,9 @@ public struct LoadReport: Codable, Sendable {
         public var resumed: UInt64
         public var peakHandshakesPerSecond: Double
         public var disconnectReasons: [String: UInt64]
+        /// TLS handshakes of the storm, full and resumed (`--tls` runs).
+        public var tlsFullHandshakes: UInt64? = nil
+        public var tlsResumedHandshakes: UInt64? = nil
     }
 
     public var setup: Setup
@@ -133,12 +151,13 @@ public struct LoadReport: Codable, Sendable {
     public var push: Push?
     public var fanout: Fanout?
     public var storm: Storm?
+    public var tls: TLS?
     /// Everything that makes the run fail (and the exit status 1).
     public var problems: [String]
     public var passed: Bool { problems.isEmpty }
 
     enum CodingKeys: String, CodingKey {
-        case setup, connections, memory, push, fanout, storm, problems, passed
+        case setup, connections, memory, push, fanout, storm, tls, problems, passed
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -149,14 +168,16 @@ public struct LoadReport: Codable, Sendable {
         try container.encodeIfPresent(push, forKey: .push)
         try container.encodeIfPresent(fanout, forKey: .fanout)
         try container.encodeIfPresent(storm, forKey: .storm)
+        try container.encodeIfPresent(tls, forKey: .tls)
         try container.encode(problems, forKey: .problems)
         try container.encode(passed, forKey: .passed)
     }
 
     public init(
         setup: Setup, connections: Connections, memory: Memory, push: Push?, fanout: Fanout?,
-        storm: Storm?, problems: [String]
+        storm: Storm?, tls: TLS? = nil, problems: [String]
     ) {
+        self.tls = tls
         self.setup = setup
         self.connections = connections
         self.memory = memory
@@ -174,6 +195,7 @@ public struct LoadReport: Codable, Sendable {
         push = try container.decodeIfPresent(Push.self, forKey: .push)
         fanout = try container.decodeIfPresent(Fanout.self, forKey: .fanout)
         storm = try container.decodeIfPresent(Storm.self, forKey: .storm)
+        tls = try container.decodeIfPresent(TLS.self, forKey: .tls)
         problems = try container.decode([String].self, forKey: .problems)
     }
 }

@@ -47,7 +47,7 @@ extension LoadWorker {
             if added != 0 {
                 connectionLost(slot: slot, reason: SystemError("epoll_ctl", added).description, now: now)
             } else if connected {
-                sendHello(slot: slot)
+                transportConnected(slot: slot, now: now)
             }
         }
     }
@@ -62,10 +62,16 @@ extension LoadWorker {
                 connectionLost(slot: slot, reason: SystemError("connect", error).description, now: now)
                 return
             }
-            sendHello(slot: slot)
+            transportConnected(slot: slot, now: now)
             return
         }
-        if events & Epoll.output != 0 { flushUnsent(slot: slot, now: now) }
+        if table.state[slot] == .securing {
+            continueTLSHandshake(slot: slot, now: now)
+            return
+        }
+        // A TLS write may wait for input too (OpenSSL reading a record of its own first).
+        if events & Epoll.output != 0 || (table.tls[slot] != nil && unsentBytes[slot] != nil) { flushUnsent(slot: slot, now: now) }
+        guard table.fd[slot] >= 0 else { return }
         if events & (Epoll.input | Epoll.peerClosed | Epoll.hangUp | Epoll.error) != 0 {
             readSocket(slot: slot)
         }
@@ -98,6 +104,9 @@ extension LoadWorker {
         }
         table.session[slot] = welcome.sessionID
         table.hasSession[slot] = true
+        // TLS 1.3 sends the ticket right after the handshake, before WELCOME: keep it for
+        // the next connection of this device.
+        if let session = table.tls[slot]?.resumableSession() { table.tlsSession[slot] = session }
         table.state[slot] = .established
         table.attempts[slot] = 0
         status.inFlight -= 1
@@ -150,7 +159,7 @@ extension LoadWorker {
     func disconnect(slot: Int, reason: String) {
         status.disconnects[reason, default: 0] += 1
         switch table.state[slot] {
-        case .connecting, .handshaking:
+        case .connecting, .securing, .handshaking:
             status.inFlight -= 1
         case .established:
             adjustConnected(slot: slot, by: -1)
@@ -159,6 +168,7 @@ extension LoadWorker {
         default:
             break
         }
+        releaseTLS(slot: slot)
         if table.fd[slot] >= 0 {
             close(table.fd[slot])
             table.fd[slot] = -1
@@ -211,7 +221,7 @@ extension LoadWorker {
                     } else {
                         table.timer[slot] = nowMs &+ 1  // retry when an attempt finishes
                     }
-                case .connecting, .handshaking:
+                case .connecting, .securing, .handshaking:
                     connectionLost(slot: slot, reason: "handshake timeout", now: now)
                 case .established:
                     send(FrameEncoder.encode(.ping), slot: slot)

@@ -8,6 +8,10 @@ import Glibc
 /// Reading, decoding and answering frames; writing with back-pressure.
 extension LoadWorker {
     func readSocket(slot: Int) {
+        if let connection = table.tls[slot] {
+            readTLS(slot: slot, connection: connection)
+            return
+        }
         let fd = table.fd[slot]
         var arrivedAt: UInt64 = 0
         let count = Int(voipload_read_stamped(fd, readBuffer.baseAddress, UInt(readBuffer.count), &arrivedAt))
@@ -86,8 +90,8 @@ extension LoadWorker {
         }
     }
 
-    /// Queues bytes for a connection; a write the kernel does not take completely keeps
-    /// the rest and waits for EPOLLOUT.
+    /// Queues bytes for a connection; a write the kernel (or TLS) does not take completely
+    /// keeps the rest and waits for EPOLLOUT.
     func send(_ bytes: [UInt8], slot: Int) {
         let fd = table.fd[slot]
         guard fd >= 0 else { return }
@@ -95,26 +99,28 @@ extension LoadWorker {
             unsentBytes[slot]!.append(contentsOf: bytes)
             return
         }
-        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        var failure: String?
+        let written = bytes.withUnsafeBytes { writeSome($0, slot: slot, failure: &failure) }
         if written == bytes.count { return }
-        if written < 0 && errno != EAGAIN && errno != EINTR {
-            connectionLost(slot: slot, reason: SystemError("write", errno).description, now: clock.now().nanoseconds)
+        if let failure {
+            connectionLost(slot: slot, reason: failure, now: clock.now().nanoseconds)
             return
         }
-        unsentBytes[slot] = Array(bytes[max(0, written)...])
+        unsentBytes[slot] = Array(bytes[written...])
         epoll.modify(fd, token: UInt64(slot), events: Epoll.readable | Epoll.writable)
     }
 
     func flushUnsent(slot: Int, now: UInt64) {
         guard let pending = unsentBytes.removeValue(forKey: slot) else { return }
         let fd = table.fd[slot]
-        let written = pending.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        var failure: String?
+        let written = pending.withUnsafeBytes { writeSome($0, slot: slot, failure: &failure) }
         if written == pending.count {
             epoll.modify(fd, token: UInt64(slot), events: Epoll.readable)
-        } else if written < 0 && errno != EAGAIN && errno != EINTR {
-            connectionLost(slot: slot, reason: SystemError("write", errno).description, now: now)
+        } else if let failure {
+            connectionLost(slot: slot, reason: failure, now: now)
         } else {
-            unsentBytes[slot] = Array(pending[max(0, written)...])
+            unsentBytes[slot] = Array(pending[written...])
         }
     }
 }

@@ -1,6 +1,7 @@
 import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -23,6 +24,8 @@ public final class LoadWorker {
     let server: sockaddr_in
     let decoder = FrameDecoder()
     var random: FastRandom
+    /// The trust store and version limit of `setup.tls`, loaded once; nil for plain TCP.
+    let tlsContext: TLSClientContext?
 
     /// One read buffer for every socket: frames are handled straight out of it.
     let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
@@ -56,6 +59,8 @@ public final class LoadWorker {
     /// none) and when it returned, CLOCK_REALTIME ns like the probes' send stamps.
     var currentRead = ReadStamps()
     var handshakeLatency = LatencyHistogram()
+    /// Connect start to TLS handshake done (TLS runs).
+    var tlsHandshakeLatency = LatencyHistogram()
 
     var probe = ProbeSchedule()
     var fanout = FanoutSchedule()
@@ -69,8 +74,11 @@ public final class LoadWorker {
     static let controlToken = UInt64.max
     static let controlDescriptor: Int32 = 0
 
-    public init(setup: WorkerSetup) throws(SystemError) {
+    /// - Parameter tlsContext: made from `setup.tls` (by `WorkerMain`, which reports a CA file
+    ///   that cannot be loaded).
+    public init(setup: WorkerSetup, tlsContext: TLSClientContext? = nil) throws(SystemError) {
         self.setup = setup
+        self.tlsContext = tlsContext
         deviceCredentials = DeviceCredentials(setup: setup)
         layout = WorkloadLayout(
             worker: setup.worker, workerCount: setup.workerCount, idleDevices: setup.idleDevices,
@@ -104,7 +112,10 @@ public final class LoadWorker {
             sendFanout(now: now)
             publishStatusIfDue(now: now)
         }
-        for slot in 0..<table.count where table.fd[slot] >= 0 { close(table.fd[slot]) }
+        for slot in 0..<table.count where table.fd[slot] >= 0 {
+            releaseTLS(slot: slot)
+            close(table.fd[slot])
+        }
     }
 
     /// Nanoseconds to wait for readiness: until the next probe is due while probing (each
@@ -182,7 +193,8 @@ public final class LoadWorker {
             emit(.report(WorkerReport(
                 status: status, messageLatency: HistogramSnapshot(messageLatency),
                 callLatency: HistogramSnapshot(callLatency), fanoutLatency: HistogramSnapshot(fanoutLatency),
-                readLatency: HistogramSnapshot(readLatency), handshakeLatency: HistogramSnapshot(handshakeLatency))))
+                readLatency: HistogramSnapshot(readLatency), handshakeLatency: HistogramSnapshot(handshakeLatency),
+                tlsHandshakeLatency: tlsContext == nil ? nil : HistogramSnapshot(tlsHandshakeLatency))))
         case .quit:
             running = false
         }

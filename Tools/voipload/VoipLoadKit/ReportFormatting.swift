@@ -8,6 +8,12 @@ extension LoadReport {
         lines.append("voipload: \(setup.devices) idle devices on \(setup.server) from \(setup.workers) workers over \(setup.sourceAddresses) source addresses")
         lines.append("connections  \(c.connected) connected, \(c.failed) failed in \(format(c.rampSeconds)) s: \(Int(c.handshakesPerSecond)) handshakes/s (peak \(Int(c.peakHandshakesPerSecond))/s)")
         lines.append("             handshake \(latencyLine(c.handshakeLatency))")
+        if let perCore = c.handshakesPerServerCPUSecond, let cpu = c.rampServerCPUSeconds {
+            lines.append("             \(Int(perCore)) connections per server CPU second (\(format(cpu)) s of server CPU for the ramp)")
+        }
+        if let t = tls {
+            lines.append("tls          \(t.fullHandshakes) full + \(t.resumedHandshakes) resumed handshakes; TLS \(latencyLine(t.handshakeLatency))")
+        }
         if !c.failureReasons.isEmpty { lines.append("             failures: \(c.failureReasons.summary)") }
         let m = memory
         if let perConnection = m.serverBytesPerConnection, let before = m.serverRSSBefore, let after = m.serverRSSAfter {
@@ -40,6 +46,9 @@ extension LoadReport {
         if let s = storm {
             let down = s.serverDownSeconds.map { ", server back after \(format($0)) s" } ?? ""
             lines.append("storm        \(s.kind): \(s.recovered ? "all \(s.devices) back" : "NOT all back") after \(format(s.recoverySeconds)) s\(down); \(s.handshakes) handshakes (\(s.resumed) resumed), peak \(Int(s.peakHandshakesPerSecond))/s")
+            if let full = s.tlsFullHandshakes, let resumed = s.tlsResumedHandshakes {
+                lines.append("             TLS: \(full) full, \(resumed) resumed handshakes")
+            }
             if !s.disconnectReasons.isEmpty { lines.append("             \(s.disconnectReasons.summary)") }
         }
         lines.append(problems.isEmpty ? "result       PASS" : "result       FAIL: " + problems.joined(separator: "; "))

@@ -22,14 +22,16 @@ final class ServerUnderTest {
         logPath = nil
     }
 
-    /// A server this tool starts: `binary --listen HOST:PORT [--auth-secret S] [--auth-key-file F] extra...`.
+    /// A server this tool starts: `binary --listen HOST:PORT [--auth-secret S] [--auth-key-file F] extra...`,
+    /// or with `tls`, `binary --tls-listen HOST:PORT ...`: a TLS-only server, whose
+    /// `--tls-cert` and `--tls-key` come with the extra arguments.
     init(
         endpoint: (address: UInt32, port: UInt16), binary: String, authSecret: String?, authKeyFile: String?,
-        extraArguments: [String], logPath: String?
+        tls: Bool = false, extraArguments: [String], logPath: String?
     ) {
         self.endpoint = endpoint
         self.binary = binary
-        var arguments = ["--listen", "\(dottedQuad(endpoint.address)):\(endpoint.port)"]
+        var arguments = [tls ? "--tls-listen" : "--listen", "\(dottedQuad(endpoint.address)):\(endpoint.port)"]
         if let authSecret { arguments += ["--auth-secret", authSecret] }
         if let authKeyFile { arguments += ["--auth-key-file", authKeyFile] }
         self.arguments = arguments + extraArguments

@@ -29,6 +29,8 @@ extension WorkerStatus {
             total.unexpectedEvents += s.unexpectedEvents
             total.unstampedEvents += s.unstampedEvents
             total.sequenceResets += s.sequenceResets
+            total.tlsFullHandshakes += s.tlsFullHandshakes
+            total.tlsResumedHandshakes += s.tlsResumedHandshakes
             total.fanoutSent += s.fanoutSent
             total.fanoutAccepted += s.fanoutAccepted
             total.fanoutRefused += s.fanoutRefused

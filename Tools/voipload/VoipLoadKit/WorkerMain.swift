@@ -1,4 +1,5 @@
 import CLinuxShims
+import SignalingTLS
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -26,8 +27,17 @@ public enum WorkerMain {
             fail("worker \(setup.worker): \(layout.slotCount) connections need more than the \(limit) file descriptors a process may hold; use more --workers")
             return 70
         }
+        var tlsContext: TLSClientContext?
+        if let tls = setup.tls {
+            do {
+                tlsContext = try tls.makeContext()
+            } catch {
+                fail("worker \(setup.worker): TLS: \(error.message)")
+                return 70
+            }
+        }
         do {
-            let worker = try LoadWorker(setup: setup)
+            let worker = try LoadWorker(setup: setup, tlsContext: tlsContext)
             worker.run()
             return 0
         } catch {

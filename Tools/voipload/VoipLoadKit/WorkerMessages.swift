@@ -1,4 +1,5 @@
 import Foundation
+import SignalingTLS
 
 /// What a worker process needs to know, sent once as its first command.
 public struct WorkerSetup: Codable, Sendable, Equatable {
@@ -28,6 +29,8 @@ public struct WorkerSetup: Codable, Sendable, Equatable {
     public var runID: UInt64
     /// How the worker is scheduled while it sends and receives latency probes.
     public var probePriority: ProbePriority
+    /// TLS to the server, its `serverName` already set; nil for plain TCP.
+    public var tls: TLSClientConfiguration? = nil
 }
 
 /// How the workers are scheduled during the push-latency phase.
@@ -110,6 +113,10 @@ public struct WorkerStatus: Codable, Sendable, Equatable {
     public var unstampedEvents: UInt64 = 0
     /// The server forgot a device's sequence (restart without persistence).
     public var sequenceResets: UInt64 = 0
+    /// TLS handshakes completed: full ones (certificate, signature, key exchange) and
+    /// ones that resumed an earlier session from its ticket.
+    public var tlsFullHandshakes: UInt64 = 0
+    public var tlsResumedHandshakes: UInt64 = 0
 
     public var fanoutSent: UInt64 = 0
     public var fanoutAccepted: UInt64 = 0
@@ -132,6 +139,8 @@ public struct WorkerReport: Codable, Sendable, Equatable {
     /// wake-up and read to the arrival latencies above.
     public var readLatency: HistogramSnapshot
     public var handshakeLatency: HistogramSnapshot
+    /// TCP connected to TLS handshake done (TLS runs only).
+    public var tlsHandshakeLatency: HistogramSnapshot? = nil
 }
 
 /// Worker → coordinator, one JSON object per line on the worker's stdout.

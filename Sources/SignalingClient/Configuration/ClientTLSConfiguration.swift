@@ -1,0 +1,29 @@
+import SignalingTLS
+
+/// TLS on the signaling connection (docs/CLIENT.md, "TLS"): CA file or the system's store,
+/// the name to check, optional pins, the lowest version. Re-exported from SignalingTLS so
+/// apps need not import it.
+public typealias ClientTLSConfiguration = SignalingTLS.TLSClientConfiguration
+public typealias TLSVersion = SignalingTLS.TLSVersion
+/// A certificate pin: SHA-256 of the SubjectPublicKeyInfo.
+public typealias PublicKeyPin = SignalingTLS.PublicKeyPin
+
+/// A client's TLS, ready for connect attempts: immutable, shared by every attempt.
+struct TLSClientSetup: Sendable {
+    let context: TLSClientContext
+    /// The name (or address) the certificate is checked against.
+    let serverName: String
+    let pins: [PublicKeyPin]
+
+    /// Loads the trust store once (not per attempt). `ClientConfiguration.validate`
+    /// checked the fields; a CA file that cannot be loaded is reported here.
+    init(_ configuration: ClientTLSConfiguration, host: String) throws(ClientConfigurationError) {
+        do {
+            context = try configuration.makeContext()
+        } catch {
+            throw .invalid("tls: \(error.message)")
+        }
+        serverName = configuration.checkedName(dialling: host)
+        pins = configuration.pins
+    }
+}
