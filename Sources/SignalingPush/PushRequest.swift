@@ -183,14 +183,19 @@ struct PushRequestBuilder {
         }
     }
 
-    /// The conversation's collapse id: 32 hex digits of a hash, so that no user id
-    /// reaches Apple or Google, and the same conversation gets the same id after a restart.
+    /// The conversation's collapse id: 32 hex digits of a hash of the sender's id, so that
+    /// the id is not spelled out to Apple or Google, and the same conversation gets the same
+    /// id after a restart. The key is a constant (a pseudonym, not a secret: whoever knows a
+    /// candidate id can compute its hash), prepared once: preparing an HMAC key costs an
+    /// OpenSSL context, which per wake-up was most of the request's building.
     func collapseID(_ wakeUp: WakeUp) -> String? {
-        guard let conversation = wakeUp.conversation,
-            let mac = try? HMACSHA256.authenticate(Array(conversation.utf8), key: Array("voipserver collapse id".utf8))
+        guard let conversation = wakeUp.conversation, let key = Self.collapseKey,
+            let mac = try? key.authenticate(Array(conversation.utf8))
         else { return nil }
         return mac.prefix(16).map(Self.hex).joined()
     }
+
+    private static let collapseKey = try? HMACSHA256.Key(Array("voipserver collapse id".utf8))
 
     static func hex(_ byte: UInt8) -> String {
         let digits = Array("0123456789abcdef".utf8)
