@@ -108,6 +108,10 @@ vs_tls_context *vs_tls_server_context_new(
         goto fail;
     }
     SSL_CTX_set_options(context, SSL_OP_CIPHER_SERVER_PREFERENCE);
+    // Read ahead: one recv takes a record's header and body (and whatever follows) instead
+    // of two (header, then body), per record. Input OpenSSL then holds is announced by no
+    // readiness event: the caller reads while `vs_tls_has_buffered_input` says so.
+    SSL_CTX_set_read_ahead(context, 1);
     // Stateless tickets carry the whole session, so the server keeps no per-session cache
     // (memory that would grow with every device), and one ticket per handshake is enough
     // for a client that holds one connection.
@@ -292,6 +296,8 @@ vs_tls_status vs_tls_shutdown(vs_tls *tls) {
 }
 
 int vs_tls_pending(const vs_tls *tls) { return SSL_pending(tls->ssl); }
+
+int vs_tls_has_buffered_input(const vs_tls *tls) { return SSL_has_pending(tls->ssl); }
 
 int vs_tls_failed_verification(const vs_tls *tls) {
     return tls->failure == SSL_ERROR_SSL && SSL_get_verify_result(tls->ssl) != X509_V_OK;

@@ -68,6 +68,10 @@ public struct TLSConnection {
     /// Decrypted bytes OpenSSL holds that no readiness event will announce: read them now.
     public var pendingBytes: Int { Int(vs_tls_pending(raw)) }
 
+    /// True when OpenSSL holds input, decrypted or not (a server reads ahead), that no
+    /// readiness event will announce; false when whatever comes next is on the socket.
+    public var hasBufferedInput: Bool { vs_tls_has_buffered_input(raw) == 1 }
+
     /// The negotiated version; nil before the handshake finished.
     public var version: TLSVersion? { TLSVersion(wireValue: vs_tls_version(raw)) }
 

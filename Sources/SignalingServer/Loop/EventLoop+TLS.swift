@@ -30,9 +30,10 @@ enum TLSHandshakeFailure: String, CaseIterable {
 ///   then each readiness event steps the handshake, and its want-read or want-write
 ///   becomes the event's interest.
 /// - Established: reads go through `SSL_read` (the plain path's peek-then-take does not
-///   apply: the bytes on the socket are records, not frames) until OpenSSL wants more
-///   from the socket, and decrypted bytes OpenSSL still holds, which no readiness event
-///   announces, are read at once or on a pass the loop schedules (`readAgainSoon`).
+///   apply: the bytes on the socket are records, not frames), reading ahead, until
+///   OpenSSL holds nothing more; what it holds, which no readiness event announces, is
+///   read at once or on a pass the loop schedules (`readAgainSoon`), and what is still on
+///   the socket on the next readiness event.
 ///   Writes go through `transmit`: `outbound`, back-pressure and slow consumers work as
 ///   for plain connections.
 /// - Close: CLOSE (encrypted), close_notify, then the usual lingering close. Before the
@@ -129,8 +130,8 @@ extension EventLoop {
         return used > 0
     }
 
-    /// Reads and handles what the TLS connection has: records from the socket until
-    /// OpenSSL wants more, and what it decrypted already. At most a few buffers per
+    /// Reads and handles what the TLS connection has: records until OpenSSL holds no more
+    /// input (the rest waits on the socket for its readiness event). At most a few buffers per
     /// callback (fairness): the rest is read on the loop's next pass.
     func readTLS(_ slot: UInt32) {
         let state = table.state(slot)
@@ -147,6 +148,14 @@ extension EventLoop {
                     break
                 }
                 filled += count
+                // The socket's readiness is level-triggered: it announces records still on
+                // the socket. Only what OpenSSL holds needs another SSL_read now; without
+                // this, every readable event ended in an SSL_read that found the socket
+                // empty (a recv returning EAGAIN, record buffers taken and released).
+                if !tls.hasBufferedInput {
+                    stop = .wantRead
+                    break
+                }
             }
             if filled > 0 {
                 state.pointee.lastActivity = nowSeconds
