@@ -33,6 +33,15 @@ public final class PushTestPKI: Sendable {
         try Self.openssl(["pkey", "-in", "\(d)/fcm.key", "-pubout", "-out", fcmPublicKey])
     }
 
+    /// Another APNs key pair in the directory (a rotation's new key): the `.p8` and its
+    /// public half.
+    public func makeAPNsKey(named name: String) throws -> (privateKey: String, publicKey: String) {
+        let (privateKey, publicKey) = (directory.file("\(name).p8"), directory.file("\(name).pub"))
+        try Self.openssl(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", privateKey])
+        try Self.openssl(["pkey", "-in", privateKey, "-pubout", "-out", publicKey])
+        return (privateKey, publicKey)
+    }
+
     /// Writes the service-account JSON with `tokenURI` (the mock's /token).
     public func writeServiceAccount(tokenURI: String) throws {
         let pem = try String(contentsOfFile: directory.file("fcm.key"), encoding: .utf8)
