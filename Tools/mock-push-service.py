@@ -2,12 +2,12 @@
 """A local stand-in for APNs, FCM and Google's OAuth2 token endpoint, speaking real HTTP/2
 over TLS (python3-h2), for the push tests and Tools/bench-push. Loopback only.
 
-    mock-push-service.py --cert C --key K [--apns-public-key P] [--fcm-public-key P] [--port 0]
+    mock-push-service.py --cert C --key K [--apns-public-key P ...] [--fcm-public-key P] [--port 0]
 
 Prints "listening PORT" on stdout, then one JSON object per request (a line each, flushed):
 {"t": CLOCK_MONOTONIC ns at the end of the request, "conn": connection number,
  "stream": id, "path": ..., "headers": {...}, "body": "...", "auth": "ok"|"bad"|"none",
- "jwt": {"header": {...}, "claims": {...}}?, "status": status answered}
+ "jwt": {"header": {...}, "claims": {...}}?, "apns_key": index of the --apns-public-key that verified, "status": status answered, 0 when left unanswered}
 
 It checks what the real services check: the APNs provider token's ES256 signature with the
 key's public half, the FCM bearer token against the tokens it issued, and the token
@@ -15,7 +15,12 @@ endpoint's RS256 assertion. Commands arrive on stdin, one JSON object per line:
   {"script": [{"status": 410, "reason": "Unregistered", "headers": {"retry-after": "2"},
                "match": "/3/device"}, ...]}   answers for the next matching requests, in order
   {"hang": true|false}                          stop answering (requests stay open) / resume
-  {"goaway": true}                              send GOAWAY on every connection
+  {"goaway": true}                              graceful GOAWAY on every open connection: its
+                                                last-stream-id is the highest stream answered;
+                                                streams above it are refused (never recorded), and
+                                                the connection closes once the client has closed
+                                                it, or after 2 s (a record {"goaway": conn,
+                                                "last_stream_id": N} each)
 Unscripted requests get 200 (with an apns-id for APNs, a name for FCM).
 """
 import argparse, base64, json, socket, ssl, sys, threading, time, uuid
@@ -81,6 +86,10 @@ class Connection:
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         self.streams = {}
         self.send_lock = threading.Lock()
+        # The highest stream answered, and whether GOAWAY went out (then nothing more is
+        # processed: h2 refuses to send after GOAWAY, and a real server would not either).
+        self.last_answered = 0
+        self.gone_away = False
 
     def flush(self):
         data = self.h2.data_to_send()
@@ -98,6 +107,8 @@ class Connection:
                 if not data:
                     return
                 with self.send_lock:
+                    if self.gone_away:
+                        continue  # streams above last-stream-id: refused, never processed
                     events = self.h2.receive_data(data)
                     for event in events:
                         if isinstance(event, h2.events.RequestReceived):
@@ -133,8 +144,13 @@ class Connection:
         if path.startswith("/3/device/"):
             auth = headers.get("authorization", "")
             ok, jwt_header, claims = (False, None, None)
-            if auth.lower().startswith("bearer ") and self.args.apns_key:
-                ok, jwt_header, claims = verify_jwt(auth[7:], self.args.apns_key, "ES256")
+            # Several keys: a key rotation's old and new halves; the record says which verified.
+            for index, key in enumerate(self.args.apns_keys):
+                if auth.lower().startswith("bearer "):
+                    ok, jwt_header, claims = verify_jwt(auth[7:], key, "ES256")
+                    if ok:
+                        record["apns_key"] = index
+                        break
             record["auth"] = "ok" if ok else "bad"
             record["jwt"] = {"header": jwt_header, "claims": claims}
             extra["apns-id"] = str(uuid.uuid4()).upper()
@@ -181,21 +197,41 @@ class Connection:
                     record["status"] = 0
                     emit(record)
                     return
-        record["status"] = status
-        emit(record)
         with lock:
             hang = hanging
+        # A request left unanswered is recorded with status 0.
+        record["status"] = 0 if hang else status
+        emit(record)
         if hang:
             return
         self.respond(stream_id, status, answer, extra)
+        self.last_answered = max(self.last_answered, stream_id)
 
     def goaway(self):
+        """A graceful shutdown as APNs does it: every stream up to last-stream-id has been
+        answered (handle answers at once unless hanging), the later ones the client must
+        send again on a new connection."""
         with self.send_lock:
+            if self.gone_away:
+                return
+            self.gone_away = True
             try:
-                self.h2.close_connection()
+                self.h2.close_connection(last_stream_id=self.last_answered)
                 self.flush()
-            except Exception:
+            except (OSError, h2.exceptions.ProtocolError):
                 pass
+            emit({"goaway": self.number, "last_stream_id": self.last_answered})
+        # The client closes the connection once it has no stream left on it; a client that
+        # does not is cut off.
+        timer = threading.Timer(2.0, self.shutdown)
+        timer.daemon = True
+        timer.start()
+
+    def shutdown(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def commands():
@@ -224,12 +260,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cert", required=True)
     parser.add_argument("--key", required=True)
-    parser.add_argument("--apns-public-key")
+    parser.add_argument("--apns-public-key", action="append", default=[])
     parser.add_argument("--fcm-public-key")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
     load = lambda path: serialization.load_pem_public_key(open(path, "rb").read()) if path else None
-    args.apns_key = load(args.apns_public_key)
+    args.apns_keys = [load(path) for path in args.apns_public_key]
     args.fcm_key = load(args.fcm_public_key)
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -258,6 +294,7 @@ def main():
             connection = Connection(sock, number, args)
             connections.append(connection)
             connection.run()
+            connections.remove(connection)
             emit({"closed": number})
             sock.close()
 

@@ -272,3 +272,5 @@ const uint8_t *vs_curl_request_body(const vs_curl_request *request, size_t *leng
 const char *vs_curl_request_error(const vs_curl_request *request) { return request->error; }
 
 const char *vs_curl_strerror(int code) { return curl_easy_strerror((CURLcode)code); }
+
+int vs_curl_result_is_stream_refused(int code) { return code == CURLE_HTTP2 || code == CURLE_HTTP2_STREAM; }

@@ -44,4 +44,33 @@ final class GatewayInbox: Sendable {
     }
 
     func wake() { shim_eventfd_signal(wakeFD) }
+
+    /// Signing material waiting for the loop (a reload); the later of two replacements of
+    /// the same service wins.
+    private let credentials = Mutex(PushCredentials())
+
+    /// Any thread: hands new signing material to the loop and wakes it.
+    func replaceCredentials(_ replacement: PushCredentials) {
+        credentials.withLock { waiting in
+            if let apns = replacement.apns { waiting.apns = apns }
+            if let fcm = replacement.fcm { waiting.fcm = fcm }
+        }
+        wake()
+    }
+
+    /// On the gateway's thread: the signing material to put in force, if any.
+    func takeCredentials() -> PushCredentials? {
+        let taken = credentials.withLock { waiting -> PushCredentials in
+            defer { waiting = PushCredentials() }
+            return waiting
+        }
+        return taken.apns == nil && taken.fcm == nil ? nil : taken
+    }
+}
+
+/// New signing material for the providers (a reload): only the APNs key, key id and
+/// team id, and the FCM service account, are taken from these; endpoints are fixed at start.
+struct PushCredentials: Sendable {
+    var apns: APNsConfiguration?
+    var fcm: FCMConfiguration?
 }

@@ -116,6 +116,11 @@ final class GatewayLoop: @unchecked Sendable {
             shutDown()
             return
         }
+        if let credentials = inbox.takeCredentials() {
+            // Between two requests: each signs with the old material or the new, never a mix.
+            if let new = credentials.apns { apns?.replaceCredentials(new) }
+            if let new = credentials.fcm { fcm?.replaceCredentials(new) }
+        }
         let wakeUps = inbox.takeAll()
         let now = clock.now()
         for wakeUp in wakeUps { scheduler.accept(wakeUp, now: now) }

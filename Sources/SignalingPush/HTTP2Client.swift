@@ -10,7 +10,8 @@ import SignalingSupport
 /// libevent says when they are ready. One connection per host (`CURLMOPT_MAX_HOST_CONNECTIONS`
 /// 1), every request a stream on it (`CURLPIPE_MULTIPLEX`, `CURLOPT_PIPEWAIT`); curl
 /// reconnects when a connection is lost and handles GOAWAY (new streams go to a new
-/// connection, those in flight finish or fail).
+/// connection, those in flight up to its last-stream-id finish, and those above it are
+/// sent again on the new one: by curl, or here for the one curl fails instead).
 ///
 /// Confined to the push loop's thread. Costs one libevent event per socket curl watches
 /// (one per connection) plus one timer, and one dictionary entry per request in flight.
@@ -38,8 +39,21 @@ final class HTTP2Client {
     private var timer: OpaquePointer?
     /// libevent's event for each socket curl watches.
     private var sockets: [Int32: OpaquePointer] = [:]
-    /// Requests in flight by id (the id travels through curl as the request's user pointer).
-    private var pending: [Int: (request: OpaquePointer, completion: Completion)] = [:]
+    /// A request in flight: curl's handle, and what it takes to send it again once.
+    private struct Pending {
+        var request: OpaquePointer
+        var url: String
+        var headers: [String]
+        var body: [UInt8]
+        var timeout: Duration
+        var completion: Completion
+        /// Whether this is already the second try of a refused stream.
+        var resent: Bool
+    }
+
+    /// Requests in flight by id (the id travels through curl as the request's user
+    /// pointer). Each keeps its headers and body (a few hundred bytes) for one resend.
+    private var pending: [Int: Pending] = [:]
     private var nextID = 1
 
     init(base: OpaquePointer, caFile: String?, maxStreams: Int) throws(PushGatewayError) {
@@ -68,6 +82,10 @@ final class HTTP2Client {
     /// The completion runs on the loop's thread, after curl's own callbacks have returned,
     /// so it may start new requests.
     func post(url: String, headers: [String], body: [UInt8], timeout: Duration, completion: @escaping Completion) -> Bool {
+        start(url: url, headers: headers, body: body, timeout: timeout, completion: completion, resent: false)
+    }
+
+    private func start(url: String, headers: [String], body: [UInt8], timeout: Duration, completion: @escaping Completion, resent: Bool) -> Bool {
         guard let multi else { return false }
         let id = nextID
         nextID += 1
@@ -81,7 +99,8 @@ final class HTTP2Client {
             }
         }
         guard let request else { return false }
-        pending[id] = (request, completion)
+        pending[id] = Pending(
+            request: request, url: url, headers: headers, body: body, timeout: timeout, completion: completion, resent: resent)
         guard vs_curl_multi_add(multi, request) == 0 else {
             pending[id] = nil
             vs_curl_request_free(request)
@@ -172,6 +191,17 @@ final class HTTP2Client {
             }
             vs_curl_request_free(request)
             guard let entry = pending.removeValue(forKey: id) else { continue }
+            // A GOAWAY refuses the streams above its last-stream-id: the service never
+            // processed them, and new streams go to a new connection. libcurl retries most
+            // of them itself but fails one it was just starting with a framing error; that
+            // one goes again at once, once (no answer arrived, so it cannot be a duplicate
+            // of an answered push), instead of counting as a failure of the service.
+            if result != 0, vs_curl_result_is_stream_refused(result) != 0, response.status == 0, !entry.resent,
+                start(url: entry.url, headers: entry.headers, body: entry.body, timeout: entry.timeout,
+                      completion: entry.completion, resent: true)
+            {
+                continue
+            }
             entry.completion(response)
         }
     }

@@ -46,7 +46,7 @@ struct ServiceBackoff {
 /// but never sooner than 20 minutes after the last one), one HTTP/2 connection per
 /// environment. Confined to the push loop's thread.
 final class APNsClient {
-    let configuration: APNsConfiguration
+    private(set) var configuration: APNsConfiguration
     private let http: HTTP2Client
     private let clock: any Clock
     private let timeout: Duration
@@ -107,6 +107,14 @@ final class APNsClient {
         if !started { completion(ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: "libcurl refused the request")) }
     }
 
+    /// Puts a reloaded key (and key id, team id) in force: the next request signs a new
+    /// provider token with it at once. A new key is a new token, not a refresh of the old
+    /// one, and a rotation is a rare operator action: it does not wait for the 20 minutes.
+    func replaceCredentials(_ new: APNsConfiguration) {
+        configuration = configuration.withCredentials(of: new)
+        token = nil
+    }
+
     /// The current provider token, signed anew when it is `tokenRefreshInterval` old.
     func providerToken(now: Instant) throws(CryptoError) -> String {
         if let token, now - token.issuedAt < configuration.tokenRefreshInterval { return token.value }
@@ -152,7 +160,7 @@ final class APNsClient {
 /// `tokenRefreshMargin` before it expires; one HTTP/2 connection to FCM (and one to the
 /// token endpoint while a token is fetched). Confined to the push loop's thread.
 final class FCMClient {
-    let configuration: FCMConfiguration
+    private(set) var configuration: FCMConfiguration
     private let http: HTTP2Client
     private let clock: any Clock
     private let timeout: Duration
@@ -163,6 +171,9 @@ final class FCMClient {
     private var backoff = ServiceBackoff()
     /// Access tokens obtained so far (tests and the log).
     private(set) var tokensFetched = 0
+    /// Counts service-account replacements, so that an exchange started with the old
+    /// account is not cached after a reload.
+    private var accountGeneration = 0
 
     static let scope = "https://www.googleapis.com/auth/firebase.messaging"
 
@@ -196,6 +207,14 @@ final class FCMClient {
         if !started { completion(ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: "libcurl refused the request")) }
     }
 
+    /// Puts a reloaded service account in force: the cached access token (obtained with
+    /// the old account) is dropped, so the next message exchanges a new assertion.
+    func replaceCredentials(_ new: FCMConfiguration) {
+        configuration = configuration.withCredentials(of: new)
+        accessToken = nil
+        accountGeneration += 1
+    }
+
     /// The JWT assertion of RFC 7523 that Google's token endpoint exchanges for an access token.
     func assertion() throws(CryptoError) -> String {
         let account = configuration.account
@@ -218,6 +237,7 @@ final class FCMClient {
             return
         }
         fetching = true
+        let generation = accountGeneration
         // The assertion is base64url with dots: nothing to percent-encode.
         let form = "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion=" + signed
         let started = http.post(
@@ -225,6 +245,11 @@ final class FCMClient {
             timeout: timeout
         ) { [self] response in
             fetching = false
+            guard generation == accountGeneration else {
+                // The account was replaced meanwhile: exchange the new one's assertion.
+                if !waiting.isEmpty { fetchAccessToken() }
+                return
+            }
             struct TokenBody: Decodable {
                 var access_token: String
                 var expires_in: Int?

@@ -22,12 +22,49 @@ public struct APNsConfiguration: Sendable {
     /// older than an hour and answers TooManyProviderTokenUpdates to a provider that
     /// changes its token more often than every 20 minutes: 20-50 minutes.
     public var tokenRefreshInterval: Duration = .seconds(40 * 60)
+    /// An HMAC of the key file's text (empty when the key was not read from a file), to
+    /// tell a rotated key from the same one read again.
+    public private(set) var keyDigest: [UInt8] = []
 
     public init(key: JWTSigningKey, keyID: String, teamID: String, defaultTopic: String) {
         self.key = key
         self.keyID = keyID
         self.teamID = teamID
         self.defaultTopic = defaultTopic
+    }
+
+    /// Reads the `.p8` key (PEM) from `keyFile`: the one place the server reads it, at
+    /// start and on each reload (docs/PUSH.md, "Rotating the keys").
+    public init(keyFile path: String, keyID: String, teamID: String, defaultTopic: String) throws(UsageError) {
+        guard let pem = readTextFile(path) else { throw UsageError("cannot read \(path)") }
+        let key: JWTSigningKey
+        let digest: [UInt8]
+        do {
+            key = try JWTSigningKey(pem: pem)
+            // Tells a rewritten file from an unchanged one without keeping the secret.
+            digest = try HMACSHA256.authenticate(Array(pem.utf8), key: Array("apns-key-file".utf8))
+        } catch {
+            throw UsageError("\(path): \(error)")
+        }
+        guard key.algorithm == .es256 else { throw UsageError("\(path): the APNs key must be an EC P-256 (.p8) key") }
+        self.init(key: key, keyID: keyID, teamID: teamID, defaultTopic: defaultTopic)
+        keyDigest = digest
+    }
+
+    /// Whether `other` signs differently: another key file content, key id or team id.
+    public func credentialsDiffer(from other: APNsConfiguration) -> Bool {
+        keyDigest.isEmpty || keyDigest != other.keyDigest || keyID != other.keyID || teamID != other.teamID
+    }
+
+    /// This configuration with the signing material of `other` (key, key id, team id):
+    /// what a reload replaces while the push loop runs.
+    public func withCredentials(of other: APNsConfiguration) -> APNsConfiguration {
+        var copy = self
+        copy.key = other.key
+        copy.keyID = other.keyID
+        copy.teamID = other.teamID
+        copy.keyDigest = other.keyDigest
+        return copy
     }
 
     /// The shortest token lifetime Apple tolerates between two refreshes.
@@ -72,6 +109,21 @@ public struct FCMConfiguration: Sendable {
         }
     }
 
+    /// Whether `other` authenticates as another account or with another key (Google gives
+    /// each new key of an account a new `private_key_id`).
+    public func credentialsDiffer(from other: FCMConfiguration) -> Bool {
+        account.privateKeyID.isEmpty || account.privateKeyID != other.account.privateKeyID
+            || account.clientEmail != other.account.clientEmail || account.projectID != other.account.projectID
+    }
+
+    /// This configuration with the service account of `other`: what a reload replaces
+    /// while the push loop runs. The endpoints stay (`tokenURL` too: it was fixed at start).
+    public func withCredentials(of other: FCMConfiguration) -> FCMConfiguration {
+        var copy = self
+        copy.account = other.account
+        return copy
+    }
+
     /// The fields of a Google service-account key file the provider uses.
     public struct ServiceAccount: Sendable {
         public var projectID: String
@@ -79,6 +131,16 @@ public struct FCMConfiguration: Sendable {
         public var privateKeyID: String
         public var key: JWTSigningKey
         public var tokenURI: String
+
+        /// Reads a service-account JSON key file: at start and on each reload.
+        public init(file path: String) throws(UsageError) {
+            guard let text = readTextFile(path) else { throw UsageError("cannot read \(path)") }
+            do throws(UsageError) {
+                try self.init(json: Array(text.utf8))
+            } catch {
+                throw UsageError("\(path): \(error.message)")
+            }
+        }
 
         /// Parses a service-account JSON key file's contents.
         public init(json: [UInt8]) throws(UsageError) {

@@ -131,6 +131,32 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
         }
     }
 
+    /// Puts new signing material in force (a reload): the APNs key, key id and team id of
+    /// `apns`, the service account of `fcm` (their endpoints and other settings are fixed
+    /// at start). The caller builds them off the push loop (reading and parsing a key);
+    /// the loop takes them between two requests, so each request signs with the old
+    /// material or the new, never a mix. The next APNs request signs a new provider token
+    /// with the new key, and the next FCM message exchanges a new assertion; requests in
+    /// flight finish with what they had. Any thread.
+    ///
+    /// Throws, changing nothing, for a service the gateway was not started with or
+    /// material that does not validate.
+    public func replaceCredentials(apns: APNsConfiguration?, fcm: FCMConfiguration?) throws(UsageError) {
+        if let apns {
+            guard configuration.apns != nil else { throw UsageError("APNs was not configured at start") }
+            try apns.validate()
+        }
+        if let fcm {
+            guard configuration.fcm != nil else { throw UsageError("FCM was not configured at start") }
+            try fcm.validate()
+        }
+        guard apns != nil || fcm != nil else { return }
+        inbox.replaceCredentials(PushCredentials(apns: apns, fcm: fcm))
+        logger.info("push_credentials_replaced", [
+            "apns": apns.map { "team=\($0.teamID) key=\($0.keyID)" } ?? "-", "fcm": fcm?.account.clientEmail ?? "-",
+        ])
+    }
+
     public var statistics: PushStatistics { counters.snapshot() }
 
     /// Waits until the gateway's thread has run `count` more timer ticks, so that a change

@@ -65,7 +65,7 @@ while true {
     logger.info("signal", ["signal": "SIGHUP"])
     ServiceManager.reloading()
     do {
-        let (reloaded, _) = try ServerOptions.configuration(from: arguments)
+        let (reloaded, _) = try ServerOptions.configuration(from: arguments, running: server.configuration)
         server.reload(reloaded)
     } catch {
         logger.error("reload_failed", ["error": error.message, "detail": "the running configuration stays"])

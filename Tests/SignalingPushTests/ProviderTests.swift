@@ -297,6 +297,36 @@ struct ProviderTests {
         #expect(harness.mock.requests.count == 1)
     }
 
+    @Test("GOAWAY while pushes keep coming: the streams it refused go again on a new connection, each wake-up is answered exactly once, none is lost or rejected")
+    func goAwayMidStream() throws {
+        let harness = try ProviderHarness()
+        func device(_ request: MockPushService.Request) -> String { (request.json["vs"] as? [String: Any])?["device"] as? String ?? "" }
+        for index in 0..<50 { harness.gateway.submit(iPhone(.message, device: "d\(index)")) }
+        try harness.waitFor("the first 50 sent") { $0.sent == 50 }
+        // 50 more reach the mock and are left unanswered: streams in flight when GOAWAY comes.
+        try harness.mock.command(["hang": true])
+        for index in 50..<100 { harness.gateway.submit(iPhone(.message, device: "d\(index)")) }
+        try harness.mock.waitFor("the 50 in flight") { $0.count == 100 }
+        try harness.mock.command(["hang": false, "goaway": true])
+        for index in 100..<150 { harness.gateway.submit(iPhone(.message, device: "d\(index)")) }
+        // A stream GOAWAY refused is retried at once, not after a back-off: the clock stands still.
+        try harness.waitFor("all 150 sent") { $0.sent == 150 }
+
+        let goAway = try #require(harness.mock.goAways.first)
+        let requests = harness.mock.requests
+        let answered = requests.filter { $0.status != 0 }
+        #expect(answered.count == 150 && Set(answered.map(device)).count == 150, "each wake-up answered exactly once")
+        let refused = requests.filter { $0.status == 0 }
+        #expect(refused.count == 50 && refused.allSatisfy { $0.connection == goAway.connection && $0.stream > goAway.lastStreamID })
+        #expect(Set(refused.map(device)).isSubset(of: Set(answered.filter { $0.connection != goAway.connection }.map(device))),
+                "the refused streams went again on the new connection")
+        #expect(answered.filter { $0.connection == goAway.connection }.allSatisfy { $0.stream <= goAway.lastStreamID })
+        #expect(harness.mock.connectionCount == 2)
+        let statistics = harness.gateway.statistics
+        #expect(statistics.rejected == 0 && statistics.dropped == 0 && statistics.rejectionReasons.isEmpty)
+        #expect(statistics.failedAttempts == 0, "a refused stream is not a failed attempt: \(statistics)")
+    }
+
     @Test("a push service that never answers holds only its own requests: they time out and are retried")
     func hangingService() throws {
         let harness = try ProviderHarness { $0.requestTimeout = .milliseconds(300) }

@@ -1,3 +1,4 @@
+import Foundation
 import SignalingCrypto
 import SignalingProtocol
 import SignalingServer
@@ -60,6 +61,64 @@ struct ReloadTests {
         #expect(server.process.poll() == nil, "SIGHUP ended the server: \(server.log)")
         #expect(server.log.contains("event=signal signal=SIGHUP"))
         #expect(!server.log.contains("first-secret") && !server.log.contains("second-secret"), "a secret reached the log")
+        #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
+    }
+
+    @Test("SIGHUP after rotating the APNs key: the next provider token verifies only with the new key; a bad key file then keeps it")
+    func apnsKeyRotation() throws {
+        let pki = try PushTestPKI()
+        let rotated = try pki.makeAPNsKey(named: "rotated")
+        let mock = try MockPushService(pki: pki, moreAPNsPublicKeys: [rotated.publicKey])
+        defer { mock.stop() }
+        let keyFile = pki.directory.file("AuthKey_live.p8")
+        #expect(writeFile(keyFile, try String(contentsOfFile: pki.apnsKeyFile, encoding: .utf8)))
+        let server = try ServerProcess([
+            "--store", "memory", "--apns-key-file", keyFile, "--apns-key-id", PushTestPKI.apnsKeyID,
+            "--apns-team-id", PushTestPKI.apnsTeamID, "--apns-topic", "com.example.app", "--apns-url", mock.baseURL,
+            "--apns-sandbox-url", mock.baseURL, "--push-ca-file", pki.caFile, "--push-interval", "0",
+        ])
+        do {
+            let phone = try RawSocket(port: server.port)
+            try phone.send(.hello(Hello(userID: "bob", deviceID: "phone", credentials: [])))
+            guard case .welcome? = try phone.next() else { Issue.record("no WELCOME for bob"); return }
+            try phone.send(.request(id: 1, .pushRegister(platform: "apns", token: [UInt8](repeating: 0xB2, count: 32))))
+            guard case .ok(1, _)? = try phone.next() else { Issue.record("PUSH_REGISTER refused"); return }
+        }
+        let alice = try RawSocket(port: server.port)
+        try alice.send(.hello(Hello(userID: "alice", deviceID: "laptop", credentials: [])))
+        guard case .welcome? = try alice.next() else { Issue.record("no WELCOME for alice"); return }
+        var sent = 0
+        /// Messages the offline phone until the mock has one more push (the first may
+        /// still find the phone's connection being closed), and returns that push.
+        func nextPush() throws -> MockPushService.Request {
+            let before = mock.requests.count
+            for _ in 0..<20 {
+                sent += 1
+                try alice.send(.request(id: UInt32(100 + sent), .messageSend(OutgoingMessage(
+                    messageID: "m\(sent)", recipient: "bob", contentType: "text/plain", body: Array("hi".utf8)))))
+                if let pushes = try? mock.waitFor("a push", timeout: 1, { $0.count > before }) { return pushes[before] }
+            }
+            throw TestClient.Failure("no push for the offline phone: \(server.log)")
+        }
+        let first = try nextPush()
+        #expect(first.auth == "ok" && first.apnsKey == 0)
+
+        #expect(writeFile(keyFile, try String(contentsOfFile: rotated.privateKey, encoding: .utf8)))
+        server.process.send(signal: SIGHUP)
+        try waitForLog(server, "event=reloaded changed=apns-key-file")
+        let second = try nextPush()
+        #expect(second.auth == "ok" && second.apnsKey == 1, "signed with the new key at once, verifiable only with its public half")
+        #expect(second.headers["authorization"] != first.headers["authorization"])
+
+        #expect(writeFile(keyFile, "-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n"))
+        server.process.send(signal: SIGHUP)
+        try waitForLog(server, "level=error event=reload_refused keys=apns-key-file")
+        try waitForLog(server, "event=reloaded changed=none")
+        let third = try nextPush()
+        #expect(third.auth == "ok" && third.apnsKey == 1, "a bad key file keeps the running key")
+        #expect(third.headers["authorization"] == second.headers["authorization"], "and its provider token")
+        #expect(!server.log.contains("reload_needs_restart"), "\(server.log)")
+        #expect(server.process.poll() == nil, "SIGHUP ended the server: \(server.log)")
         #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
     }
 

@@ -33,6 +33,15 @@ public final class PushTestPKI: Sendable {
         try Self.openssl(["pkey", "-in", "\(d)/fcm.key", "-pubout", "-out", fcmPublicKey])
     }
 
+    /// Another APNs key pair in the directory (a rotation's new key): the `.p8` and its
+    /// public half.
+    public func makeAPNsKey(named name: String) throws -> (privateKey: String, publicKey: String) {
+        let (privateKey, publicKey) = (directory.file("\(name).p8"), directory.file("\(name).pub"))
+        try Self.openssl(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", privateKey])
+        try Self.openssl(["pkey", "-in", privateKey, "-pubout", "-out", publicKey])
+        return (privateKey, publicKey)
+    }
+
     /// Writes the service-account JSON with `tokenURI` (the mock's /token).
     public func writeServiceAccount(tokenURI: String) throws {
         let pem = try String(contentsOfFile: directory.file("fcm.key"), encoding: .utf8)
@@ -71,23 +80,30 @@ public final class MockPushService {
         public var body: String
         /// "ok": the JWT or bearer token checked out; "bad"; "none".
         public var auth: String
+        /// Which APNs public key verified the provider token: 0 the PKI's, 1… the others.
+        public var apnsKey: Int?
         public var jwtHeader: [String: Any]
         public var jwtClaims: [String: Any]
         public var connection: Int
+        /// The HTTP/2 stream id on that connection.
+        public var stream: Int
+        /// The status answered (0: left unanswered, hanging).
         public var status: Int
         /// CLOCK_MONOTONIC ns when the mock had the whole request.
         public var receivedAt: UInt64
         public var json: [String: Any] { (try? JSONSerialization.jsonObject(with: Data(body.utf8))) as? [String: Any] ?? [:] }
     }
 
-    public init(pki: PushTestPKI, logName: String = "mock-push.log") throws {
+    /// - Parameter moreAPNsPublicKeys: public keys that also verify provider tokens, after
+    ///   the PKI's (a rotation's new key); `Request.apnsKey` says which one verified.
+    public init(pki: PushTestPKI, logName: String = "mock-push.log", moreAPNsPublicKeys: [String] = []) throws {
         logPath = pki.directory.file(logName)
         let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().appendingPathComponent("Tools/mock-push-service.py").path
         process = try ChildProcess.spawn(
             "/usr/bin/python3",
             arguments: [script, "--cert", pki.serverCertificate, "--key", pki.serverKey, "--apns-public-key", pki.apnsPublicKey,
-                        "--fcm-public-key", pki.fcmPublicKey],
+                        "--fcm-public-key", pki.fcmPublicKey] + moreAPNsPublicKeys.flatMap { ["--apns-public-key", $0] },
             pipeInput: true, stdout: .file(logPath), stderr: .file(logPath + ".err"))
         var found: UInt16?
         let deadline = Date().addingTimeInterval(20)
@@ -144,6 +160,16 @@ public final class MockPushService {
         return lines.filter { $0["connection"] != nil }.count
     }
 
+    /// The GOAWAY frames the mock sent (the `goaway` command): on which connection, and
+    /// the last stream it declared answered.
+    public var goAways: [(connection: Int, lastStreamID: Int)] {
+        refresh()
+        return lines.compactMap { line in
+            guard let connection = line["goaway"] as? Int, let last = line["last_stream_id"] as? Int else { return nil }
+            return (connection, last)
+        }
+    }
+
     /// Waits (bounded, 20 s) until `condition` holds on the requests so far; returns them.
     @discardableResult
     public func waitFor(_ what: String, timeout: Double = 20, _ condition: ([Request]) -> Bool) throws -> [Request] {
@@ -176,8 +202,9 @@ public final class MockPushService {
         let jwt = line["jwt"] as? [String: Any]
         return Request(
             path: path, headers: line["headers"] as? [String: String] ?? [:], body: line["body"] as? String ?? "",
-            auth: line["auth"] as? String ?? "none", jwtHeader: jwt?["header"] as? [String: Any] ?? [:],
+            auth: line["auth"] as? String ?? "none", apnsKey: line["apns_key"] as? Int, jwtHeader: jwt?["header"] as? [String: Any] ?? [:],
             jwtClaims: jwt?["claims"] as? [String: Any] ?? [:], connection: line["conn"] as? Int ?? 0,
+            stream: line["stream"] as? Int ?? 0,
             status: line["status"] as? Int ?? 0, receivedAt: (line["t"] as? NSNumber)?.uint64Value ?? 0)
     }
 }

@@ -78,4 +78,8 @@ const uint8_t *vs_curl_request_body(const vs_curl_request *request, size_t *leng
 const char *vs_curl_request_error(const vs_curl_request *request);
 /// curl's text for a CURLcode.
 const char *vs_curl_strerror(int code);
+/// Whether a transfer's result says its HTTP/2 stream was refused or cut by the peer's
+/// framing (CURLE_HTTP2, CURLE_HTTP2_STREAM) rather than the connection failing: what a
+/// GOAWAY does to a stream above its last-stream-id that libcurl does not retry itself.
+int vs_curl_result_is_stream_refused(int code);
 #endif

@@ -114,6 +114,10 @@ public struct ServerConfiguration: Sendable {
     public var loopCPUs: [Int] = []
     /// Where push wake-ups go for devices with no connection (nil: none are sent).
     public var pushGateway: PushGatewayConfiguration?
+    /// Push key files a reload could not read (`ServerOptions.configuration(from:running:)`);
+    /// `pushGateway` holds the running signing material for them. Empty at start, where
+    /// such a file is an error.
+    public var refusedPushCredentials: [RefusedCredential] = []
     /// How often a `stats` line is logged (zero: never).
     public var statsInterval: Duration = .seconds(60)
     /// Minimum log level.
@@ -256,3 +260,14 @@ public struct StorageConfiguration: Sendable, Equatable {
 #if canImport(Glibc)
 import Glibc
 #endif
+
+/// A credential file a reload refused: its option and why (logged as `reload_refused`).
+public struct RefusedCredential: Sendable, Equatable {
+    public var option: String
+    public var detail: String
+
+    public init(option: String, detail: String) {
+        self.option = option
+        self.detail = detail
+    }
+}

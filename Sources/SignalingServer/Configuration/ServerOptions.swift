@@ -69,14 +69,14 @@ public enum ServerOptions {
             OptionSpec("push-interval", value: "SECONDS", default: "10", help: "Least time between two wake-ups of one device (calls excepted)."),
             OptionSpec("push-timeout", value: "SECONDS", default: "5", help: "A wake-up request not answered within this fails and is retried."),
             OptionSpec("push-max-body", value: "BYTES", default: "4096", help: "Largest wake-up body sent."),
-            OptionSpec("apns-key-file", value: "FILE", help: "Send wake-ups to APNs directly, signing provider tokens with this .p8 key (needs --apns-key-id, --apns-team-id, --apns-topic; docs/PUSH.md). Read at start only."),
+            OptionSpec("apns-key-file", value: "FILE", help: "Send wake-ups to APNs directly, signing provider tokens with this .p8 key (needs --apns-key-id, --apns-team-id, --apns-topic; docs/PUSH.md). Reloaded on SIGHUP, with the key id and team id."),
             OptionSpec("apns-key-id", value: "ID", help: "The APNs key's id (JWT kid)."),
             OptionSpec("apns-team-id", value: "ID", help: "The Apple developer team id (JWT iss)."),
             OptionSpec("apns-topic", value: "BUNDLE-ID", help: "The app's bundle id, for registrations that name no topic (VoIP pushes go to BUNDLE-ID.voip)."),
             OptionSpec("apns-url", value: "URL", default: "https://api.push.apple.com", help: "APNs production endpoint."),
             OptionSpec("apns-sandbox-url", value: "URL", default: "https://api.sandbox.push.apple.com", help: "APNs sandbox endpoint (tokens registered with environment sandbox)."),
             OptionSpec("apns-token-refresh", value: "SECONDS", default: "2400", help: "Sign a new APNs provider token this often (1200-3000)."),
-            OptionSpec("fcm-service-account", value: "FILE", help: "Send wake-ups to FCM directly with this service-account JSON key (docs/PUSH.md). Read at start only."),
+            OptionSpec("fcm-service-account", value: "FILE", help: "Send wake-ups to FCM directly with this service-account JSON key (docs/PUSH.md). Reloaded on SIGHUP."),
             OptionSpec("fcm-url", value: "URL", default: "https://fcm.googleapis.com", help: "FCM endpoint (/v1/projects/PROJECT/messages:send is appended)."),
             OptionSpec("fcm-token-url", value: "URL", default: "the key file's token_uri", help: "OAuth2 token endpoint the service-account assertion is exchanged at."),
             OptionSpec("push-ca-file", value: "FILE", help: "Trust the CAs in this PEM file for APNs, FCM and the token endpoint instead of the system's."),
@@ -98,7 +98,8 @@ public enum ServerOptions {
                                 share of --drain-jitter (so a restart is not a reconnect storm), then exit 0.
               SIGHUP            Reload: read the command line, --config, --auth-key-file and --auth-secret-file
                                 again and put log-level, the token keys, the auth secret, max-pending,
-                                max-connections-per-ip and handshake-rate in force; other changes are logged and
+                                max-connections-per-ip, handshake-rate, the TLS certificate and the
+                                APNs/FCM keys in force; other changes are logged and
                                 wait for a restart. A bad file changes nothing (logged as reload_failed).
                                 Connections stay open.
 
@@ -113,8 +114,12 @@ public enum ServerOptions {
             """)
 
     /// The push services: the webhook gateway, APNs and FCM, each optional (nil: none).
+    /// With `running` (a reload), a key file that cannot be read or parsed keeps the
+    /// running service's signing material and is listed in `refusedCredentials` instead
+    /// of failing the whole reload.
     static func pushConfiguration(
-        _ options: ParsedOptions, seconds: (String, ClosedRange<Double>) throws(UsageError) -> Duration?
+        _ options: ParsedOptions, running: PushGatewayConfiguration?, refusedCredentials: inout [RefusedCredential],
+        seconds: (String, ClosedRange<Double>) throws(UsageError) -> Duration?
     ) throws(UsageError) -> PushGatewayConfiguration? {
         let apnsOptions = ["apns-key-file", "apns-key-id", "apns-team-id", "apns-topic", "apns-url", "apns-sandbox-url", "apns-token-refresh"]
         let fcmOptions = ["fcm-service-account", "fcm-url", "fcm-token-url"]
@@ -122,17 +127,18 @@ public enum ServerOptions {
         var push = PushGatewayConfiguration()
         if let url = options.string("push-gateway") { push.endpoint = try GatewayEndpoint(url: url) }
         if let path = options.string("apns-key-file") {
-            guard let pem = readTextFile(path) else { throw UsageError("--apns-key-file: cannot read \(path)") }
-            let key: JWTSigningKey
-            do {
-                key = try JWTSigningKey(pem: pem)
-            } catch {
-                throw UsageError("--apns-key-file \(path): \(error)")
-            }
             guard let keyID = options.string("apns-key-id"), let teamID = options.string("apns-team-id"),
                 let topic = options.string("apns-topic")
             else { throw UsageError("--apns-key-file needs --apns-key-id, --apns-team-id and --apns-topic") }
-            var apns = APNsConfiguration(key: key, keyID: keyID, teamID: teamID, defaultTopic: topic)
+            var apns: APNsConfiguration
+            do throws(UsageError) {
+                apns = try APNsConfiguration(keyFile: path, keyID: keyID, teamID: teamID, defaultTopic: topic)
+            } catch {
+                // On a reload a bad key file keeps the running key (and its id and team).
+                guard let kept = running?.apns else { throw UsageError("--apns-key-file \(error.message)") }
+                refusedCredentials.append(.init(option: "apns-key-file", detail: error.message))
+                apns = APNsConfiguration(key: kept.key, keyID: kept.keyID, teamID: kept.teamID, defaultTopic: topic).withCredentials(of: kept)
+            }
             if let url = options.string("apns-url") { apns.productionURL = url }
             if let url = options.string("apns-sandbox-url") { apns.sandboxURL = url }
             if let value = try seconds("apns-token-refresh", 1200...3000) { apns.tokenRefreshInterval = value }
@@ -141,12 +147,13 @@ public enum ServerOptions {
             throw UsageError("--\(stray) needs --apns-key-file")
         }
         if let path = options.string("fcm-service-account") {
-            guard let text = readTextFile(path) else { throw UsageError("--fcm-service-account: cannot read \(path)") }
             let account: FCMConfiguration.ServiceAccount
             do throws(UsageError) {
-                account = try FCMConfiguration.ServiceAccount(json: Array(text.utf8))
+                account = try FCMConfiguration.ServiceAccount(file: path)
             } catch {
-                throw UsageError("--fcm-service-account \(path): \(error.message)")
+                guard let kept = running?.fcm else { throw UsageError("--fcm-service-account \(error.message)") }
+                refusedCredentials.append(.init(option: "fcm-service-account", detail: error.message))
+                account = kept.account
             }
             var fcm = FCMConfiguration(account: account)
             if let url = options.string("fcm-url") { fcm.messagesURL = url }
@@ -173,8 +180,12 @@ public enum ServerOptions {
         return push
     }
 
-    /// Builds the configuration from the command line (and the file it names).
-    public static func configuration(from arguments: [String]) throws(UsageError) -> (ServerConfiguration, helpRequested: Bool) {
+    /// Builds the configuration from the command line (and the file it names). On a
+    /// reload, pass the `running` configuration: a push key file that has gone bad then
+    /// keeps the running key (`refusedPushCredentials`) rather than failing everything.
+    public static func configuration(
+        from arguments: [String], running: ServerConfiguration? = nil
+    ) throws(UsageError) -> (ServerConfiguration, helpRequested: Bool) {
         let commandLine = try parser.parse(arguments)
         if commandLine.helpRequested { return (ServerConfiguration(), true) }
         guard commandLine.positionals.isEmpty else {
@@ -191,7 +202,7 @@ public enum ServerOptions {
             file.lines[name] = nil  // the command line wins: a mistake in it is not the file's
         }
         do {
-            return (try build(merged), false)
+            return (try build(merged, running: running), false)
         } catch {
             throw file.locate(error)
         }
@@ -292,7 +303,7 @@ public enum ServerOptions {
         return value
     }
 
-    static func build(_ options: ParsedOptions) throws(UsageError) -> ServerConfiguration {
+    static func build(_ options: ParsedOptions, running: ServerConfiguration? = nil) throws(UsageError) -> ServerConfiguration {
         var configuration = ServerConfiguration()
         if let listen = options.string("listen") {
             if listen == "off" {
@@ -414,7 +425,8 @@ public enum ServerOptions {
         // Mosquitto 2.0's rule: without authentication, only this host can connect unless
         // an address is asked for (and that needs --allow-anonymous, see `validate`).
         if !options.has("listen") && configuration.requiresAuthentication { configuration.host = "0.0.0.0" }
-        configuration.pushGateway = try pushConfiguration(options, seconds: seconds)
+        configuration.pushGateway = try pushConfiguration(
+            options, running: running?.pushGateway, refusedCredentials: &configuration.refusedPushCredentials, seconds: seconds)
         if let format = options.string("log-format") {
             guard let parsed = LogFormat(rawValue: format) else { throw UsageError("--log-format must be kv or json") }
             configuration.logFormat = parsed

@@ -300,6 +300,7 @@ public final class SignalingServer: Sendable {
     public static let reloadableSettings = [
         "log-level", "auth-key-file", "auth-secret", "max-pending", "max-connections-per-ip", "handshake-rate",
         "tls-cert", "tls-key", "tls-min-version", "tls-ticket-key-file",
+        "apns-key-file", "apns-key-id", "apns-team-id", "fcm-service-account",
     ]
 
     /// The `auth` field of the `listening` line: `tokens(k1,k2)`, `legacy`, both, or `off`.
@@ -383,6 +384,9 @@ public final class SignalingServer: Sendable {
                     ])
                 }
             }
+            if let pushGateway, let running = current.pushGateway {
+                result.applied += reloadPushCredentials(pushGateway, running: running, new, into: &current)
+            }
             current.logLevel = new.logLevel
             if authApplied {
                 current.authKeys = new.authKeys
@@ -394,7 +398,11 @@ public final class SignalingServer: Sendable {
             current.memoryBudget = new.memoryBudget
             current.maxConnectionsPerAddress = new.maxConnectionsPerAddress
             current.handshakeRate = new.handshakeRate
-            result.needRestart = Self.restartOnlySettings.filter { $0.value(current) != $0.value(new) }.map(\.name)
+            // The push services' other settings are compared with the credentials in force.
+            var comparable = new
+            if let apns = current.pushGateway?.apns { comparable.pushGateway?.apns = new.pushGateway?.apns?.withCredentials(of: apns) }
+            if let fcm = current.pushGateway?.fcm { comparable.pushGateway?.fcm = new.pushGateway?.fcm?.withCredentials(of: fcm) }
+            result.needRestart = Self.restartOnlySettings.filter { $0.value(current) != $0.value(comparable) }.map(\.name)
 
             context.logger.info("reloaded", ["changed": result.applied.isEmpty ? "none" : result.applied.joined(separator: ",")])
             if !result.needRestart.isEmpty {
@@ -411,6 +419,40 @@ public final class SignalingServer: Sendable {
             }
             return result
         }
+    }
+
+    /// Hands the push services' reloaded signing material to the gateway when it differs
+    /// from the running one (a new APNs key also means a new provider token, and Apple
+    /// refuses more than one of those per 20 minutes, so an unchanged key is left alone).
+    /// A file the reload could not read keeps the running material: `reload_refused`.
+    /// Returns the settings applied; records them in `current`.
+    private func reloadPushCredentials(
+        _ gateway: PushGateway, running: PushGatewayConfiguration, _ new: ServerConfiguration, into current: inout ServerConfiguration
+    ) -> [String] {
+        for refusal in new.refusedPushCredentials {
+            context.logger.error("reload_refused", ["keys": refusal.option, "detail": "\(refusal.detail); the running key stays"])
+        }
+        let apns = running.apns.flatMap { old in new.pushGateway?.apns.flatMap { $0.credentialsDiffer(from: old) ? $0 : nil } }
+        let fcm = running.fcm.flatMap { old in new.pushGateway?.fcm.flatMap { $0.credentialsDiffer(from: old) ? $0 : nil } }
+        guard apns != nil || fcm != nil else { return [] }
+        do {
+            try gateway.replaceCredentials(apns: apns, fcm: fcm)
+        } catch {
+            context.logger.error("reload_refused", ["keys": "apns-key-file,fcm-service-account", "detail": "\(error.message); the running keys stay"])
+            return []
+        }
+        var applied: [String] = []
+        if let apns, let old = running.apns {
+            applied.append("apns-key-file")
+            if apns.keyID != old.keyID { applied.append("apns-key-id") }
+            if apns.teamID != old.teamID { applied.append("apns-team-id") }
+            current.pushGateway?.apns = old.withCredentials(of: apns)
+        }
+        if let fcm, let old = running.fcm {
+            applied.append("fcm-service-account")
+            current.pushGateway?.fcm = old.withCredentials(of: fcm)
+        }
+        return applied
     }
 
     /// Every other setting, as text to compare: what a reload reports but cannot change.
