@@ -94,19 +94,27 @@ static int configure_common(SSL_CTX *context, int minimum_version) {
     return 1;
 }
 
-vs_tls_context *vs_tls_server_context_new(
-    const char *chain_file, const char *key_file, int minimum_version, const char *alpn, char *error, size_t capacity) {
+/// A context for `method` with what both sides share; NULL with the reason in `error`.
+static SSL_CTX *new_context(const SSL_METHOD *method, int minimum_version, char *error, size_t capacity) {
     ERR_clear_error();
-    pthread_once(&alpn_index_once, make_alpn_index);
-    SSL_CTX *context = SSL_CTX_new(TLS_server_method());
+    SSL_CTX *context = SSL_CTX_new(method);
     if (context == NULL) {
         report(error, capacity, "cannot make a TLS context", NULL);
         return NULL;
     }
     if (!configure_common(context, minimum_version)) {
         report(error, capacity, "unsupported minimum TLS version", NULL);
-        goto fail;
+        SSL_CTX_free(context);
+        return NULL;
     }
+    return context;
+}
+
+vs_tls_context *vs_tls_server_context_new(
+    const char *chain_file, const char *key_file, int minimum_version, const char *alpn, char *error, size_t capacity) {
+    pthread_once(&alpn_index_once, make_alpn_index);
+    SSL_CTX *context = new_context(TLS_server_method(), minimum_version, error, capacity);
+    if (context == NULL) return NULL;
     SSL_CTX_set_options(context, SSL_OP_CIPHER_SERVER_PREFERENCE);
     // Read ahead: one recv takes a record's header and body (and whatever follows) instead
     // of two (header, then body), per record. Input OpenSSL then holds is announced by no
@@ -153,16 +161,8 @@ int vs_tls_context_set_ticket_key(vs_tls_context *context, const uint8_t *key, s
 
 vs_tls_context *vs_tls_client_context_new(
     const char *ca_file, int minimum_version, const char *alpn, char *error, size_t capacity) {
-    ERR_clear_error();
-    SSL_CTX *context = SSL_CTX_new(TLS_client_method());
-    if (context == NULL) {
-        report(error, capacity, "cannot make a TLS context", NULL);
-        return NULL;
-    }
-    if (!configure_common(context, minimum_version)) {
-        report(error, capacity, "unsupported minimum TLS version", NULL);
-        goto fail;
-    }
+    SSL_CTX *context = new_context(TLS_client_method(), minimum_version, error, capacity);
+    if (context == NULL) return NULL;
     SSL_CTX_set_verify(context, SSL_VERIFY_PEER, NULL);
     if (ca_file != NULL) {
         if (SSL_CTX_load_verify_locations(context, ca_file, NULL) != 1) {
