@@ -11,6 +11,16 @@ struct ServiceResult {
     var detail: String
 }
 
+extension ServiceResult {
+    /// Requests to the service wait out its back-off (`ServiceBackoff`).
+    static func backingOff(_ wait: Duration) -> ServiceResult {
+        ServiceResult(outcome: .failed(retryAfter: wait), status: 0, detail: "reconnecting after failures")
+    }
+
+    /// libcurl would not start the request.
+    static let notStarted = ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: "libcurl refused the request")
+}
+
 /// Reconnecting with back-off: after a request fails without an answer (connection
 /// refused, TLS failure, reset, timeout), requests to that service wait 1 s, 2 s, 4 s …
 /// up to 60 s (with jitter) before the next connection attempt, instead of every due
@@ -39,6 +49,18 @@ struct ServiceBackoff {
     }
 
     private func pow2(_ exponent: Int) -> Double { Double(1 << min(max(exponent, 0), 20)) }
+
+    /// Notes whether `response` was an answer: a transport failure (no answer) extends the
+    /// back-off and is the result; an answer of any status resets it and is for the
+    /// service's own classification (nil).
+    mutating func transportFailure(of response: HTTP2Client.Response, now: Instant) -> ServiceResult? {
+        guard let error = response.transportError else {
+            answered()
+            return nil
+        }
+        failed(now: now)
+        return ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: error)
+    }
 }
 
 /// Apple's push service: provider-token authentication (an ES256 JWT signed with the
@@ -70,7 +92,7 @@ final class APNsClient {
     private func send(_ request: APNsRequest, mayRefresh: Bool, completion: @escaping (ServiceResult) -> Void) {
         let now = clock.now()
         if let wait = backoff.wait(now: now) {
-            completion(ServiceResult(outcome: .failed(retryAfter: wait), status: 0, detail: "reconnecting after failures"))
+            completion(.backingOff(wait))
             return
         }
         let bearer: String
@@ -104,7 +126,7 @@ final class APNsClient {
             }
             completion(result)
         }
-        if !started { completion(ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: "libcurl refused the request")) }
+        if !started { completion(.notStarted) }
     }
 
     /// Puts a reloaded key (and key id, team id) in force: the next request signs a new
@@ -130,11 +152,7 @@ final class APNsClient {
 
     /// APNs' answers (Apple's "Handling notification responses from APNs").
     private func classify(_ response: HTTP2Client.Response) -> ServiceResult {
-        if let error = response.transportError {
-            backoff.failed(now: clock.now())
-            return ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: error)
-        }
-        backoff.answered()
+        if let failure = backoff.transportFailure(of: response, now: clock.now()) { return failure }
         let status = response.status
         struct ErrorBody: Decodable { var reason: String }
         let reason = (try? JSONDecoder().decode(ErrorBody.self, from: Data(response.body)))?.reason ?? "status \(status)"
@@ -187,7 +205,7 @@ final class FCMClient {
     func send(_ request: FCMRequest, completion: @escaping (ServiceResult) -> Void) {
         let now = clock.now()
         if let wait = backoff.wait(now: now) {
-            completion(ServiceResult(outcome: .failed(retryAfter: wait), status: 0, detail: "reconnecting after failures"))
+            completion(.backingOff(wait))
             return
         }
         if let accessToken, now < accessToken.refreshAt {
@@ -204,7 +222,7 @@ final class FCMClient {
         let started = http.post(url: url, headers: headers, body: request.body, timeout: timeout) { [self] response in
             completion(classify(response))
         }
-        if !started { completion(ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: "libcurl refused the request")) }
+        if !started { completion(.notStarted) }
     }
 
     /// Puts a reloaded service account in force: the cached access token (obtained with
@@ -293,11 +311,7 @@ final class FCMClient {
 
     /// FCM v1's answers: the `errorCode` of the FcmError detail, else the status.
     private func classify(_ response: HTTP2Client.Response) -> ServiceResult {
-        if let error = response.transportError {
-            backoff.failed(now: clock.now())
-            return ServiceResult(outcome: .failed(retryAfter: nil), status: 0, detail: error)
-        }
-        backoff.answered()
+        if let failure = backoff.transportFailure(of: response, now: clock.now()) { return failure }
         let status = response.status
         struct ErrorBody: Decodable {
             struct Detail: Decodable { var errorCode: String? }

@@ -110,6 +110,7 @@ struct PushRequestBuilder {
                 payload += #""aps":{"content-available":1},"#.utf8
             }
         }
+        payload += #""vs":"#.utf8
         appendWakeUpFields(wakeUp, id: id, to: &payload)
         payload += #"}"#.utf8
         guard payload.count <= (voip ? Self.apnsMaxVoIPPayload : Self.apnsMaxPayload) else { return nil }
@@ -144,25 +145,17 @@ struct PushRequestBuilder {
             body += #","collapse_key":"#.utf8
             WakeUpJSON.appendString(collapse, to: &body)
         }
-        body += #"},"data":{"id":"#.utf8
-        WakeUpJSON.appendString(id, to: &body)
-        body += #","user":"#.utf8
-        WakeUpJSON.appendString(wakeUp.userID, to: &body)
-        body += #","device":"#.utf8
-        WakeUpJSON.appendString(wakeUp.deviceID, to: &body)
-        body += #","kind":"#.utf8
-        WakeUpJSON.appendString(wakeUp.kind.rawValue, to: &body)
+        body += #"},"data":"#.utf8
         // FCM data values are strings.
-        body += #","pending":""#.utf8
-        body += String(max(0, wakeUp.pendingEvents)).utf8
-        body += #""}}}"#.utf8
+        appendWakeUpFields(wakeUp, id: id, pendingAsString: true, to: &body)
+        body += #"}}"#.utf8
         return body.count <= Self.fcmMaxBody ? FCMRequest(body: body) : nil
     }
 
-    /// `"vs":{"id":…,"user":…,"device":…,"kind":…,"pending":N}`: which account to connect
-    /// and why.
-    private func appendWakeUpFields(_ wakeUp: WakeUp, id: String, to out: inout [UInt8]) {
-        out += #""vs":{"id":"#.utf8
+    /// `{"id":…,"user":…,"device":…,"kind":…,"pending":N}`: which account to connect and
+    /// why (APNs under `"vs"`, FCM as `data`, where `pending` is a string: `"N"`).
+    private func appendWakeUpFields(_ wakeUp: WakeUp, id: String, pendingAsString: Bool = false, to out: inout [UInt8]) {
+        out += #"{"id":"#.utf8
         WakeUpJSON.appendString(id, to: &out)
         out += #","user":"#.utf8
         WakeUpJSON.appendString(wakeUp.userID, to: &out)
@@ -170,9 +163,9 @@ struct PushRequestBuilder {
         WakeUpJSON.appendString(wakeUp.deviceID, to: &out)
         out += #","kind":"#.utf8
         WakeUpJSON.appendString(wakeUp.kind.rawValue, to: &out)
-        out += #","pending":"#.utf8
+        out += (pendingAsString ? #","pending":""# : #","pending":"#).utf8
         out += String(max(0, wakeUp.pendingEvents)).utf8
-        out += #"}"#.utf8
+        out += (pendingAsString ? #""}"# : "}").utf8
     }
 
     static func alertKey(_ kind: WakeUpKind) -> String {
