@@ -295,8 +295,6 @@ vs_tls_status vs_tls_shutdown(vs_tls *tls) {
     return result >= 0 ? VS_TLS_DONE : settle(tls, result);
 }
 
-int vs_tls_pending(const vs_tls *tls) { return SSL_pending(tls->ssl); }
-
 int vs_tls_has_buffered_input(const vs_tls *tls) { return SSL_has_pending(tls->ssl); }
 
 int vs_tls_failed_verification(const vs_tls *tls) {

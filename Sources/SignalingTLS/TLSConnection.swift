@@ -65,9 +65,6 @@ public struct TLSConnection {
     @discardableResult
     public func shutdown() -> TLSStatus { status(vs_tls_shutdown(raw), count: 0) }
 
-    /// Decrypted bytes OpenSSL holds that no readiness event will announce: read them now.
-    public var pendingBytes: Int { Int(vs_tls_pending(raw)) }
-
     /// True when OpenSSL holds input, decrypted or not (a server reads ahead), that no
     /// readiness event will announce; false when whatever comes next is on the socket.
     public var hasBufferedInput: Bool { vs_tls_has_buffered_input(raw) == 1 }

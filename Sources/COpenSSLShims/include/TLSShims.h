@@ -62,8 +62,6 @@ vs_tls_status vs_tls_read(vs_tls *tls, void *buffer, size_t capacity, size_t *co
 vs_tls_status vs_tls_write(vs_tls *tls, const void *bytes, size_t length, size_t *count);
 /// Sends close_notify without waiting for the peer's (the socket is closed right after).
 vs_tls_status vs_tls_shutdown(vs_tls *tls);
-/// Decrypted bytes buffered inside OpenSSL, which no readiness event will announce.
-int vs_tls_pending(const vs_tls *tls);
 /// 1 when OpenSSL holds input, decrypted or not yet (a server context reads ahead), that no
 /// readiness event will announce; 0 when the next record, if any, is still on the socket.
 int vs_tls_has_buffered_input(const vs_tls *tls);

@@ -179,7 +179,7 @@ final class Connection: Sendable {
                 case .failed(.tls(let error)):
                     return .tlsFailed(error.message)
                 }
-            } while stream.bufferedBytes > 0
+            } while stream.hasBufferedInput
         }
     }
 

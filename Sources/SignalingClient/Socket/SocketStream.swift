@@ -66,9 +66,9 @@ final class SocketStream: @unchecked Sendable {
 
     var isTLS: Bool { tls != nil }
 
-    /// Decrypted bytes inside OpenSSL that no poll will announce: read them before polling.
-    /// Always 0 for plain TCP.
-    var bufferedBytes: Int { tls?.pendingBytes ?? 0 }
+    /// Input inside OpenSSL that no poll will announce: read it before polling. Always false
+    /// for plain TCP.
+    var hasBufferedInput: Bool { tls?.hasBufferedInput ?? false }
 
     func read(into buffer: UnsafeMutableRawBufferPointer) -> Step {
         if let tls { return Self.step(tls.read(into: buffer)) }

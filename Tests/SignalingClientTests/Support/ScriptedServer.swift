@@ -119,9 +119,9 @@ final class PeerConnection: @unchecked Sendable {
         }
     }
 
-    /// True when bytes can be read now: TLS may already hold decrypted ones.
+    /// True when bytes can be read now: TLS may already hold some (a server reads ahead).
     private func readable(within timeout: Duration) -> Bool {
-        (tls?.pendingBytes ?? 0) > 0 || waitReadable(descriptor, timeout)
+        tls?.hasBufferedInput == true || waitReadable(descriptor, timeout)
     }
 
     /// Resets the connection (RST), like a crashed server or a dropped NAT mapping.

@@ -93,8 +93,8 @@ final class TLSTestChannel {
         }
     }
 
-    /// Decrypted bytes waiting in OpenSSL (the socket's poll does not show them).
-    var hasPendingBytes: Bool { connection.pendingBytes > 0 }
+    /// Input waiting in OpenSSL (the socket's poll does not show it).
+    var hasPendingBytes: Bool { connection.hasBufferedInput }
 
     private static func poll(_ fd: Int32, _ events: Int16, milliseconds remaining: Duration) -> Bool {
         var descriptor = pollfd(fd: fd, events: events, revents: 0)

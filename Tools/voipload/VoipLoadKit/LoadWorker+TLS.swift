@@ -79,7 +79,7 @@ extension LoadWorker {
                 connectionLost(slot: slot, reason: "TLS: \(error.message)", now: receivedAt)
                 return
             }
-        } while connection.pendingBytes > 0
+        } while connection.hasBufferedInput
     }
 
     /// Writes through TLS when the slot has it: the count taken, or -1 with `failure` set.
