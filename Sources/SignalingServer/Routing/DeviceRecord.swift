@@ -151,8 +151,11 @@ final class DeviceRecord: @unchecked Sendable {
 ///
 /// Guarded by the `Switchboard` lock.
 final class UserActivity: @unchecked Sendable {
-    /// Calls this user is a party to (as caller or callee) that have not ended.
+    /// Calls to this user that have not ended (they live in this user's shard).
     var calls: [CallRecord] = []
+    /// Calls placed by this user's devices that have not ended (their state is in the
+    /// callee's shard, perhaps another one).
+    var outgoingCalls: [OutgoingCall] = []
     /// Messages for this user that arrived while the server knew none of its devices.
     var held: [QueuedEvent] = []
     /// Ordinal of `held.first` (the store orders held events by ordinal).
@@ -162,7 +165,7 @@ final class UserActivity: @unchecked Sendable {
     /// Paces this user's messages and calls (`--sender-rate`; nil until the first one).
     var sendBucket: TokenBucket?
 
-    var isEmpty: Bool { calls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
+    var isEmpty: Bool { calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
 
     /// Held messages, not counting the placeholders of ordinals a restart lost.
     var heldEventCount: Int { held.reduce(0) { $0 + ($1 === QueuedEvent.placeholder ? 0 : 1) } }

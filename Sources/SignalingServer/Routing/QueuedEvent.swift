@@ -122,7 +122,7 @@ final class MemoryLedger: Sendable {
 }
 
 /// Who wants to know that a message reached a device.
-struct DeliveryReceipt: Sendable {
+struct DeliveryReceipt: Sendable, Equatable {
     let sender: String
     let messageID: String
     let recipient: String

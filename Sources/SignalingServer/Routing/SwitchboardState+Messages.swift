@@ -1,16 +1,27 @@
 import SignalingProtocol
 import SignalingSupport
 
-/// The outcome of a MESSAGE_SEND that was not refused.
+/// The outcome of a MESSAGE_SEND that was not refused (yet).
 struct MessageAcceptance {
     /// The server timestamp for OK (the original one for a duplicate).
     let serverTime: UInt64
-    /// The queued event (nil for a duplicate): cancelled if its commit fails.
+    /// The queued event (nil for a duplicate, or when `handOff` decides): cancelled if its
+    /// commit fails.
     let event: QueuedEvent?
+    /// The recipient is on another shard: the sender's side admitted the message, and this
+    /// step, run on the recipient's shard, queues or refuses it and answers the request.
+    var handOff: ShardStep? = nil
 }
 
 /// Message routing (docs/PROTOCOL.md 6.2): de-duplication, all-or-nothing fan-out,
 /// holding for users with no known device.
+///
+/// Across shards a message is three steps: the sender's shard checks what it holds (the
+/// message id, the sender's rate, room in the sender's other devices) and claims the id;
+/// the recipient's shard queues it all-or-nothing to the recipient's devices (or holds it)
+/// and answers; the sender's shard then remembers the id and copies the message to the
+/// sender's other devices, or releases the id if it was refused. The copies are then
+/// best effort (a copy that finds its queue full since the check is dropped and counted).
 extension SwitchboardState {
     /// Accepts a message from a device and queues it to the recipient's devices and to the
     /// sender's other devices.
@@ -21,9 +32,9 @@ extension SwitchboardState {
     /// Accepts a message from `sender` (a device of it, `sendingDevice`, or a system sender
     /// of the admin API with none) and queues it to the recipient's devices and, for
     /// multi-device sync, to the sender's devices other than the sending one: every device
-    /// of a user sees the messages the user sent. All of them share one event, so a
-    /// cancelled message is cancelled everywhere; only the recipient's acknowledgements
-    /// produce receipts (`acknowledge`).
+    /// of a user sees the messages the user sent. Within one shard all of them share one
+    /// event, so a cancelled message is cancelled everywhere; only the recipient's
+    /// acknowledgements produce receipts (`acknowledge`).
     mutating func send(
         _ message: OutgoingMessage, sender: String, senderDevice: String, sendingDevice: DeviceRecord?, now: Instant
     ) -> Result<MessageAcceptance, RequestError> {
@@ -33,45 +44,113 @@ extension SwitchboardState {
             return .success(MessageAcceptance(serverTime: original, event: nil))
         }
         if let refusal = admitSender(sender, bytes: message.body.count, now: now) { return .failure(refusal) }
-        let recipients = Array(devices(of: message.recipient))
-        let targets = recipients.filter { $0 !== sendingDevice }
-        let holdForUser = recipients.isEmpty
         // A note to oneself already reaches the sender's other devices as the recipient's.
         let copies = message.recipient == sender ? [] : devices(of: sender).filter { $0 !== sendingDevice }
-        // All or nothing: a message is either queued to every target or refused.
-        if let full = (targets + copies).first(where: { !hasRoom($0) }) {
-            return .failure(RequestError(
-                .recipientBacklogFull,
-                "device \(full.deviceID) of \(message.recipient) has \(full.queue.count) unacknowledged events; retry later"))
+        let delivered = DeliveredMessage(
+            messageID: message.messageID, sender: sender, senderDevice: senderDevice,
+            recipient: message.recipient, contentType: message.contentType, body: message.body,
+            serverTime: currentWall)
+        guard shardMap.owns(message.recipient) else {
+            if let full = copies.first(where: { !hasRoom($0) }) { return .failure(backlogFull(full)) }
+            // Claimed while the recipient's shard decides: a retry from another device of
+            // the sender meanwhile is a duplicate (`settleMessage` keeps or releases it).
+            activity(sender).recentMessageIDs[message.messageID] = delivered.serverTime
+            return .success(MessageAcceptance(
+                serverTime: delivered.serverTime, event: nil, handOff: .deliverMessage(delivered, sendingDevice: sendingDevice?.deviceID)))
         }
-        if holdForUser, (activities[message.recipient]?.held.count ?? 0) >= configuration.maxPendingEvents {
-            return .failure(RequestError(
-                .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later"))
-        }
-        // A full queue first (the recipient's state), then this sender's share of it.
-        if let refusal = checkSenderShare(sender, recipient: message.recipient, devices: targets) {
-            counters.refusedSenderQuota += 1
+        let recipients = Array(devices(of: message.recipient))
+        let targets = recipients.filter { $0 !== sendingDevice }
+        if let refusal = refusalToQueue(delivered, targets: targets, copies: copies, holdForUser: recipients.isEmpty) {
             return .failure(refusal)
         }
+        let event = messageEvent(delivered)
+        queue(event, for: delivered.recipient, targets: targets, holdForUser: recipients.isEmpty, now: now)
+        for copy in copies { enqueue(event, to: copy) }
+        rememberMessageID(
+            message.messageID, sender: sender, serverTime: delivered.serverTime, now: now,
+            in: senderActivity ?? activity(sender))
+        counters.messagesAccepted += 1
+        return .success(MessageAcceptance(serverTime: delivered.serverTime, event: event))
+    }
 
-        let serverTime = currentWall
-        let event = makeEvent(
-            .message(DeliveredMessage(
-                messageID: message.messageID, sender: sender, senderDevice: senderDevice,
-                recipient: message.recipient, contentType: message.contentType, body: message.body,
-                serverTime: serverTime)),
-            receipt: DeliveryReceipt(sender: sender, messageID: message.messageID, recipient: message.recipient))
+    /// The recipient's step of a message from another shard's user: queued to every device
+    /// of the recipient (or held), or refused with nothing queued.
+    mutating func deliverMessage(_ message: DeliveredMessage, sendingDevice: String?, now: Instant) -> StepOutcome {
+        let recipients = Array(devices(of: message.recipient))
+        let accepted: Bool
+        var outcome: StepOutcome
+        if let refusal = refusalToQueue(message, targets: recipients, copies: [], holdForUser: recipients.isEmpty) {
+            accepted = false
+            outcome = .answered(.failure(refusal))
+        } else {
+            queue(messageEvent(message), for: message.recipient, targets: recipients, holdForUser: recipients.isEmpty, now: now)
+            counters.messagesAccepted += 1
+            accepted = true
+            outcome = .answered(.success(message.serverTime))
+        }
+        outcome.merge(handOn(.settleMessage(message, sendingDevice: sendingDevice, accepted: accepted), now: now))
+        return outcome
+    }
+
+    /// The sender's last step of a message to another shard's user: remembers its id and
+    /// copies it to the sender's other devices, or releases the id claimed for it.
+    mutating func settleMessage(_ message: DeliveredMessage, sendingDevice: String?, accepted: Bool, now: Instant) {
+        guard accepted else {
+            if activities[message.sender]?.recentMessageIDs[message.messageID] == message.serverTime {
+                activities[message.sender]?.recentMessageIDs[message.messageID] = nil
+                compactActivity(message.sender)
+            }
+            return
+        }
+        let copies = devices(of: message.sender).filter { $0.deviceID != sendingDevice }
+        if !copies.isEmpty {
+            let event = messageEvent(message)
+            for copy in copies { enqueue(event, to: copy) }
+        }
+        rememberMessageID(
+            message.messageID, sender: message.sender, serverTime: message.serverTime, now: now, in: activity(message.sender))
+    }
+
+    /// Why `message` cannot be queued to `targets` and `copies` (or held for its recipient,
+    /// `holdForUser`) now; nil if it can. Checks a full queue first (the recipient's
+    /// state), then the sender's share of it.
+    private mutating func refusalToQueue(
+        _ message: DeliveredMessage, targets: [DeviceRecord], copies: [DeviceRecord], holdForUser: Bool
+    ) -> RequestError? {
+        // All or nothing: a message is either queued to every target or refused.
+        if let full = (targets + copies).first(where: { !hasRoom($0) }) { return backlogFull(full) }
+        if holdForUser, (activities[message.recipient]?.held.count ?? 0) >= configuration.maxPendingEvents {
+            return RequestError(
+                .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later")
+        }
+        if let refusal = checkSenderShare(message.sender, recipient: message.recipient, devices: targets) {
+            counters.refusedSenderQuota += 1
+            return refusal
+        }
+        return nil
+    }
+
+    private func backlogFull(_ device: DeviceRecord) -> RequestError {
+        RequestError(
+            .recipientBacklogFull,
+            "device \(device.deviceID) of \(device.userID) has \(device.queue.count) unacknowledged events; retry later")
+    }
+
+    /// The MESSAGE event of `message`, with the receipt its recipient's acknowledgement makes.
+    private func messageEvent(_ message: DeliveredMessage) -> QueuedEvent {
+        makeEvent(
+            .message(message),
+            receipt: DeliveryReceipt(sender: message.sender, messageID: message.messageID, recipient: message.recipient))
+    }
+
+    /// Queues `event` to the recipient's `targets`, or holds it for the recipient, which
+    /// has no device (`holdForUser`).
+    private mutating func queue(_ event: QueuedEvent, for recipient: String, targets: [DeviceRecord], holdForUser: Bool, now: Instant) {
         if holdForUser {
-            hold(event, for: message.recipient, now: now)
+            hold(event, for: recipient, now: now)
         } else {
             for target in targets { enqueue(event, to: target) }
         }
-        for copy in copies { enqueue(event, to: copy) }
-        rememberMessageID(
-            message.messageID, sender: sender, serverTime: serverTime, now: now,
-            in: senderActivity ?? activity(sender))
-        counters.messagesAccepted += 1
-        return .success(MessageAcceptance(serverTime: serverTime, event: event))
     }
 
     /// The store could not commit an accepted message in time: it was refused after all.
