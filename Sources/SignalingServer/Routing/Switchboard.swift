@@ -47,17 +47,17 @@ final class Switchboard: Sendable {
     /// a message's commit unit and its deferred OK would otherwise span two shards' units
     /// (splitting them is the next step of issue 16).
     static func shardCount(workers: Int, journaling: Bool) -> Int {
-        // Until every operation across users runs as steps (issue 16), one shard.
-        1
+        journaling ? 1 : max(1, workers)
     }
 
     init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool, shardCount: Int = 1) {
         let ledger = MemoryLedger()
         self.ledger = ledger
+        let callDirectory = CallDirectory()
         shards = (0..<shardCount).map { index in
             RoutingShard(SwitchboardState(
                 configuration: configuration, epoch: epoch, journaling: journaling,
-                shard: ShardMap(count: shardCount, index: index), ledger: ledger))
+                shard: ShardMap(count: shardCount, index: index), ledger: ledger, callDirectory: callDirectory))
         }
     }
 

@@ -21,6 +21,7 @@ extension SwitchboardState {
             return .answered(.failure(callIDInUse(callID)))
         }
         if let refusal = admitSender(device.userID, bytes: offer.count, now: now) { return .answered(.failure(refusal)) }
+        guard callDirectory.claim(callID) else { return .answered(.failure(callIDInUse(callID))) }
         activity(device.userID).outgoingCalls.append(OutgoingCall(callID: callID, callee: callee, device: device))
         return handOn(.invite(CallInvitation(callID: callID, caller: DeviceAddress(device), callee: callee, offer: offer)), now: now)
     }
@@ -28,13 +29,8 @@ extension SwitchboardState {
     /// The callee's step of an invite: rings the callee's devices, or ends the call at once
     /// when there is nobody to ring or wake.
     mutating func ring(_ invitation: CallInvitation, now: Instant) -> StepOutcome {
+        // The id was claimed in the directory by the caller's shard: no other call has it.
         let callID = invitation.callID, callee = invitation.callee
-        if let existing = calls[callID] {
-            guard existing.caller != invitation.caller else { return .answered(.success(currentWall)) }
-            var refused = StepOutcome.answered(.failure(callIDInUse(callID)))
-            refused.merge(handOn(.callClosed(callID: callID, caller: invitation.caller)))
-            return refused
-        }
         let invitationEvent = makeEvent(.callIncoming(
             callID: callID, caller: invitation.caller.user, callerDevice: invitation.caller.device, offer: invitation.offer,
             serverTime: currentWall))
@@ -53,6 +49,7 @@ extension SwitchboardState {
         if online.isEmpty && wakeable.isEmpty {
             // Nobody to ring and nobody to wake: the caller learns at once.
             call.state = .ended(.unreachable)
+            callDirectory.release(callID)
             outcome.merge(toCaller(call, callEnded(call, .unreachable, peer: callee)))
             outcome.merge(handOn(.callClosed(callID: callID, caller: call.caller)))
             return outcome
@@ -114,8 +111,8 @@ extension SwitchboardState {
 
     mutating func cancel(callID: String, from device: DeviceRecord) -> StepOutcome {
         guard let outgoing = outgoingCall(callID, of: device.userID) else {
-            guard calls[callID] == nil else { return .answered(.failure(notCaller(callID))) }
-            return .answered(.failure(unknown(callID)))
+            guard callDirectory.contains(callID) else { return .answered(.failure(unknown(callID))) }
+            return .answered(.failure(notCaller(callID)))
         }
         guard outgoing.device === device else { return .answered(.failure(notCaller(callID))) }
         return handOn(.callerRequest(.cancel, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)))
@@ -126,8 +123,10 @@ extension SwitchboardState {
             guard outgoing.device === device else { return .answered(.failure(notParty(callID))) }
             return handOn(.callerRequest(.hangUp, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)))
         }
-        guard let call = calls[callID] else { return .answered(.failure(unknown(callID))) }
-        guard call.callee == device.userID else { return .answered(.failure(notParty(callID))) }
+        // Another shard's call (or one to another user of this shard): not this device's.
+        guard let call = calls[callID], call.callee == device.userID else {
+            return .answered(.failure(callDirectory.contains(callID) ? notParty(callID) : unknown(callID)))
+        }
         guard case .active(let answeredBy) = call.state else { return .answered(.failure(illegal(call, "hang up (use reject)"))) }
         guard device.deviceID == answeredBy else {
             return .answered(.failure(RequestError(.notCallParticipant, "call \(callID) was answered on device \(answeredBy)")))
@@ -250,14 +249,16 @@ extension SwitchboardState {
     private mutating func end(_ call: CallRecord, _ reason: CallEndReason) -> StepOutcome {
         call.state = .ended(reason)
         calls[call.callID] = nil
+        callDirectory.release(call.callID)
         activities[call.callee]?.calls.removeAll { $0 === call }
         compactActivity(call.callee)
         return handOn(.callClosed(callID: call.callID, caller: call.caller))
     }
 
     private func lookUp(_ callID: String, calleeDevice device: DeviceRecord) -> Result<CallRecord, RequestError> {
-        guard let call = calls[callID] else { return .failure(unknown(callID)) }
-        guard call.callee == device.userID else {
+        guard let call = calls[callID], call.callee == device.userID else {
+            // Another shard's call (or one to another user of this shard).
+            guard callDirectory.contains(callID) else { return .failure(unknown(callID)) }
             return .failure(RequestError(.notCallParticipant, "call \(callID) is not addressed to you"))
         }
         return .success(call)

@@ -157,6 +157,8 @@ struct SwitchboardState {
     let ledger: MemoryLedger
     /// Which shard this is: the users it holds (`ShardMap.owns`).
     let shardMap: ShardMap
+    /// The live call ids of every shard (shared, like `ledger`).
+    let callDirectory: CallDirectory
     /// Unacknowledged messages per sender and recipient queue (`maxPendingPerSender`);
     /// an entry exists only while its count is positive.
     var pendingBySender: [SenderShareKey: Int] = [:]
@@ -207,11 +209,12 @@ struct SwitchboardState {
 
     init(
         configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool = false,
-        shard: ShardMap = .single, ledger: MemoryLedger = MemoryLedger()
+        shard: ShardMap = .single, ledger: MemoryLedger = MemoryLedger(), callDirectory: CallDirectory = CallDirectory()
     ) {
         self.configuration = configuration
         self.shardMap = shard
         self.ledger = ledger
+        self.callDirectory = callDirectory
         dedupWindowMilliseconds = UInt64(configuration.dedupWindow.milliseconds)
         self.epoch = epoch
         self.journaling = journaling
