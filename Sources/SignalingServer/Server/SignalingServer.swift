@@ -594,6 +594,9 @@ public final class SignalingServer: Sendable {
 
     /// The connections each loop holds open, loop 0 first: how the kernel spread them
     /// (`SO_REUSEPORT`). For tests and tools.
+    /// How many shards the routing state is split into (docs/ARCHITECTURE.md, "Routing shards").
+    public var routingShards: Int { context.switchboard.shardCount }
+
     public var openConnectionsPerLoop: [Int] {
         state.withLock { $0.loops }.map { $0.openConnections.load(ordering: .relaxed) }
     }

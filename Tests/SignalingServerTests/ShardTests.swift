@@ -1,0 +1,331 @@
+import SignalingProtocol
+import SignalingSupport
+import Testing
+@testable import SignalingServer
+
+/// Two routing shards driven by hand, without sockets or threads: what one shard hands on
+/// (`ShardStep`) is run on the other by `run`, as `Switchboard.run` does, so each test
+/// sees every step of an operation that spans users on different shards.
+struct TwoShards {
+    static let epoch = Instant(nanoseconds: 1_000_000_000_000)
+    var states: [SwitchboardState]
+
+    init(_ configure: (inout SwitchboardConfiguration) -> Void = { _ in }) {
+        var configuration = SwitchboardConfiguration()
+        configure(&configuration)
+        let ledger = MemoryLedger(), directory = CallDirectory()
+        states = (0..<2).map { index in
+            SwitchboardState(
+                configuration: configuration, epoch: Self.epoch, shard: ShardMap(count: 2, index: index), ledger: ledger,
+                callDirectory: directory)
+        }
+    }
+
+    static func at(_ seconds: Double) -> Instant { epoch + .milliseconds(Int64((seconds * 1000).rounded())) }
+
+    /// The first of `name`, `name1`, `name2`, ... that lives in shard `index` of two.
+    static func user(_ name: String, onShard index: Int) -> String {
+        let candidates = [name] + (1...64).map { "\(name)\($0)" }
+        return candidates.first { ShardMap.shard(of: $0, count: 2) == index }!
+    }
+
+    static func connection(_ slot: UInt32) -> ConnectionRef { ConnectionRef(loop: 0, slot: slot, generation: 1) }
+
+    /// Runs `body` on the shard holding `user`, then every step it handed on.
+    mutating func on<Result>(
+        _ user: String, at seconds: Double, _ body: (inout SwitchboardState) -> (Result, [ShardStep])
+    ) -> (Result, reply: Swift.Result<UInt64, RequestError>?) {
+        let (result, next) = body(&states[ShardMap.shard(of: user, count: 2)])
+        return (result, run(next, at: seconds))
+    }
+
+    /// Runs `steps`, and those they hand on, each on its user's shard (first in, first out).
+    mutating func run(_ steps: [ShardStep], at seconds: Double) -> Swift.Result<UInt64, RequestError>? {
+        var pending = steps
+        var reply: Swift.Result<UInt64, RequestError>?
+        while !pending.isEmpty {
+            let step = pending.removeFirst()
+            let outcome = states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: Self.at(seconds))
+            if reply == nil { reply = outcome.reply }
+            pending += outcome.next
+        }
+        return reply
+    }
+
+    /// Runs a request that answers with a `StepOutcome`: its reply, wherever it came from.
+    mutating func request(_ user: String, at seconds: Double, _ body: (inout SwitchboardState) -> StepOutcome) -> Swift.Result<UInt64, RequestError>? {
+        let (first, reply) = on(user, at: seconds) { state -> (StepOutcome, [ShardStep]) in
+            let outcome = body(&state)
+            return (outcome, outcome.next)
+        }
+        return first.reply ?? reply
+    }
+
+    mutating func attach(_ user: String, _ device: String = "d1", slot: UInt32, at seconds: Double) throws -> DeviceRecord {
+        let grant = try states[ShardMap.shard(of: user, count: 2)].attach(
+            userID: user, deviceID: device, resume: nil, connection: Self.connection(slot), now: Self.at(seconds)
+        ).get()
+        #expect(grant.next.isEmpty)
+        return grant.record
+    }
+
+    /// The events waiting for `device`, decoded as a device would read them.
+    static func events(_ device: DeviceRecord) -> [Event] {
+        var events: [Event] = []
+        device.queue.forEach(after: device.ackedSeq) { seq, queued in
+            var bytes: [UInt8] = []
+            FrameEncoder.append(event: queued.encoded, seq: seq, to: &bytes)
+            if let decoded = try? bytes.withUnsafeBytes({ try FrameDecoder().decode($0) }),
+                case .event(_, let event) = decoded.frame
+            {
+                events.append(event)
+            }
+            return true
+        }
+        return events
+    }
+
+    /// The error code of a reply (nil: OK, or no reply).
+    static func code(_ reply: Swift.Result<UInt64, RequestError>?) -> ErrorCode? {
+        guard case .failure(let error)? = reply else { return nil }
+        return error.code
+    }
+
+    static func isOK(_ reply: Swift.Result<UInt64, RequestError>?) -> Bool {
+        guard case .success? = reply else { return false }
+        return true
+    }
+
+    static func isCallEnded(_ event: Event?, _ reason: CallEndReason, peer: String) -> Bool {
+        guard case .callEnded(_, let got, let gotPeer, _) = event else { return false }
+        return got == reason && gotPeer == peer
+    }
+}
+
+@Suite("Routing shards: operations across users as steps (routing core, pure)")
+struct ShardStepTests {
+    let alice = TwoShards.user("alice", onShard: 0)
+    let bob = TwoShards.user("bob", onShard: 1)
+
+    func message(_ id: String, to recipient: String) -> OutgoingMessage {
+        OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array("hi".utf8))
+    }
+
+    @Test("the shard of a user is stable and spreads users over the shards")
+    func shardFunction() {
+        #expect(ShardMap.shard(of: "alice", count: 2) == ShardMap.shard(of: "alice", count: 2))
+        #expect(ShardMap.shard(of: "anyone", count: 1) == 0)
+        let spread = Set((0..<64).map { ShardMap.shard(of: "user\($0)", count: 4) })
+        #expect(spread == [0, 1, 2, 3])
+        #expect(ShardMap.shard(of: alice, count: 2) != ShardMap.shard(of: bob, count: 2))
+    }
+
+    @Test("a message to another shard's user: queued there, copied to the sender's other device, answered once; the receipt comes back")
+    func messageAndReceipt() throws {
+        var shards = TwoShards()
+        let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
+        let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
+        let bobDevice = try shards.attach(bob, slot: 3, at: 1)
+
+        let (acceptance, reply) = shards.on(alice, at: 2) { state in
+            let acceptance = try! state.send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+            return (acceptance, acceptance.handOff.map { [$0] } ?? [])
+        }
+        #expect(acceptance.handOff != nil, "the recipient's shard decides")
+        #expect(acceptance.event == nil)
+        guard case .success = reply else { Issue.record("not accepted: \(String(describing: reply))"); return }
+        guard case .message(let delivered) = TwoShards.events(bobDevice).first else { Issue.record("bob got nothing"); return }
+        #expect(delivered.messageID == "m1" && delivered.sender == alice && delivered.senderDevice == "laptop")
+        guard case .message = TwoShards.events(phone).first else { Issue.record("no copy on the sender's other device"); return }
+        #expect(TwoShards.events(laptop).isEmpty, "no copy to the sending device")
+
+        // A retry is a duplicate on the sender's shard: nothing is handed on, nothing queued twice.
+        let retry = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(3)).get()
+        #expect(retry.handOff == nil && retry.event == nil)
+        #expect(TwoShards.events(bobDevice).count == 1)
+
+        // Bob acknowledges: the receipt is a step to alice's shard, for both her devices.
+        let (ack, _) = shards.on(bob, at: 4) { state in
+            let (violation, next) = state.ack(bobDevice, connection: TwoShards.connection(3), through: bobDevice.lastSeq)
+            return (violation, next)
+        }
+        #expect(ack == nil)
+        for device in [laptop, phone] {
+            guard case .messageDelivered(let messageID, let recipient, let recipientDevice, _) = TwoShards.events(device).last else {
+                Issue.record("\(device.deviceID) got no receipt"); continue
+            }
+            #expect(messageID == "m1" && recipient == bob && recipientDevice == "d1")
+        }
+        #expect(shards.states[0].counters.messagesDeduplicated == 1)
+        #expect(shards.states[1].counters.messagesAccepted == 1)
+    }
+
+    @Test("a message the recipient's shard refuses is answered with the refusal, and its id is free again")
+    func refusedAcrossShards() throws {
+        var shards = TwoShards { $0.maxPendingEvents = 1 }
+        let sender = try shards.attach(alice, slot: 1, at: 1)
+        let recipient = try shards.attach(bob, slot: 2, at: 1)
+        func send(_ id: String, at seconds: Double) -> Result<UInt64, RequestError>? {
+            shards.on(alice, at: seconds) { state in
+                let acceptance = try! state.send(message(id, to: bob), from: sender, now: TwoShards.at(seconds)).get()
+                return ((), acceptance.handOff.map { [$0] } ?? [])
+            }.reply
+        }
+        #expect(TwoShards.isOK(send("m1", at: 2)))
+        #expect(TwoShards.code(send("m2", at: 3)) == .recipientBacklogFull)
+        _ = shards.states[1].ack(recipient, connection: TwoShards.connection(2), through: recipient.lastSeq)
+        // Refused, so not remembered: the same id is a new message now, not a duplicate.
+        #expect(TwoShards.isOK(send("m2", at: 4)))
+        #expect(TwoShards.events(recipient).count == 1)
+        #expect(shards.states[0].counters.messagesDeduplicated == 0)
+    }
+
+    @Test("a call to another shard's user with two devices: both ring, the first accept wins, the other hears answeredElsewhere")
+    func firstAcceptWins() throws {
+        var shards = TwoShards()
+        let caller = try shards.attach(alice, slot: 1, at: 1)
+        let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
+        let tablet = try shards.attach(bob, "tablet", slot: 3, at: 1)
+        let invited = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2)) }
+        #expect(TwoShards.isOK(invited))
+        #expect(shards.states[1].calls["c1"] != nil, "the call lives in the callee's shard")
+        #expect(shards.states[0].calls["c1"] == nil)
+        for device in [phone, tablet] {
+            guard case .callIncoming("c1", alice, "d1", _, _) = TwoShards.events(device).first else { Issue.record("\(device.deviceID) did not ring"); return }
+        }
+        // The same id from anyone else is in use, whichever shard asks.
+        let carol = TwoShards.user("carol", onShard: 0)
+        let other = try shards.attach(carol, slot: 4, at: 1)
+        let reused = shards.request(carol, at: 2) { $0.invite(callID: "c1", callee: alice, offer: [], from: other, now: TwoShards.at(2)) }
+        #expect(TwoShards.code(reused) == .callIdInUse)
+
+        #expect(TwoShards.isOK(shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [2], from: tablet) }))
+        let late = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [3], from: phone) }
+        #expect(TwoShards.code(late) == .illegalCallTransition)
+        #expect(TwoShards.events(caller) == [.callAccepted(callID: "c1", device: "tablet", answer: [2])])
+        #expect(TwoShards.isCallEnded(TwoShards.events(phone).last, .answeredElsewhere, peer: alice))
+
+        // The caller hangs up from its shard: a step to the callee's.
+        #expect(TwoShards.isOK(shards.request(alice, at: 4) { $0.hangUp(callID: "c1", from: caller) }))
+        #expect(TwoShards.isCallEnded(TwoShards.events(tablet).last, .hungUp, peer: alice))
+        #expect(shards.states[1].calls.isEmpty)
+        #expect(shards.states[0].activities[alice] == nil, "the caller's shard forgot the call")
+        #expect(!shards.states[0].callDirectory.contains("c1"))
+    }
+
+    @Test("ring timeout in the callee's shard: the caller on the other shard hears noAnswer, and forgets the call")
+    func ringTimeout() throws {
+        var shards = TwoShards { $0.ringTimeout = .seconds(60) }
+        let caller = try shards.attach(alice, slot: 1, at: 1)
+        let callee = try shards.attach(bob, slot: 2, at: 1)
+        _ = shards.request(alice, at: 10) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(10)) }
+        #expect(shards.states[1].expire(now: TwoShards.at(69.9)).next.isEmpty)
+        let pass = shards.states[1].expire(now: TwoShards.at(70.001))
+        #expect(pass.next.map(\.user) == [alice, alice], "the caller's event, then its shard's bookkeeping")
+        _ = shards.run(pass.next, at: 70.001)
+        #expect(TwoShards.isCallEnded(TwoShards.events(caller).last, .noAnswer, peer: bob))
+        #expect(TwoShards.isCallEnded(TwoShards.events(callee).last, .noAnswer, peer: alice))
+        #expect(shards.states[0].activities[alice] == nil)
+        // The id is free again.
+        #expect(TwoShards.isOK(shards.request(alice, at: 71) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(71)) }))
+    }
+
+    @Test("a caller that loses its connection and stays away: its shard's grace check ends the call with peerDisconnected in the callee's")
+    func callerDisconnects() throws {
+        var shards = TwoShards { $0.callGrace = .seconds(10) }
+        let caller = try shards.attach(alice, slot: 1, at: 1)
+        let callee = try shards.attach(bob, slot: 2, at: 1)
+        _ = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(2)) }
+        _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee) }
+        shards.states[0].detach(caller, connection: TwoShards.connection(1), now: TwoShards.at(20))
+        #expect(shards.states[0].expire(now: TwoShards.at(29.9)).next.isEmpty, "not before the grace ends")
+        #expect(shards.states[1].calls["c1"] != nil)
+        let pass = shards.states[0].expire(now: TwoShards.at(30.001))
+        #expect(pass.next.map(\.user) == [bob])
+        _ = shards.run(pass.next, at: 30.001)
+        #expect(TwoShards.isCallEnded(TwoShards.events(callee).last, .peerDisconnected, peer: alice))
+        #expect(shards.states[1].calls.isEmpty)
+        #expect(shards.states[0].activities[alice] == nil)
+    }
+
+    @Test("a caller back within its grace keeps the call")
+    func callerReturns() throws {
+        var shards = TwoShards { $0.callGrace = .seconds(10) }
+        let caller = try shards.attach(alice, slot: 1, at: 1)
+        let callee = try shards.attach(bob, slot: 2, at: 1)
+        _ = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(2)) }
+        _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee) }
+        shards.states[0].detach(caller, connection: TwoShards.connection(1), now: TwoShards.at(20))
+        _ = try shards.attach(alice, slot: 5, at: 25)
+        #expect(shards.states[0].expire(now: TwoShards.at(31)).next.isEmpty)
+        #expect(shards.states[1].calls["c1"] != nil)
+    }
+}
+
+@Suite("Routing shards over real sockets (two loops, two shards)")
+struct ShardEndToEndTests {
+    let alice = TwoShards.user("alice", onShard: 0)
+    let bob = TwoShards.user("bob", onShard: 1)
+
+    @Test("a call to a user whose devices are on both loops, from the other shard: all ring, the first accept wins, a caller that vanishes is reported")
+    func calleeOnTwoLoops() throws {
+        let server = try TestServer(workers: 2)
+        #expect(server.server.routingShards == 2)
+        // Bob's devices first, until both loops hold some (the kernel picks the loop).
+        var devices: [TestClient] = []
+        while devices.count < 2 || server.server.openConnectionsPerLoop.contains(0) {
+            try #require(devices.count < 40, "the kernel put \(devices.count + 1) connections on one loop")
+            devices.append(try server.connect(user: bob, device: "d\(devices.count)").0)
+        }
+        var caller: TestClient? = try server.connect(user: alice).0
+        #expect(try caller!.request(1, .callInvite(callID: "c1", callee: bob, offer: [1])).isOK)
+        for device in devices {
+            guard case .callIncoming("c1", alice, "d1", _, _) = try device.nextEvent().event else {
+                Issue.record("a device did not ring"); return
+            }
+        }
+        // Every device accepts; exactly one wins, whichever loop its accept ran on.
+        let accepted = try devices.enumerated().filter { index, device in
+            try device.request(1, .callAccept(callID: "c1", answer: [2])).isOK
+        }
+        #expect(accepted.count == 1)
+        guard let winner = accepted.first else { return }
+        #expect(try caller!.nextEvent().event == .callAccepted(callID: "c1", device: "d\(winner.offset)", answer: [2]))
+        for (index, device) in devices.enumerated() where index != winner.offset {
+            guard case .callEnded("c1", .answeredElsewhere, alice, _) = try device.nextEvent().event else {
+                Issue.record("d\(index) was not told"); return
+            }
+        }
+        // The caller's connection goes; after the grace its shard ends the call in bob's.
+        caller = nil  // closes the socket
+        try server.waitFor("alice's disconnect") { $0.establishedConnections == devices.count }
+        try server.advance(by: .seconds(11))
+        guard case .callEnded("c1", .peerDisconnected, alice, _) = try winner.element.nextEvent().event else {
+            Issue.record("the answering device did not learn that the caller vanished"); return
+        }
+    }
+
+    @Test("messages and receipts between users of different shards keep their order")
+    func messagesAcrossShards() throws {
+        let server = try TestServer(workers: 2)
+        let (sender, _) = try server.connect(user: alice)
+        let (recipient, _) = try server.connect(user: bob)
+        for number in 1...20 {
+            #expect(try sender.request(UInt32(number), .messageSend(OutgoingMessage(
+                messageID: "m\(number)", recipient: bob, contentType: "text/plain", body: [UInt8(number)]))).isOK)
+        }
+        for number in 1...20 {
+            let (seq, event) = try recipient.nextEvent()
+            #expect(seq == UInt64(number))
+            guard case .message(let message) = event else { Issue.record("not a message"); return }
+            #expect(message.messageID == "m\(number)")
+            try recipient.ack(seq)
+        }
+        for number in 1...20 {
+            guard case .messageDelivered(let messageID, _, _, _) = try sender.nextEvent().event else {
+                Issue.record("no receipt"); return
+            }
+            #expect(messageID == "m\(number)")
+        }
+    }
+}
