@@ -32,9 +32,11 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
 /// Everything the server keeps for one device of one user: its session, its event queue,
 /// how far that queue is durable, and where the device is connected (if anywhere).
 ///
-/// Concurrency: every mutable field is guarded by the `Switchboard` lock. Event loops hold
-/// references to records (a connection knows its device) but read or write them only
-/// inside `Switchboard.withState`. That is why the class can be marked Sendable.
+/// Concurrency: every mutable field is guarded by the lock of the user's routing shard.
+/// Event loops hold references to records (a connection knows its device) but read or
+/// write them only inside `Switchboard.withState(of: userID)` (or `withDevices(of:)`); no
+/// other shard ever reaches them (steps name devices by id). That is why the class can be
+/// marked Sendable.
 ///
 /// Memory: one of these exists per device, so it is kept to 120 bytes, which malloc serves
 /// from a 128-byte block (checked by a test). Declaration order matters: Swift does not

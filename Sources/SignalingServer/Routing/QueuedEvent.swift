@@ -6,7 +6,8 @@ import Synchronization
 /// was fanned out to.
 ///
 /// The mutable parts (`isCancelled`, the flags, and the body, which may be evicted to the
-/// store) are guarded by the `Switchboard` lock (hence `@unchecked Sendable`): a message
+/// store) are guarded by the lock of the routing shard that made it (hence `@unchecked
+/// Sendable`; a message to another shard's user gets an event of its own there): a message
 /// whose commit to the store failed is cancelled in every queue at once, and the pump
 /// skips it.
 final class QueuedEvent: @unchecked Sendable {
