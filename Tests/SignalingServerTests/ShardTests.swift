@@ -111,6 +111,24 @@ struct ShardStepTests {
         OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array("hi".utf8))
     }
 
+    @Test("debug builds stop a thread that takes a second routing shard's lock")
+    func noTwoShards() async {
+        #if DEBUG
+        await #expect(processExitsWith: .failure) {
+            let switchboard = Switchboard(
+                configuration: SwitchboardConfiguration(), epoch: Instant(nanoseconds: 1), journaling: false, shardCount: 2)
+            switchboard.withState(shard: 0, wall: 0) { _ in
+                switchboard.withState(shard: 1, wall: 0) { _ in }
+            }
+        }
+        // One shard after another is the rule, and passes.
+        let switchboard = Switchboard(
+            configuration: SwitchboardConfiguration(), epoch: Instant(nanoseconds: 1), journaling: false, shardCount: 2)
+        switchboard.withState(shard: 0, wall: 0) { _ in }
+        switchboard.withState(shard: 1, wall: 0) { _ in }
+        #endif
+    }
+
     @Test("the shard of a user is stable and spreads users over the shards")
     func shardFunction() {
         #expect(ShardMap.shard(of: "alice", count: 2) == ShardMap.shard(of: "alice", count: 2))

@@ -1,6 +1,9 @@
 import CLinuxShims
 import SignalingSupport
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The routing core shared by all event loops: the routing state partitioned by user into
 /// shards (`ShardMap`), each a `SwitchboardState` behind its own lock.
@@ -9,7 +12,8 @@ import Synchronization
 /// - A user's devices, queues, held messages, message ids, limits, push registrations and
 ///   the calls it is called in live in its shard only; a `DeviceRecord`, `QueuedEvent` or
 ///   `CallRecord` is reachable from one shard and touched only under that shard's lock.
-/// - No thread ever holds two shard locks. An operation that spans users (a message and
+/// - No thread ever holds two shard locks (checked at run time in debug builds:
+///   `RoutingShard.holder`). An operation that spans users (a message and
 ///   its recipient, a receipt and its sender, a call and its caller) is a chain of holds:
 ///   each hold returns the `ShardStep`s the next shards must run (plain values that name
 ///   users, never records), and `run(_:)` takes them one hold at a time.
@@ -111,7 +115,11 @@ final class Switchboard: Sendable {
     ) rethrows -> sending Result {
         var wakeWriter = false
         var hold: (start: UInt64, end: UInt64) = (0, 0)
-        let result = try shards[index].state.withLock { state in
+        let shard = shards[index]
+        assertHoldsNoShard()
+        let result = try shard.state.withLock { state in
+            shard.enterHold()
+            defer { shard.leaveHold() }
             hold.start = LoopMetrics.now()
             defer { hold.end = endOfHold(since: hold.start) }
             state.currentWall = wall
@@ -162,13 +170,27 @@ final class Switchboard: Sendable {
         of userID: String, _ body: (borrowing SwitchboardState) throws -> sending Result
     ) rethrows -> sending Result {
         var hold: (start: UInt64, end: UInt64) = (0, 0)
-        let result = try shards[shard(of: userID)].state.withLock { state in
+        let shard = shards[shard(of: userID)]
+        assertHoldsNoShard()
+        let result = try shard.state.withLock { state in
+            shard.enterHold()
+            defer { shard.leaveHold() }
             hold.start = LoopMetrics.now()
             defer { hold.end = endOfHold(since: hold.start) }
             return try body(state)
         }
         recordLoopHold(hold)
         return result
+    }
+
+    /// Debug builds: the calling thread holds no shard lock (the rule that makes shard
+    /// locks deadlock-free and each shard's state its own; costs one load per shard).
+    @inline(__always)
+    private func assertHoldsNoShard() {
+        #if DEBUG
+        let thread = RoutingShard.currentThread
+        assert(!shards.contains { $0.holder.load(ordering: .relaxed) == thread }, "a thread took a second routing shard's lock")
+        #endif
     }
 
     // Hold times: one monotonic clock read after the lock is taken and one before it is
@@ -208,8 +230,27 @@ final class Switchboard: Sendable {
 /// One shard's state and its lock (a class: `Mutex` cannot be an array element).
 final class RoutingShard: Sendable {
     let state: Mutex<SwitchboardState>
+    /// Debug builds: the thread holding `state`'s lock (0: none), for the check that no
+    /// thread takes two shards (`Switchboard.assertHoldsNoShard`).
+    let holder = Atomic<UInt>(0)
 
     init(_ state: sending SwitchboardState) {
         self.state = Mutex(state)
+    }
+
+    static var currentThread: UInt { UInt(pthread_self()) }
+
+    @inline(__always)
+    func enterHold() {
+        #if DEBUG
+        holder.store(Self.currentThread, ordering: .relaxed)
+        #endif
+    }
+
+    @inline(__always)
+    func leaveHold() {
+        #if DEBUG
+        holder.store(0, ordering: .relaxed)
+        #endif
     }
 }

@@ -14,6 +14,7 @@ extension SwitchboardState {
     typealias Reply = Result<Void, RequestError>
 
     mutating func invite(callID: String, callee: String, offer: [UInt8], from device: DeviceRecord, now: Instant) -> StepOutcome {
+        assertOwns(device)
         guard callee != device.userID else { return .answered(.failure(RequestError(.cannotCallSelf, "you cannot call yourself"))) }
         if let existing = outgoingCall(callID, of: device.userID) {
             // A retry of an invite whose reply was lost: nothing changes.

@@ -26,7 +26,8 @@ extension SwitchboardState {
     /// Accepts a message from a device and queues it to the recipient's devices and to the
     /// sender's other devices.
     mutating func send(_ message: OutgoingMessage, from device: DeviceRecord, now: Instant) -> Result<MessageAcceptance, RequestError> {
-        send(message, sender: device.userID, senderDevice: device.deviceID, sendingDevice: device, now: now)
+        assertOwns(device)
+        return send(message, sender: device.userID, senderDevice: device.deviceID, sendingDevice: device, now: now)
     }
 
     /// Accepts a message from `sender` (a device of it, `sendingDevice`, or a system sender

@@ -253,6 +253,13 @@ struct SwitchboardState {
 
     func devices(of userID: String) -> DeviceList { DeviceList(first: users[userID]) }
 
+    /// Debug builds: `device` is one of this shard's records (a loop passed a record to the
+    /// shard of its user, not another).
+    @inline(__always)
+    func assertOwns(_ device: DeviceRecord) {
+        assert(shardMap.owns(device.userID), "device of \(device.userID) given to shard \(shardMap.index) of \(shardMap.count)")
+    }
+
     func device(_ userID: String, _ deviceID: String) -> DeviceRecord? {
         devices(of: userID).first { $0.deviceID == deviceID }
     }
@@ -384,6 +391,7 @@ struct SwitchboardState {
     /// The connection is gone. The session stays resumable for `sessionTTL`; calls the
     /// device takes part in end unless it comes back within `callGrace`.
     mutating func detach(_ device: DeviceRecord, connection: ConnectionRef, now: Instant) {
+        assertOwns(device)
         guard device.connection == connection else { return }  // already taken over
         device.connection = nil
         device.wakePending = false
@@ -567,6 +575,7 @@ struct SwitchboardState {
         for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int,
         _ body: (UInt64, QueuedEvent) -> Bool
     ) -> (position: UInt64, waitsForBody: UInt64?)? {
+        assertOwns(device)
         guard device.connection == connection else { return nil }
         device.wakePending = false
         var position = max(sentSeq, device.ackedSeq)
@@ -603,6 +612,7 @@ struct SwitchboardState {
     mutating func ack(
         _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64
     ) -> (violation: ProtocolViolation?, next: [ShardStep]) {
+        assertOwns(device)
         guard device.connection == connection else { return (nil, []) }  // a late ACK from an evicted connection
         guard seq <= device.lastSeq else {
             return (ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))"), [])
