@@ -231,6 +231,29 @@ struct ShardStepTests {
         #expect(!shards.states[0].callDirectory.contains("c1"))
     }
 
+    @Test("the caller's shard applies the callee's notices in the callee's order, even when their steps run the other way round")
+    func noticesInOrder() throws {
+        var shards = TwoShards()
+        let caller = try shards.attach(alice, slot: 1, at: 1)
+        let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
+        let tablet = try shards.attach(bob, "tablet", slot: 3, at: 1)
+        _ = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(2)) }
+        // Two holds of bob's shard (two loops): the phone rings, then the tablet rejects.
+        let rang = shards.states[1].ringing(callID: "c1", from: phone)
+        let rejected = shards.states[1].reject(callID: "c1", reason: .declined, from: tablet)
+        #expect(rang.next.count == 1 && rejected.next.count == 2)
+        // The second hold's steps run first (another thread got there first).
+        _ = shards.run(rejected.next, at: 3)
+        #expect(TwoShards.events(caller).isEmpty, "CALL_ENDED waits for CALL_RANG")
+        #expect(shards.states[0].activities[alice] != nil, "the call is not forgotten before its earlier notice")
+        _ = shards.run(rang.next, at: 3)
+        let events = TwoShards.events(caller)
+        #expect(events.count == 2)
+        #expect(events.first == .callRang(callID: "c1", device: "phone"))
+        #expect(TwoShards.isCallEnded(events.last, .declined, peer: bob))
+        #expect(shards.states[0].activities[alice] == nil)
+    }
+
     @Test("ring timeout in the callee's shard: the caller on the other shard hears noAnswer, and forgets the call")
     func ringTimeout() throws {
         var shards = TwoShards { $0.ringTimeout = .seconds(60) }

@@ -29,6 +29,8 @@ final class CallRecord: @unchecked Sendable {
     var state: State = .inviting
     /// Callee devices that were sent CALL_INCOMING.
     var rungDevices: [DeviceRecord] = []
+    /// The number of the last notice sent to the caller's shard (`ShardStep.toCaller`).
+    private(set) var noticesToCaller: UInt32 = 0
     /// For each callee device that lost its connection during the call, when the grace of
     /// its latest loss ends. A grace check acts only if its deadline is still the one kept
     /// here: after a resume and a second loss, the first loss's check must not end the call.
@@ -40,6 +42,12 @@ final class CallRecord: @unchecked Sendable {
         self.callee = callee
         self.invitation = invitation
         self.startedAt = startedAt
+    }
+
+    /// The number of the next notice to the caller's shard.
+    func nextNoticeNumber() -> UInt32 {
+        noticesToCaller += 1
+        return noticesToCaller
     }
 
     func graceDeadline(of device: DeviceRecord) -> Instant? {
@@ -63,7 +71,7 @@ final class CallRecord: @unchecked Sendable {
 /// A call placed by a device of this shard's user, as the caller's shard knows it: enough to
 /// find the call in the callee's shard (which holds its state) and to end it if the calling
 /// device stays away. Guarded by the caller's shard's lock; gone when the call ends
-/// (`ShardStep.callClosed`).
+/// (`CallerNotice.closed`).
 final class OutgoingCall: @unchecked Sendable {
     let callID: String
     let callee: String
@@ -71,6 +79,10 @@ final class OutgoingCall: @unchecked Sendable {
     /// When the grace of the calling device's latest loss of its connection ends: a grace
     /// check acts only if its deadline is still this one.
     var graceDeadline: Instant?
+    /// The number of the callee's shard's next notice to apply; notices that arrive before
+    /// it wait in `earlyNotices` (at most the few a call makes).
+    var nextNotice: UInt32 = 1
+    var earlyNotices: [(number: UInt32, notice: CallerNotice)] = []
 
     init(callID: String, callee: String, device: DeviceRecord) {
         self.callID = callID

@@ -29,10 +29,11 @@ enum ShardStep: Sendable, Equatable {
     /// The calling device stayed away past its grace period (or its user was forgotten):
     /// for the callee's shard, which ends the call as `partyVanished` does.
     case callerVanished(callID: String, callee: String, caller: DeviceAddress)
-    /// An event of a call for the calling device, from the callee's shard.
-    case callerEvent(Event, caller: DeviceAddress)
-    /// The call is over (or was never set up): the caller's shard forgets it.
-    case callClosed(callID: String, caller: DeviceAddress)
+    /// What the callee's shard tells the caller's about a call: an event for the calling
+    /// device, or that the call is over. Numbered per call from 1, so that the caller's
+    /// shard applies them in the order the callee's shard decided them, whichever thread
+    /// (or node) carried each (`OutgoingCall.nextNotice`).
+    case toCaller(CallerNotice, callID: String, caller: DeviceAddress, number: UInt32)
 
     /// The user whose shard runs this step.
     var user: String {
@@ -43,8 +44,7 @@ enum ShardStep: Sendable, Equatable {
         case .invite(let invitation): invitation.callee
         case .callerRequest(_, _, let callee, _): callee
         case .callerVanished(_, let callee, _): callee
-        case .callerEvent(_, let caller): caller.user
-        case .callClosed(_, let caller): caller.user
+        case .toCaller(_, _, let caller, _): caller.user
         }
     }
 }
@@ -72,6 +72,14 @@ struct CallInvitation: Sendable, Equatable {
     let caller: DeviceAddress
     let callee: String
     let offer: [UInt8]
+}
+
+/// What the callee's shard tells the caller's about a call (`ShardStep.toCaller`).
+enum CallerNotice: Sendable, Equatable {
+    /// CALL_RANG, CALL_ACCEPTED or CALL_ENDED for the calling device.
+    case event(Event)
+    /// The call is over, or was never set up: the caller's shard forgets it.
+    case closed
 }
 
 /// What a calling device may ask of its call.
@@ -128,11 +136,8 @@ extension SwitchboardState {
             return callerAsked(request, callID: callID, caller: caller)
         case .callerVanished(let callID, _, let caller):
             return callerVanished(callID: callID, caller: caller)
-        case .callerEvent(let event, let caller):
-            if let device = device(caller.user, caller.device) { enqueue(makeEvent(event), to: device) }
-            return StepOutcome(reply: nil)
-        case .callClosed(let callID, let caller):
-            forgetOutgoingCall(callID, of: caller)
+        case .toCaller(let notice, let callID, let caller, let number):
+            receive(notice, callID: callID, caller: caller, number: number)
             return StepOutcome(reply: nil)
         }
     }
@@ -144,7 +149,7 @@ extension ShardStep {
     var needsClock: Bool {
         switch self {
         case .deliverMessage, .settleMessage, .invite: true
-        case .receipt, .callerRequest, .callerVanished, .callerEvent, .callClosed: false
+        case .receipt, .callerRequest, .callerVanished, .toCaller: false
         }
     }
 }

@@ -52,7 +52,7 @@ extension SwitchboardState {
             call.state = .ended(.unreachable)
             callDirectory.release(callID)
             outcome.merge(toCaller(call, callEnded(call, .unreachable, peer: callee)))
-            outcome.merge(handOn(.callClosed(callID: callID, caller: call.caller)))
+            outcome.merge(toCaller(call, .closed))
             return outcome
         }
         calls[callID] = call
@@ -229,7 +229,40 @@ extension SwitchboardState {
 
     /// Tells the calling device `event` (a step when it is another shard's).
     private mutating func toCaller(_ call: CallRecord, _ event: Event) -> StepOutcome {
-        handOn(.callerEvent(event, caller: call.caller))
+        toCaller(call, .event(event))
+    }
+
+    private mutating func toCaller(_ call: CallRecord, _ notice: CallerNotice) -> StepOutcome {
+        handOn(.toCaller(notice, callID: call.callID, caller: call.caller, number: call.nextNoticeNumber()))
+    }
+
+    /// The caller's step of a notice from the callee's shard: applied in the order they
+    /// were numbered (one that overtook an earlier one waits for it).
+    mutating func receive(_ notice: CallerNotice, callID: String, caller: DeviceAddress, number: UInt32) {
+        guard let outgoing = activities[caller.user]?.outgoingCalls.first(where: { $0.callID == callID && caller.names($0.device) }) else {
+            // The call is no longer known here (its caller was forgotten): nothing to order.
+            apply(notice, callID: callID, caller: caller)
+            return
+        }
+        guard number == outgoing.nextNotice else {
+            outgoing.earlyNotices.append((number, notice))
+            return
+        }
+        apply(notice, callID: callID, caller: caller)
+        outgoing.nextNotice += 1
+        while let index = outgoing.earlyNotices.firstIndex(where: { $0.number == outgoing.nextNotice }) {
+            apply(outgoing.earlyNotices.remove(at: index).notice, callID: callID, caller: caller)
+            outgoing.nextNotice += 1
+        }
+    }
+
+    private mutating func apply(_ notice: CallerNotice, callID: String, caller: DeviceAddress) {
+        switch notice {
+        case .event(let event):
+            if let device = device(caller.user, caller.device) { enqueue(event, to: device) }
+        case .closed:
+            forgetOutgoingCall(callID, of: caller)
+        }
     }
 
     private func callEnded(_ call: CallRecord, _ reason: CallEndReason, peer: String) -> Event {
@@ -246,14 +279,14 @@ extension SwitchboardState {
     }
 
     /// Drops a call from the callee's shard; the caller's shard forgets it in the step
-    /// returned.
+    /// returned (its last notice).
     private mutating func end(_ call: CallRecord, _ reason: CallEndReason) -> StepOutcome {
         call.state = .ended(reason)
         calls[call.callID] = nil
         callDirectory.release(call.callID)
         activities[call.callee]?.calls.removeAll { $0 === call }
         compactActivity(call.callee)
-        return handOn(.callClosed(callID: call.callID, caller: call.caller))
+        return toCaller(call, .closed)
     }
 
     private func lookUp(_ callID: String, calleeDevice device: DeviceRecord) -> Result<CallRecord, RequestError> {
