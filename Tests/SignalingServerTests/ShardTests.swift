@@ -111,6 +111,19 @@ struct ShardStepTests {
         OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array("hi".utf8))
     }
 
+    /// alice (shard 0) calls bob (shard 1) at `seconds`; bob's `devices` are connected and ring.
+    func call(
+        _ shards: inout TwoShards, calleeDevices devices: [String] = ["d1"], at seconds: Double = 2
+    ) throws -> (caller: DeviceRecord, callee: [DeviceRecord]) {
+        let caller = try shards.attach(alice, slot: 1, at: 1)
+        let callee = try devices.enumerated().map { try shards.attach(bob, $1, slot: UInt32($0 + 2), at: 1) }
+        let invited = shards.request(alice, at: seconds) {
+            $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(seconds))
+        }
+        #expect(TwoShards.isOK(invited))
+        return (caller, callee)
+    }
+
     @Test("debug builds stop a thread that takes a second routing shard's lock")
     func noTwoShards() async {
         #if DEBUG
@@ -201,11 +214,8 @@ struct ShardStepTests {
     @Test("a call to another shard's user with two devices: both ring, the first accept wins, the other hears answeredElsewhere")
     func firstAcceptWins() throws {
         var shards = TwoShards()
-        let caller = try shards.attach(alice, slot: 1, at: 1)
-        let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
-        let tablet = try shards.attach(bob, "tablet", slot: 3, at: 1)
-        let invited = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2)) }
-        #expect(TwoShards.isOK(invited))
+        let (caller, callee) = try call(&shards, calleeDevices: ["phone", "tablet"])
+        let (phone, tablet) = (callee[0], callee[1])
         #expect(shards.states[1].calls["c1"] != nil, "the call lives in the callee's shard")
         #expect(shards.states[0].calls["c1"] == nil)
         for device in [phone, tablet] {
@@ -234,10 +244,8 @@ struct ShardStepTests {
     @Test("the caller's shard applies the callee's notices in the callee's order, even when their steps run the other way round")
     func noticesInOrder() throws {
         var shards = TwoShards()
-        let caller = try shards.attach(alice, slot: 1, at: 1)
-        let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
-        let tablet = try shards.attach(bob, "tablet", slot: 3, at: 1)
-        _ = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(2)) }
+        let (caller, callee) = try call(&shards, calleeDevices: ["phone", "tablet"])
+        let (phone, tablet) = (callee[0], callee[1])
         // Two holds of bob's shard (two loops): the phone rings, then the tablet rejects.
         let rang = shards.states[1].ringing(callID: "c1", from: phone)
         let rejected = shards.states[1].reject(callID: "c1", reason: .declined, from: tablet)
@@ -257,9 +265,8 @@ struct ShardStepTests {
     @Test("ring timeout in the callee's shard: the caller on the other shard hears noAnswer, and forgets the call")
     func ringTimeout() throws {
         var shards = TwoShards { $0.ringTimeout = .seconds(60) }
-        let caller = try shards.attach(alice, slot: 1, at: 1)
-        let callee = try shards.attach(bob, slot: 2, at: 1)
-        _ = shards.request(alice, at: 10) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(10)) }
+        let (caller, callees) = try call(&shards, at: 10)
+        let callee = callees[0]
         #expect(shards.states[1].expire(now: TwoShards.at(69.9)).next.isEmpty)
         let pass = shards.states[1].expire(now: TwoShards.at(70.001))
         #expect(pass.next.map(\.user) == [alice, alice], "the caller's event, then its shard's bookkeeping")
@@ -274,9 +281,8 @@ struct ShardStepTests {
     @Test("a caller that loses its connection and stays away: its shard's grace check ends the call with peerDisconnected in the callee's")
     func callerDisconnects() throws {
         var shards = TwoShards { $0.callGrace = .seconds(10) }
-        let caller = try shards.attach(alice, slot: 1, at: 1)
-        let callee = try shards.attach(bob, slot: 2, at: 1)
-        _ = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(2)) }
+        let (caller, callees) = try call(&shards)
+        let callee = callees[0]
         _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee) }
         shards.states[0].detach(caller, connection: TwoShards.connection(1), now: TwoShards.at(20))
         #expect(shards.states[0].expire(now: TwoShards.at(29.9)).next.isEmpty, "not before the grace ends")
@@ -292,9 +298,8 @@ struct ShardStepTests {
     @Test("a caller back within its grace keeps the call")
     func callerReturns() throws {
         var shards = TwoShards { $0.callGrace = .seconds(10) }
-        let caller = try shards.attach(alice, slot: 1, at: 1)
-        let callee = try shards.attach(bob, slot: 2, at: 1)
-        _ = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(2)) }
+        let (caller, callees) = try call(&shards)
+        let callee = callees[0]
         _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee) }
         shards.states[0].detach(caller, connection: TwoShards.connection(1), now: TwoShards.at(20))
         _ = try shards.attach(alice, slot: 5, at: 25)
