@@ -68,6 +68,40 @@ struct FailoverTests {
         #expect(names.questions == ["missing.test", "nodes.test"])
     }
 
+    @Test("a server that takes the TCP connection but never answers HELLO costs its share of the deadline, not the whole connect: the next server is reached in time")
+    func silentServer() throws {
+        let silent = try ScriptedServer()   // the kernel completes the TCP handshake; nobody reads
+        let live = try RealServer()
+        let test = try TestClient(port: silent.port) { configuration in
+            configuration.servers.append(ServerEndpoint(host: "127.0.0.1", port: live.port))
+        }
+        defer { test.client.shutdown() }
+        // 4 s over two servers: the silent one gets 2 s, the live one the rest.
+        let info = try test.client.connect(timeout: .seconds(4))
+        #expect(info.remoteAddress.port == live.port)
+    }
+
+    @Test("TLS: a node whose certificate is rejected is passed over, and each server is checked against its own name")
+    func tlsPerServer() throws {
+        let trusted = try TestCertificates(), untrusted = try TestCertificates()
+        // Node B's certificate names only node-b.test (no IP entry): dialled by address, it
+        // verifies only when that server's tlsServerName is the name checked.
+        let nodeB = try trusted.makeServer(named: "node-b.test", file: "node-b")
+        let a = try ServerProcess(["--tls-listen", "127.0.0.1:0", "--tls-cert", untrusted.serverChainFile,
+                                   "--tls-key", untrusted.serverKeyFile, "--store", "memory", "--workers", "1"])
+        let b = try ServerProcess(["--tls-listen", "127.0.0.1:0", "--tls-cert", nodeB.chain, "--tls-key", nodeB.key,
+                                   "--store", "memory", "--workers", "1"])
+        let aPort = try #require(a.tlsPort), bPort = try #require(b.tlsPort)
+        let test = try TestClient(port: aPort) { configuration in
+            configuration.servers.append(ServerEndpoint(host: "127.0.0.1", port: bPort, tlsServerName: "node-b.test"))
+            configuration.tls = ClientTLSConfiguration(caFile: trusted.caFile)
+        }
+        defer { test.client.shutdown() }
+        let info = try test.connectAndSettle()
+        #expect(info.remoteAddress.port == bPort)
+        #expect(info.tls?.version == .v1_3)
+    }
+
     @Test("every server down: one connect error for the list, then the back-off as for one server")
     func everyServerDown() throws {
         let first = try ReservedPort(), second = try ReservedPort()
