@@ -102,11 +102,13 @@ struct FailoverTests {
         #expect(info.tls?.version == .v1_3)
     }
 
-    @Test("every server down: one connect error for the list, then the back-off as for one server")
+    @Test("every server down: one connect error for the list, then one back-off step per walk of the whole list, as for one server")
     func everyServerDown() throws {
         let first = try ReservedPort(), second = try ReservedPort()
-        let test = try TestClient(port: first.port) { configuration in
-            configuration.servers.append(ServerEndpoint(host: "127.0.0.1", port: second.port))
+        let names = ScriptedResolver(["a.test": [Self.loopback(first.port)], "b.test": [Self.loopback(second.port)]])
+        let test = try TestClient(port: 7443, host: "a.test") { configuration in
+            configuration.servers.append(ServerEndpoint(host: "b.test", port: 7443))
+            configuration.resolver = names.resolver
         }
         defer { test.client.shutdown() }
         do {
@@ -116,7 +118,15 @@ struct FailoverTests {
             // The last server's failure is the one reported.
             #expect(error == .refused(Self.loopback(second.port)))
         }
-        #expect(test.recorder.first { $0.isWaiting } != nil)
+        // Three walks: each tries both servers once, then waits the next back-off step
+        // (ceilings 50, 100, 200 ms in TestClient's policy).
+        #expect(test.recorder.wait { events in events.filter(\.isWaiting).count >= 3 })
+        test.client.disconnect()
+        let delays = test.recorder.all.compactMap { event -> Duration? in
+            if case .connectionStateChanged(.waitingToReconnect(let delay, _)) = event { return delay } else { return nil }
+        }
+        #expect(delays.count >= 3 && delays[0] <= .milliseconds(50) && delays[1] <= .milliseconds(100) && delays[2] <= .milliseconds(200))
+        #expect(Array(names.questions.prefix(6)) == ["a.test", "b.test", "a.test", "b.test", "a.test", "b.test"])
     }
 
     @Test("sticky: after a lost connection the server that last answered is tried first")
