@@ -34,6 +34,14 @@ struct FailoverTests {
         }
     }
 
+    /// A client of the named servers (port 7443 each), resolved by `names`.
+    static func client(servers: [String], _ names: ScriptedResolver) throws -> TestClient {
+        try TestClient(port: 7443, host: servers[0]) { configuration in
+            configuration.servers = servers.map { ServerEndpoint(host: $0, port: 7443) }
+            configuration.resolver = names.resolver
+        }
+    }
+
     static func isConnected(to port: UInt16) -> (ClientEvent) -> Bool {
         { if case .connectionStateChanged(.connected(let info)) = $0 { return info.remoteAddress.port == port } else { return false } }
     }
@@ -106,10 +114,7 @@ struct FailoverTests {
     func everyServerDown() throws {
         let first = try ReservedPort(), second = try ReservedPort()
         let names = ScriptedResolver(["a.test": [Self.loopback(first.port)], "b.test": [Self.loopback(second.port)]])
-        let test = try TestClient(port: 7443, host: "a.test") { configuration in
-            configuration.servers.append(ServerEndpoint(host: "b.test", port: 7443))
-            configuration.resolver = names.resolver
-        }
+        let test = try Self.client(servers: ["a.test", "b.test"], names)
         defer { test.client.shutdown() }
         do {
             try test.client.connect(timeout: .seconds(5))
@@ -134,10 +139,7 @@ struct FailoverTests {
         let down = try ReservedPort()
         let live = try RealServer()
         let names = ScriptedResolver(["a.test": [Self.loopback(down.port)], "b.test": [Self.loopback(live.port)]])
-        let test = try TestClient(port: 7443, host: "a.test") { configuration in
-            configuration.servers.append(ServerEndpoint(host: "b.test", port: 7443))
-            configuration.resolver = names.resolver
-        }
+        let test = try Self.client(servers: ["a.test", "b.test"], names)
         defer { test.client.shutdown() }
         try test.connectAndSettle()
         #expect(names.questions == ["a.test", "b.test"])
@@ -152,10 +154,7 @@ struct FailoverTests {
         let leaving = try RealServer { $0.drainRetryAfter = .milliseconds(100); $0.drainJitter = .milliseconds(100) }
         let staying = try RealServer()
         let resolver = ScriptedResolver(["a.test": [Self.loopback(leaving.port)], "b.test": [Self.loopback(staying.port)]])
-        let test = try TestClient(port: 7443, host: "a.test") { configuration in
-            configuration.servers.append(ServerEndpoint(host: "b.test", port: 7443))
-            configuration.resolver = resolver.resolver
-        }
+        let test = try Self.client(servers: ["a.test", "b.test"], resolver)
         defer { test.client.shutdown() }
         let info = try test.connectAndSettle()
         #expect(info.remoteAddress.port == leaving.port)
