@@ -44,11 +44,9 @@ pthread_sigmask(SIG_BLOCK, &handledSignals, nil)
 signal(SIGPIPE, SIG_IGN)
 
 let logger = Logger(level: configuration.logLevel, format: configuration.logFormat)
-let server: SignalingServer
+let server: Node
 do {
-    let store = try configuration.storage.openStore(logger: logger)
-    server = try SignalingServer(configuration: configuration, logger: logger, store: store)
-    try server.start()
+    server = try Node.start(configuration, logger: logger)
 } catch {
     logger.error("start_failed", ["error": "\(error)"])
     exit(70)
