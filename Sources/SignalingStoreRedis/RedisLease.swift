@@ -15,8 +15,9 @@ import Glibc
 /// checks it inside Redis (fencing, `RedisStoreConfiguration.fencingToken`), which does.
 ///
 /// Its own connection (not the store writer's), with a short I/O timeout: a call returns
-/// within `ioTimeout` (connect plus reply, twice at most), so the lease thread is never
-/// held past the moment it must step down. Any I/O failure drops the connection; the
+/// within four `ioTimeout`s (connect, AUTH, SELECT, the command), a fifth of the TTL, so
+/// the lease thread is never held past the moment it must step down (a quarter TTL before
+/// the lease can expire, `LeaseTerm`). Any I/O failure drops the connection; the
 /// next call connects again.
 ///
 /// Confinement: one thread at a time (the node's lease thread), hence `@unchecked Sendable`.
@@ -49,7 +50,7 @@ public final class RedisLease: StoreLease, @unchecked Sendable {
     /// - Parameters:
     ///   - ttl: how long the lease lasts after each acquire or refresh (at least 300 ms).
     ///   - ownerIDs: makes the id of each take; defaults to `RedisLease.newOwnerID()`.
-    ///   - ioTimeout: defaults to a tenth of the TTL (at least 20 ms, at most 1 s).
+    ///   - ioTimeout: defaults to a twentieth of the TTL (at least 10 ms, at most 1 s).
     public init(
         endpoint: RedisEndpoint, ttl: Duration, ownerIDs: @escaping @Sendable () -> String = RedisLease.newOwnerID,
         ioTimeout: Duration? = nil
@@ -58,7 +59,7 @@ public final class RedisLease: StoreLease, @unchecked Sendable {
         self.ttl = ttl
         makeOwnerID = ownerIDs
         ownerID = ownerIDs()
-        self.ioTimeout = ioTimeout ?? min(.seconds(1), max(.milliseconds(20), ttl / 10))
+        self.ioTimeout = ioTimeout ?? min(.seconds(1), max(.milliseconds(10), ttl / 20))
     }
 
     /// `HOST/PID/RANDOM`: random per take (a node never mistakes an earlier take's lease,

@@ -20,8 +20,9 @@ struct LeaseTerm: Equatable {
 
     /// A refresh every third of the TTL: two can fail before the node must step down.
     var refreshInterval: Duration { ttl / 3 }
-    /// After a failed refresh, the next one goes this much later (the lease thread's I/O
-    /// timeout is about as long).
+    /// After a failed refresh, the next one goes this much later: a few tries fit before
+    /// the step-down, each bounded by the lease's I/O timeouts (`RedisLease`: a fifth of
+    /// the TTL at most).
     var retryInterval: Duration { ttl / 10 }
     /// Stepping down begins this long before the lease could expire.
     var margin: Duration { ttl / 4 }
