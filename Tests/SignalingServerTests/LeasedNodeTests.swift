@@ -163,6 +163,17 @@ struct LeasedNodeTests {
         #expect(lease.holderNow == nil)
     }
 
+    @Test("--redis-lease-ttl: 10 s by default, in seconds, only with a Redis store")
+    func leaseOption() throws {
+        #expect(ServerConfiguration().storage.redisLeaseTTL == .seconds(10))
+        let (parsed, _) = try ServerOptions.configuration(from: ["--store", "redis://127.0.0.1:6379", "--redis-lease-ttl", "2.5"])
+        #expect(parsed.storage.redisLeaseTTL == .milliseconds(2_500))
+        #expect(throws: (any Error).self) { try ServerOptions.configuration(from: ["--redis-lease-ttl", "5"]) }
+        #expect(throws: (any Error).self) {
+            try ServerOptions.configuration(from: ["--store", "redis://127.0.0.1:6379", "--redis-lease-ttl", "0.1"])
+        }
+    }
+
     @Test("the lease term: refreshes every third of the TTL, steps down a quarter TTL before expiry, retries never past it")
     func leaseTerm() {
         let start = Instant(nanoseconds: 1_000_000_000_000)
