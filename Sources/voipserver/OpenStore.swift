@@ -60,10 +60,13 @@ enum Node {
         return .leased(node)
     }
 
-    var listeningDescription: String {
+    /// systemd's status line: where devices connect, or that the node is a standby (at
+    /// start and after a reload; /readyz and the log follow the role as it changes).
+    var status: String {
         switch self {
-        case .single(let server): return server.listeningDescription
-        case .leased(let node): return node.listeningDescription
+        case .single(let server): return "listening on \(server.listeningDescription)"
+        case .leased(let node):
+            return node.role == .active ? "active, listening on \(node.listeningDescription)" : node.listeningDescription
         }
     }
 

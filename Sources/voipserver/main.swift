@@ -52,7 +52,7 @@ do {
     exit(70)
 }
 // Type=notify: systemd counts the service as started only now, with the listeners up.
-ServiceManager.ready(status: "listening on \(server.listeningDescription)")
+ServiceManager.ready(status: server.status)
 
 var received: Int32 = 0
 while true {
@@ -68,7 +68,7 @@ while true {
     } catch {
         logger.error("reload_failed", ["error": error.message, "detail": "the running configuration stays"])
     }
-    ServiceManager.ready(status: "listening on \(server.listeningDescription)")
+    ServiceManager.ready(status: server.status)
 }
 logger.info("signal", ["signal": received == SIGTERM ? "SIGTERM" : "SIGINT"])
 ServiceManager.stopping()
