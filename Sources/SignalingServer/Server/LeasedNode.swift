@@ -208,7 +208,8 @@ public final class LeasedNode: Sendable {
                     if try lease.refresh() {
                         term.refreshed(sentAt: now)
                     } else {
-                        lostReason = "the store lease is no longer this node's (held by \(lease.holder() ?? "nobody"))"
+                        // No question to the store before stepping down: who holds it now is logged by the standby.
+                        lostReason = "the store lease is no longer this node's (it expired, or another node took it)"
                         break
                     }
                 } catch {
