@@ -35,7 +35,7 @@ public final class RedisServer {
         // it in between, so a start that fails to bind is retried on a new one.
         var lastFailure: Error?
         for _ in 0..<5 {
-            port = try Self.freePort()
+            port = try unusedLoopbackPort()
             do {
                 try start(timeoutSeconds: timeoutSeconds)
                 return
@@ -97,22 +97,25 @@ public final class RedisServer {
     /// SIGSTOP / SIGCONT: a Redis that stops answering without closing its connections.
     public func pause() { process?.send(signal: SIGSTOP) }
     public func resume() { process?.send(signal: SIGCONT) }
+}
 
-    private static func freePort() throws -> UInt16 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw Failure(description: "socket: \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
-            }
+/// A loopback TCP port nobody had bound a moment ago, for a process that must be told its
+/// port before it listens (redis-server, a standby voipserver). Another process could take
+/// it in between: good enough on a test machine, never for a server's own listener.
+public func unusedLoopbackPort() throws -> UInt16 {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw RedisServer.Failure(description: "socket: \(String(cString: strerror(errno)))") }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
         }
-        guard bound else { throw Failure(description: "bind: \(String(cString: strerror(errno)))") }
-        return UInt16(bigEndian: address.sin_port)
     }
+    guard bound else { throw RedisServer.Failure(description: "bind: \(String(cString: strerror(errno)))") }
+    return UInt16(bigEndian: address.sin_port)
 }

@@ -35,6 +35,10 @@ final class TestClient {
         port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil,
         proxyHeader: [UInt8]? = nil, tls: TestTLS? = nil
     ) throws {
+        // Every stored property has its value from here on, so a throw below still runs
+        // `deinit`, which closes `fd`: the failure paths must not close it too. (They did,
+        // and the second close, in a process where parallel tests open sockets all the
+        // time, now and then shut some other test's socket that had just reused the number.)
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw Failure("socket: \(errno)") }
         if var window = receiveWindow {
@@ -49,7 +53,7 @@ final class TestClient {
             let rc = withUnsafePointer(to: &local) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
             }
-            guard rc == 0 else { close(fd); throw Failure("bind \(sourceAddress): \(errno)") }
+            guard rc == 0 else { throw Failure("bind \(sourceAddress): \(errno)") }
         }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
@@ -58,23 +62,14 @@ final class TestClient {
         let rc = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
-        guard rc == 0 else {
-            let code = errno
-            close(fd)
-            throw Failure("connect: \(String(cString: strerror(code)))")
-        }
-        do {
-            if let proxyHeader { try sendRaw(proxyHeader) }
-            self.tls = try tls.map { try TLSTestChannel(fd: fd, $0) }
-        } catch {
-            close(fd)
-            throw error
-        }
+        guard rc == 0 else { throw Failure("connect: \(String(cString: strerror(errno)))") }
+        if let proxyHeader { try sendRaw(proxyHeader) }
+        self.tls = try tls.map { try TLSTestChannel(fd: fd, $0) }
     }
 
     deinit {
         if let tls { _ = tls.connection.shutdown() }
-        close(fd)
+        if fd >= 0 { close(fd) }
     }
 
     /// Writes some of `bytes` now (through TLS, if any): the count, or -1 with errno.
