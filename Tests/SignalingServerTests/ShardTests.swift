@@ -211,6 +211,90 @@ struct ShardStepTests {
         #expect(shards.states[0].counters.messagesDeduplicated == 0)
     }
 
+    /// What `device`'s pump would write now (numbers and events), as the loop asks for it.
+    func writable(_ state: SwitchboardState, _ device: DeviceRecord, slot: UInt32) -> [(UInt64, FrameType)] {
+        var written: [(UInt64, FrameType)] = []
+        _ = state.nextBatch(for: device, connection: TwoShards.connection(slot), after: 0, limit: 100) { seq, event in
+            written.append((seq, event.encoded.type))
+            return true
+        }
+        return written
+    }
+
+    @Test("a message to another shard's user takes its room in the sender's other devices at once: a queue that fills before the decision still gets the copy, in order, nothing dropped")
+    func copiesReservedBeforeTheDecision() throws {
+        var shards = TwoShards {
+            $0.maxPendingEvents = 2
+            $0.maxPendingPerSender = 2
+        }
+        let carol = TwoShards.user("carol", onShard: 0)
+        let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
+        let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
+        let bobDevice = try shards.attach(bob, slot: 3, at: 1)
+
+        // First step, on alice's shard: admitted, handed to bob's shard.
+        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+        let handOff = try #require(first.handOff)
+        // Before bob's shard decides, carol (alice's shard) writes to alice: her phone's
+        // queue fills up. The copy of m1 already holds its place, so the second is refused.
+        let fromCarol = shards.states[0].send(
+            message("c1", to: alice), sender: carol, senderDevice: "web", sendingDevice: nil, now: TwoShards.at(2))
+        #expect((try? fromCarol.get()) != nil)
+        let overflow = shards.states[0].send(
+            message("c2", to: alice), sender: carol, senderDevice: "web", sendingDevice: nil, now: TwoShards.at(2))
+        #expect(TwoShards.code(overflow.map { $0.serverTime }) == .recipientBacklogFull)
+        // A repeat of m1 before the decision could get a wrong OK: refused, nothing changes.
+        let repeated = shards.states[0].send(message("m1", to: bob), from: phone, now: TwoShards.at(2))
+        #expect(TwoShards.code(repeated.map { $0.serverTime }) == .rateLimited)
+        // Nothing goes out to the phone yet: the copy awaits the decision, carol's message
+        // comes after it.
+        #expect(writable(shards.states[0], phone, slot: 2).isEmpty)
+
+        // Bob's shard accepts; alice's shard settles.
+        #expect(TwoShards.isOK(shards.run([handOff], at: 2)))
+        #expect(TwoShards.events(bobDevice).count == 1)
+        let phoneEvents = TwoShards.events(phone)
+        guard phoneEvents.count == 2, case .message(let copy) = phoneEvents[0], case .message(let carols) = phoneEvents[1] else {
+            Issue.record("the phone has \(phoneEvents)"); return
+        }
+        #expect(copy.messageID == "m1" && copy.sender == alice && copy.recipient == bob)
+        #expect(carols.messageID == "c1")
+        #expect(writable(shards.states[0], phone, slot: 2).map(\.1) == [.message, .message])
+        #expect(shards.states[0].counters.eventsDropped == 0)
+        // Decided: a repeat now is the duplicate it is.
+        let duplicate = try shards.states[0].send(message("m1", to: bob), from: phone, now: TwoShards.at(3)).get()
+        #expect(duplicate.handOff == nil && duplicate.serverTime == first.serverTime)
+    }
+
+    @Test("a message the recipient's shard refuses leaves nothing on the sender's other devices: the copy queued in the first step is withdrawn, never written, its room free again")
+    func refusedCopyNeverWritten() throws {
+        var shards = TwoShards { $0.maxPendingEvents = 1 }
+        let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
+        let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
+        _ = try shards.attach(bob, slot: 3, at: 1)
+        func send(_ id: String, at seconds: Double) -> Result<UInt64, RequestError>? {
+            shards.on(alice, at: seconds) { state in
+                let acceptance = try! state.send(message(id, to: bob), from: laptop, now: TwoShards.at(seconds)).get()
+                return ((), acceptance.handOff.map { [$0] } ?? [])
+            }.reply
+        }
+        #expect(TwoShards.isOK(send("m1", at: 2)))
+        _ = shards.states[0].ack(phone, connection: TwoShards.connection(2), through: phone.lastSeq)
+        // Bob's queue is full: m2 is refused, and its copy on the phone is cancelled.
+        let before = phone.lastSeq
+        #expect(TwoShards.code(send("m2", at: 3)) == .recipientBacklogFull)
+        #expect(phone.queue.isEmpty && phone.lastSeq == before + 1, "the copy's number is a hole")
+        #expect(writable(shards.states[0], phone, slot: 2).isEmpty)
+        // Its room is free: the phone takes the next event, and writes it.
+        shards.states[0].deliverReceipt(
+            DeliveryReceipt(sender: alice, messageID: "m1", recipient: bob), recipientDevice: "d1", serverTime: 1)
+        #expect(writable(shards.states[0], phone, slot: 2).map(\.1) == [.messageDelivered])
+        #expect(shards.states[0].counters.eventsDropped == 0)
+        // The id is free again.
+        #expect(shards.states[0].activities[alice]?.undecidedMessages.isEmpty ?? true)
+        #expect(shards.states[0].activities[alice]?.recentMessageIDs["m2"] == nil)
+    }
+
     @Test("a call to another shard's user with two devices: both ring, the first accept wins, the other hears answeredElsewhere")
     func firstAcceptWins() throws {
         var shards = TwoShards()

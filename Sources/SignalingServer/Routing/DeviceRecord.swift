@@ -112,6 +112,9 @@ final class DeviceRecord: @unchecked Sendable {
         return queue.append(event)
     }
 
+    /// Takes the event numbered `seq` out of the queue, if it is there (`EventQueue.remove`).
+    func withdraw(_ seq: UInt64) -> QueuedEvent? { queue.remove(seq) }
+
     /// Rebuilds the stored queue at start: `events` under their stored numbers, then the
     /// numbers handed out or reserved through `lastSeq`, which are never handed out again.
     /// Everything is writable (a restarted server has committed all it knows).
@@ -164,10 +167,16 @@ final class UserActivity: @unchecked Sendable {
     var firstHeldOrdinal: UInt64 = 1
     /// messageId → server time, for de-duplicating this user's sends.
     var recentMessageIDs: [String: UInt64] = [:]
+    /// messageId → a message of this user to another shard's user that this shard
+    /// admitted and the recipient's shard has not decided yet (its id is claimed: a repeat
+    /// meanwhile is neither a new message nor a duplicate).
+    var undecidedMessages: [String: UndecidedMessage] = [:]
     /// Paces this user's messages and calls (`--sender-rate`; nil until the first one).
     var sendBucket: TokenBucket?
 
-    var isEmpty: Bool { calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
+    var isEmpty: Bool {
+        calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty && undecidedMessages.isEmpty
+    }
 
     /// Held messages, not counting the placeholders of ordinals a restart lost.
     var heldEventCount: Int { held.reduce(0) { $0 + ($1 === QueuedEvent.placeholder ? 0 : 1) } }
@@ -177,6 +186,17 @@ final class UserActivity: @unchecked Sendable {
         for event in held { body(event) }
     }
     var nextHeldOrdinal: UInt64 { firstHeldOrdinal + UInt64(held.count) }
+}
+
+/// A message between its sender's shard and its recipient's: admitted by the sender's
+/// shard, which queued its copies to the sender's other devices (`QueuedEvent.awaitsDecision`)
+/// so that the recipient's shard's decision needs no room that may be gone by then.
+struct UndecidedMessage {
+    let serverTime: UInt64
+    /// The copy queued to the sender's other devices (nil: the sender has no other device).
+    let copy: QueuedEvent?
+    /// Where the copy went: each device and the number it has there.
+    let copiedTo: [(device: DeviceRecord, seq: UInt64)]
 }
 
 /// A user's devices, newest first.

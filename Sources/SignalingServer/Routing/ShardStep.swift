@@ -11,13 +11,13 @@ import SignalingSupport
 /// shard's user is returned, and `Switchboard.run` takes it to that shard in a hold of its
 /// own.
 enum ShardStep: Sendable, Equatable {
-    /// A message its sender's shard admitted (no duplicate, within the sender's rate, room
-    /// in the sender's other devices): for the recipient's shard to queue or refuse.
-    case deliverMessage(DeliveredMessage, sendingDevice: String?)
+    /// A message its sender's shard admitted (no duplicate, within the sender's rate, its
+    /// copies queued to the sender's other devices, awaiting this decision): for the
+    /// recipient's shard to queue or refuse.
+    case deliverMessage(DeliveredMessage)
     /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
-    /// shard, which remembers its id and copies it to the sender's other devices, or
-    /// forgets it. `sendingDevice`: the device that sent it (no copy), if any.
-    case settleMessage(DeliveredMessage, sendingDevice: String?, accepted: Bool)
+    /// shard, which releases its copies and remembers its id, or cancels them and frees it.
+    case settleMessage(DeliveredMessage, accepted: Bool)
     /// A device of `recipient` acknowledged a message: the sender's devices get
     /// MESSAGE_DELIVERED.
     case receipt(DeliveryReceipt, recipientDevice: String, serverTime: UInt64)
@@ -38,8 +38,8 @@ enum ShardStep: Sendable, Equatable {
     /// The user whose shard runs this step.
     var user: String {
         switch self {
-        case .deliverMessage(let message, _): message.recipient
-        case .settleMessage(let message, _, _): message.sender
+        case .deliverMessage(let message): message.recipient
+        case .settleMessage(let message, _): message.sender
         case .receipt(let receipt, _, _): receipt.sender
         case .invite(let invitation): invitation.callee
         case .callerRequest(_, _, let callee, _): callee
@@ -122,10 +122,10 @@ extension SwitchboardState {
         precondition(shardMap.owns(step.user), "step for \(step.user) on shard \(shardMap.index)")
         precondition(now != nil || !step.needsClock, "\(step) needs the clock")
         switch step {
-        case .deliverMessage(let message, let sendingDevice):
-            return deliverMessage(message, sendingDevice: sendingDevice, now: now!)
-        case .settleMessage(let message, let sendingDevice, let accepted):
-            settleMessage(message, sendingDevice: sendingDevice, accepted: accepted, now: now!)
+        case .deliverMessage(let message):
+            return deliverMessage(message, now: now!)
+        case .settleMessage(let message, let accepted):
+            settleMessage(message, accepted: accepted, now: now!)
             return StepOutcome(reply: nil)
         case .receipt(let receipt, let recipientDevice, let serverTime):
             deliverReceipt(receipt, recipientDevice: recipientDevice, serverTime: serverTime)

@@ -16,12 +16,16 @@ struct MessageAcceptance {
 /// Message routing (docs/PROTOCOL.md 6.2): de-duplication, all-or-nothing fan-out,
 /// holding for users with no known device.
 ///
-/// Across shards a message is three steps: the sender's shard checks what it holds (the
-/// message id, the sender's rate, room in the sender's other devices) and claims the id;
-/// the recipient's shard queues it all-or-nothing to the recipient's devices (or holds it)
-/// and answers; the sender's shard then remembers the id and copies the message to the
-/// sender's other devices, or releases the id if it was refused. The copies are then
-/// best effort (a copy that finds its queue full since the check is dropped and counted).
+/// Across shards a message is three steps, all-or-nothing like one hold: the sender's shard
+/// checks what it holds (the message id, the sender's rate, room in the sender's other
+/// devices), claims the id and queues the copies to the sender's other devices, not to be
+/// written yet (`QueuedEvent.awaitsDecision`: they take their room and their place in each
+/// device's order now, so nothing that happens before the decision can crowd them out);
+/// the recipient's shard queues it to the recipient's devices (or holds it), or refuses it,
+/// and answers; the sender's shard then releases the copies and remembers the id, or
+/// withdraws the copies (never written, their numbers holes) and frees the id.
+/// A repeat of the id before the decision is refused (`rateLimited`): an OK for it could
+/// still turn out wrong, and the client's retry a moment later gets the decided answer.
 extension SwitchboardState {
     /// Accepts a message from a device and queues it to the recipient's devices and to the
     /// sender's other devices.
@@ -40,6 +44,10 @@ extension SwitchboardState {
         _ message: OutgoingMessage, sender: String, senderDevice: String, sendingDevice: DeviceRecord?, now: Instant
     ) -> Result<MessageAcceptance, RequestError> {
         let senderActivity = activities[sender]
+        if senderActivity?.undecidedMessages[message.messageID] != nil {
+            return .failure(RequestError(
+                .rateLimited, "message \(message.messageID) is still being decided by its recipient's shard; retry"))
+        }
         if let original = senderActivity?.recentMessageIDs[message.messageID] {
             counters.messagesDeduplicated += 1
             return .success(MessageAcceptance(serverTime: original, event: nil))
@@ -53,11 +61,8 @@ extension SwitchboardState {
             serverTime: currentWall)
         guard shardMap.owns(message.recipient) else {
             if let full = copies.first(where: { !hasRoom($0) }) { return .failure(backlogFull(full)) }
-            // Claimed while the recipient's shard decides: a retry from another device of
-            // the sender meanwhile is a duplicate (`settleMessage` keeps or releases it).
-            activity(sender).recentMessageIDs[message.messageID] = delivered.serverTime
-            return .success(MessageAcceptance(
-                serverTime: delivered.serverTime, event: nil, handOff: .deliverMessage(delivered, sendingDevice: sendingDevice?.deviceID)))
+            activity(sender).undecidedMessages[message.messageID] = queueUndecidedCopies(of: delivered, to: copies)
+            return .success(MessageAcceptance(serverTime: delivered.serverTime, event: nil, handOff: .deliverMessage(delivered)))
         }
         let recipients = Array(devices(of: message.recipient))
         let targets = recipients.filter { $0 !== sendingDevice }
@@ -76,7 +81,7 @@ extension SwitchboardState {
 
     /// The recipient's step of a message from another shard's user: queued to every device
     /// of the recipient (or held), or refused with nothing queued.
-    mutating func deliverMessage(_ message: DeliveredMessage, sendingDevice: String?, now: Instant) -> StepOutcome {
+    mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
         let recipients = Array(devices(of: message.recipient))
         let accepted: Bool
         var outcome: StepOutcome
@@ -89,27 +94,47 @@ extension SwitchboardState {
             accepted = true
             outcome = .answered(.success(message.serverTime))
         }
-        outcome.merge(handOn(.settleMessage(message, sendingDevice: sendingDevice, accepted: accepted), now: now))
+        outcome.merge(handOn(.settleMessage(message, accepted: accepted), now: now))
         return outcome
     }
 
-    /// The sender's last step of a message to another shard's user: remembers its id and
-    /// copies it to the sender's other devices, or releases the id claimed for it.
-    mutating func settleMessage(_ message: DeliveredMessage, sendingDevice: String?, accepted: Bool, now: Instant) {
-        guard accepted else {
-            if activities[message.sender]?.recentMessageIDs[message.messageID] == message.serverTime {
-                activities[message.sender]?.recentMessageIDs[message.messageID] = nil
-                compactActivity(message.sender)
+    /// The sender's first step of a message to another shard's user: its copy queued to
+    /// each of `copies` (which have room), not to be written before the decision.
+    private mutating func queueUndecidedCopies(of message: DeliveredMessage, to copies: [DeviceRecord]) -> UndecidedMessage {
+        guard !copies.isEmpty else { return UndecidedMessage(serverTime: message.serverTime, copy: nil, copiedTo: []) }
+        let copy = messageEvent(message)
+        copy.awaitsDecision = true
+        var copiedTo: [(device: DeviceRecord, seq: UInt64)] = []
+        for device in copies where enqueue(copy, to: device) { copiedTo.append((device, device.lastSeq)) }
+        return UndecidedMessage(serverTime: message.serverTime, copy: copy, copiedTo: copiedTo)
+    }
+
+    /// The sender's last step of a message to another shard's user: the copies queued in
+    /// its first step go out and its id is remembered, or (refused) the copies are
+    /// cancelled and the id is free again. Nothing if the sender was forgotten meanwhile.
+    mutating func settleMessage(_ message: DeliveredMessage, accepted: Bool, now: Instant) {
+        guard let activity = activities[message.sender],
+            let undecided = activity.undecidedMessages.removeValue(forKey: message.messageID)
+        else { return }
+        if let copy = undecided.copy {
+            copy.awaitsDecision = false
+            if !accepted { copy.isCancelled = true }
+            for (device, seq) in undecided.copiedTo {
+                if accepted {
+                    if device.queue.event(seq) === copy { announce(device, about: copy) }
+                } else {
+                    // Refused: as if never queued (its number stays a hole), and the
+                    // device's pump, stopped before it, goes on.
+                    withdraw(copy, seq: seq, from: device)
+                    if device.isOnline { announce(device, about: copy) }
+                }
             }
-            return
         }
-        let copies = devices(of: message.sender).filter { $0.deviceID != sendingDevice }
-        if !copies.isEmpty {
-            let event = messageEvent(message)
-            for copy in copies { enqueue(event, to: copy) }
+        if accepted {
+            rememberMessageID(message.messageID, sender: message.sender, serverTime: message.serverTime, now: now, in: activity)
+        } else {
+            compactActivity(message.sender)
         }
-        rememberMessageID(
-            message.messageID, sender: message.sender, serverTime: message.serverTime, now: now, in: activity(message.sender))
     }
 
     /// Why `message` cannot be queued to `targets` and `copies` (or held for its recipient,

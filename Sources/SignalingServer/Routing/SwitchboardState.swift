@@ -481,13 +481,13 @@ struct SwitchboardState {
                 // the store batch drops it before it reaches the disk). Its number is
                 // reserved, so a crash before the commit cannot make it reused.
                 device.writableSeq = seq
-                announce(device, about: event)
+                if !event.awaitsDecision { announce(device, about: event) }
             } else {
                 unit.durable.append((device, seq, event))
             }
         } else {
             device.writableSeq = seq
-            announce(device, about: event)
+            if !event.awaitsDecision { announce(device, about: event) }
         }
         return true
     }
@@ -533,7 +533,7 @@ struct SwitchboardState {
         announce(device, about: event)
     }
 
-    private mutating func announce(_ device: DeviceRecord, about event: QueuedEvent) {
+    mutating func announce(_ device: DeviceRecord, about event: QueuedEvent) {
         announce(device, event.wakeUpKind, conversation: event.receipt?.sender)
     }
 
@@ -566,7 +566,8 @@ struct SwitchboardState {
     /// sequence numbers: committed ones only, cancelled ones skipped, at most `limit` of
     /// them, and none after one for which `body` returns false (it is full). Stops before
     /// an event whose body is not in memory (`waitsForBody`: the store must hand it back
-    /// first). Returns nil when the connection no longer speaks for the device (it was
+    /// first), and before one that awaits its decision (`QueuedEvent.awaitsDecision`: the
+    /// decision wakes the connection). Returns nil when the connection no longer speaks for the device (it was
     /// taken over), else the new write position.
     ///
     /// Touches only the device record (a class), never the state itself: the `Switchboard`
@@ -585,8 +586,8 @@ struct SwitchboardState {
         var waitsForBody: UInt64?
         device.queue.forEach(after: position) { seq, event in
             guard seq <= writable else { return false }
-            guard handed < limit else {
-                full = true
+            guard handed < limit, !event.awaitsDecision else {
+                full = true  // stops here: the numbers after `position` are not all written
                 return false
             }
             if !event.isCancelled && !event.isResident {
@@ -644,6 +645,21 @@ struct SwitchboardState {
             next += handOn(.receipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)).next
         }
         return next
+    }
+
+    /// Takes `event`, numbered `seq`, out of `device`'s queue, if it is still there (an
+    /// event refused after it was queued): its number becomes a hole, which counts as
+    /// acknowledged, and its room is free again.
+    mutating func withdraw(_ event: QueuedEvent, seq: UInt64, from device: DeviceRecord) {
+        guard device.queue.event(seq) === event else { return }  // acknowledged, or the device forgotten
+        let shareQueue = ShareQueue.device(ObjectIdentifier(device))
+        let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
+        _ = device.withdraw(seq)
+        counters.pendingEvents -= 1
+        if sharesTracked && event.receipt != nil {
+            trackedSharesRemoved([event], from: shareQueue, count: device.queue.count, events: device.forEachEvent)
+        }
+        journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
     }
 
     /// MESSAGE_DELIVERED to every device of the message's sender.
