@@ -197,10 +197,7 @@ struct ShardStepTests {
         let sender = try shards.attach(alice, slot: 1, at: 1)
         let recipient = try shards.attach(bob, slot: 2, at: 1)
         func send(_ id: String, at seconds: Double) -> Result<UInt64, RequestError>? {
-            shards.on(alice, at: seconds) { state in
-                let acceptance = try! state.send(message(id, to: bob), from: sender, now: TwoShards.at(seconds)).get()
-                return ((), acceptance.handOff.map { [$0] } ?? [])
-            }.reply
+            sendToBob(&shards, id, from: sender, at: seconds)
         }
         #expect(TwoShards.isOK(send("m1", at: 2)))
         #expect(TwoShards.code(send("m2", at: 3)) == .recipientBacklogFull)
@@ -209,6 +206,20 @@ struct ShardStepTests {
         #expect(TwoShards.isOK(send("m2", at: 4)))
         #expect(TwoShards.events(recipient).count == 1)
         #expect(shards.states[0].counters.messagesDeduplicated == 0)
+    }
+
+    /// alice's `device` sends message `id` to bob, and every step runs: the answer.
+    func sendToBob(_ shards: inout TwoShards, _ id: String, from device: DeviceRecord, at seconds: Double) -> Result<UInt64, RequestError>? {
+        shards.request(alice, at: seconds) { state in
+            switch state.send(message(id, to: bob), from: device, now: TwoShards.at(seconds)) {
+            case .success(let acceptance):
+                // Handed on: the recipient's shard answers.
+                StepOutcome(
+                    reply: acceptance.handOff == nil ? .success(acceptance.serverTime) : nil,
+                    next: acceptance.handOff.map { [$0] } ?? [])
+            case .failure(let refusal): .answered(.failure(refusal))
+            }
+        }
     }
 
     /// What `device`'s pump would write now (numbers and events), as the loop asks for it.
@@ -273,10 +284,7 @@ struct ShardStepTests {
         let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
         _ = try shards.attach(bob, slot: 3, at: 1)
         func send(_ id: String, at seconds: Double) -> Result<UInt64, RequestError>? {
-            shards.on(alice, at: seconds) { state in
-                let acceptance = try! state.send(message(id, to: bob), from: laptop, now: TwoShards.at(seconds)).get()
-                return ((), acceptance.handOff.map { [$0] } ?? [])
-            }.reply
+            sendToBob(&shards, id, from: laptop, at: seconds)
         }
         #expect(TwoShards.isOK(send("m1", at: 2)))
         _ = shards.states[0].ack(phone, connection: TwoShards.connection(2), through: phone.lastSeq)
