@@ -99,26 +99,24 @@ func cycle(_ device: Device, port: UInt16, source: UInt32, buffer: inout [UInt8]
     guard sent == hello.count else { throw CycleFailure(reason: "send: \(String(cString: strerror(errno)))") }
     var timeout = timeval(tv_sec: 10, tv_usec: 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-    let decoder = FrameDecoder()
-    var filled = 0
+    var assembler = FrameAssembler()
     while true {
-        if filled > 0, let decoded = try? buffer.withUnsafeBytes({ try decoder.decode(UnsafeRawBufferPointer(rebasing: $0[0..<filled])) }) {
-            switch decoded.frame {
-            case .welcome(let welcome): return ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: welcome.ackedSeq)
-            case .close(let close): throw CycleFailure(reason: "refused: \(close.code) \(close.message)")
-            default:
-                buffer.withUnsafeMutableBytes { bytes in
-                    bytes.baseAddress!.copyMemory(from: bytes.baseAddress! + decoded.size, byteCount: filled - decoded.size)
-                }
-                filled -= decoded.size
-                continue
-            }
-        }
-        if filled == buffer.count { buffer += [UInt8](repeating: 0, count: buffer.count) }
-        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + filled, $0.count - filled) }
+        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
         if count < 0 && errno == EINTR { continue }
         guard count > 0 else { throw CycleFailure(reason: count == 0 ? "closed before WELCOME" : "read: \(String(cString: strerror(errno)))") }
-        filled += count
+        let frames: [Frame]
+        do {
+            frames = try buffer.withUnsafeBytes { bytes in try assembler.drain(UnsafeRawBufferPointer(rebasing: bytes[..<count])) }
+        } catch {
+            throw CycleFailure(reason: "undecodable frame: \(error)")
+        }
+        for frame in frames {
+            switch frame {
+            case .welcome(let welcome): return ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: welcome.ackedSeq)
+            case .close(let close): throw CycleFailure(reason: "refused: \(close.code) \(close.message)")
+            default: continue
+            }
+        }
     }
 }
 

@@ -160,16 +160,16 @@ struct Handshaker {
 
     private func handshake(on stream: SocketStream, address: SocketAddress, hello: Hello, resumeRefused: Bool) throws(ConnectError) -> HandshakenSocket {
         try writeAll(FrameEncoder.encode(.hello(hello)), to: stream)
-        let decoder = FrameDecoder(maxFrameLength: plan.maxFrameLength)
-        var received: [UInt8] = []
+        var assembler = FrameAssembler(maxFrameLength: plan.maxFrameLength)
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
         while true {
-            let decoded: (frame: Frame, size: Int)?
-            switch decoder.decode(array: received) {
-            case .success(let frame): decoded = frame
-            case .failure(let violation): throw .protocolViolation(violation.description)
+            let decoded: Frame?
+            do throws(ProtocolViolation) {
+                decoded = try assembler.next()
+            } catch {
+                throw .protocolViolation(error.description)
             }
-            if let (frame, size) = decoded {
+            if let frame = decoded {
                 switch frame {
                 case .welcome(let welcome):
                     guard welcome.version == ProtocolLimits.version else {
@@ -180,7 +180,7 @@ struct Handshaker {
                     }
                     return HandshakenSocket(
                         stream: stream, welcome: welcome, localAddress: stream.socket.localAddress() ?? address.withPort(0),
-                        remoteAddress: address, leftover: Array(received[size...]), resumeRefused: resumeRefused,
+                        remoteAddress: address, leftover: assembler.takeBuffered(), resumeRefused: resumeRefused,
                         credentials: hello.credentials, tlsSession: stream.resumableTLSSession())
                 case .close(let close):
                     throw .rejected(close)
@@ -190,7 +190,7 @@ struct Handshaker {
             }
             // Read before polling: TLS may hold decrypted bytes no poll would announce.
             switch chunk.withUnsafeMutableBytes({ stream.read(into: $0) }) {
-            case .moved(let count): received.append(contentsOf: chunk[0..<count])
+            case .moved(let count): assembler.append(contentsOf: chunk[0..<count])
             case .wait(let readiness): try waitUntil(readiness, stream)
             case .closed, .failed(.socket(errno: ECONNRESET)): throw .closedDuringHandshake
             case .failed(.socket(let code)): throw .socketError(operation: "recv", errno: code)

@@ -13,10 +13,9 @@ final class TestClient {
     let fd: Int32
     /// The TLS connection the frames go through (nil: plain TCP).
     private(set) var tls: TLSTestChannel?
-    private var buffer: [UInt8] = []
+    private var assembler = FrameAssembler(maxFrameLength: 16 << 20)
     /// Frames read while waiting for something else; `next` returns them first.
     private var skipped: [Frame] = []
-    private let decoder = FrameDecoder(maxFrameLength: 16 << 20)
     /// Events seen, for assertions about order and duplicates.
     private(set) var lastSeq: UInt64 = 0
 
@@ -132,8 +131,7 @@ final class TestClient {
     private func read(timeout: Duration) throws -> Frame? {
         let deadline = SystemClock().now() + timeout
         while true {
-            if let (frame, size) = try buffer.withUnsafeBytes({ try decoder.decode($0) }) {
-                buffer.removeFirst(size)
+            if let frame = try assembler.next() {
                 if case .event(let seq, _) = frame { lastSeq = max(lastSeq, seq) }
                 return frame
             }
@@ -142,7 +140,7 @@ final class TestClient {
             var chunk = [UInt8](repeating: 0, count: 65536)
             let count = receive(into: &chunk, milliseconds: max(1, remaining.milliseconds))
             if count == 0 {
-                guard buffer.isEmpty else { throw Failure("connection closed mid-frame") }
+                guard assembler.bufferedCount == 0 else { throw Failure("connection closed mid-frame") }
                 return nil
             }
             if count < 0 {
@@ -150,7 +148,7 @@ final class TestClient {
                 if errno == ECONNRESET { return nil }
                 throw Failure("recv: \(String(cString: strerror(errno)))")
             }
-            buffer += chunk[..<count]
+            assembler.append(contentsOf: chunk[..<count])
         }
     }
 
@@ -240,7 +238,7 @@ final class TestClient {
 
     /// True if nothing at all arrives within `window` (the socket stays open and silent).
     func staysSilent(for window: Duration = .milliseconds(100)) throws -> Bool {
-        guard buffer.isEmpty && skipped.isEmpty else { return false }
+        guard assembler.bufferedCount == 0 && skipped.isEmpty else { return false }
         if waitFor(Int16(POLLIN), milliseconds: Int32(window.milliseconds)) { return false }
         return true
     }

@@ -27,34 +27,33 @@ extension LoadWorker {
         }
     }
 
+    /// Handles the frames of `bytes` (after what the connection kept of its last read)
+    /// straight out of the read buffer; a trailing partial frame waits in `partialFrames`.
     func process(_ bytes: UnsafeRawBufferPointer, slot: Int, receivedAt: UInt64) {
-        if var pending = partialFrames.removeValue(forKey: slot) {
-            pending.append(contentsOf: bytes)
-            pending.withUnsafeBytes { decodeFrames($0, slot: slot, receivedAt: receivedAt) }
-        } else {
-            decodeFrames(bytes, slot: slot, receivedAt: receivedAt)
-        }
-    }
-
-    private func decodeFrames(_ bytes: UnsafeRawBufferPointer, slot: Int, receivedAt: UInt64) {
-        var offset = 0
+        var assembler = FrameAssembler(decoder: decoder, buffered: partialFrames.removeValue(forKey: slot) ?? [])
         var acknowledge = false
         let fd = table.fd[slot]
-        while offset < bytes.count {
-            let decoded: (frame: Frame, size: Int)?
-            do {
-                decoded = try decoder.decode(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
-            } catch {
-                protocolFailure(slot: slot, "undecodable frame from the server: \(error)", now: receivedAt)
-                return
+        let open = assembler.withInput(bytes) { input -> Bool in
+            while true {
+                let frame: Frame
+                do {
+                    guard let next = try input.next() else { return true }
+                    frame = next
+                } catch {
+                    protocolFailure(slot: slot, "undecodable frame from the server: \(error)", now: receivedAt)
+                    input.discardRest()
+                    return false
+                }
+                handle(frame, slot: slot, receivedAt: receivedAt, acknowledge: &acknowledge)
+                // The frame may have closed the connection (CLOSE, protocol error).
+                guard table.fd[slot] == fd, fd >= 0 else {
+                    input.discardRest()
+                    return false
+                }
             }
-            guard let (frame, size) = decoded else { break }
-            offset += size
-            handle(frame, slot: slot, receivedAt: receivedAt, acknowledge: &acknowledge)
-            // The frame may have closed the connection (CLOSE, protocol error).
-            guard table.fd[slot] == fd, fd >= 0 else { return }
         }
-        if offset < bytes.count { partialFrames[slot] = Array(bytes[offset...]) }
+        guard open else { return }
+        if assembler.bufferedCount > 0 { partialFrames[slot] = assembler.takeBuffered() }
         // One cumulative ACK per batch of events (docs/PROTOCOL.md 5).
         if acknowledge { send(FrameEncoder.encode(.ack(seq: table.lastSeq[slot])), slot: slot) }
     }
