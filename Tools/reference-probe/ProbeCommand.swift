@@ -100,12 +100,18 @@ enum ProbeCommand {
         var chunk = [UInt8](repeating: 0, count: 4096)
         var inbound = Inbound()
         while true {
-            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else {
+            let count: Int
+            switch chunk.withUnsafeMutableBytes({ SocketCalls.receive(fd, into: $0) }) {
+            case .transferred(let moved) where moved > 0: count = moved
+            case .transferred:
                 close(fd)
-                throw count == 0 ? ProbeError("publisher: the server closed the connection during the handshake")
-                    : ProbeError(call: "publisher: handshake")
+                throw ProbeError("publisher: the server closed the connection during the handshake")
+            case .wouldBlock:
+                close(fd)
+                throw ProbeError(call: "publisher: handshake", code: EAGAIN)
+            case .failed(let code):
+                close(fd)
+                throw ProbeError(call: "publisher: handshake", code: code)
             }
             received.append(contentsOf: chunk[0..<count])
             inbound.reset()

@@ -56,12 +56,14 @@ final class SubscriberTable: @unchecked Sendable {
     func read(_ index: Int, into inbound: inout Inbound) -> ReadOutcome {
         let fd = descriptors[index]
         var arrivedAt: UInt64 = 0
-        let count = voipload_read_stamped(fd, scratch.baseAddress, UInt(scratch.count), &arrivedAt)
+        let result = SystemCall.io { Int(voipload_read_stamped(fd, scratch.baseAddress, UInt(scratch.count), &arrivedAt)) }
         let readAt = voipload_realtime_ns()
-        if count == 0 { return .failed("the server closed the connection") }
-        if count < 0 {
-            if errno == EAGAIN || errno == EINTR { return .nothing }
-            return .failed(ProbeError(call: "recv").message)
+        let count: Int
+        switch result {
+        case .transferred(0): return .failed("the server closed the connection")
+        case .transferred(let moved): count = moved
+        case .wouldBlock: return .nothing
+        case .failed(let code): return .failed(ProbeError(call: "recv", code: code).message)
         }
         inbound.reset()
         let arrived = UnsafeRawBufferPointer(rebasing: scratch[0..<Int(count)])

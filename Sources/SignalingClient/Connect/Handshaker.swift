@@ -127,29 +127,23 @@ struct Handshaker {
 
     private func connect(to address: SocketAddress) throws(ConnectError) -> SocketHandle {
         let socket = try SocketHandle.tcp(family: address.family)
-        let status = address.withSockaddr { pointer, length in
-            #if canImport(Glibc)
-            Glibc.connect(socket.descriptor, pointer, length)
-            #else
-            Darwin.connect(socket.descriptor, pointer, length)
-            #endif
+        let started = address.withSockaddr { pointer, length in
+            Result { () throws(SystemError) in try SocketCalls.connect(socket.descriptor, pointer, length: length) }
         }
-        if status != 0 && errno != EINPROGRESS {
-            let code = errno
+        let connected: Bool
+        switch started {
+        case .success(let now): connected = now
+        case .failure(let error):
             socket.close()
-            throw code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: code)
+            throw error.code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: error.code)
         }
-        if status != 0 {
+        if !connected {
             switch PollWait.wait(for: socket.descriptor, events: Int16(POLLOUT), cancel: cancel, deadline: deadline) {
             case .cancelled: socket.close(); throw .cancelled
             case .timedOut: socket.close(); throw .timedOut
             case .ready: break
             }
-            guard let code = socket.integerOption(level: SOL_SOCKET, name: SO_ERROR) else {
-                let failure = errno
-                socket.close()
-                throw .socketError(operation: "getsockopt(SO_ERROR)", errno: failure)
-            }
+            let code = SocketCalls.pendingError(socket.descriptor)
             if code != 0 {
                 socket.close()
                 throw code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: code)

@@ -41,8 +41,11 @@ extension EventLoop {
         let state = table.state(slot)
         for _ in 0..<4 {
             let lingering = state.pointee.phase == .closing
-            let count = recv(state.pointee.fd, readBuffer.baseAddress, readBuffer.count, lingering ? 0 : Int32(MSG_PEEK))
-            if count > 0 {
+            switch SocketCalls.receive(state.pointee.fd, into: readBuffer, flags: lingering ? 0 : Int32(MSG_PEEK)) {
+            case .transferred(0):
+                peerClosed(slot)
+                return
+            case .transferred(let count):
                 if lingering { continue }  // discarded
                 state.pointee.lastActivity = nowSeconds
                 let generation = state.pointee.generation
@@ -51,17 +54,11 @@ extension EventLoop {
                 guard table.isLive(slot, generation: generation), takePeeked(count, from: slot) else { return }
                 if state.pointee.phase == .free || count < readBuffer.count { return }
                 if state.pointee.flags.contains(.readPaused) { return }
-            } else if count == 0 {
-                peerClosed(slot)
+            case .wouldBlock:
                 return
-            } else {
-                switch errno {
-                case EAGAIN, EWOULDBLOCK: return
-                case EINTR: continue
-                default:
-                    socketFailed(slot, errno: errno)
-                    return
-                }
+            case .failed(let code):
+                socketFailed(slot, errno: code)
+                return
             }
         }
     }
@@ -71,14 +68,11 @@ extension EventLoop {
     /// hand the same frames over again, so the connection is closed instead.
     private func takePeeked(_ count: Int, from slot: UInt32) -> Bool {
         let fd = table.state(slot).pointee.fd
-        while true {
-            let taken = recv(fd, nil, count, Int32(MSG_TRUNC | MSG_DONTWAIT))
-            if taken == count { return true }
-            if taken < 0 && errno == EINTR { continue }
-            context.logger.warning("read_failed", ["conn": reference(slot), "expected": count, "taken": taken])
-            destroy(slot)
-            return false
-        }
+        let taken = SocketCalls.discardPeeked(fd, count: count)
+        if taken == .transferred(count) { return true }
+        context.logger.warning("read_failed", ["conn": reference(slot), "expected": count, "taken": "\(taken)"])
+        destroy(slot)
+        return false
     }
 
     /// Decodes and handles every complete frame; keeps a trailing partial frame (and,

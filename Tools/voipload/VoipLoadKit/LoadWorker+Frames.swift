@@ -14,16 +14,19 @@ extension LoadWorker {
         }
         let fd = table.fd[slot]
         var arrivedAt: UInt64 = 0
-        let count = Int(voipload_read_stamped(fd, readBuffer.baseAddress, UInt(readBuffer.count), &arrivedAt))
+        let result = SystemCall.io { Int(voipload_read_stamped(fd, readBuffer.baseAddress, UInt(readBuffer.count), &arrivedAt)) }
         // Stamped before decoding, so the tool's own decoding is not counted as latency.
         currentRead = ReadStamps(arrived: arrivedAt, read: voipload_realtime_ns())
         let receivedAt = clock.now().nanoseconds
-        if count > 0 {
-            process(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]), slot: slot, receivedAt: receivedAt)
-        } else if count == 0 {
+        switch result {
+        case .transferred(0):
             connectionLost(slot: slot, reason: "closed by server without CLOSE", now: receivedAt)
-        } else if errno != EAGAIN && errno != EINTR {
-            connectionLost(slot: slot, reason: SystemError("read", errno).description, now: receivedAt)
+        case .transferred(let count):
+            process(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]), slot: slot, receivedAt: receivedAt)
+        case .wouldBlock:
+            break
+        case .failed(let code):
+            connectionLost(slot: slot, reason: SystemError("read", code).description, now: receivedAt)
         }
     }
 
