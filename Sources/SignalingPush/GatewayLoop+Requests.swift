@@ -44,7 +44,9 @@ extension GatewayLoop {
     /// Hands an attempt's outcome to the scheduler, removes an invalid token, logs.
     private func finish(_ attempt: WakeUpScheduler.Attempt, _ outcome: WakeUpScheduler.Outcome, service: PushService, status: Int, reason: String) {
         guard !stopRequested.load(ordering: .relaxed) else { return }
-        scheduler.complete(attempt.device, outcome, now: clock.now())
+        // The token is handed over for removal and the reason counted before the scheduler
+        // counts the attempt (tokensRemoved, rejected): whoever sees those counters move,
+        // an operator's scrape or a test, finds the removal already done.
         switch outcome {
         case .rejected(let reason):
             counters.countRejection("\(service.rawValue):\(reason)")
@@ -54,6 +56,7 @@ extension GatewayLoop {
         default:
             break
         }
+        scheduler.complete(attempt.device, outcome, now: clock.now())
         log(attempt, service: service, status: status, reason: reason, outcome: outcome)
         pumpSoon()
     }

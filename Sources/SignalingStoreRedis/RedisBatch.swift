@@ -3,10 +3,11 @@ import SignalingStore
 /// A batch of `StoreChange`s as arguments of the apply script (`RedisBatch.script`),
 /// grouped by user (`StoreChange.owner`), each user's changes in their order.
 ///
-/// KEYS: `voip:users`, then each user's `{u:U}:devices` (the script derives the user's
-/// other keys from it, so every key it touches shares a declared key's hash tag). ARGV:
-/// for each user, the user id, the number of changes, then per change a one-letter code
-/// and its arguments (`RedisBatch.script` lists them).
+/// KEYS: `voip:users`, `voip:lease`, then each user's `{u:U}:devices` (the script derives
+/// the user's other keys from it, so every key it touches shares a declared key's hash
+/// tag). ARGV: the fencing token (the writing node's id, or empty: not fenced), then for
+/// each user, the user id, the number of changes, then per change a one-letter code and
+/// its arguments (`RedisBatch.script` lists them).
 ///
 /// One EVALSHA applies the whole batch: on a single Redis instance a script is atomic
 /// whatever keys it touches. On Redis Cluster the same script would be run once per user
@@ -19,7 +20,10 @@ struct RedisBatch {
 
     /// Encodes the changes; throws `.other` naming the change for a number the store
     /// refuses (beyond 2^63 - 1), before anything is sent.
-    init(_ changes: [StoreChange], scriptSHA: String) throws(StoreError) {
+    ///
+    /// - Parameter fencingToken: when set, Redis applies the batch only while `voip:lease`
+    ///   holds exactly this value (`RedisLease`): a node whose lease lapsed cannot write.
+    init(_ changes: [StoreChange], scriptSHA: String, fencingToken: String? = nil) throws(StoreError) {
         var groups: [String: [Int]] = [:]
         var order: [String] = []
         for (index, change) in changes.enumerated() {
@@ -27,9 +31,11 @@ struct RedisBatch {
             if groups[owner] == nil { order.append(owner) }
             groups[owner, default: []].append(index)
         }
-        command = RedisCommand("EVALSHA", scriptSHA, String(order.count + 1))
+        command = RedisCommand("EVALSHA", scriptSHA, String(order.count + 2))
         command.append(RedisLayout.usersKey)
+        command.append(RedisLayout.leaseKey)
         for user in order { command.append(RedisLayout.devicesKey(user)) }
+        command.append(fencingToken ?? "")
         for user in order {
             let indices = groups[user]!
             command.append(user)
@@ -129,14 +135,23 @@ struct RedisBatch {
     /// X device | H N E tail | C device N E ordinal ordinalEnd | L E | M id record |
     /// F id | P device kind record | Q device kind | W device N E | V N E.
     /// Returns the number of changes skipped for want of their device.
+    ///
+    /// Fencing: with a token (ARGV[1]), the script first checks that the lease key holds
+    /// it and otherwise refuses the whole batch (VSFENCED) before reading anything else.
+    /// Redis runs a script alone, so no other node can take the lease between the check
+    /// and the writes: a batch of a node that lost its lease, however late it arrives,
+    /// is refused by Redis itself.
     static let script = """
+        if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then
+          return redis.error_reply('VSFENCED this node does not hold the lease ' .. KEYS[2] .. ' (held by ' .. tostring(redis.call('GET', KEYS[2]) or 'nobody') .. ')')
+        end
         local ZERO = string.rep('0', 20)
         local nargs = {U=2, A=4, K=3, R=2, X=1, H=3, C=5, L=1, M=2, F=1, P=3, Q=2, W=3, V=2}
         local deviceOps = {U=true, A=true, K=true, R=true, X=true, C=true, P=true, W=true}
         local groups = {}
-        local a = 1
+        local a = 2
         -- Pass 1: read and check; nothing is written before every check passed.
-        for g = 2, #KEYS do
+        for g = 3, #KEYS do
           local devices = KEYS[g]
           local p = string.sub(devices, 1, #devices - 7)
           local group = {devices = devices, p = p, user = ARGV[a], count = tonumber(ARGV[a + 1]), first = a + 2, recs = {}}

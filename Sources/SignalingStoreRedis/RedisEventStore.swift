@@ -57,7 +57,7 @@ public final class RedisEventStore: EventStore, EventBodySource, @unchecked Send
     public func apply(_ changes: [StoreChange]) throws(StoreError) {
         guard !changes.isEmpty else { return }
         // Encoded before any I/O: a change the store refuses fails the batch here.
-        let batch = try RedisBatch(changes, scriptSHA: scriptSHA)
+        let batch = try RedisBatch(changes, scriptSHA: scriptSHA, fencingToken: configuration.fencingToken)
         let skipped = try withConnection { connection throws(StoreError) -> Int64 in
             var reply = try connection.run(batch.command)
             if case .error(let message) = reply, message.hasPrefix("NOSCRIPT") {
@@ -183,6 +183,9 @@ public final class RedisEventStore: EventStore, EventBodySource, @unchecked Send
         case "OOM": kind = .full  // maxmemory reached; acknowledgements and expiry free memory
         case "READONLY": kind = .readOnly  // a replica
         case "VSCORRUPT", "WRONGTYPE": kind = .corrupt  // a key another program wrote
+        // Fenced: another node holds the lease (or it lapsed). Not transient for this
+        // node: its lease thread steps it down; retrying is harmless, Redis refuses again.
+        case "VSFENCED": kind = .other
         // Transient: Redis is loading its AOF, busy with a script, cannot persist, failing over.
         case "LOADING", "BUSY", "MISCONF", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN": kind = .io
         default: kind = .other

@@ -10,6 +10,7 @@ import SignalingStore
 /// |-----|------|-------|
 /// | `voip:schema` | string | the layout version (`schemaVersion`) |
 /// | `voip:users` | set | every user with a device, a held event or a message id: what a single node loads at start |
+/// | `voip:lease` | string | the node id of the one node that may write (with a TTL; `RedisLease`) |
 /// | `{u:U}:devices` | hash | device id → `DeviceRecord` (counters, session, last seen) |
 /// | `{u:U}:q:D` | sorted set | device D's events, one member each: `seq` (20 digits) + `EventRecord` |
 /// | `{u:U}:held` | sorted set | events held for U, members as the queues', by ordinal |
@@ -27,6 +28,9 @@ enum RedisLayout {
     static let schemaVersion = 1
     static let schemaKey = "voip:schema"
     static let usersKey = "voip:users"
+    /// Which node may write this database (`RedisLease`): its node id, with a TTL. Not a
+    /// user's key: a database has one active node (docs/CLUSTER.md).
+    static let leaseKey = "voip:lease"
 
     /// `{u:USER}:` with `%` and `}` in the user id escaped as `%25` and `%7D`. A user id may
     /// contain any character; escaping `}` keeps the hash tag the whole id (Redis Cluster

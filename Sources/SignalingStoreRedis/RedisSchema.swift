@@ -77,9 +77,12 @@ enum RedisSchema {
                 throw StoreError(.corrupt, "\(address) lost the store since the server opened it (no \(RedisLayout.schemaKey) key: "
                     + "restarted without its AOF, or flushed); restart voipserver to load what Redis holds now")
             }
-            guard case .integer(let keys) = try connection.run(RedisCommand("DBSIZE")) else {
+            // The lease is taken before the store opens: a database that holds only it is empty.
+            let counts = try connection.pipeline([RedisCommand("DBSIZE"), RedisCommand("EXISTS", RedisLayout.leaseKey)])
+            guard case .integer(let size) = counts[0], case .integer(let lease) = counts[1] else {
                 throw StoreError(.other, "\(address): DBSIZE did not answer with a number")
             }
+            let keys = size - lease
             guard keys == 0 else {
                 throw StoreError(.corrupt, "\(address) holds \(keys) keys but no \(RedisLayout.schemaKey): not a voipserver store; "
                     + "give the server a database of its own (redis://HOST:PORT/DB)")

@@ -35,11 +35,17 @@ public struct RedisStoreConfiguration: Sendable, Equatable {
     /// `longestReconnectDelayMilliseconds`; calls meanwhile fail at once with `.io`.
     public var firstReconnectDelayMilliseconds: Int
     public var longestReconnectDelayMilliseconds: Int
+    /// The node id of this node's `RedisLease`: every batch is then applied only while
+    /// the lease holds it (fencing, `RedisBatch.script`). Nil: unfenced, for a store used
+    /// without a lease (tools, tests).
+    public var fencingToken: String?
 
     public init(
         endpoint: RedisEndpoint, requiredFsync: Fsync = .always, allowVolatile: Bool = false,
-        timeoutMilliseconds: Int = 5_000, firstReconnectDelayMilliseconds: Int = 100, longestReconnectDelayMilliseconds: Int = 2_000
+        timeoutMilliseconds: Int = 5_000, firstReconnectDelayMilliseconds: Int = 100, longestReconnectDelayMilliseconds: Int = 2_000,
+        fencingToken: String? = nil
     ) {
+        self.fencingToken = fencingToken
         self.endpoint = endpoint
         self.requiredFsync = requiredFsync
         self.allowVolatile = allowVolatile

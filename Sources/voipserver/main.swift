@@ -44,17 +44,15 @@ pthread_sigmask(SIG_BLOCK, &handledSignals, nil)
 signal(SIGPIPE, SIG_IGN)
 
 let logger = Logger(level: configuration.logLevel, format: configuration.logFormat)
-let server: SignalingServer
+let server: Node
 do {
-    let store = try configuration.storage.openStore(logger: logger)
-    server = try SignalingServer(configuration: configuration, logger: logger, store: store)
-    try server.start()
+    server = try Node.start(configuration, logger: logger)
 } catch {
     logger.error("start_failed", ["error": "\(error)"])
     exit(70)
 }
 // Type=notify: systemd counts the service as started only now, with the listeners up.
-ServiceManager.ready(status: "listening on \(server.listeningDescription)")
+ServiceManager.ready(status: server.status)
 
 var received: Int32 = 0
 while true {
@@ -70,7 +68,7 @@ while true {
     } catch {
         logger.error("reload_failed", ["error": error.message, "detail": "the running configuration stays"])
     }
-    ServiceManager.ready(status: "listening on \(server.listeningDescription)")
+    ServiceManager.ready(status: server.status)
 }
 logger.info("signal", ["signal": received == SIGTERM ? "SIGTERM" : "SIGINT"])
 ServiceManager.stopping()

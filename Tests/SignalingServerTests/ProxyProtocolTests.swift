@@ -97,6 +97,8 @@ struct ProxyProtocolTests {
     func headerTimeout() throws {
         let server = try proxiedServer { $0.handshakeTimeout = .seconds(3) }
         let client = try connect(server, Array(ProxyHeaderBytes.local[..<5]))
+        // The deadline counts from the accept: the clock moves only once the server has it.
+        try server.waitFor("the connection to be accepted") { $0.openConnections == 1 }
         #expect(try client.staysSilent(for: .milliseconds(30)))
         try server.advance(by: .seconds(3))
         let close = try client.expectClose()

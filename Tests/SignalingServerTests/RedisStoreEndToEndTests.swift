@@ -22,7 +22,8 @@ struct RedisStoreEndToEndTests {
         var firstSeq: UInt64 = 0
         let session: SessionID
         do {
-            let server = try ServerProcess(["--store", redis.url()])
+            // A short lease: the server after the kill waits for it to expire (docs/CLUSTER.md).
+            let server = try ServerProcess(["--store", redis.url(), "--redis-lease-ttl", "1"])
             let alice = try TestClient(port: server.port)
             try alice.hello(user: "alice", device: "laptop")
             do {

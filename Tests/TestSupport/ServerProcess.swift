@@ -27,7 +27,11 @@ public final class ServerProcess {
     /// reads the port from the info-level `listening` line: do not pass a higher log level).
     /// Unless the arguments name one, the server gets a fresh data directory, removed when
     /// this object goes away.
-    public init(_ arguments: [String] = [], timeoutSeconds: Double = 30) throws {
+    ///
+    /// `until`: wait for a log line with this event instead (such as `standby`: a node
+    /// that does not listen yet); `port` is then 0, and `listeningPorts(after:)` finds the
+    /// ports once it listens.
+    public init(_ arguments: [String] = [], until event: String? = nil, timeoutSeconds: Double = 30) throws {
         let unique = "\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         logPath = FileManager.default.temporaryDirectory.appendingPathComponent("voipserver-\(unique).log").path
         var arguments = arguments
@@ -47,7 +51,12 @@ public final class ServerProcess {
         let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))
         while true {
             let log = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
-            if let ports = Self.listeningPorts(in: log) {
+            if let event {
+                if log.contains("event=\(event) ") || log.contains("\"event\":\"\(event)\"") {
+                    (port, tlsPort) = (0, nil)
+                    return
+                }
+            } else if let ports = Self.listeningPorts(in: log) {
                 (port, tlsPort) = (ports.plain ?? 0, ports.tls)
                 return
             }
@@ -74,6 +83,31 @@ public final class ServerProcess {
 
     /// Everything the server logged so far.
     public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    /// Waits until the server logs a `listening` line after the first `offset` bytes of its
+    /// log (a standby that became active, again after stepping down) and returns its plain
+    /// port; nil at the deadline or if the process exited.
+    public func listeningPort(after offset: Int = 0, timeoutSeconds: Double = 30) -> UInt16? {
+        let clock = SystemClock()
+        let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))
+        while clock.now() < deadline && process.poll() == nil {
+            let text = String(decoding: Array(log.utf8.dropFirst(offset)), as: UTF8.self)
+            if let ports = Self.listeningPorts(in: text) { return ports.plain }
+            usleep(2_000)
+        }
+        return nil
+    }
+
+    /// Waits until the log, after its first `offset` bytes, contains `text`.
+    public func waitForLog(_ text: String, after offset: Int = 0, timeoutSeconds: Double = 30) -> Bool {
+        let clock = SystemClock()
+        let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))
+        while clock.now() < deadline {
+            if String(decoding: Array(log.utf8.dropFirst(offset)), as: UTF8.self).contains(text) { return true }
+            usleep(2_000)
+        }
+        return false
+    }
 
     /// Sends SIGTERM and waits for the exit status.
     public func terminate(timeoutSeconds: Double = 30) -> Int32? {

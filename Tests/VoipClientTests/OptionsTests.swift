@@ -28,7 +28,7 @@ struct OptionsTests {
     @Test("each mode with its options, in any order")
     func modes() throws {
         guard case .interactive(let common) = try command(base) else { Issue.record("not interactive"); return }
-        #expect(common.server == ServerAddress(host: "127.0.0.1", port: 7443) && common.device == "voipclient" && !common.json)
+        #expect(common.servers == [ServerAddress(host: "127.0.0.1", port: 7443)] && common.device == "voipclient" && !common.json)
 
         guard case .call(let callCommon, let call) = try command(["call", "bob", "--hangup-after", "2.5"] + base + ["--json", "--timeout", "9"])
         else { Issue.record("not call"); return }
@@ -82,6 +82,17 @@ struct OptionsTests {
         #expect(try ServerAddress(parsing: "[::1]").description == "[::1]:7443")
         for bad in ["::1", "host:", "host:0", "host:70000", ":7443", "[::1", "[::1]x", "a b:1"] {
             #expect(throws: UsageError.self, "\(bad)") { try ServerAddress(parsing: bad) }
+        }
+    }
+
+    @Test("--server takes a comma-separated list of servers, in order; an empty or bad entry is a usage error")
+    func serverList() throws {
+        #expect(try ServerAddress.parseList("a.example:1,[::1]:2,10.0.0.3")
+                == [ServerAddress(host: "a.example", port: 1), ServerAddress(host: "::1", port: 2), ServerAddress(host: "10.0.0.3", port: 7443)])
+        #expect(ServerAddress.describe([ServerAddress(host: "a", port: 1), ServerAddress(host: "::1", port: 2)]) == "a:1,[::1]:2")
+        #expect(try command(["--server", "127.0.0.1:1,127.0.0.1:2", "--user", "alice"]).common.servers.map(\.port) == [1, 2])
+        for bad in ["a:1,", ",a:1", "a:1,,b:2", "a:1,b:0"] {
+            #expect(throws: UsageError.self, "\(bad)") { try ServerAddress.parseList(bad) }
         }
     }
 

@@ -147,6 +147,25 @@ struct VoipClientExecutableTests {
         }
     }
 
+    @Test("--server with a list: the first server down, the message goes through the second, which the connected line names; every server down exits 69 naming the list")
+    func serverList() throws {
+        let server = try startServer()
+        let down = closedLoopbackPort()
+        let list = "127.0.0.1:\(down),127.0.0.1:\(server.port)"
+        let bob = try VoipClientProcess(["--server", list, "--user", "bob", "listen", "--count", "1", "--json"])
+        #expect(bob.waitForOutput(#""event":"listening""#), "\(bob.stderr)")
+        let alice = try run(["--server", list, "--user", "alice", "send", "bob", "over the list", "--json"])
+        #expect(alice.exitCode == 0, "\(alice.stderr)")
+        #expect(JSONLines(alice.stdout).first("connected")?["server"] as? String == "127.0.0.1:\(server.port)")
+        #expect(bob.exitCode() == 0)
+        #expect(JSONLines(bob.stdout).first("message")?["body"] as? String == "over the list")
+
+        let other = closedLoopbackPort()
+        let nowhere = try run(["--server", "127.0.0.1:\(down),127.0.0.1:\(other)", "--user", "alice", "send", "bob", "hi"], timeout: 20)
+        #expect(nowhere.exitCode == 69, "\(nowhere.stderr)")
+        #expect(nowhere.stderr.hasPrefix("voipclient: cannot reach 127.0.0.1:\(down),127.0.0.1:\(other)"), "\(nowhere.stderr)")
+    }
+
     @Test("SIGINT while ringing cancels the call and exits 130")
     func interruptedCall() throws {
         let server = try ServerProcess(["--store", "memory", "--workers", "1"])

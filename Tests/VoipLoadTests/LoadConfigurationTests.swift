@@ -30,6 +30,12 @@ import Testing
         #expect(config.json && !config.progress)
     }
 
+    @Test func serverListInOrder() throws {
+        let (config, _) = try LoadConfiguration.parse(["--server", "127.0.0.1:9000,127.0.0.2:9001", "--events", "0"])
+        #expect(config.serverEndpoints == [LoopbackEndpoint((127 << 24 | 1, 9000)), LoopbackEndpoint((127 << 24 | 2, 9001))])
+        #expect(config.serverEndpoint.address == (127 << 24 | 1) && config.serverEndpoint.port == 9000)
+    }
+
     @Test(arguments: [
         (["--devices", "0"], "--devices must be between"),
         (["--server", "10.0.0.1:7443"], "loopback"),
@@ -42,6 +48,10 @@ import Testing
         (["--devices", "30000", "--workers", "2"], "use --workers 3"),
         (["--devices", "50000", "--source-addresses", "1", "--workers", "5"], "raise --source-addresses"),
         (["--server-pid", "12", "--server-bin", "/bin/true"], "exclude each other"),
+        (["--server", "127.0.0.1:1,127.0.0.1:2", "--server-pid", "12"], "excludes --server-bin and --server-pid"),
+        (["--server", "127.0.0.1:1,127.0.0.1:2", "--server-bin", "/bin/true"], "excludes --server-bin and --server-pid"),
+        (["--server", "127.0.0.1:1,"], "A.B.C.D:PORT[,A.B.C.D:PORT...]"),
+        (["--server", "127.0.0.1:1,10.0.0.1:2"], "loopback"),
         (["stray"], "unexpected argument"),
         (["--bogus"], "unknown option"),
     ])

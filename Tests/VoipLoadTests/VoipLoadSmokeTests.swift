@@ -122,6 +122,20 @@ import SignalingSupport
         #expect(run.stderr.contains("unauthorized"), "\(run.stderr)")
     }
 
+    /// Device g dials server g mod n: with the second of two servers down, exactly every
+    /// other device fails, and the first server holds the rest.
+    @Test func spreadsDevicesOverTheServersOfAList() throws {
+        let server = try ServerProcess(["--store", "memory", "--workers", "1"])
+        let down = try #require(SocketCalls.freeLoopbackPort())
+        let run = try ExecutableRun.run("voipload", [
+            "--server", "127.0.0.1:\(server.port),127.0.0.1:\(down)", "--devices", "40", "--source-addresses", "4",
+            "--events", "0", "--connect-timeout", "1", "--settle", "0", "--json", "--quiet",
+        ], timeoutSeconds: 60)
+        let report = try JSONDecoder().decode(LoadReport.self, from: Data(run.stdout.utf8))
+        #expect(report.connections.connected == 20 && report.connections.failed == 20, "\(run.stderr)")
+        #expect(!report.passed && run.exitCode == 1)
+    }
+
     @Test func unreachableServerIsAClearError() throws {
         let port = try #require(SocketCalls.freeLoopbackPort())
         let run = try ExecutableRun.run("voipload", ["--server", "127.0.0.1:\(port)", "--devices", "10", "--quiet"], timeoutSeconds: 30)

@@ -130,6 +130,9 @@ public struct SessionInfo: Sendable, Equatable {
     public var markingFailures: [MarkingFailure]
     /// The TLS in force; nil for plain TCP.
     public var tls: TLSSessionDetails? = nil
+    /// The server of `ClientConfiguration.servers` that answered (`remoteAddress` is the
+    /// address of it that was dialled).
+    public var server: ServerEndpoint? = nil
 }
 
 /// What a connection's TLS handshake negotiated.

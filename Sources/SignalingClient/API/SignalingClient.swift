@@ -20,7 +20,7 @@ public final class SignalingClient: Sendable {
         eventQueue: DispatchQueue = .main, eventHandler: @escaping @Sendable (ClientEvent) -> Void
     ) throws(ClientConfigurationError) {
         try configuration.validate()
-        let tls = try configuration.tls.map { (tls) throws(ClientConfigurationError) in try TLSClientSetup(tls, host: configuration.host) }
+        let tls = try configuration.tls.map { (tls) throws(ClientConfigurationError) in try TLSClientSetup(tls) }
         core = ClientCore(
             configuration: configuration, clock: clock, logger: logger, eventQueue: eventQueue,
             eventHandler: eventHandler, networkMonitor: configuration.watchesNetwork ? makeSystemNetworkMonitor() : nil, tls: tls)
@@ -30,7 +30,7 @@ public final class SignalingClient: Sendable {
     init(configuration: ClientConfiguration, clock: any Clock, logger: Logger, eventQueue: DispatchQueue,
          networkMonitor: (any NetworkMonitor)?, eventHandler: @escaping @Sendable (ClientEvent) -> Void) throws(ClientConfigurationError) {
         try configuration.validate()
-        let tls = try configuration.tls.map { (tls) throws(ClientConfigurationError) in try TLSClientSetup(tls, host: configuration.host) }
+        let tls = try configuration.tls.map { (tls) throws(ClientConfigurationError) in try TLSClientSetup(tls) }
         core = ClientCore(configuration: configuration, clock: clock, logger: logger, eventQueue: eventQueue,
                           eventHandler: eventHandler, networkMonitor: networkMonitor, tls: tls)
     }

@@ -1,11 +1,27 @@
 import SignalingProtocol
 
 /// Everything that tunes a client. Every field has a production default except the
-/// server address and the identity.
+/// servers and the identity.
 public struct ClientConfiguration: Sendable {
-    /// The server: a numeric IPv4/IPv6 address or a host name.
-    public var host: String
-    public var port: UInt16
+    /// The servers, in the order of preference (at least one). Each attempt tries them
+    /// from the one that last worked on, each name's addresses in turn, and moves on when
+    /// one fails; when all failed it backs off (docs/CLIENT.md, "Several servers").
+    public var servers: [ServerEndpoint]
+    /// The first server's host: a numeric IPv4/IPv6 address or a host name ("" when the
+    /// list is empty). Setting it changes the first server only (adding one to an empty list).
+    public var host: String {
+        get { servers.first?.host ?? "" }
+        set { if servers.isEmpty { servers = [ServerEndpoint(host: newValue, port: 0)] } else { servers[0].host = newValue } }
+    }
+    /// The first server's port (0 when the list is empty). Setting it changes the first
+    /// server only (adding one to an empty list).
+    public var port: UInt16 {
+        get { servers.first?.port ?? 0 }
+        set { if servers.isEmpty { servers = [ServerEndpoint(host: "", port: newValue)] } else { servers[0].port = newValue } }
+    }
+    /// Turns each server's host into addresses; getaddrinfo (`SocketAddress.resolve`) by
+    /// default. Runs on the connect attempt's thread and may block.
+    public var resolver: HostResolver = { (host, port) throws(ConnectError) in try SocketAddress.resolve(host: host, port: port) }
     public var userID: String
     public var deviceID: String
     /// HELLO credentials: a device token (docs/AUTH.md), minted by the app's backend.
@@ -50,9 +66,14 @@ public struct ClientConfiguration: Sendable {
     /// clock; tests that drive a `ManualClock` set a few milliseconds.
     public var maximumTimerWait: Duration?
 
+    /// One server: the list `[ServerEndpoint(host:port:)]`.
     public init(host: String, port: UInt16, userID: String, deviceID: String, credentials: [UInt8]? = nil) {
-        self.host = host
-        self.port = port
+        self.init(servers: [ServerEndpoint(host: host, port: port)], userID: userID, deviceID: deviceID, credentials: credentials)
+    }
+
+    /// Several servers, tried in this order (the first that works is kept, sticky).
+    public init(servers: [ServerEndpoint], userID: String, deviceID: String, credentials: [UInt8]? = nil) {
+        self.servers = servers
         self.userID = userID
         self.deviceID = deviceID
         self.credentials = credentials
@@ -60,8 +81,13 @@ public struct ClientConfiguration: Sendable {
 
     /// Checks every field; the error names the first bad one.
     public func validate() throws(ClientConfigurationError) {
-        guard !host.isEmpty else { throw .invalid("host is empty") }
-        guard port != 0 else { throw .invalid("port must not be 0") }
+        guard !servers.isEmpty else { throw .invalid("servers is empty") }
+        for (index, server) in servers.enumerated() {
+            let name = servers.count == 1 ? "" : "servers[\(index)]: "
+            guard !server.host.isEmpty else { throw .invalid("\(name)host is empty") }
+            guard server.port != 0 else { throw .invalid("\(name)port must not be 0") }
+            if let serverName = server.tlsServerName, serverName.isEmpty { throw .invalid("\(name)tlsServerName is empty") }
+        }
         // The reference codec decides what a valid HELLO is: encode one and read it back.
         let hello = Frame.hello(Hello(userID: userID, deviceID: deviceID, credentials: credentials,
                                       requestedKeepAliveSeconds: requestedKeepAliveSeconds))

@@ -11,19 +11,21 @@ public typealias PublicKeyPin = SignalingTLS.PublicKeyPin
 /// A client's TLS, ready for connect attempts: immutable, shared by every attempt.
 struct TLSClientSetup: Sendable {
     let context: TLSClientContext
-    /// The name (or address) the certificate is checked against.
-    let serverName: String
+    let configuration: ClientTLSConfiguration
     let pins: [PublicKeyPin]
 
     /// Loads the trust store once (not per attempt). `ClientConfiguration.validate`
     /// checked the fields; a CA file that cannot be loaded is reported here.
-    init(_ configuration: ClientTLSConfiguration, host: String) throws(ClientConfigurationError) {
+    init(_ configuration: ClientTLSConfiguration) throws(ClientConfigurationError) {
         do {
             context = try configuration.makeContext()
         } catch {
             throw .invalid("tls: \(error.message)")
         }
-        serverName = configuration.checkedName(dialling: host)
+        self.configuration = configuration
         pins = configuration.pins
     }
+
+    /// The name (or address) `server`'s certificate is checked against (`ServerEndpoint.tlsName`).
+    func serverName(for server: ServerEndpoint) -> String { server.tlsName(under: configuration) }
 }

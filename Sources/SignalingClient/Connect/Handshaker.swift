@@ -7,39 +7,82 @@ import Glibc
 import Darwin
 #endif
 
-/// The work of the background connect thread: resolve, TCP connect (trying each address
-/// in turn), the TLS handshake when configured, send HELLO, wait for WELCOME. Every wait is bounded by the attempt's
-/// deadline and wakes at once when the attempt is cancelled. Runs on that thread only.
+/// The work of the background connect thread: walk the servers (`ServerRotation`),
+/// resolving each and trying its addresses in turn; on each, the TCP connect, the TLS
+/// handshake when configured, HELLO, and WELCOME. Every wait is bounded by the current
+/// address's share of the attempt's deadline and wakes at once when the attempt is
+/// cancelled. Runs on that thread only.
 struct Handshaker {
     let plan: HandshakePlan
+    /// The deadline of the current step: the whole attempt's in `run`, one address's share
+    /// of it in the copy that handshakes with that address.
     let deadline: Instant
     let cancel: WakePipe
 
     func run() throws(ConnectError) -> HandshakenSocket {
-        let addresses = try SocketAddress.resolve(host: plan.host, port: plan.port)
-        var hello = plan.hello
+        let clock = SystemClock()
+        var offer = HelloOffer(hello: plan.hello)
+        if let refusal = plan.credentialsRefusal {
+            offer.hello.credentials = try freshCredentials(after: refusal)
+            offer.refreshed = true
+        }
+        var rotation = ServerRotation(serverCount: plan.servers.count, preferred: plan.preferredServer, deadline: deadline)
+        var step = rotation.start()
+        while true {
+            try checkCancelled()
+            switch step {
+            case .failed(let error):
+                throw error
+            case .resolve(let index):
+                let server = plan.servers[index]
+                do throws(ConnectError) {
+                    let addresses = try plan.resolver(server.host, server.port)
+                    guard !addresses.isEmpty else { throw .resolutionFailed(host: server.host, reason: "no IPv4 or IPv6 address") }
+                    step = rotation.resolved(addresses, now: clock.now())
+                } catch {
+                    step = rotation.failed(error, now: clock.now())
+                }
+            case .connect(let index, let address, let until):
+                // The same work, bounded by this address's share of the time.
+                let leg = Handshaker(plan: plan, deadline: min(until, deadline), cancel: cancel)
+                do {
+                    return try leg.handshake(server: index, address: address, offer: &offer)
+                } catch {
+                    plan.logger.info("server_failed", ["server": plan.servers[index], "address": address, "error": error])
+                    step = rotation.failed(error, now: clock.now())
+                }
+            }
+        }
+    }
+
+    /// What HELLO carries, as refusals change it during one attempt. Each refusal is
+    /// answered at most once per attempt (the resume point is dropped, the credentials
+    /// are refreshed) and the answer holds for the servers tried after: in a cluster they
+    /// would refuse the same way, and an independent server does not know the session.
+    struct HelloOffer {
+        var hello: Hello
         var resumeRefused = false
         var refreshed = false
-        if let refusal = plan.credentialsRefusal {
-            hello.credentials = try freshCredentials(after: refusal)
-            refreshed = true
-        }
-        // Each refusal below is answered at most once (the resume point is dropped, the
-        // credentials are refreshed), so this loop makes at most three handshakes.
+    }
+
+    /// Connects to one address and handshakes, answering a refused resume point or
+    /// refused credentials by handshaking again with that address (at most three
+    /// handshakes).
+    private func handshake(server: Int, address: SocketAddress, offer: inout HelloOffer) throws(ConnectError) -> HandshakenSocket {
         while true {
             try checkCancelled()
             do {
-                return try attempt(addresses: addresses, hello: hello, resumeRefused: resumeRefused)
-            } catch .rejected(let close) where hello.resume != nil && close.action == .fresh {
+                return try attempt(server: server, address: address, offer: offer)
+            } catch .rejected(let close) where offer.hello.resume != nil && close.action == .fresh {
                 // PROTOCOL 4.1: a refused resume point changes nothing on the server; connect
                 // again at once without it, within the same deadline.
-                hello.resume = nil
-                resumeRefused = true
-            } catch .rejected(let close) where close.action == .refreshCredentials && !refreshed && plan.credentialsProvider != nil {
+                offer.hello.resume = nil
+                offer.resumeRefused = true
+            } catch .rejected(let close) where close.action == .refreshCredentials && !offer.refreshed && plan.credentialsProvider != nil {
                 // The token expired while the device was away: ask the app once, within the
                 // same deadline, before reporting the refusal.
-                hello.credentials = try freshCredentials(after: close)
-                refreshed = true
+                offer.hello.credentials = try freshCredentials(after: close)
+                offer.refreshed = true
             }
         }
     }
@@ -62,39 +105,27 @@ struct Handshaker {
         if cancel.isSignalled { throw .cancelled }
     }
 
-    private func attempt(addresses: [SocketAddress], hello: Hello, resumeRefused: Bool) throws(ConnectError) -> HandshakenSocket {
-        var lastError = ConnectError.timedOut
-        for address in addresses {
-            let socket: SocketHandle
-            do {
-                socket = try connect(to: address)
-            } catch .refused(let refusedAddress) {
-                lastError = .refused(refusedAddress)
-                continue
-            } catch .unreachable(let unreachableAddress, let code) {
-                lastError = .unreachable(unreachableAddress, errno: code)
-                continue
-            }
-            let stream = try openStream(on: socket)
-            do {
-                return try handshake(on: stream, address: address, hello: hello, resumeRefused: resumeRefused)
-            } catch {
-                stream.close()
-                throw error
-            }
+    private func attempt(server: Int, address: SocketAddress, offer: HelloOffer) throws(ConnectError) -> HandshakenSocket {
+        let socket = try connect(to: address)
+        let stream = try openStream(on: socket, server: server)
+        do {
+            return try handshake(on: stream, server: server, address: address, offer: offer)
+        } catch {
+            stream.close()
+            throw error
         }
-        throw lastError
     }
 
     /// The stream HELLO goes over: the socket itself, or TLS on it when the plan has TLS
     /// (handshake, then the pin check). Closes the socket when it throws.
-    private func openStream(on socket: SocketHandle) throws(ConnectError) -> SocketStream {
+    private func openStream(on socket: SocketHandle, server: Int) throws(ConnectError) -> SocketStream {
         guard let tls = plan.tls else { return SocketStream(plain: socket) }
-        guard let connection = TLSConnection.connecting(fd: socket.descriptor, context: tls.context, serverName: tls.serverName) else {
+        let serverName = tls.serverName(for: plan.servers[server])
+        guard let connection = TLSConnection.connecting(fd: socket.descriptor, context: tls.context, serverName: serverName) else {
             socket.close()
-            throw .tlsHandshakeFailed("cannot start TLS to \(tls.serverName): out of memory, or a name the certificate check cannot use")
+            throw .tlsHandshakeFailed("cannot start TLS to \(serverName): out of memory, or a name the certificate check cannot use")
         }
-        if let session = plan.tlsSession { connection.offer(session) }
+        if let session = plan.tlsSessions[server] { connection.offer(session) }
         let stream = SocketStream(socket: socket, tls: connection)
         do throws(ConnectError) {
             while true {
@@ -152,8 +183,8 @@ struct Handshaker {
         return socket
     }
 
-    private func handshake(on stream: SocketStream, address: SocketAddress, hello: Hello, resumeRefused: Bool) throws(ConnectError) -> HandshakenSocket {
-        try writeAll(FrameEncoder.encode(.hello(hello)), to: stream)
+    private func handshake(on stream: SocketStream, server: Int, address: SocketAddress, offer: HelloOffer) throws(ConnectError) -> HandshakenSocket {
+        try writeAll(FrameEncoder.encode(.hello(offer.hello)), to: stream)
         var assembler = FrameAssembler(maxFrameLength: plan.maxFrameLength)
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
         while true {
@@ -173,9 +204,9 @@ struct Handshaker {
                         throw .protocolViolation("WELCOME keep-alive \(welcome.keepAliveSeconds) s is under the 600 s minimum")
                     }
                     return HandshakenSocket(
-                        stream: stream, welcome: welcome, localAddress: stream.socket.localAddress() ?? address.withPort(0),
-                        remoteAddress: address, leftover: assembler.takeBuffered(), resumeRefused: resumeRefused,
-                        credentials: hello.credentials, tlsSession: stream.resumableTLSSession())
+                        stream: stream, welcome: welcome, server: server, localAddress: stream.socket.localAddress() ?? address.withPort(0),
+                        remoteAddress: address, leftover: assembler.takeBuffered(), resumeRefused: offer.resumeRefused,
+                        credentials: offer.hello.credentials, tlsSession: stream.resumableTLSSession())
                 case .close(let close):
                     throw .rejected(close)
                 default:

@@ -69,13 +69,15 @@ extension ClientCore {
             resume: resume, requestedKeepAliveSeconds: configuration.requestedKeepAliveSeconds)
         let provider = configuration.credentialsProvider
         let plan = HandshakePlan(
-            host: configuration.host, port: configuration.port, hello: hello, maxFrameLength: 1 << 20,
+            servers: configuration.servers, preferredServer: preferredServer, resolver: configuration.resolver,
+            hello: hello, maxFrameLength: 1 << 20,
             credentialsProvider: provider, credentialsRefusal: provider == nil ? nil : credentialsRefusal,
-            tls: tls, tlsSession: tlsSession)
+            tls: tls, tlsSessions: tlsSessions, logger: logger)
         let attempt = try ConnectAttempt(id: nextAttemptID, plan: plan, timeout: timeout)
         lifecycle = .connecting(attempt)
         lastAttempt = attempt
-        logger.debug("connect_attempt", ["attempt": nextAttemptID, "resume": resume != nil, "tls_resume": tlsSession != nil])
+        logger.debug("connect_attempt", ["attempt": nextAttemptID, "first_server": configuration.servers[preferredServer],
+                                         "resume": resume != nil, "tls_resume": tlsSessions[preferredServer] != nil])
         emitConnectionState()
         attempt.start()
         return attempt
@@ -115,7 +117,8 @@ extension ClientCore {
                     keepAliveInterval: .seconds(Int64(welcome.keepAliveSeconds)),
                     idleTimeout: .seconds(Int64(welcome.idleTimeoutSeconds)), serverTime: welcome.serverTime,
                     maxFrameLength: Int(welcome.maxFrameLength), localAddress: handshaken.localAddress,
-                    remoteAddress: handshaken.remoteAddress, markingFailures: failures, tls: handshaken.stream.tlsDetails)
+                    remoteAddress: handshaken.remoteAddress, markingFailures: failures, tls: handshaken.stream.tlsDetails,
+                    server: configuration.servers[handshaken.server])
                 queue.async { [self] in
                     adopt(connection, info: info, handshaken: handshaken, attempt: attempt)
                 }
@@ -150,12 +153,13 @@ extension ClientCore {
         sessionID = handshaken.welcome.sessionID
         credentials = handshaken.credentials
         credentialsRefusal = nil
-        if let session = handshaken.tlsSession { tlsSession = session }
+        if let session = handshaken.tlsSession { tlsSessions[handshaken.server] = session }
+        preferredServer = handshaken.server
         serverMaxFrame = info.maxFrameLength
         connectedAt = now
         lifecycle = .connected(connection, info)
         keepAlive.connected(serverInterval: handshaken.welcome.keepAliveSeconds, now: now)
-        logger.info("connected", ["local": info.localAddress, "remote": info.remoteAddress,
+        logger.info("connected", ["server": configuration.servers[handshaken.server], "local": info.localAddress, "remote": info.remoteAddress,
                                   "session": info.sessionID, "resumed": info.resumed,
                                   "tls": info.tls.map { "\($0.version.rawValue)\($0.resumed ? " resumed" : "")" } ?? "off"])
         emit(.connectionStateChanged(.connected(info)))
@@ -186,7 +190,7 @@ extension ClientCore {
             // the network that intercepts its TLS: wait long, never in a tight loop. The
             // server did not resume the session offered (a rejection comes from a full
             // handshake), so it is of no use any more.
-            tlsSession = nil
+            tlsSessions = [:]
             enterDisconnected(reason: .connectFailed(error), close: nil, immediate: false,
                               delay: backoff.certificateFailureDelay(using: &random))
         } else {

@@ -65,6 +65,8 @@ extension ClientCore {
             logger.info("server_close", ["code": close.code, "action": close.action, "message": close.message])
             connection.close()
             tearDownConnection()
+            // A node that is going away (or cannot keep the device) is tried last next time.
+            preferredServer = ServerRotation.preferred(after: close, connected: preferredServer, serverCount: configuration.servers.count)
             enterDisconnected(reason: .serverClosed(close), close: close, immediate: false)
         case .hello, .welcome, .ack, .request:
             // Client-to-server types, or a second WELCOME: the server broke the protocol.

@@ -61,9 +61,14 @@ final class ClientCore: @unchecked Sendable {
     /// Set by a CLOSE with action `refreshCredentials`; the next attempt asks the
     /// provider first. Cleared by a successful handshake.
     var credentialsRefusal: Close?
-    /// The TLS session of the last connection (its ticket), offered by the next attempt
-    /// so a reconnect resumes instead of doing a full handshake.
-    var tlsSession: TLSSession?
+    /// The TLS session of the last connection to each server (its ticket, by index in
+    /// `configuration.servers`), offered by the next attempt to that server so a reconnect
+    /// resumes instead of doing a full handshake.
+    var tlsSessions: [Int: TLSSession] = [:]
+    /// The server the next attempt tries first: the one that last worked (sticky), or the
+    /// next one after a CLOSE that said its node cannot keep the device
+    /// (`ServerRotation.preferred(after:connected:serverCount:)`).
+    var preferredServer = 0
     var serverMaxFrame = ProtocolLimits.defaultMaxFrameLength
     var everConnected = false
     var reconnectCount = 0

@@ -21,6 +21,7 @@ extension AdminAPI {
         out.sample("voipserver_ready", [:], state.isReady ? 1 : 0)
         out.family("voipserver_draining", .gauge, "1 once shutdown has begun.")
         out.sample("voipserver_draining", [:], state.draining ? 1 : 0)
+        Self.role("active", into: &out)
 
         let openTLS = counters.openTLSConnections.value
         let establishedTLS = counters.establishedTLSConnections.value
@@ -140,5 +141,14 @@ extension AdminAPI {
             }
         }
         return out.text
+    }
+}
+
+extension AdminAPI {
+    /// `voipserver_role`: active (serving devices) or standby (waiting for the store
+    /// lease, docs/CLUSTER.md). A node without a lease is always active.
+    static func role(_ role: String, into out: inout PrometheusText) {
+        out.family("voipserver_role", .gauge, "1 for the node's role: active (serves devices) or standby (waits for the store lease).")
+        out.sample("voipserver_role", ["role": role], 1)
     }
 }

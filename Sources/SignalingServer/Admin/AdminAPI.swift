@@ -8,8 +8,23 @@ struct Readiness: Sendable {
     var listening = false
     var draining = false
     var storeHealthy = true
+    /// The node lost its store lease and is stepping down (docs/CLUSTER.md).
+    var leaseLost = false
+    /// Waiting for the store lease: why this node does not serve (docs/CLUSTER.md).
+    var standby: String?
 
-    var isReady: Bool { listening && !draining && storeHealthy }
+    var isReady: Bool { listening && !draining && storeHealthy && !leaseLost && standby == nil }
+
+    /// Why `/readyz` answers 503 (empty when ready).
+    var reasons: [String] {
+        var reasons: [String] = []
+        if let standby { reasons.append("standby: \(standby)") }
+        if !listening && standby == nil { reasons.append("not listening") }
+        if draining { reasons.append("draining") }
+        if leaseLost { reasons.append("lost the store lease") }
+        if !storeHealthy { reasons.append("store unhealthy") }
+        return reasons
+    }
 }
 
 /// The admin API's endpoints (docs/ADMIN-API.md): health, metrics and the backend calls.
@@ -52,7 +67,7 @@ final class AdminAPI: AdminRequestHandler {
         default:
             break
         }
-        if let refusal = authenticate(request) { return respond(refusal) }
+        if let refusal = Self.authenticate(request, token: token) { return respond(refusal) }
         switch segments {
         case ["metrics"]:
             respond(Self.allowing(request, [.get, .head]) ?? AdminResponse(
@@ -79,7 +94,7 @@ final class AdminAPI: AdminRequestHandler {
 
     /// Nil when the request may proceed: no token is configured (loopback only, checked
     /// at start), or it carries `Authorization: Bearer <token>`. Compared in constant time.
-    private func authenticate(_ request: AdminRequest) -> AdminResponse? {
+    static func authenticate(_ request: AdminRequest, token: [UInt8]?) -> AdminResponse? {
         guard let token else { return nil }
         let prefix = "Bearer "
         guard let header = request.authorization, header.hasPrefix(prefix) else {
@@ -93,13 +108,10 @@ final class AdminAPI: AdminRequestHandler {
 
     // MARK: Health
 
-    private func ready() -> AdminResponse {
-        let state = readiness()
-        var reasons: [String] = []
-        if !state.listening { reasons.append("not listening") }
-        if state.draining { reasons.append("draining") }
-        if !state.storeHealthy { reasons.append("store unhealthy") }
-        return Self.json(state.isReady ? 200 : 503, ["ready": state.isReady, "reasons": reasons])
+    private func ready() -> AdminResponse { Self.ready(readiness()) }
+
+    static func ready(_ state: Readiness) -> AdminResponse {
+        json(state.isReady ? 200 : 503, ["ready": state.isReady, "reasons": state.reasons])
     }
 
     // MARK: Backend calls

@@ -232,6 +232,11 @@ public struct StorageConfiguration: Sendable, Equatable {
     public var redisFsync: RedisFsync = .always
     /// Run with a Redis whose AOF is off or weaker than `redisFsync` (warning instead of refusing to start).
     public var redisAllowVolatile = false
+    /// How long the store lease lasts without a refresh (docs/CLUSTER.md): a node that
+    /// cannot refresh it steps down before it expires, and a standby takes over once it
+    /// has. Failover takes about this long after a crash; a shorter one lets a Redis
+    /// hiccup (a slow fsync, a restart) step the active node down.
+    public var redisLeaseTTL: Duration = .seconds(10)
     /// The data directory (created if missing). Default: `$STATE_DIRECTORY` (set by
     /// systemd's StateDirectory=) or `./voipserver-data`.
     public var directory: String = StorageConfiguration.defaultDirectory

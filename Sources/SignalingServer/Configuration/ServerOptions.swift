@@ -44,6 +44,7 @@ public enum ServerOptions {
             OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
             OptionSpec("store", value: "sqlite|memory|redis://HOST:PORT", default: "sqlite", help: "Keep pending events in SQLite (survive restarts), in memory only, or in Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (put a password in the --config file, not on the command line)."),
             OptionSpec("redis-fsync", value: "always|everysec", default: "always", help: "With a Redis store: the weakest AOF fsync setting Redis may run with (checked at every connect); always survives a crash of Redis's machine, everysec may lose about its last second."),
+            OptionSpec("redis-lease-ttl", value: "SECONDS", default: "10", help: "With a Redis store: the lease that makes one node per Redis database active; the others wait as standbys and one takes over within about this long after the active node dies. The active node steps down if it cannot refresh the lease in time (docs/CLUSTER.md)."),
             OptionSpec("redis-allow-volatile", help: "With a Redis store: start even if Redis's AOF is off or weaker than --redis-fsync (a warning; accepted messages can be lost when Redis stops)."),
             OptionSpec("data-dir", value: "DIR", default: "$STATE_DIRECTORY or ./voipserver-data", help: "Directory of the SQLite store (created if missing)."),
             OptionSpec("sync", value: "normal|full", default: "normal", help: "normal survives a process crash; full also a power loss (slower commits)."),
@@ -349,13 +350,14 @@ public enum ServerOptions {
             configuration.storage.redisFsync = parsed
         }
         configuration.storage.redisAllowVolatile = options.has("redis-allow-volatile")
+        if let value = try seconds("redis-lease-ttl", 0.3...600) { configuration.storage.redisLeaseTTL = value }
         if configuration.storage.mode == .redis {
             // Settings of the SQLite store, which a Redis store would silently ignore.
             for name in ["sync", "store-max-bytes"] where options.has(name) {
                 throw UsageError("--\(name) is for the SQLite store; with Redis, set its AOF (--redis-fsync) and maxmemory")
             }
-        } else if options.has("redis-fsync") || options.has("redis-allow-volatile") {
-            throw UsageError("--redis-fsync and --redis-allow-volatile need --store redis://...")
+        } else if options.has("redis-fsync") || options.has("redis-allow-volatile") || options.has("redis-lease-ttl") {
+            throw UsageError("--redis-fsync, --redis-allow-volatile and --redis-lease-ttl need --store redis://...")
         }
         if let directory = options.string("data-dir") {
             guard !directory.isEmpty else { throw UsageError("--data-dir must not be empty") }

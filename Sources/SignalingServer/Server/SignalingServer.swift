@@ -472,7 +472,7 @@ public final class SignalingServer: Sendable {
         ("cpu-latency-limit", { "\(String(describing: $0.cpuLatencyLimit))" }), ("loop-cpus", { "\($0.loopCPUs)" }),
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
         ("store", { "\($0.storage.mode) \($0.storage.redisURL ?? "")" }), ("data-dir", { $0.storage.directory }),
-        ("redis-fsync", { "\($0.storage.redisFsync)" }), ("redis-allow-volatile", { "\($0.storage.redisAllowVolatile)" }),
+        ("redis-fsync", { "\($0.storage.redisFsync)" }), ("redis-lease-ttl", { "\($0.storage.redisLeaseTTL)" }), ("redis-allow-volatile", { "\($0.storage.redisAllowVolatile)" }),
         ("sync", { "\($0.storage.synchronous)" }), ("store-max-bytes", { "\(String(describing: $0.storage.maxBytes))" }),
         ("store-timeout", { "\($0.storeTimeout)" }), ("delivery", { "\($0.delivery)" }),
         ("commit-interval", { "\($0.commitInterval)" }),
@@ -539,7 +539,19 @@ public final class SignalingServer: Sendable {
         let (listening, loops) = state.withLock { ($0.started && !$0.stopped, $0.loops) }
         return Readiness(
             listening: listening && loops.allSatisfy { !$0.finished.load(ordering: .acquiring) },
-            draining: draining.load(ordering: .relaxed), storeHealthy: writer?.isHealthy ?? true)
+            draining: draining.load(ordering: .relaxed), storeHealthy: writer?.isHealthy ?? true,
+            leaseLost: writer?.isFenced ?? false)
+    }
+
+    /// The node lost its lease on the store (docs/CLUSTER.md): it stops acting as the
+    /// store's owner at once. New messages and calls are refused (storeUnavailable, the
+    /// writer is fenced), `/readyz` turns 503, and the drain begins: every device gets
+    /// CLOSE goingAway with the reconnect advice and resumes on the node that takes over.
+    /// Returns at once; `waitUntilStopped()` waits for the loops.
+    public func stepDown(reason: String) {
+        writer?.fence()
+        context.logger.error("lease_lost", ["reason": reason, "detail": "refusing sends and closing every device; stepping down to standby"])
+        beginShutdown()
     }
 
     /// Drains and stops: every client gets CLOSE goingAway with the configured reconnect

@@ -136,6 +136,8 @@ final class StoreWriter: @unchecked Sendable {
     private let wakeFD: Int32
     private let stopping = Atomic<Bool>(false)
     private let healthy = Atomic<Bool>(true)
+    /// Set once by `fence()`, never cleared: this node lost its store lease.
+    private let fenced = Atomic<Bool>(false)
     /// A commit has been running longer than `stallThreshold`.
     private let stalled = Atomic<Bool>(false)
     /// A commit running this long is stalled: half the store timeout, at most 1 s.
@@ -194,9 +196,20 @@ final class StoreWriter: @unchecked Sendable {
 
     deinit { close(wakeFD) }
 
-    /// False while commits fail or a commit is stalled: new messages and calls are
-    /// refused at once.
-    var isHealthy: Bool { healthy.load(ordering: .relaxed) && !stalled.load(ordering: .relaxed) }
+    /// False while commits fail or a commit is stalled, and for ever once fenced: new
+    /// messages and calls are refused at once.
+    var isHealthy: Bool { healthy.load(ordering: .relaxed) && !stalled.load(ordering: .relaxed) && !isFenced }
+
+    /// True once `fence()` was called.
+    var isFenced: Bool { fenced.load(ordering: .acquiring) }
+
+    /// The node lost its lease on the store (docs/CLUSTER.md): from now on every new
+    /// message and call is refused (storeUnavailable). Commits already queued still go to
+    /// the store, which refuses them itself (the Redis store's fencing check), so nothing
+    /// this node accepts from here on is acknowledged.
+    func fence() {
+        fenced.store(true, ordering: .releasing)
+    }
 
     func start() {
         thread = JoinableThread(name: "vs-store") { self.run() }

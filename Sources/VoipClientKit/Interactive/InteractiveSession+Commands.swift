@@ -201,7 +201,7 @@ extension InteractiveSession {
         let ringing = calls.records.filter { $0.state == .ringing || $0.state == .inviting }.count
         say("""
             connection:  \(word)\(detail.isEmpty ? "" : " (\(detail))")
-            server:      \(common.server), as \(common.user)@\(common.device)
+            server:      \(ServerAddress.describe(common.servers)), as \(common.user)@\(common.device)
             session:     \(status.sessionID?.description ?? "none")
             app state:   \(status.applicationState)
             keep-alive:  \(Int(status.keepAliveInterval.seconds)) s

@@ -67,7 +67,7 @@ extension InteractiveSession {
         case .connected(let info):
             lastReconnectReason = nil
             if case .connected(let old) = before, old == info { break }
-            event("connected to \(common.server) from \(info.localAddress) (session \(Format.short(info.sessionID.description)), "
+            event("connected to \(info.server ?? common.servers[0]) from \(info.localAddress) (session \(Format.short(info.sessionID.description)), "
                   + "keep-alive \(Int(info.keepAliveInterval.seconds)) s\(info.resumed ? ", resumed" : ""))")
         case .waitingToReconnect(let delay, let reason):
             // A server that stays down fails the same way at every attempt: say it once.

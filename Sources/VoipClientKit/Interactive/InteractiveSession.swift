@@ -66,7 +66,7 @@ public final class InteractiveSession: @unchecked Sendable {
                 }
             }
             updatePrompt()
-            say("voipclient \(common.user)@\(common.device) -> \(common.server). Type 'help' for the commands.")
+            say("voipclient \(common.user)@\(common.device) -> \(ServerAddress.describe(common.servers)). Type 'help' for the commands.")
         }
         let input: InputReader
         do {

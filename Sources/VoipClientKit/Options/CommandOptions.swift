@@ -3,9 +3,11 @@ import SignalingCrypto
 import SignalingSupport
 import SignalingTLS
 
-/// What every mode needs: where the server is, who we are, how to report.
+/// What every mode needs: where the servers are, who we are, how to report.
 public struct CommonOptions: Sendable, Equatable {
-    public var server: ServerAddress
+    /// `--server`: the servers in the order of preference; the client moves on to the next
+    /// when one fails (docs/CLIENT.md, "Several servers").
+    public var servers: [ServerAddress]
     public var user: String
     public var device: String
     /// HELLO credentials: the token given, read from a file, or computed from a secret.
@@ -23,8 +25,8 @@ public struct CommonOptions: Sendable, Equatable {
     public var logLevel: LogLevel?
     public var media = MediaOptions()
 
-    public init(server: ServerAddress, user: String, device: String) {
-        self.server = server
+    public init(servers: [ServerAddress], user: String, device: String) {
+        self.servers = servers
         self.user = user
         self.device = device
     }

@@ -1,16 +1,27 @@
+import SignalingClient
 import SignalingSupport
 
-/// `--server HOST:PORT`: a host name, an IPv4 address or a bracketed IPv6 address, and a
-/// port. Without a port the server's default, 7443, is used.
-public struct ServerAddress: Sendable, Equatable, CustomStringConvertible {
+/// A `--server` entry: the client library's endpoint, parsed from the command line.
+public typealias ServerAddress = ServerEndpoint
+
+/// `--server HOST:PORT[,HOST:PORT...]`: each a host name, an IPv4 address or a bracketed
+/// IPv6 address, and a port. Without a port the server's default, 7443, is used.
+extension ServerEndpoint {
     public static let defaultPort: UInt16 = 7443
 
-    public var host: String
-    public var port: UInt16
+    /// A comma-separated list, in the order of preference (at least one).
+    public static func parseList(_ text: String) throws(UsageError) -> [ServerEndpoint] {
+        var servers: [ServerEndpoint] = []
+        for entry in text.split(separator: ",", omittingEmptySubsequences: false) {
+            guard !entry.isEmpty else { throw UsageError("--server: an empty entry in '\(text)'") }
+            servers.append(try ServerEndpoint(parsing: String(entry)))
+        }
+        return servers
+    }
 
-    public init(host: String, port: UInt16) {
-        self.host = host
-        self.port = port
+    /// The list as `--server` takes it.
+    public static func describe(_ servers: [ServerEndpoint]) -> String {
+        servers.map(\.description).joined(separator: ",")
     }
 
     public init(parsing text: String) throws(UsageError) {
@@ -36,8 +47,7 @@ public struct ServerAddress: Sendable, Equatable, CustomStringConvertible {
         guard !host.contains(where: { $0.isWhitespace || $0 == "/" }) else {
             throw UsageError("--server expects HOST:PORT, got '\(text)'")
         }
-        self.host = String(host)
-        self.port = port
+        self.init(host: String(host), port: port)
     }
 
     private static func port(_ text: Substring, in whole: String) throws(UsageError) -> UInt16 {
@@ -46,6 +56,4 @@ public struct ServerAddress: Sendable, Equatable, CustomStringConvertible {
         }
         return value
     }
-
-    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 }

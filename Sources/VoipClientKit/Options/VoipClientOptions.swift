@@ -37,7 +37,7 @@ public enum VoipClientOptions {
             exchange a burst of UDP probe packets directly, to check that media could flow.
             """,
         options: [
-            OptionSpec("server", value: "HOST:PORT", help: "The server (port 7443 when omitted; IPv6 as [ADDR]:PORT). Required."),
+            OptionSpec("server", value: "HOST:PORT[,...]", help: "The server (port 7443 when omitted; IPv6 as [ADDR]:PORT), or several separated by commas: the client moves on to the next when one fails. Required."),
             OptionSpec("user", value: "NAME", help: "Your user id. Required."),
             OptionSpec("device", value: "ID", default: "voipclient", help: "Your device id (two copies of one device evict each other)."),
             OptionSpec("token", value: "TOKEN", help: "Credentials: a device token (voipserver token), or a legacy --auth-secret token. push-register: the push token, in hex ('' unregisters the kind); credentials then come from --token-file, --auth-key-file or --auth-secret."),
@@ -170,7 +170,7 @@ public enum VoipClientOptions {
         guard let userText = parsed.string("user") else { throw UsageError("--user NAME is required") }
         let user = try identifier(userText, what: "--user")
         var common = CommonOptions(
-            server: try ServerAddress(parsing: serverText), user: user,
+            servers: try ServerAddress.parseList(serverText), user: user,
             device: try identifier(parsed.string("device") ?? "voipclient", what: "--device"))
         (common.credentials, common.credentialsSource) = try credentials(
             parsed, user: user, device: common.device, tokenIsCredentials: tokenIsCredentials)

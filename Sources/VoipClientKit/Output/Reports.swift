@@ -6,13 +6,15 @@ import SignalingProtocol
 /// the schema of `--json` (docs/VOIPCLIENT.md, "JSON output"): fields are only ever added
 /// at the end, never renamed or removed.
 public enum Reports {
+    /// `server` is the one that answered (of `--server`'s list).
     static func connected(_ info: SessionInfo, _ common: CommonOptions) -> ReportEvent {
-        ReportEvent("connected", [
-            JSONField("server", .string(common.server.description)), JSONField("user", .string(common.user)),
+        let server = info.server ?? common.servers[0]
+        return ReportEvent("connected", [
+            JSONField("server", .string(server.description)), JSONField("user", .string(common.user)),
             JSONField("device", .string(common.device)), JSONField("session", .string(info.sessionID.description)),
             JSONField("resumed", .bool(info.resumed)), JSONField("keepalive_s", .integer(Int64(info.keepAliveInterval.seconds))),
             JSONField("local", .string(info.localAddress.description)), JSONField("remote", .string(info.remoteAddress.description)),
-        ], text: "connected to \(common.server) as \(common.user)@\(common.device) (keep-alive \(Int(info.keepAliveInterval.seconds)) s)")
+        ], text: "connected to \(server) as \(common.user)@\(common.device) (keep-alive \(Int(info.keepAliveInterval.seconds)) s)")
     }
 
     static func connection(_ state: ConnectionState) -> ReportEvent {

@@ -13,8 +13,7 @@ final class ClientSession: Sendable {
 
     /// - Parameter handler: runs on `queue` for every client event.
     init(common: CommonOptions, queue: DispatchQueue, handler: @escaping @Sendable (ClientEvent) -> Void) throws(UsageError) {
-        var configuration = ClientConfiguration(host: common.server.host, port: common.server.port,
-                                                userID: common.user, deviceID: common.device,
+        var configuration = ClientConfiguration(servers: common.servers, userID: common.user, deviceID: common.device,
                                                 credentials: common.credentials)
         configuration.connectTimeout = common.connectTimeout
         configuration.tls = common.tls
@@ -40,7 +39,7 @@ final class ClientSession: Sendable {
         do {
             return .success(try client.connect(timeout: common.connectTimeout))
         } catch {
-            return .failure(Self.outcome(for: error, server: common.server))
+            return .failure(Self.outcome(for: error, server: ServerAddress.describe(common.servers)))
         }
     }
 
@@ -54,7 +53,8 @@ final class ClientSession: Sendable {
     }
 
     /// What a failed first connection means for the exit status.
-    static func outcome(for error: ConnectError, server: ServerAddress) -> Outcome {
+    /// - Parameter server: the servers tried, as `--server` gave them.
+    static func outcome(for error: ConnectError, server: String) -> Outcome {
         switch error {
         case .timedOut:
             return Outcome(.serverUnreachable, "cannot reach \(server): no answer within the connect timeout")

@@ -34,34 +34,28 @@ final class TestClient {
         port: UInt16, host: String = "127.0.0.1", sourceAddress: String? = nil, receiveWindow: Int32? = nil,
         proxyHeader: [UInt8]? = nil, tls: TestTLS? = nil
     ) throws {
+        // Every stored property has its value from here on, so a throw below still runs
+        // `deinit`, which closes `fd`: the failure paths must not close it too. (They did,
+        // and the second close, in a process where parallel tests open sockets all the
+        // time, now and then shut some other test's socket that had just reused the number.)
         fd = try SocketCalls.openTCP(nonBlocking: false)
-        do {
-            if let window = receiveWindow {
-                try SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_RCVBUF, window)
-                try SocketCalls.setOption(fd, level: Int32(IPPROTO_TCP), name: TCP_MAXSEG, max(536, window / 8))
-            }
-            if let sourceAddress {
-                guard let source = SocketCalls.parseEndpoint("\(sourceAddress):0") else { throw Failure("bad source address \(sourceAddress)") }
-                try SocketCalls.bind(fd, SocketCalls.socketAddress(source.address, port: 0))
-            }
-            guard let server = SocketCalls.parseEndpoint("\(host):\(port)") else { throw Failure("bad host \(host)") }
-            _ = try SocketCalls.connect(fd, SocketCalls.socketAddress(server.address, port: server.port))
-        } catch {
-            close(fd)
-            throw error
+        if let window = receiveWindow {
+            try SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_RCVBUF, window)
+            try SocketCalls.setOption(fd, level: Int32(IPPROTO_TCP), name: TCP_MAXSEG, max(536, window / 8))
         }
-        do {
-            if let proxyHeader { try sendRaw(proxyHeader) }
-            self.tls = try tls.map { try TLSTestChannel(fd: fd, $0) }
-        } catch {
-            close(fd)
-            throw error
+        if let sourceAddress {
+            guard let source = SocketCalls.parseEndpoint("\(sourceAddress):0") else { throw Failure("bad source address \(sourceAddress)") }
+            try SocketCalls.bind(fd, SocketCalls.socketAddress(source.address, port: 0))
         }
+        guard let server = SocketCalls.parseEndpoint("\(host):\(port)") else { throw Failure("bad host \(host)") }
+        _ = try SocketCalls.connect(fd, SocketCalls.socketAddress(server.address, port: server.port))
+        if let proxyHeader { try sendRaw(proxyHeader) }
+        self.tls = try tls.map { try TLSTestChannel(fd: fd, $0) }
     }
 
     deinit {
         if let tls { _ = tls.connection.shutdown() }
-        close(fd)
+        if fd >= 0 { close(fd) }
     }
 
     /// Writes some of `bytes` now (through TLS, if any).

@@ -48,6 +48,22 @@ final class TestServer {
         guard server.awaitTicks(2) else { throw TestClient.Failure("loops did not tick") }
     }
 
+    /// Moves the clock on by `step` at a time until `condition` holds (at most `maxSteps`
+    /// moves). For rules counted from a moment the kernel picks, like the last write a
+    /// socket took before a client stopped reading: on a loaded machine that write can land
+    /// after an earlier move of the manual clock (the socket's buffers still grow, ACKs are
+    /// still in flight), which restarts the count at the new time, so no single move is
+    /// known to be enough. Each move is a whole `step`, so a rule that fires within one step
+    /// of its moment passes after at most one move past the kernel's last word; the test
+    /// checks *when* by what the server says (e.g. the CLOSE's stalled time), not by this.
+    func advance(by step: Duration, until what: String, maxSteps: Int = 10, _ condition: (ServerStatistics) -> Bool) throws {
+        for _ in 0..<maxSteps {
+            try advance(by: step)
+            if condition(server.statistics) { return }
+        }
+        throw TestClient.Failure("\(what) did not happen within \(maxSteps) moves of \(step)")
+    }
+
     func client(sourceAddress: String? = nil) throws -> TestClient {
         try TestClient(port: port, sourceAddress: sourceAddress)
     }

@@ -143,8 +143,10 @@ public final class Coordinator {
             let worker = WorkerHandle(index: index, process: process)
             workers.append(worker)
             try worker.send(.setup(WorkerSetup(
-                worker: index, workerCount: count, serverAddress: server.endpoint.address,
-                serverPort: server.endpoint.port, authSecret: config.authSecret,
+                worker: index, workerCount: count,
+                // A started server's port may have been chosen here: it is the one server then.
+                servers: config.serverBinary != nil ? [LoopbackEndpoint(server.endpoint)] : config.serverEndpoints,
+                authSecret: config.authSecret,
                 tokenKeyID: config.tokenKey?.id, tokenKeySecret: config.tokenKey?.secret, requestedKeepAlive: config.keepAlive,
                 idleDevices: config.idleDevices, fanoutDevices: config.fanoutDevices,
                 sourceAddresses: config.sourceAddresses, connectRate: config.connectRate / Double(count),

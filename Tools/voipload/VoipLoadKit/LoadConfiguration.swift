@@ -15,8 +15,15 @@ public enum StormKind: String, Codable, Sendable, CaseIterable {
 
 /// Everything a load run is told, checked.
 public struct LoadConfiguration: Sendable, Equatable {
+    /// `--server`: one loopback HOST:PORT, or several separated by commas (the nodes of a
+    /// cluster: the devices are spread over them, device g on node g mod n).
     public var server = "127.0.0.1:7443"
-    public var serverEndpoint: (address: UInt32, port: UInt16) { SocketCalls.parseEndpoint(server)! }
+    /// The servers of `server`, in order (checked by `parse`).
+    public var serverEndpoints: [LoopbackEndpoint] {
+        server.split(separator: ",").map { LoopbackEndpoint(SocketCalls.parseEndpoint(String($0))!) }
+    }
+    /// The first server: the one started (`--server-bin`) and measured (`--server-pid`).
+    public var serverEndpoint: (address: UInt32, port: UInt16) { SocketCalls.parseEndpoint(String(server.prefix { $0 != "," }))! }
     public var idleDevices = 1000
     /// 0 = automatic: enough processes that none holds more than `connectionsPerWorker`.
     public var workers = 0
@@ -84,7 +91,7 @@ public struct LoadConfiguration: Sendable, Equatable {
             percentiles, handshake rate, fan-out throughput per CPU core, reconnect storms.
             """,
         options: [
-            OptionSpec("server", value: "HOST:PORT", default: "127.0.0.1:7443", help: "Server to load (IPv4 loopback)."),
+            OptionSpec("server", value: "HOST:PORT[,...]", default: "127.0.0.1:7443", help: "Server to load (IPv4 loopback), or the nodes of a cluster separated by commas: device g connects to node g mod n (no --server-bin, --server-pid or --storm restart then)."),
             OptionSpec("devices", value: "N", default: "1000", help: "Idle device connections to hold."),
             OptionSpec("workers", value: "N", default: "auto", help: "Worker processes holding the connections."),
             OptionSpec("connect-rate", value: "N", default: "0 = unlimited", help: "Connection attempts started per second, all workers together."),
@@ -132,11 +139,13 @@ public struct LoadConfiguration: Sendable, Equatable {
         var config = LoadConfiguration()
         if options.helpRequested { return (config, true) }
         if let server = options.string("server") {
-            guard let endpoint = SocketCalls.parseEndpoint(server) else {
-                throw UsageError("--server expects A.B.C.D:PORT, got '\(server)'")
-            }
-            guard endpoint.address >> 24 == 127 else {
-                throw UsageError("--server must be a loopback address (127.0.0.0/8): this tool only loads local servers")
+            for entry in server.split(separator: ",", omittingEmptySubsequences: false) {
+                guard let endpoint = SocketCalls.parseEndpoint(String(entry)) else {
+                    throw UsageError("--server expects A.B.C.D:PORT[,A.B.C.D:PORT...], got '\(server)'")
+                }
+                guard endpoint.address >> 24 == 127 else {
+                    throw UsageError("--server must be a loopback address (127.0.0.0/8): this tool only loads local servers")
+                }
             }
             config.server = server
         }
@@ -159,7 +168,8 @@ public struct LoadConfiguration: Sendable, Equatable {
         }
         if config.authSecret != nil && config.authKeyFile != nil { throw UsageError("give --auth-secret or --auth-key-file, not both") }
         if var tls = try TLSClientConfiguration.parse(options) {
-            if tls.serverName == nil, let server = options.string("server") {
+            if tls.serverName == nil, let server = options.string("server")?.prefix(while: { $0 != "," }) {
+                // With several nodes, the first one's host: one certificate for the service.
                 tls.serverName = String(server[..<(server.lastIndex(of: ":") ?? server.endIndex)])
             }
             tls.serverName = tls.serverName ?? "127.0.0.1"
@@ -220,6 +230,9 @@ public struct LoadConfiguration: Sendable, Equatable {
         }
         if storm == .restart && serverBinary == nil {
             throw UsageError("--storm restart needs --server-bin: the tool must start the server again")
+        }
+        if server.contains(",") && (serverBinary != nil || serverPID != nil) {
+            throw UsageError("--server with several nodes excludes --server-bin and --server-pid: the tool starts and measures one server")
         }
         let workers = effectiveWorkers
         let largestShare = WorkloadLayout.share(of: idleDevices, worker: 0, workers: workers)

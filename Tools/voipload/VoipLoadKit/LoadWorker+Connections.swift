@@ -32,7 +32,7 @@ extension LoadWorker {
     func startAttempt(slot: Int, now: UInt64) {
         status.connectAttempts += 1
         table.attemptStartedAt[slot] = now
-        switch SocketCalls.startConnect(from: layout.sourceAddress(ofSlot: slot), to: server) {
+        switch SocketCalls.startConnect(from: layout.sourceAddress(ofSlot: slot), to: server(forSlot: slot)) {
         case .failure(let error):
             // EMFILE, EADDRNOTAVAIL (ports exhausted) and the like: retry later.
             table.state[slot] = .connecting

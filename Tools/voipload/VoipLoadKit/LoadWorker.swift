@@ -21,7 +21,8 @@ public final class LoadWorker {
     var table: ConnectionTable
     let clock = SystemClock()
     let startedAt: UInt64
-    let server: sockaddr_in
+    /// The servers (`setup.servers`); `server(forSlot:)` picks a slot's.
+    let servers: [sockaddr_in]
     let decoder = FrameDecoder()
     var random: FastRandom
     /// The trust store and version limit of `setup.tls`, loaded once; nil for plain TCP.
@@ -86,12 +87,16 @@ public final class LoadWorker {
         epoll = try Epoll()
         table = ConnectionTable(count: layout.slotCount)
         startedAt = SystemClock().now().nanoseconds
-        server = SocketCalls.socketAddress(setup.serverAddress, port: setup.serverPort)
+        servers = setup.servers.map { SocketCalls.socketAddress($0.address, port: $0.port) }
         random = FastRandom(seed: setup.runID &+ UInt64(setup.worker) &* 0x1_0000_0001)
         status.worker = setup.worker
     }
 
     deinit { readBuffer.deallocate() }
+
+    /// The server a slot dials, always the same one: connection number g goes to server
+    /// g mod n, so the devices spread evenly over a cluster's nodes, as behind a balancer.
+    func server(forSlot slot: Int) -> sockaddr_in { servers[layout.connectionNumber(ofSlot: slot) % servers.count] }
 
     /// Runs until told to quit or until stdin closes (the coordinator is gone).
     public func run() {

@@ -5,8 +5,8 @@ import SignalingTLS
 public struct WorkerSetup: Codable, Sendable, Equatable {
     public var worker: Int
     public var workerCount: Int
-    public var serverAddress: UInt32
-    public var serverPort: UInt16
+    /// The servers; the device of connection number g dials `servers[g % servers.count]`.
+    public var servers: [LoopbackEndpoint]
     public var authSecret: String?
     /// The device-token key (`--auth-key-file`'s last key), when devices present tokens.
     public var tokenKeyID: String? = nil
