@@ -96,7 +96,7 @@ enum ProbeCommand {
             close(fd)
             throw ProbeError(call: "publisher: send")
         }
-        var received: [UInt8] = []
+        var received = PartialInput()
         var chunk = [UInt8](repeating: 0, count: 4096)
         var inbound = Inbound()
         while true {
@@ -113,10 +113,8 @@ enum ProbeCommand {
                 close(fd)
                 throw ProbeError(call: "publisher: handshake", code: code)
             }
-            received.append(contentsOf: chunk[0..<count])
             inbound.reset()
-            let used = received.withUnsafeBytes { dialect.consume($0, subscriber: nil, into: &inbound) }
-            received.removeFirst(used)
+            chunk.withUnsafeBytes { received.consume(UnsafeRawBufferPointer(rebasing: $0[0..<count]), dialect: dialect, subscriber: nil, into: &inbound) }
             if let problem = inbound.problem {
                 close(fd)
                 throw ProbeError("publisher: \(problem)")

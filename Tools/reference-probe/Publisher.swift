@@ -39,7 +39,7 @@ struct Publisher {
         var outcome = Outcome()
         var random = FastRandom(seed: seed)
         var inbound = Inbound()
-        var pending: [UInt8] = []
+        var pending = PartialInput()
         let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
         defer { scratch.deallocate() }
         let payload = [UInt8](repeating: 0, count: payloadBytes)
@@ -61,10 +61,8 @@ struct Publisher {
                     outcome.problem = ProbeError(call: "recv", code: code).message
                     return false
                 }
-                pending.append(contentsOf: scratch[0..<count])
                 inbound.reset()
-                let used = pending.withUnsafeBytes { dialect.consume($0, subscriber: nil, into: &inbound) }
-                pending.removeFirst(used)
+                pending.consume(UnsafeRawBufferPointer(rebasing: scratch[0..<count]), dialect: dialect, subscriber: nil, into: &inbound)
                 outcome.oks += inbound.oks
                 outcome.errors += inbound.errors
                 if let error = inbound.lastError { outcome.lastError = error }
