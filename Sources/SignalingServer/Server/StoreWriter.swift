@@ -386,9 +386,9 @@ final class StoreWriter: @unchecked Sendable {
         guard released.needsRoutingState else { return post(accepted) }
         // The routing work is a loop's, not this thread's: a commit has just spent this
         // thread's share of the CPU, so the scheduler is quick to preempt it, and preempted
-        // while it held the routing lock it made every push wait until it ran again (a
-        // commit's tail on a busy 2-core host). The loop that gets the first OK anyway does
-        // it, then sends the OKs: no extra wake-up, and releases stay before their OKs.
+        // while it held the routing lock it would make every push wait until it ran again.
+        // The loop that gets the first OK anyway does it, then sends the OKs: no extra
+        // wake-up, and releases stay before their OKs.
         if Int(released.loop) < loops.count, !loops[Int(released.loop)].finished.load(ordering: .acquiring) {
             LoopDispatch.post([.released(released)], to: loops)
         } else {
