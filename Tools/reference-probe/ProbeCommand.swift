@@ -60,11 +60,13 @@ enum ProbeCommand {
 
         let board = ProgressBoard()
         let receiver = Receiver(
-            table: table, board: board, lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9))
+            table: table, board: board, lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9),
+            reportsArrivals: options.closedLoop)
         let publisher = Publisher(
             fd: publisherFD, dialect: dialect, subscribers: options.subscribers, events: options.events,
-            rate: options.rate, payloadBytes: options.payloadBytes, seed: options.seed, board: board,
-            replyTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9))
+            rate: options.rate, closedLoop: options.closedLoop, payloadBytes: options.payloadBytes, seed: options.seed,
+            board: board, replyTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9),
+            lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9))
         let received = ResultSlot<Receiver.Outcome>()
         let published = ResultSlot<Publisher.Outcome>()
         let expectsReplies = options.wireProtocol == .voip
