@@ -202,4 +202,36 @@ struct FailoverTests {
         #expect(try bob.request { bob.client.send(to: "alice", body: Array("after failover".utf8), messageID: "f-1", completion: $0) }.isSuccess)
         #expect(alice.recorder.wait { _ in alice.recorder.messages.contains { $0.messageID == "f-1" } })
     }
+
+    @Test("kill -9 of the active node of a Redis database: the client walks its list until the standby has taken over, resumes its session there, and gets every message once",
+          .enabled(if: RedisServer.isAvailable, "redis-server is not installed"))
+    func resumesOnTheStandbyAfterAKill() throws {
+        let redis = try RedisServer()
+        // A standby does not listen until it holds the lease, so its port is chosen here.
+        let standbyPort = try unusedLoopbackPort()
+        let node = ["--store", redis.url(), "--redis-lease-ttl", "2", "--workers", "1"]
+        let active = try ServerProcess(node)
+        let standby = try ServerProcess(node + ["--listen", "127.0.0.1:\(standbyPort)"], until: "standby")
+        let both: (inout ClientConfiguration) -> Void = { $0.servers.append(ServerEndpoint(host: "127.0.0.1", port: standbyPort)) }
+        let bob = try TestClient(port: active.port, user: "bob", device: "phone", configure: both)
+        defer { bob.client.shutdown() }
+        let alice = try TestClient(port: active.port, user: "alice", device: "laptop", configure: both)
+        defer { alice.client.shutdown() }
+        let session = try bob.connectAndSettle()
+        try alice.connectAndSettle()
+        #expect(try alice.request { alice.client.send(to: "bob", body: Array("m1".utf8), messageID: "m1", completion: $0) }.isSuccess)
+        #expect(bob.recorder.wait { _ in bob.recorder.messages.contains { $0.messageID == "m1" } })
+
+        let (bobBefore, aliceBefore) = (bob.recorder.all.count, alice.recorder.all.count)
+        active.process.send(signal: SIGKILL)
+        _ = active.process.waitForExit(timeoutSeconds: 10)
+        guard case .connectionStateChanged(.connected(let moved)) = bob.recorder.first(within: 30, after: bobBefore, Self.isConnected(to: standbyPort)) else {
+            Issue.record("bob did not reach the standby: \(bob.recorder.all.dropFirst(bobBefore))\n\(standby.log)"); return
+        }
+        #expect(moved.resumed && moved.sessionID == session.sessionID, "the session lives in Redis, so the new active node resumes it")
+        #expect(alice.recorder.first(within: 30, after: aliceBefore, Self.isConnected(to: standbyPort)) != nil)
+        #expect(try alice.request { alice.client.send(to: "bob", body: Array("m2".utf8), messageID: "m2", completion: $0) }.isSuccess)
+        #expect(bob.recorder.wait { _ in bob.recorder.messages.contains { $0.messageID == "m2" } })
+        #expect(bob.recorder.messages.map(\.messageID) == ["m1", "m2"], "each message once, in order")
+    }
 }

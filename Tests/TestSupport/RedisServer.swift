@@ -35,7 +35,7 @@ public final class RedisServer {
         // it in between, so a start that fails to bind is retried on a new one.
         var lastFailure: Error?
         for _ in 0..<5 {
-            port = try Self.freePort()
+            port = try unusedLoopbackPort()
             do {
                 try start(timeoutSeconds: timeoutSeconds)
                 return
@@ -97,12 +97,15 @@ public final class RedisServer {
     /// SIGSTOP / SIGCONT: a Redis that stops answering without closing its connections.
     public func pause() { process?.send(signal: SIGSTOP) }
     public func resume() { process?.send(signal: SIGCONT) }
+}
 
-    private static func freePort() throws -> UInt16 {
-        let fd = try SocketCalls.openTCP(nonBlocking: false)
-        defer { close(fd) }
-        try SocketCalls.bind(fd, SocketCalls.socketAddress(0x7F00_0001, port: 0))
-        guard let port = SocketCalls.localPort(fd) else { throw Failure(description: "getsockname: \(String(cString: strerror(errno)))") }
-        return port
-    }
+/// A loopback TCP port nobody had bound a moment ago, for a process that must be told its
+/// port before it listens (redis-server, a standby voipserver). Another process could take
+/// it in between: good enough on a test machine, never for a server's own listener.
+public func unusedLoopbackPort() throws -> UInt16 {
+    let fd = try SocketCalls.openTCP(nonBlocking: false)
+    defer { close(fd) }
+    try SocketCalls.bind(fd, SocketCalls.socketAddress(0x7F00_0001, port: 0))
+    guard let port = SocketCalls.localPort(fd) else { throw RedisServer.Failure(description: "getsockname: \(String(cString: strerror(errno)))") }
+    return port
 }

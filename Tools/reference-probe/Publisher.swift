@@ -5,8 +5,10 @@ import SignalingSupport
 import Glibc
 #endif
 
-/// The publisher thread: open loop. Event k is due at start + k / rate; the thread sleeps
-/// until then, reads (without waiting) and handles what the server sent it since the last
+/// The publisher thread: open loop, or closed loop. Open loop, event k is due at start +
+/// k / rate; closed loop, it is due once event k - 1 has arrived at its subscriber (the
+/// receiver says so through the board; after the loss timeout it goes anyway). The thread
+/// sleeps until then, reads (without waiting) and handles what the server sent it since the last
 /// send (OK/ERROR replies, and delivery receipts, which it acknowledges (voip)), then stamps
 /// the payload with the time (CLOCK_REALTIME) and sends at once, whatever has or has not
 /// arrived.
@@ -16,11 +18,15 @@ struct Publisher {
     var subscribers: Int
     var events: Int
     var rate: Double
+    /// Send each event once the previous one arrived, not at `rate`.
+    var closedLoop: Bool
     var payloadBytes: Int
     var seed: UInt64
     var board: ProgressBoard
     /// How long to wait for outstanding replies after the last send (voip).
     var replyTimeoutNanoseconds: UInt64
+    /// Closed loop: how long to wait for an event's arrival before sending the next anyway.
+    var lossTimeoutNanoseconds: UInt64
 
     struct Outcome: Sendable {
         var sent = 0
@@ -75,8 +81,17 @@ struct Publisher {
         }
 
         for number in 0..<events {
-            let due = start + UInt64(Double(number) * interval)
-            clock.sleep(until: Instant(nanoseconds: due))
+            var due = start + UInt64(Double(number) * interval)
+            if closedLoop {
+                if number == 0 {
+                    clock.sleep(until: Instant(nanoseconds: start))
+                } else {
+                    _ = board.waitForArrivals(number, deadline: clock.now().nanoseconds + lossTimeoutNanoseconds, clock: clock)
+                }
+                due = clock.now().nanoseconds
+            } else {
+                clock.sleep(until: Instant(nanoseconds: due))
+            }
             // The thread's own work (replies, receipts and their ACKs, the next packet) comes
             // before the send, never after it: a server thread woken by the send is often
             // placed on this thread's CPU and waits until this thread sleeps again. Reading
