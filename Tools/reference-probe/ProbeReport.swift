@@ -1,3 +1,4 @@
+import SignalingSupport
 import VoipLoadKit
 /// The probe's printed result: a readable block, then one `SUMMARY` line of key=value pairs
 /// for scripts (Tools/bench-reference collects them into a table).
@@ -33,7 +34,7 @@ struct ProbeReport {
     func text() -> String {
         let latency = receiver.latency
         var lines: [String] = []
-        lines.append("protocol        \(options.wireProtocol.rawValue), server \(Sockets.dottedQuad(options.server.address)):\(options.server.port)")
+        lines.append("protocol        \(options.wireProtocol.rawValue), server \(SocketCalls.dottedQuad(options.server.address)):\(options.server.port)")
         lines.append("subscribers     \(connect.established) connected, \(connect.failed) failed, \(connect.retries) retried attempts, "
             + "in \(fixed(connect.seconds, 2)) s: \(fixed(connect.handshakesPerSecond, 0)) handshakes/s")
         if let first = connect.firstFailure { lines.append("                first failure: \(first)") }

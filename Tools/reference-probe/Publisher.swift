@@ -45,7 +45,7 @@ struct Publisher {
         var outcome = Outcome()
         var random = FastRandom(seed: seed)
         var inbound = Inbound()
-        var pending: [UInt8] = []
+        var pending = PartialInput()
         let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
         defer { scratch.deallocate() }
         let payload = [UInt8](repeating: 0, count: payloadBytes)
@@ -56,17 +56,19 @@ struct Publisher {
         /// Reads what has arrived without waiting; false when the connection is unusable.
         func drainReplies() -> Bool {
             while true {
-                let count = recv(fd, scratch.baseAddress, scratch.count, Int32(MSG_DONTWAIT))
-                if count < 0 && errno == EINTR { continue }
-                if count < 0 && errno == EAGAIN { return true }
-                if count <= 0 {
-                    outcome.problem = count == 0 ? "the server closed the publisher's connection" : ProbeError(call: "recv").message
+                let count: Int
+                switch SocketCalls.receive(fd, into: scratch, flags: Int32(MSG_DONTWAIT)) {
+                case .transferred(let moved) where moved > 0: count = moved
+                case .transferred:
+                    outcome.problem = "the server closed the publisher's connection"
+                    return false
+                case .wouldBlock: return true
+                case .failed(let code):
+                    outcome.problem = ProbeError(call: "recv", code: code).message
                     return false
                 }
-                pending.append(contentsOf: scratch[0..<count])
                 inbound.reset()
-                let used = pending.withUnsafeBytes { dialect.consume($0, subscriber: nil, into: &inbound) }
-                pending.removeFirst(used)
+                pending.consume(UnsafeRawBufferPointer(rebasing: scratch[0..<count]), dialect: dialect, subscriber: nil, into: &inbound)
                 outcome.oks += inbound.oks
                 outcome.errors += inbound.errors
                 if let error = inbound.lastError { outcome.lastError = error }
