@@ -122,35 +122,6 @@ void shim_eventfd_drain(int fd) {
     (void)ignored;
 }
 
-int shim_set_tcp_keepalive(int fd, int idle_seconds, int interval_seconds, int count) {
-    int one = 1;
-    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0) return -1;
-    if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_seconds, sizeof idle_seconds) != 0) return -1;
-    if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_seconds, sizeof interval_seconds) != 0) return -1;
-    if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count) != 0) return -1;
-    return 0;
-}
-
-int shim_set_tcp_user_timeout(int fd, unsigned int milliseconds) {
-    return setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &milliseconds, sizeof milliseconds);
-}
-
-int shim_set_tcp_nodelay(int fd) {
-    int one = 1;
-    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-int shim_get_int_option(int fd, int level, int name) {
-    int value = 0;
-    socklen_t len = sizeof value;
-    if (getsockopt(fd, level, name, &value, &len) != 0) return -1;
-    return value;
-}
-
-long shim_send(int fd, const void *bytes, size_t count) {
-    return (long)send(fd, bytes, count, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
 static __thread void *current_loop;
 void shim_set_current_loop(void *loop) { current_loop = loop; }
 void *shim_current_loop(void) { return current_loop; }

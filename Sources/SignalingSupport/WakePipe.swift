@@ -17,8 +17,8 @@ public final class WakePipe: Sendable {
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { throw SystemError("pipe", errno) }
         for fd in fds {
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            try? SocketCalls.setNonBlocking(fd)
+            try? SocketCalls.setCloseOnExec(fd)
         }
         readDescriptor = fds[0]
         writeDescriptor = fds[1]

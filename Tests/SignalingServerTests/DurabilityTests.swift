@@ -228,6 +228,23 @@ struct DurabilityTests {
         #expect(store.committedBatches - before == 1)
     }
 
+    @Test("a commit's release and OKs are carried out by a loop: the store writer does not take the routing lock for them")
+    func commitsReleasedByLoops() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.delivery = .afterCommit }
+        let (alice, bob, _) = try connectStored(server, store)
+        let holdsBefore = server.server.routingLockHoldsOffLoops
+        // After-commit delivery: each event goes out only once its commit is released.
+        for index in 1...5 {
+            #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK)
+            let (seq, event) = try bob.nextEvent()
+            guard case .message(let delivered) = event else { Issue.record("not delivered"); return }
+            #expect(delivered.messageID == "m\(index)")
+            try bob.ack(seq)
+        }
+        #expect(server.server.routingLockHoldsOffLoops == holdsBefore)
+    }
+
     @Test("the OKs of one commit reach each of several senders in the order of their requests")
     func oneCommitsOKsKeepEachSendersOrder() throws {
         let store = ModelEventStore()

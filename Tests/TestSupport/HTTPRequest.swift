@@ -29,41 +29,30 @@ public enum HTTPRequest {
         _ method: String, port: UInt16, _ path: String, body: [UInt8]? = nil, headers: [String: String] = [:],
         host: String = "127.0.0.1", timeout: Duration = .seconds(10)
     ) throws -> HTTPReply {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw HTTPRequestFailure(description: "socket: \(errno)") }
+        guard let server = SocketCalls.parseEndpoint("\(host):\(port)") else { throw HTTPRequestFailure(description: "bad host \(host)") }
+        let fd = try SocketCalls.openTCP(nonBlocking: false)
         defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        inet_pton(AF_INET, host, &address.sin_addr)
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        do {
+            _ = try SocketCalls.connect(fd, SocketCalls.socketAddress(server.address, port: server.port))
+        } catch {
+            throw HTTPRequestFailure(description: "connect to \(host):\(port): \(error.reason)")
         }
-        guard connected == 0 else { throw HTTPRequestFailure(description: "connect to \(host):\(port): \(String(cString: strerror(errno)))") }
         var head = "\(method) \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nConnection: close\r\n"
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
         if let body { head += "Content-Length: \(body.count)\r\n" }
         head += "\r\n"
-        var request = Array(head.utf8) + (body ?? [])
-        var offset = 0
-        while offset < request.count {
-            // MSG_NOSIGNAL: a server that answers and closes before reading everything (a
-            // refused token, a body too large) must not kill the test process with SIGPIPE.
-            let written = request.withUnsafeMutableBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-            guard written > 0 else { throw HTTPRequestFailure(description: "write: \(errno)") }
-            offset += written
-        }
+        let request = Array(head.utf8) + (body ?? [])
+        // Never SIGPIPE (SocketCalls.send): a server that answers and closes before reading
+        // everything (a refused token, a body too large) must not kill the test process.
+        try request.withUnsafeBytes { bytes in Result { () throws(SystemError) in try SocketCalls.sendAll(fd, bytes) } }.get()
         var response: [UInt8] = []
         let deadline = SystemClock().now() + timeout
         var buffer = [UInt8](repeating: 0, count: 65_536)
         while true {
             let left = deadline - SystemClock().now()
             guard left > .zero else { throw HTTPRequestFailure(description: "no complete response within \(timeout)") }
-            var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            guard poll(&descriptor, 1, Int32(max(1, left.milliseconds))) > 0 else { continue }
-            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else { break }
+            guard SocketCalls.wait(fd, for: Int16(POLLIN), milliseconds: Int32(max(1, left.milliseconds))) else { continue }
+            guard case .transferred(let count) = buffer.withUnsafeMutableBytes({ SocketCalls.receive(fd, into: $0) }), count > 0 else { break }
             response += buffer[..<count]
         }
         return try parse(response)

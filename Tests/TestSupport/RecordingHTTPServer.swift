@@ -145,8 +145,8 @@ public final class RecordingHTTPServer: Sendable {
             self.listener = listener
             wakeRead = fds[0]
             wakeWrite = fds[1]
-            _ = fcntl(wakeRead, F_SETFL, O_NONBLOCK)
-            for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+            try? SocketCalls.setNonBlocking(wakeRead)
+            for fd in fds { try? SocketCalls.setCloseOnExec(fd) }
             let thread = Thread { [self] in serve() }
             thread.name = "RecordingHTTPServer:\(port)"
             thread.start()
@@ -254,11 +254,8 @@ public final class RecordingHTTPServer: Sendable {
 
         private func acceptClients() {
             while true {
-                let fd = accept(listener, nil, nil)
-                guard fd >= 0 else { return }
-                _ = fcntl(fd, F_SETFL, O_NONBLOCK)
-                // Tests spawn server subprocesses; they must not inherit this socket.
-                _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+                // Close-on-exec: tests spawn server subprocesses, which must not inherit it.
+                guard let fd = try? SocketCalls.accept(listener, nonBlocking: true) else { return }
                 let number = shared.withLock { shared -> Int in
                     shared.connectionsAccepted += 1
                     shared.openConnections += 1
@@ -271,12 +268,13 @@ public final class RecordingHTTPServer: Sendable {
         private func read(_ client: Client) {
             var buffer = [UInt8](repeating: 0, count: 16 * 1024)
             while true {
-                let count = recv(client.fd, &buffer, buffer.count, 0)
-                if count > 0 {
+                switch buffer.withUnsafeMutableBytes({ SocketCalls.receive(client.fd, into: $0) }) {
+                case .transferred(let count) where count > 0:
                     if !client.hung { client.input += buffer[0..<count] }
                     continue
-                }
-                if count == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                case .wouldBlock:
+                    break
+                case .transferred, .failed:
                     drop(client)
                     return
                 }
@@ -306,14 +304,19 @@ public final class RecordingHTTPServer: Sendable {
         private func flush(_ client: Client) {
             if let next = client.nextByteAt {
                 guard SystemClock().now() >= next, !client.output.isEmpty else { return }
-                if send(client.fd, client.output, 1, Int32(MSG_NOSIGNAL)) == 1 { client.output.removeFirst() }
+                if client.output.withUnsafeBytes({ SocketCalls.send(client.fd, UnsafeRawBufferPointer(rebasing: $0[..<1])) }) == .transferred(1) {
+                    client.output.removeFirst()
+                }
                 client.nextByteAt = client.output.isEmpty ? nil : SystemClock().now() + client.pace
                 return
             }
             while !client.output.isEmpty {
-                let sent = client.output.withUnsafeBytes { send(client.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-                guard sent > 0 else {
-                    if errno != EAGAIN && errno != EWOULDBLOCK { drop(client) }
+                let sent: Int
+                switch client.output.withUnsafeBytes({ SocketCalls.send(client.fd, $0) }) {
+                case .transferred(let count) where count > 0: sent = count
+                case .transferred, .wouldBlock: return
+                case .failed:
+                    drop(client)
                     return
                 }
                 client.output.removeFirst(sent)
@@ -380,31 +383,12 @@ public final class RecordingHTTPServer: Sendable {
     // MARK: - Sockets
 
     private static func listen(port: UInt16) throws -> Int32 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw Failure(description: "socket: \(String(cString: strerror(errno)))") }
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        do {
+            return try SocketCalls.listenTCP(SocketCalls.socketAddress(0x7F00_0001, port: port), nonBlocking: true)
+        } catch {
+            throw Failure(description: "cannot listen on 127.0.0.1:\(port): \(error.reason)")
         }
-        guard bound == 0, Glibc.listen(fd, 128) == 0 else {
-            let message = String(cString: strerror(errno))
-            Glibc.close(fd)
-            throw Failure(description: "cannot listen on 127.0.0.1:\(port): \(message)")
-        }
-        return fd
     }
 
-    private static func localPort(_ fd: Int32) -> UInt16 {
-        var address = sockaddr_in()
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-        }
-        return UInt16(bigEndian: address.sin_port)
-    }
+    private static func localPort(_ fd: Int32) -> UInt16 { SocketCalls.localPort(fd) ?? 0 }
 }

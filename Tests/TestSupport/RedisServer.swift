@@ -103,19 +103,9 @@ public final class RedisServer {
 /// port before it listens (redis-server, a standby voipserver). Another process could take
 /// it in between: good enough on a test machine, never for a server's own listener.
 public func unusedLoopbackPort() throws -> UInt16 {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw RedisServer.Failure(description: "socket: \(String(cString: strerror(errno)))") }
+    let fd = try SocketCalls.openTCP(nonBlocking: false)
     defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let bound = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-            bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
-        }
-    }
-    guard bound else { throw RedisServer.Failure(description: "bind: \(String(cString: strerror(errno)))") }
-    return UInt16(bigEndian: address.sin_port)
+    try SocketCalls.bind(fd, SocketCalls.socketAddress(0x7F00_0001, port: 0))
+    guard let port = SocketCalls.localPort(fd) else { throw RedisServer.Failure(description: "getsockname: \(String(cString: strerror(errno)))") }
+    return port
 }

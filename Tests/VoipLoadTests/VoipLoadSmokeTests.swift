@@ -2,6 +2,7 @@ import CLinuxShims
 import Foundation
 import TestSupport
 import Testing
+import SignalingSupport
 @testable import VoipLoadKit
 
 /// The load tool end to end: real `voipload` and `voipserver` processes on loopback.

@@ -1,4 +1,5 @@
 import Testing
+import SignalingSupport
 @testable import VoipLoadKit
 
 @Suite struct WorkloadLayoutTests {
@@ -33,8 +34,8 @@ import Testing
         #expect(perAddress.count == addresses)
         #expect(perAddress.values.allSatisfy { $0 == 100 })
         #expect(perAddress.keys.allSatisfy { $0 >> 24 == 127 })
-        #expect(dottedQuad(WorkloadLayout.sourceAddress(index: 0)) == "127.0.0.2")
-        #expect(dottedQuad(WorkloadLayout.sourceAddress(index: 254)) == "127.0.1.0")
+        #expect(SocketCalls.dottedQuad(WorkloadLayout.sourceAddress(index: 0)) == "127.0.0.2")
+        #expect(SocketCalls.dottedQuad(WorkloadLayout.sourceAddress(index: 254)) == "127.0.1.0")
     }
 
     @Test func userIDsStayShortEnoughToBeInline() {

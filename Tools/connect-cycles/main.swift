@@ -75,50 +75,45 @@ struct Device {
 /// Connect from `source` (127.0.0.x), HELLO, wait for WELCOME, close. Returns the resume
 /// point for the next cycle.
 func cycle(_ device: Device, port: UInt16, source: UInt32, buffer: inout [UInt8]) throws(CycleFailure) -> ResumePoint {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard fd >= 0 else { throw CycleFailure(reason: "socket: \(String(cString: strerror(errno)))") }
+    let fd: Int32
+    do throws(SystemError) {
+        fd = try SocketCalls.openTCP(nonBlocking: false)
+    } catch {
+        throw CycleFailure(reason: error.description)
+    }
     defer { close(fd) }
     voipload_prepare_client_socket(fd)
-    var local = sockaddr_in()
-    local.sin_family = sa_family_t(AF_INET)
-    local.sin_addr.s_addr = source.bigEndian
-    var remote = sockaddr_in()
-    remote.sin_family = sa_family_t(AF_INET)
-    remote.sin_port = port.bigEndian
-    remote.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-    let bound = withUnsafePointer(to: &local) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    do throws(SystemError) {
+        try SocketCalls.bind(fd, SocketCalls.socketAddress(source, port: 0))
+        _ = try SocketCalls.connect(fd, SocketCalls.socketAddress(0x7F00_0001, port: port))
+        let hello = FrameEncoder.encode(.hello(Hello(userID: device.userID, deviceID: "p", resume: device.resume)))
+        try hello.withUnsafeBytes { bytes in Result { () throws(SystemError) in try SocketCalls.sendAll(fd, bytes) } }.get()
+        try SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_RCVTIMEO, timeval(tv_sec: 10, tv_usec: 0))
+    } catch {
+        throw CycleFailure(reason: error.description)
     }
-    guard bound == 0 else { throw CycleFailure(reason: "bind: \(String(cString: strerror(errno)))") }
-    let connected = withUnsafePointer(to: &remote) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-    guard connected == 0 else { throw CycleFailure(reason: "connect: \(String(cString: strerror(errno)))") }
-    let hello = FrameEncoder.encode(.hello(Hello(userID: device.userID, deviceID: "p", resume: device.resume)))
-    let sent = hello.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-    guard sent == hello.count else { throw CycleFailure(reason: "send: \(String(cString: strerror(errno)))") }
-    var timeout = timeval(tv_sec: 10, tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-    let decoder = FrameDecoder()
-    var filled = 0
+    var assembler = FrameAssembler()
     while true {
-        if filled > 0, let decoded = try? buffer.withUnsafeBytes({ try decoder.decode(UnsafeRawBufferPointer(rebasing: $0[0..<filled])) }) {
-            switch decoded.frame {
+        let count: Int
+        switch buffer.withUnsafeMutableBytes({ SocketCalls.receive(fd, into: $0) }) {
+        case .transferred(let moved) where moved > 0: count = moved
+        case .transferred: throw CycleFailure(reason: "closed before WELCOME")
+        case .wouldBlock: throw CycleFailure(reason: "no WELCOME within 10 s")
+        case .failed(let code): throw CycleFailure(reason: SystemError("recv", code).description)
+        }
+        let frames: [Frame]
+        do {
+            frames = try buffer.withUnsafeBytes { bytes in try assembler.drain(UnsafeRawBufferPointer(rebasing: bytes[..<count])) }
+        } catch {
+            throw CycleFailure(reason: "undecodable frame: \(error)")
+        }
+        for frame in frames {
+            switch frame {
             case .welcome(let welcome): return ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: welcome.ackedSeq)
             case .close(let close): throw CycleFailure(reason: "refused: \(close.code) \(close.message)")
-            default:
-                buffer.withUnsafeMutableBytes { bytes in
-                    bytes.baseAddress!.copyMemory(from: bytes.baseAddress! + decoded.size, byteCount: filled - decoded.size)
-                }
-                filled -= decoded.size
-                continue
+            default: continue
             }
         }
-        if filled == buffer.count { buffer += [UInt8](repeating: 0, count: buffer.count) }
-        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + filled, $0.count - filled) }
-        if count < 0 && errno == EINTR { continue }
-        guard count > 0 else { throw CycleFailure(reason: count == 0 ? "closed before WELCOME" : "read: \(String(cString: strerror(errno)))") }
-        filled += count
     }
 }
 

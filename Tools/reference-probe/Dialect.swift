@@ -52,3 +52,27 @@ struct Inbound {
 func sendStamp(_ payload: UnsafeRawBufferPointer) -> UInt64? {
     payload.count >= 8 ? UInt64(littleEndian: payload.loadUnaligned(as: UInt64.self)) : nil
 }
+
+/// What a connection has read that its dialect has not used yet (a packet or frame not
+/// complete): the probe's one copy of stream reassembly. It cannot be `FrameAssembler`
+/// (SignalingProtocol): the probe reads MQTT too, whose framing is not VSIG's, through the
+/// same path. A read with nothing kept is consumed where it lies; only an incomplete tail
+/// is copied, and what stays kept is at most one packet, so the cost is O(bytes).
+struct PartialInput {
+    private var kept: [UInt8] = []
+
+    /// No bytes wait for the rest of their packet.
+    var isEmpty: Bool { kept.isEmpty }
+
+    /// Hands `arrived`, after what was kept, to `dialect`; keeps what it did not use.
+    mutating func consume(_ arrived: UnsafeRawBufferPointer, dialect: any Dialect, subscriber: Int?, into inbound: inout Inbound) {
+        if kept.isEmpty {
+            let used = dialect.consume(arrived, subscriber: subscriber, into: &inbound)
+            if used < arrived.count { kept = Array(arrived[used...]) }
+        } else {
+            kept.append(contentsOf: arrived)
+            let used = kept.withUnsafeBytes { dialect.consume($0, subscriber: subscriber, into: &inbound) }
+            kept.removeFirst(used)
+        }
+    }
+}

@@ -60,11 +60,13 @@ enum ProbeCommand {
 
         let board = ProgressBoard()
         let receiver = Receiver(
-            table: table, board: board, lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9))
+            table: table, board: board, lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9),
+            reportsArrivals: options.closedLoop)
         let publisher = Publisher(
             fd: publisherFD, dialect: dialect, subscribers: options.subscribers, events: options.events,
-            rate: options.rate, payloadBytes: options.payloadBytes, seed: options.seed, board: board,
-            replyTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9))
+            rate: options.rate, closedLoop: options.closedLoop, payloadBytes: options.payloadBytes, seed: options.seed,
+            board: board, replyTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9),
+            lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9))
         let received = ResultSlot<Receiver.Outcome>()
         let published = ResultSlot<Publisher.Outcome>()
         let expectsReplies = options.wireProtocol == .voip
@@ -85,8 +87,7 @@ enum ProbeCommand {
     /// A blocking connection from 127.0.0.1 whose handshake (CONNACK / WELCOME) is done.
     private static func connectPublisher(to server: sockaddr_in, dialect: any Dialect) throws(ProbeError) -> Int32 {
         let fd = try Sockets.openTCP(nonBlocking: false, source: nil)
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        try? SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_RCVTIMEO, timeval(tv_sec: 10, tv_usec: 0))
         let error = Sockets.connect(fd, to: server)
         guard error == 0 else {
             close(fd)
@@ -96,21 +97,25 @@ enum ProbeCommand {
             close(fd)
             throw ProbeError(call: "publisher: send")
         }
-        var received: [UInt8] = []
+        var received = PartialInput()
         var chunk = [UInt8](repeating: 0, count: 4096)
         var inbound = Inbound()
         while true {
-            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else {
+            let count: Int
+            switch chunk.withUnsafeMutableBytes({ SocketCalls.receive(fd, into: $0) }) {
+            case .transferred(let moved) where moved > 0: count = moved
+            case .transferred:
                 close(fd)
-                throw count == 0 ? ProbeError("publisher: the server closed the connection during the handshake")
-                    : ProbeError(call: "publisher: handshake")
+                throw ProbeError("publisher: the server closed the connection during the handshake")
+            case .wouldBlock:
+                close(fd)
+                throw ProbeError(call: "publisher: handshake", code: EAGAIN)
+            case .failed(let code):
+                close(fd)
+                throw ProbeError(call: "publisher: handshake", code: code)
             }
-            received.append(contentsOf: chunk[0..<count])
             inbound.reset()
-            let used = received.withUnsafeBytes { dialect.consume($0, subscriber: nil, into: &inbound) }
-            received.removeFirst(used)
+            chunk.withUnsafeBytes { received.consume(UnsafeRawBufferPointer(rebasing: $0[0..<count]), dialect: dialect, subscriber: nil, into: &inbound) }
             if let problem = inbound.problem {
                 close(fd)
                 throw ProbeError("publisher: \(problem)")

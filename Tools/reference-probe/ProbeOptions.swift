@@ -9,6 +9,7 @@ struct ProbeOptions {
     var subscribers: Int
     var events: Int
     var rate: Double
+    var closedLoop: Bool
     var payloadBytes: Int
     var serverPID: Int32?
     var sourceAddresses: Int
@@ -31,6 +32,7 @@ struct ProbeOptions {
             OptionSpec("subscribers", value: "N", default: "1000", help: "Idle subscriber connections."),
             OptionSpec("events", value: "E", default: "20000", help: "Events to publish, each to one random subscriber."),
             OptionSpec("rate", value: "R", default: "2000", help: "Events per second (open loop)."),
+            OptionSpec("closed-loop", help: "Send each event once the previous one arrived (and the publisher read what had come for it), instead of at --rate."),
             OptionSpec("payload-bytes", value: "B", default: "64", help: "Event payload: an 8-byte send stamp, then zeros."),
             OptionSpec("server-pid", value: "PID", help: "Report the server's resident memory per connection (VmRSS)."),
             OptionSpec("source-addresses", value: "K", default: "32", help: "Spread subscribers over 127.0.0.2 ... 127.0.0.(K+1)."),
@@ -63,6 +65,7 @@ struct ProbeOptions {
             subscribers: try parsed.int("subscribers", in: 1...1_000_000) ?? 1000,
             events: try parsed.int("events", in: 1...100_000_000) ?? 20_000,
             rate: try parsed.double("rate", in: 1...1_000_000) ?? 2000,
+            closedLoop: parsed.has("closed-loop"),
             payloadBytes: try parsed.int("payload-bytes", in: 8...60_000) ?? 64,
             serverPID: serverPID,
             sourceAddresses: try parsed.int("source-addresses", in: 1...250) ?? 32,

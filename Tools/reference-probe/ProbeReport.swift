@@ -1,3 +1,4 @@
+import SignalingSupport
 import VoipLoadKit
 /// The probe's printed result: a readable block, then one `SUMMARY` line of key=value pairs
 /// for scripts (Tools/bench-reference collects them into a table).
@@ -33,7 +34,7 @@ struct ProbeReport {
     func text() -> String {
         let latency = receiver.latency
         var lines: [String] = []
-        lines.append("protocol        \(options.wireProtocol.rawValue), server \(Sockets.dottedQuad(options.server.address)):\(options.server.port)")
+        lines.append("protocol        \(options.wireProtocol.rawValue), server \(SocketCalls.dottedQuad(options.server.address)):\(options.server.port)")
         lines.append("subscribers     \(connect.established) connected, \(connect.failed) failed, \(connect.retries) retried attempts, "
             + "in \(fixed(connect.seconds, 2)) s: \(fixed(connect.handshakesPerSecond, 0)) handshakes/s")
         if let first = connect.firstFailure { lines.append("                first failure: \(first)") }
@@ -48,7 +49,8 @@ struct ProbeReport {
             lines.append("server RSS      not readable")
         }
         lines.append("events          \(publisher.sent) sent in \(fixed(publisher.seconds, 2)) s (\(fixed(publisher.achievedRate, 0))/s), "
-            + "\(receiver.received) received, \(lost) lost, \(receiver.misrouted) misrouted")
+            + "\(receiver.received) received, \(lost) lost, \(receiver.misrouted) misrouted"
+            + (options.closedLoop ? " (closed loop: each sent once the previous arrived)" : ""))
         lines.append("send lateness   p50 \(micro(publisher.lateness.value(atPercentile: 50))) µs, "
             + "p99 \(micro(publisher.lateness.value(atPercentile: 99))) µs, max \(micro(publisher.lateness.maximum)) µs (against the schedule)")
         if options.wireProtocol == .voip {
@@ -80,6 +82,7 @@ struct ProbeReport {
         let latency = receiver.latency
         let pairs: [(String, String)] = [
             ("protocol", options.wireProtocol.rawValue),
+            ("pacing", options.closedLoop ? "closed" : fixed(options.rate, 0)),
             ("subscribers", "\(connect.established)"),
             ("failed", "\(connect.failed)"),
             ("handshakes_per_s", fixed(connect.handshakesPerSecond, 0)),

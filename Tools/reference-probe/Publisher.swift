@@ -5,8 +5,10 @@ import SignalingSupport
 import Glibc
 #endif
 
-/// The publisher thread: open loop. Event k is due at start + k / rate; the thread sleeps
-/// until then, reads (without waiting) and handles what the server sent it since the last
+/// The publisher thread: open loop, or closed loop. Open loop, event k is due at start +
+/// k / rate; closed loop, it is due once event k - 1 has arrived at its subscriber (the
+/// receiver says so through the board; after the loss timeout it goes anyway). The thread
+/// sleeps until then, reads (without waiting) and handles what the server sent it since the last
 /// send (OK/ERROR replies, and delivery receipts, which it acknowledges (voip)), then stamps
 /// the payload with the time (CLOCK_REALTIME) and sends at once, whatever has or has not
 /// arrived.
@@ -16,11 +18,15 @@ struct Publisher {
     var subscribers: Int
     var events: Int
     var rate: Double
+    /// Send each event once the previous one arrived, not at `rate`.
+    var closedLoop: Bool
     var payloadBytes: Int
     var seed: UInt64
     var board: ProgressBoard
     /// How long to wait for outstanding replies after the last send (voip).
     var replyTimeoutNanoseconds: UInt64
+    /// Closed loop: how long to wait for an event's arrival before sending the next anyway.
+    var lossTimeoutNanoseconds: UInt64
 
     struct Outcome: Sendable {
         var sent = 0
@@ -39,7 +45,7 @@ struct Publisher {
         var outcome = Outcome()
         var random = FastRandom(seed: seed)
         var inbound = Inbound()
-        var pending: [UInt8] = []
+        var pending = PartialInput()
         let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 8)
         defer { scratch.deallocate() }
         let payload = [UInt8](repeating: 0, count: payloadBytes)
@@ -50,17 +56,19 @@ struct Publisher {
         /// Reads what has arrived without waiting; false when the connection is unusable.
         func drainReplies() -> Bool {
             while true {
-                let count = recv(fd, scratch.baseAddress, scratch.count, Int32(MSG_DONTWAIT))
-                if count < 0 && errno == EINTR { continue }
-                if count < 0 && errno == EAGAIN { return true }
-                if count <= 0 {
-                    outcome.problem = count == 0 ? "the server closed the publisher's connection" : ProbeError(call: "recv").message
+                let count: Int
+                switch SocketCalls.receive(fd, into: scratch, flags: Int32(MSG_DONTWAIT)) {
+                case .transferred(let moved) where moved > 0: count = moved
+                case .transferred:
+                    outcome.problem = "the server closed the publisher's connection"
+                    return false
+                case .wouldBlock: return true
+                case .failed(let code):
+                    outcome.problem = ProbeError(call: "recv", code: code).message
                     return false
                 }
-                pending.append(contentsOf: scratch[0..<count])
                 inbound.reset()
-                let used = pending.withUnsafeBytes { dialect.consume($0, subscriber: nil, into: &inbound) }
-                pending.removeFirst(used)
+                pending.consume(UnsafeRawBufferPointer(rebasing: scratch[0..<count]), dialect: dialect, subscriber: nil, into: &inbound)
                 outcome.oks += inbound.oks
                 outcome.errors += inbound.errors
                 if let error = inbound.lastError { outcome.lastError = error }
@@ -73,8 +81,17 @@ struct Publisher {
         }
 
         for number in 0..<events {
-            let due = start + UInt64(Double(number) * interval)
-            clock.sleep(until: Instant(nanoseconds: due))
+            var due = start + UInt64(Double(number) * interval)
+            if closedLoop {
+                if number == 0 {
+                    clock.sleep(until: Instant(nanoseconds: start))
+                } else {
+                    _ = board.waitForArrivals(number, deadline: clock.now().nanoseconds + lossTimeoutNanoseconds, clock: clock)
+                }
+                due = clock.now().nanoseconds
+            } else {
+                clock.sleep(until: Instant(nanoseconds: due))
+            }
             // The thread's own work (replies, receipts and their ACKs, the next packet) comes
             // before the send, never after it: a server thread woken by the send is often
             // placed on this thread's CPU and waits until this thread sleeps again. Reading

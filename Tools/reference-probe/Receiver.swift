@@ -15,6 +15,8 @@ struct Receiver {
     var table: SubscriberTable
     var board: ProgressBoard
     var lossTimeoutNanoseconds: UInt64
+    /// Closed-loop: tell the publisher about every arrival (`ProgressBoard.arrived`).
+    var reportsArrivals: Bool
 
     struct Outcome: Sendable {
         /// Send stamp to the kernel's receive timestamp.
@@ -58,6 +60,7 @@ struct Receiver {
                         outcome.latency.record(nanoseconds: arrival > stamp ? arrival - stamp : 0)
                     }
                     outcome.received += inbound.stamps.count
+                    if reportsArrivals && !inbound.stamps.isEmpty { board.arrived(inbound.stamps.count) }
                     outcome.misrouted += inbound.misrouted
                 }
             }

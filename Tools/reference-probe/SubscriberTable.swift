@@ -14,7 +14,7 @@ final class SubscriberTable: @unchecked Sendable {
     /// -1 for a subscriber without a connection.
     var descriptors: [Int32]
     /// The bytes of a packet that has not fully arrived, per connection (usually empty).
-    var partial: [[UInt8]]
+    var partial: [PartialInput]
     /// One read's worth of bytes.
     let scratch: UnsafeMutableRawBufferPointer
     let dialect: any Dialect
@@ -27,7 +27,7 @@ final class SubscriberTable: @unchecked Sendable {
             throw ProbeError("\(error)")
         }
         descriptors = [Int32](repeating: -1, count: count)
-        partial = [[UInt8]](repeating: [], count: count)
+        partial = [PartialInput](repeating: PartialInput(), count: count)
         scratch = .allocate(byteCount: 256 * 1024, alignment: 8)
         self.dialect = dialect
     }
@@ -56,23 +56,18 @@ final class SubscriberTable: @unchecked Sendable {
     func read(_ index: Int, into inbound: inout Inbound) -> ReadOutcome {
         let fd = descriptors[index]
         var arrivedAt: UInt64 = 0
-        let count = voipload_read_stamped(fd, scratch.baseAddress, UInt(scratch.count), &arrivedAt)
+        let result = SystemCall.io { Int(voipload_read_stamped(fd, scratch.baseAddress, UInt(scratch.count), &arrivedAt)) }
         let readAt = voipload_realtime_ns()
-        if count == 0 { return .failed("the server closed the connection") }
-        if count < 0 {
-            if errno == EAGAIN || errno == EINTR { return .nothing }
-            return .failed(ProbeError(call: "recv").message)
+        let count: Int
+        switch result {
+        case .transferred(0): return .failed("the server closed the connection")
+        case .transferred(let moved): count = moved
+        case .wouldBlock: return .nothing
+        case .failed(let code): return .failed(ProbeError(call: "recv", code: code).message)
         }
         inbound.reset()
         let arrived = UnsafeRawBufferPointer(rebasing: scratch[0..<Int(count)])
-        if partial[index].isEmpty {
-            let used = dialect.consume(arrived, subscriber: index, into: &inbound)
-            if used < arrived.count { partial[index] = Array(arrived[used...]) }
-        } else {
-            partial[index].append(contentsOf: arrived)
-            let used = partial[index].withUnsafeBytes { dialect.consume($0, subscriber: index, into: &inbound) }
-            partial[index].removeFirst(used)
-        }
+        partial[index].consume(arrived, dialect: dialect, subscriber: index, into: &inbound)
         if let problem = inbound.problem { return .failed(problem) }
         if !inbound.reply.isEmpty && !Sockets.sendAll(fd, inbound.reply) {
             return .failed(ProbeError(call: "send").message)
@@ -85,6 +80,6 @@ final class SubscriberTable: @unchecked Sendable {
         guard descriptors[index] >= 0 else { return }
         close(descriptors[index])
         descriptors[index] = -1
-        partial[index] = []
+        partial[index] = PartialInput()
     }
 }

@@ -1,3 +1,4 @@
+import CLinuxShims
 import SignalingProtocol
 
 /// The VSIG protocol (docs/PROTOCOL.md): subscriber i is user "u<i>" device "d1"; the
@@ -8,6 +9,9 @@ struct VoipDialect: Dialect {
     static let contentType = "application/x-probe"
     /// Server frames may exceed the announced maximum by what the server adds (PROTOCOL.md 2).
     private let decoder = FrameDecoder(maxFrameLength: ProtocolLimits.defaultMaxFrameLength + 4096)
+    /// Part of every message id: the server drops a message whose (sender, messageId) it
+    /// has seen (PROTOCOL.md), so a second run against the same server needs new ids.
+    private let run = String(voipload_realtime_ns(), radix: 36)
 
     func subscriberGreeting(_ subscriber: Int) -> [UInt8] {
         FrameEncoder.encode(.hello(Hello(userID: "u\(subscriber)", deviceID: "d1")))
@@ -19,7 +23,7 @@ struct VoipDialect: Dialect {
 
     func publication(number: Int, subscriber: Int, payload: [UInt8]) -> [UInt8] {
         let message = OutgoingMessage(
-            messageID: "m\(number)", recipient: "u\(subscriber)", contentType: Self.contentType, body: payload)
+            messageID: "m\(run)-\(number)", recipient: "u\(subscriber)", contentType: Self.contentType, body: payload)
         return FrameEncoder.encode(.request(id: UInt32(truncatingIfNeeded: number + 1), .messageSend(message)))
     }
 

@@ -46,18 +46,6 @@ int shim_accept_cloexec(int listen_fd);
 void shim_eventfd_signal(int fd);
 void shim_eventfd_drain(int fd);
 
-/// SO_KEEPALIVE with TCP_KEEPIDLE / TCP_KEEPINTVL / TCP_KEEPCNT. Returns 0 or -1.
-int shim_set_tcp_keepalive(int fd, int idle_seconds, int interval_seconds, int count);
-/// TCP_USER_TIMEOUT in milliseconds. Returns 0 or -1.
-int shim_set_tcp_user_timeout(int fd, unsigned int milliseconds);
-/// TCP_NODELAY on. Returns 0 or -1.
-int shim_set_tcp_nodelay(int fd);
-/// Reads an int socket option; returns -1 on error.
-int shim_get_int_option(int fd, int level, int name);
-
-/// send() with MSG_NOSIGNAL | MSG_DONTWAIT: a vanished peer gives EPIPE, never SIGPIPE.
-long shim_send(int fd, const void *bytes, size_t count);
-
 /// Thread-local "current event loop" pointer, so libevent callbacks (which get one
 /// argument) can carry a connection slot and still find their loop.
 void shim_set_current_loop(void *loop);

@@ -158,29 +158,23 @@ struct Handshaker {
 
     private func connect(to address: SocketAddress) throws(ConnectError) -> SocketHandle {
         let socket = try SocketHandle.tcp(family: address.family)
-        let status = address.withSockaddr { pointer, length in
-            #if canImport(Glibc)
-            Glibc.connect(socket.descriptor, pointer, length)
-            #else
-            Darwin.connect(socket.descriptor, pointer, length)
-            #endif
+        let started = address.withSockaddr { pointer, length in
+            Result { () throws(SystemError) in try SocketCalls.connect(socket.descriptor, pointer, length: length) }
         }
-        if status != 0 && errno != EINPROGRESS {
-            let code = errno
+        let connected: Bool
+        switch started {
+        case .success(let now): connected = now
+        case .failure(let error):
             socket.close()
-            throw code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: code)
+            throw error.code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: error.code)
         }
-        if status != 0 {
+        if !connected {
             switch PollWait.wait(for: socket.descriptor, events: Int16(POLLOUT), cancel: cancel, deadline: deadline) {
             case .cancelled: socket.close(); throw .cancelled
             case .timedOut: socket.close(); throw .timedOut
             case .ready: break
             }
-            guard let code = socket.integerOption(level: SOL_SOCKET, name: SO_ERROR) else {
-                let failure = errno
-                socket.close()
-                throw .socketError(operation: "getsockopt(SO_ERROR)", errno: failure)
-            }
+            let code = SocketCalls.pendingError(socket.descriptor)
             if code != 0 {
                 socket.close()
                 throw code == ECONNREFUSED ? .refused(address) : .unreachable(address, errno: code)
@@ -191,16 +185,16 @@ struct Handshaker {
 
     private func handshake(on stream: SocketStream, server: Int, address: SocketAddress, offer: HelloOffer) throws(ConnectError) -> HandshakenSocket {
         try writeAll(FrameEncoder.encode(.hello(offer.hello)), to: stream)
-        let decoder = FrameDecoder(maxFrameLength: plan.maxFrameLength)
-        var received: [UInt8] = []
+        var assembler = FrameAssembler(maxFrameLength: plan.maxFrameLength)
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
         while true {
-            let decoded: (frame: Frame, size: Int)?
-            switch decoder.decode(array: received) {
-            case .success(let frame): decoded = frame
-            case .failure(let violation): throw .protocolViolation(violation.description)
+            let decoded: Frame?
+            do throws(ProtocolViolation) {
+                decoded = try assembler.next()
+            } catch {
+                throw .protocolViolation(error.description)
             }
-            if let (frame, size) = decoded {
+            if let frame = decoded {
                 switch frame {
                 case .welcome(let welcome):
                     guard welcome.version == ProtocolLimits.version else {
@@ -211,7 +205,7 @@ struct Handshaker {
                     }
                     return HandshakenSocket(
                         stream: stream, welcome: welcome, server: server, localAddress: stream.socket.localAddress() ?? address.withPort(0),
-                        remoteAddress: address, leftover: Array(received[size...]), resumeRefused: offer.resumeRefused,
+                        remoteAddress: address, leftover: assembler.takeBuffered(), resumeRefused: offer.resumeRefused,
                         credentials: offer.hello.credentials, tlsSession: stream.resumableTLSSession())
                 case .close(let close):
                     throw .rejected(close)
@@ -221,7 +215,7 @@ struct Handshaker {
             }
             // Read before polling: TLS may hold decrypted bytes no poll would announce.
             switch chunk.withUnsafeMutableBytes({ stream.read(into: $0) }) {
-            case .moved(let count): received.append(contentsOf: chunk[0..<count])
+            case .moved(let count): assembler.append(contentsOf: chunk[0..<count])
             case .wait(let readiness): try waitUntil(readiness, stream)
             case .closed, .failed(.socket(errno: ECONNRESET)): throw .closedDuringHandshake
             case .failed(.socket(let code)): throw .socketError(operation: "recv", errno: code)

@@ -77,7 +77,7 @@ final class Connection: Sendable {
         let maxFrame = max(2 * Int(welcome.maxFrameLength), 1 << 20)
         let thread = Thread { [self] in
             BrokenPipeSignal.blockOnThisThread()
-            var reader = FrameReader(maxFrameLength: maxFrame, pending: leftover)
+            var reader = FrameAssembler(maxFrameLength: maxFrame, buffered: leftover)
             let end = runLoop(reader: &reader, deliver: deliver)
             stream.close()  // with TLS close_notify first
             ended.signal()
@@ -119,7 +119,7 @@ final class Connection: Sendable {
         socket.shutdownIfOpen()
     }
 
-    private func runLoop(reader: inout FrameReader, deliver: @Sendable (ConnectionInput) -> Void) -> ConnectionEnd {
+    private func runLoop(reader: inout FrameAssembler, deliver: @Sendable (ConnectionInput) -> Void) -> ConnectionEnd {
         var pendingWrite: [UInt8] = []
         var readBuffer = [UInt8](repeating: 0, count: 64 * 1024)
         // What the last read and write wait for. A plain socket reads on POLLIN and writes
@@ -128,9 +128,11 @@ final class Connection: Sendable {
         var readWaitsFor = SocketStream.Readiness.readable
         var writeWaitsFor = SocketStream.Readiness.writable
         // Frames that arrived with the handshake come first.
-        switch reader.drain() {
-        case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
-        case .failure(let violation): return .protocolViolation(violation.description)
+        do throws(ProtocolViolation) {
+            let frames = try reader.drain()
+            if !frames.isEmpty { deliver(.frames(frames)) }
+        } catch {
+            return .protocolViolation(error.description)
         }
         while true {
             let (more, closeRequested) = outgoing.withLock { state -> ([UInt8], Bool) in
@@ -165,8 +167,11 @@ final class Connection: Sendable {
                 switch readBuffer.withUnsafeMutableBytes({ stream.read(into: $0) }) {
                 case .moved(let count):
                     readWaitsFor = .readable
-                    reader.append(readBuffer[0..<count])
-                    switch reader.drain() {
+                    // Decoded straight out of the read buffer; only a partial frame is kept.
+                    let decoded = readBuffer.withUnsafeBytes { bytes in
+                        Result { () throws(ProtocolViolation) in try reader.drain(UnsafeRawBufferPointer(rebasing: bytes[..<count])) }
+                    }
+                    switch decoded {
                     case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
                     case .failure(let violation): return .protocolViolation(violation.description)
                     }

@@ -1,3 +1,4 @@
+import SignalingSupport
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -16,29 +17,14 @@ final class SocketHandle: Sendable {
 
     init(descriptor: Int32) { self.descriptor = descriptor }
 
-    /// Opens a non-blocking, close-on-exec TCP socket of `family`.
+    /// Opens a non-blocking, close-on-exec TCP socket of `family` (SocketCalls).
     static func tcp(family: Int32) throws(ConnectError) -> SocketHandle {
-        #if canImport(Glibc)
-        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        #else
-        let fd = socket(family, SOCK_STREAM, 0)
-        #endif
-        guard fd >= 0 else { throw .socketError(operation: "socket", errno: errno) }
-        #if canImport(Darwin)
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, socklen_t(MemoryLayout<Int32>.size))
-        #endif
-        return SocketHandle(descriptor: fd)
+        do throws(SystemError) {
+            return SocketHandle(descriptor: try SocketCalls.openTCP(family: family, nonBlocking: true))
+        } catch {
+            throw .socketError(operation: error.call, errno: error.code)
+        }
     }
-
-    /// `send` flags: never raise SIGPIPE (Darwin sockets use SO_NOSIGPIPE instead).
-    #if canImport(Glibc)
-    static let sendFlags = Int32(MSG_NOSIGNAL)
-    #else
-    static let sendFlags: Int32 = 0
-    #endif
-
 
     /// Closes the descriptor; later calls do nothing. The flag's lock is held while
     /// closing, so `shutdownIfOpen` can never hit a reused descriptor number.
@@ -89,36 +75,25 @@ final class SocketHandle: Sendable {
         return status == 0 ? SocketAddress(storage: storage) : nil
     }
 
-    /// `send(2)` without SIGPIPE; returns the count or -1 with errno set.
-    func sendBytes(_ buffer: UnsafeRawBufferPointer) -> Int {
-        guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
-        #if canImport(Glibc)
-        return Glibc.send(descriptor, base, buffer.count, Self.sendFlags)
-        #else
-        return Darwin.send(descriptor, base, buffer.count, Self.sendFlags)
-        #endif
-    }
+    /// `send(2)` without SIGPIPE.
+    func send(_ buffer: UnsafeRawBufferPointer) -> IOResult { SocketCalls.send(descriptor, buffer) }
 
-    /// `recv(2)`; returns the count, 0 at EOF, or -1 with errno set.
-    func receiveBytes(into buffer: UnsafeMutableRawBufferPointer) -> Int {
-        #if canImport(Glibc)
-        return Glibc.recv(descriptor, buffer.baseAddress, buffer.count, 0)
-        #else
-        return Darwin.recv(descriptor, buffer.baseAddress, buffer.count, 0)
-        #endif
-    }
+    /// `recv(2)` (0 transferred: end of stream).
+    func receive(into buffer: UnsafeMutableRawBufferPointer) -> IOResult { SocketCalls.receive(descriptor, into: buffer) }
 
     /// Reads an integer socket option (tests and diagnostics read the marking back).
     func integerOption(level: Int32, name: Int32) -> Int32? {
-        var value: Int32 = 0
-        var length = socklen_t(MemoryLayout<Int32>.size)
-        return getsockopt(descriptor, level, name, &value, &length) == 0 ? value : nil
+        SocketCalls.integerOption(descriptor, level: level, name: name)
     }
 
     /// Sets an integer socket option; returns errno on failure.
     @discardableResult
     func setIntegerOption(level: Int32, name: Int32, value: Int32) -> Int32? {
-        var value = value
-        return setsockopt(descriptor, level, name, &value, socklen_t(MemoryLayout<Int32>.size)) == 0 ? nil : errno
+        do throws(SystemError) {
+            try SocketCalls.setOption(descriptor, level: level, name: name, value)
+            return nil
+        } catch {
+            return error.code
+        }
     }
 }

@@ -1,3 +1,4 @@
+import SignalingSupport
 import SignalingTLS
 import Synchronization
 #if canImport(Glibc)
@@ -72,25 +73,21 @@ final class SocketStream: @unchecked Sendable {
 
     func read(into buffer: UnsafeMutableRawBufferPointer) -> Step {
         if let tls { return Self.step(tls.read(into: buffer)) }
-        while true {
-            let count = socket.receiveBytes(into: buffer)
-            if count > 0 { return .moved(count) }
-            if count == 0 { return .closed }
-            if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK { return .wait(.readable) }
-            return .failed(.socket(errno: errno))
+        switch socket.receive(into: buffer) {
+        case .transferred(0): return .closed
+        case .transferred(let count): return .moved(count)
+        case .wouldBlock: return .wait(.readable)
+        case .failed(let code): return .failed(.socket(errno: code))
         }
     }
 
     func write(_ bytes: UnsafeRawBufferPointer) -> Step {
         guard bytes.count > 0 else { return .moved(0) }
         if let tls { return Self.step(tls.write(bytes)) }
-        while true {
-            let count = socket.sendBytes(bytes)
-            if count > 0 { return .moved(count) }
-            if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK { return .wait(.writable) }
-            return .failed(.socket(errno: errno))
+        switch socket.send(bytes) {
+        case .transferred(let count): return .moved(count)
+        case .wouldBlock: return .wait(.writable)
+        case .failed(let code): return .failed(.socket(errno: code))
         }
     }
 

@@ -124,18 +124,22 @@ extension EventLoop {
         // Kernel keep-alive probes must never precede the protocol's own idle timeout:
         // every probe wakes a sleeping phone. They only matter as a backstop.
         let idleTimeout = KeepAlivePolicy.idleTimeout(forInterval: configuration.keepAlive.maximumInterval)
-        _ = shim_set_tcp_keepalive(fd, Int32(idleTimeout) + 60, 30, 4)
+        let tcp = Int32(IPPROTO_TCP)
+        try? SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_KEEPALIVE, Int32(1))
+        try? SocketCalls.setOption(fd, level: tcp, name: TCP_KEEPIDLE, Int32(idleTimeout) + 60)
+        try? SocketCalls.setOption(fd, level: tcp, name: TCP_KEEPINTVL, Int32(30))
+        try? SocketCalls.setOption(fd, level: tcp, name: TCP_KEEPCNT, Int32(4))
         // Data the peer never acknowledges (it vanished mid-write) kills the connection
         // after this; its events stay pending for the resume.
-        _ = shim_set_tcp_user_timeout(fd, UInt32(clamping: configuration.tcpUserTimeout.milliseconds))
+        try? SocketCalls.setOption(fd, level: tcp, name: Int32(TCP_USER_TIMEOUT), UInt32(clamping: configuration.tcpUserTimeout.milliseconds))
         // Signalling frames are small and latency-bound.
-        _ = shim_set_tcp_nodelay(fd)
+        try? SocketCalls.setOption(fd, level: tcp, name: TCP_NODELAY, Int32(1))
     }
 
     /// Best-effort CLOSE to a connection we will not keep, then close.
     private func refuseImmediately(_ fd: Int32, _ frame: Close) {
         let bytes = FrameEncoder.encode(.close(frame))
-        _ = bytes.withUnsafeBytes { shim_send(fd, $0.baseAddress, $0.count) }
+        _ = bytes.withUnsafeBytes { SocketCalls.send(fd, $0, flags: Int32(MSG_DONTWAIT)) }
         shutdown(fd, Int32(SHUT_WR))
         close(fd)
     }

@@ -41,8 +41,11 @@ extension EventLoop {
         let state = table.state(slot)
         for _ in 0..<4 {
             let lingering = state.pointee.phase == .closing
-            let count = recv(state.pointee.fd, readBuffer.baseAddress, readBuffer.count, lingering ? 0 : Int32(MSG_PEEK))
-            if count > 0 {
+            switch SocketCalls.receive(state.pointee.fd, into: readBuffer, flags: lingering ? 0 : Int32(MSG_PEEK)) {
+            case .transferred(0):
+                peerClosed(slot)
+                return
+            case .transferred(let count):
                 if lingering { continue }  // discarded
                 state.pointee.lastActivity = nowSeconds
                 let generation = state.pointee.generation
@@ -51,17 +54,11 @@ extension EventLoop {
                 guard table.isLive(slot, generation: generation), takePeeked(count, from: slot) else { return }
                 if state.pointee.phase == .free || count < readBuffer.count { return }
                 if state.pointee.flags.contains(.readPaused) { return }
-            } else if count == 0 {
-                peerClosed(slot)
+            case .wouldBlock:
                 return
-            } else {
-                switch errno {
-                case EAGAIN, EWOULDBLOCK: return
-                case EINTR: continue
-                default:
-                    socketFailed(slot, errno: errno)
-                    return
-                }
+            case .failed(let code):
+                socketFailed(slot, errno: code)
+                return
             }
         }
     }
@@ -71,19 +68,22 @@ extension EventLoop {
     /// hand the same frames over again, so the connection is closed instead.
     private func takePeeked(_ count: Int, from slot: UInt32) -> Bool {
         let fd = table.state(slot).pointee.fd
-        while true {
-            let taken = recv(fd, nil, count, Int32(MSG_TRUNC | MSG_DONTWAIT))
-            if taken == count { return true }
-            if taken < 0 && errno == EINTR { continue }
-            context.logger.warning("read_failed", ["conn": reference(slot), "expected": count, "taken": taken])
-            destroy(slot)
-            return false
-        }
+        let taken = SocketCalls.discardPeeked(fd, count: count)
+        if taken == .transferred(count) { return true }
+        context.logger.warning("read_failed", ["conn": reference(slot), "expected": count, "taken": "\(taken)"])
+        destroy(slot)
+        return false
     }
 
     /// Decodes and handles every complete frame; keeps a trailing partial frame (and,
     /// when reading pauses, the frames not handled yet). Called with no bytes to handle
     /// what was kept when reading resumes.
+    ///
+    /// The loop's `FrameAssembler` (one per loop; a connection keeps only its `inbound`
+    /// bytes, nil while idle) decodes whole frames straight out of the shared read buffer:
+    /// only the bytes actually received and not yet handled are copied, never a size from
+    /// the wire. Kept bytes are always at most the last few reads: reading pauses while
+    /// frames wait unhandled.
     func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
         beginReplies(to: slot)
         defer {
@@ -93,39 +93,27 @@ extension EventLoop {
             endReplies()
         }
         let state = table.state(slot)
-        if var pending = state.pointee.inbound {
-            state.pointee.inbound = nil
-            pending.append(contentsOf: bytes)
-            let used = pending.withUnsafeBytes { decodeInput(slot, $0) }
-            if state.pointee.phase != .free && state.pointee.phase != .closing && used < pending.count {
-                pending.removeFirst(used)
-                state.pointee.inbound = pending
+        var assembler = FrameAssembler(decoder: decoder, buffered: state.pointee.inbound ?? [])
+        state.pointee.inbound = nil
+        assembler.withInput(bytes) { input in
+            if table.state(slot).pointee.flags.contains(.awaitingProxyHeader) {
+                guard input.takePreamble({ takeProxyHeader(slot, $0) }) > 0 else { return }
             }
-        } else {
-            let used = decodeInput(slot, bytes)
-            if state.pointee.phase != .free && state.pointee.phase != .closing && used < bytes.count {
-                // Only the bytes actually received are copied, never a size from the wire.
-                state.pointee.inbound = Array(bytes[used...])
-            }
+            handleFrames(slot, &input)
+        }
+        if state.pointee.phase != .free && state.pointee.phase != .closing && assembler.bufferedCount > 0 {
+            state.pointee.inbound = assembler.takeBuffered()
         }
     }
 
-    /// Returns the number of bytes used: by the PROXY header while one is awaited, and by
-    /// complete frames.
-    private func decodeInput(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) -> Int {
-        guard table.state(slot).pointee.flags.contains(.awaitingProxyHeader) else { return decodeFrames(slot, bytes) }
-        let used = takeProxyHeader(slot, bytes)
-        return used == 0 ? 0 : used + decodeFrames(slot, UnsafeRawBufferPointer(rebasing: bytes[used...]))
-    }
-
-    /// Returns the number of bytes used by complete frames.
-    private func decodeFrames(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) -> Int {
+    /// Handles the complete frames of `input` until the connection closes or its reading
+    /// pauses (what is left stays in `input`).
+    private func handleFrames(_ slot: UInt32, _ input: inout FrameAssembler.Input) {
         let state = table.state(slot)
-        var offset = 0
         let queueLimit = context.configuration.maxQueuedBytes
-        while offset < bytes.count {
+        while input.hasUnusedBytes {
             let phase = state.pointee.phase
-            guard phase == .awaitingHello || phase == .established else { return offset }
+            guard phase == .awaitingHello || phase == .established else { return }
             // The client sends requests faster than it reads the replies: handle no more
             // until it has read them (the rest is kept in `inbound`; TCP holds back more).
             // Paused only while replies really wait in `outbound`, whose draining resumes it.
@@ -133,21 +121,18 @@ extension EventLoop {
                 flushReplies()
                 if queuedBytes(slot) > queueLimit {
                     pauseReading(slot)
-                    return offset
+                    return
                 }
             }
             do {
-                guard let (frame, size) = try decoder.decode(UnsafeRawBufferPointer(rebasing: bytes[offset...])) else {
-                    return offset
-                }
-                offset += size
+                guard let frame = try input.next() else { return }
                 handle(frame, on: slot)
             } catch {
                 protocolViolation(slot, error)
-                return bytes.count
+                input.discardRest()
+                return
             }
         }
-        return offset
     }
 
     /// Closes the connection for a violation, with the code's default advice unless

@@ -62,12 +62,12 @@ extension EventLoop {
     }
 
     /// Writes bytes to the connection: to its socket, or through its TLS connection.
-    /// Returns the bytes taken, or -1 with `errno` set (EAGAIN: retry once writable, with
-    /// the same bytes first: OpenSSL may have put some of them in a record already).
+    /// `.wouldBlock`: retry once writable, with the same bytes first (OpenSSL may have put
+    /// some of them in a record already).
     @inline(__always)
-    func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> Int {
+    func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> IOResult {
         let state = table.state(slot)
-        guard state.pointee.flags.contains(.tls) else { return shim_send(state.pointee.fd, bytes.baseAddress, bytes.count) }
+        guard state.pointee.flags.contains(.tls) else { return SocketCalls.send(state.pointee.fd, bytes, flags: Int32(MSG_DONTWAIT)) }
         return transmitTLS(bytes, to: slot)
     }
 
@@ -83,13 +83,16 @@ extension EventLoop {
             context.noteOutbound(queuedBytes(slot))
             return
         }
-        let written = scratch.withUnsafeBytes { transmit($0, to: slot) }
-        if written == scratch.count { return }
-        if written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
-            socketFailed(slot, errno: errno)  // EPIPE, ECONNRESET...: the device is gone; its events stay pending
+        let written: Int
+        switch scratch.withUnsafeBytes({ transmit($0, to: slot) }) {
+        case .transferred(let count): written = count
+        case .wouldBlock: written = 0
+        case .failed(let code):
+            socketFailed(slot, errno: code)  // EPIPE, ECONNRESET...: the device is gone; its events stay pending
             return
         }
-        keepUnwritten(scratch, written: max(0, written), in: slot, at: nowSeconds)
+        if written == scratch.count { return }
+        keepUnwritten(scratch, written: written, in: slot, at: nowSeconds)
         watchWritable(slot)
     }
 
@@ -122,11 +125,12 @@ extension EventLoop {
             return
         }
         let offset = Int(state.pointee.outboundOffset)
-        let written = outbound.withUnsafeBytes { bytes in
-            transmit(UnsafeRawBufferPointer(rebasing: bytes[offset...]), to: slot)
-        }
-        if written < 0 {
-            if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { socketFailed(slot, errno: errno) }
+        let written: Int
+        switch outbound.withUnsafeBytes({ transmit(UnsafeRawBufferPointer(rebasing: $0[offset...]), to: slot) }) {
+        case .transferred(let count): written = count
+        case .wouldBlock: return
+        case .failed(let code):
+            socketFailed(slot, errno: code)
             return
         }
         if written > 0 { state.pointee.writeProgressSecond = nowSeconds }  // the client reads
@@ -275,19 +279,19 @@ extension EventLoop {
             guard state.pointee.outbound == nil else { return true }
             let before = state.pointee.sentSeq
             guard let batch = encodeNextBatch(ref.slot) else { return true }
-            let written = scratch.withUnsafeBytes { transmit($0, to: ref.slot) }
-            if written == scratch.count {
+            let result = scratch.withUnsafeBytes { transmit($0, to: ref.slot) }
+            if result == .transferred(scratch.count) {
                 context.counters.crossLoopWrites.increment()
                 return !batch.mayHaveMore  // more to come: the owner pumps the rest
             }
-            if written < 0 && errno == EAGAIN && state.pointee.flags.contains(.tls) {
+            if result == .wouldBlock && state.pointee.flags.contains(.tls) {
                 // OpenSSL may hold part of these bytes in a record it could not send yet:
                 // the retry must offer the same bytes again, so they are kept, not re-made.
                 keepUnwritten(scratch, written: 0, in: ref.slot, at: context.seconds(at: context.clock.now()))
                 post(.watchWritable(ref))
                 return true
             }
-            if written <= 0 {
+            guard case .transferred(let written) = result, written > 0 else {
                 // Socket full or broken: nothing went out, so the owner writes it again
                 // (and queues it, or destroys the connection, as `writeScratch` does).
                 state.pointee.sentSeq = before

@@ -109,13 +109,15 @@ extension EventLoop {
     private func takeRawProxyHeader(_ slot: UInt32) -> Bool {
         let state = table.state(slot)
         let generation = state.pointee.generation
-        let count = recv(state.pointee.fd, readBuffer.baseAddress, readBuffer.count, Int32(MSG_PEEK))
-        if count == 0 {
+        let count: Int
+        switch SocketCalls.receive(state.pointee.fd, into: readBuffer, flags: Int32(MSG_PEEK)) {
+        case .transferred(0):
             peerClosed(slot)
             return false
-        }
-        if count < 0 {
-            if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { socketFailed(slot, errno: errno) }
+        case .transferred(let peeked): count = peeked
+        case .wouldBlock: return false
+        case .failed(let code):
+            socketFailed(slot, errno: code)
             return false
         }
         state.pointee.lastActivity = nowSeconds
@@ -125,7 +127,7 @@ extension EventLoop {
         // A refused header or address closed the connection (without CLOSE: no TLS yet).
         guard table.isLive(slot, generation: generation), state.pointee.phase == .awaitingHello else { return false }
         let take = used == 0 ? count : used - kept.count
-        while recv(state.pointee.fd, nil, take, Int32(MSG_TRUNC | MSG_DONTWAIT)) < 0 && errno == EINTR {}
+        _ = SocketCalls.discardPeeked(state.pointee.fd, count: take)
         state.pointee.inbound = used == 0 ? bytes : nil
         return used > 0
     }
@@ -195,25 +197,15 @@ extension EventLoop {
     }
 
     /// `transmit` for a TLS connection: SSL_write, partial writes allowed; wanting the
-    /// socket (to write, or to read first) is EAGAIN to the caller.
-    func transmitTLS(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> Int {
-        guard bytes.count > 0 else { return 0 }
-        guard let tls = table.tls(slot) else {
-            errno = EPIPE
-            return -1
-        }
+    /// socket (to write, or to read first) is `.wouldBlock` to the caller.
+    func transmitTLS(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> IOResult {
+        guard bytes.count > 0 else { return .transferred(0) }
+        guard let tls = table.tls(slot) else { return .failed(errno: EPIPE) }
         switch tls.write(bytes) {
-        case .done(let count):
-            return count
-        case .wantWrite, .wantRead:
-            errno = EAGAIN
-            return -1
-        case .closed:
-            errno = EPIPE
-            return -1
-        case .failed:
-            errno = ECONNRESET
-            return -1
+        case .done(let count): return .transferred(count)
+        case .wantWrite, .wantRead: return .wouldBlock
+        case .closed: return .failed(errno: EPIPE)
+        case .failed: return .failed(errno: ECONNRESET)
         }
     }
 

@@ -22,6 +22,18 @@ enum LoopTask: Sendable {
     case bodiesLoaded(ConnectionRef)
     /// Server shutdown: stop accepting, tell every client to go away, exit when done.
     case drain
+    /// A commit returned: release what it made durable, then send its OKs.
+    case released(CommittedRelease)
+
+    /// The loop that runs it.
+    var loop: UInt16 {
+        switch self {
+        case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
+            return ref.loop
+        case .drain: return 0
+        case .released(let release): return release.loop
+        }
+    }
 }
 
 /// One libevent `event_base` running on its own thread, memcached-style: it accepts on its
@@ -264,6 +276,17 @@ final class EventLoop: @unchecked Sendable {
             case .drain:
                 sendPostedReplies()
                 beginDrain()
+            case .released(let release):
+                apply(context.switchboard.withState(wall: context.clock.wallMilliseconds()) { release.apply(to: &$0) })
+                var remoteReplies: [LoopTask] = []
+                for reply in release.replies {
+                    if case .reply(let ref, let frame) = reply, ref.loop == index {
+                        postedReplies.append((ref, frame))
+                    } else {
+                        remoteReplies.append(reply)
+                    }
+                }
+                LoopDispatch.post(remoteReplies, to: peers)
             }
         }
         sendPostedReplies()

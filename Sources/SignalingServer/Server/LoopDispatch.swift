@@ -26,12 +26,7 @@ enum LoopDispatch {
         }
         var perLoop = [[LoopTask]](repeating: [], count: loops.count)
         for task in tasks {
-            let loop: Int
-            switch task {
-            case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
-                loop = Int(ref.loop)
-            case .drain: loop = 0
-            }
+            let loop = Int(task.loop)
             if loop < loops.count { perLoop[loop].append(task) }
         }
         for (loop, tasks) in zip(loops, perLoop) { loop.post(contentsOf: tasks) }

@@ -601,6 +601,10 @@ public final class SignalingServer: Sendable {
         return statistics
     }
 
+    /// How many times a thread that is not an event loop (the store writer, the admin API,
+    /// start-up) has held the routing lock: for tests.
+    var routingLockHoldsOffLoops: UInt64 { context.switchboard.otherThreadHolds.snapshot().count }
+
     /// The push gateway's counters (nil without a gateway).
     public var pushStatistics: PushStatistics? { pushGateway?.statistics }
 

@@ -75,10 +75,55 @@ final class DeferredReply: Sendable {
     }
 }
 
+/// What a commit releases in the routing state, and the OKs that follow it: carried out by
+/// a loop (`LoopTask.released`), never by the store writer's thread, which then holds no
+/// lock that a push needs. Every step is idempotent and order-insensitive (reservations
+/// and durability only move forwards), so two commits released by different loops may
+/// land in either order.
+struct CommittedRelease: Sendable {
+    let units: [CommitUnit]
+    /// Committed messages, now durable.
+    let messages: [QueuedEvent]
+    /// The OKs, sent after the release.
+    let replies: [LoopTask]
+    /// The loop that carries it out: the first OK's (which is woken for it anyway), or 0.
+    let loop: UInt16
+
+    init(units: [CommitUnit], messages: [QueuedEvent], replies: [LoopTask]) {
+        self.units = units
+        self.messages = messages
+        self.replies = replies
+        loop = replies.first?.loop ?? 0
+    }
+
+    /// The release changes the routing state (else only the OKs go out).
+    var needsRoutingState: Bool {
+        !messages.isEmpty || units.contains { !$0.durable.isEmpty || !$0.reservations.isEmpty }
+    }
+
+    /// Marks the committed events writable and the reservations confirmed; returns the
+    /// effects (wakes of the devices concerned). Cost: one step per change of the units.
+    func apply(to board: inout SwitchboardState) -> [SwitchboardEffect] {
+        // Committed messages that nobody connected is about to receive leave memory.
+        for message in messages {
+            message.isDurable = true
+            board.evictIfUnwanted(message)
+        }
+        for unit in units {
+            for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
+            // A refused message's events stay unwritable (and wake nobody up).
+            guard unit.reply?.isRefused != true else { continue }
+            for (device, seq, event) in unit.durable { board.markDurable(device, through: seq, about: event) }
+        }
+        return board.takeEffects()
+    }
+}
+
 /// Group commit: one thread takes every commit unit the loops produced since its last
 /// commit and applies them to the store in one transaction, so throughput does not fall to
 /// one sync per message. After a commit it makes the events writable (`markDurable`) and
-/// sends the deferred OKs; after a failure it retries with back-off.
+/// sends the deferred OKs (both through a loop: `CommittedRelease`); after a failure it
+/// retries with back-off.
 ///
 /// The store timeout does not depend on this thread, which a write that never returns (a
 /// frozen or hung file system) can stop for any time: loop 0 checks the deadlines of the
@@ -91,7 +136,7 @@ final class DeferredReply: Sendable {
 /// Threading: `enqueue` is called by loops with the switchboard lock held (that keeps
 /// units in sequence order); `superviseCommits` by loop 0; everything else runs on the
 /// writer's own thread, which takes the switchboard lock only while holding no lock of
-/// its own.
+/// its own, and not at all after an ordinary commit (`CommittedRelease`).
 ///
 /// Lock order: switchboard, then `inbox`. `progress` is never held with another lock.
 final class StoreWriter: @unchecked Sendable {
@@ -348,26 +393,22 @@ final class StoreWriter: @unchecked Sendable {
             pending = [withdrawal]
             context.logger.warning("store_withdrawing_refused", ["messages": withdrawn])
         }
+        let released = CommittedRelease(units: units, messages: committedMessages, replies: accepted)
         // Units that only record state (acknowledgements, most sessions and events) release
         // nothing: no need to take the routing lock for them.
-        if !committedMessages.isEmpty || units.contains(where: { !$0.durable.isEmpty || !$0.reservations.isEmpty }) {
-            let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
-                // Committed messages that nobody connected is about to receive leave memory.
-                for message in committedMessages {
-                    message.isDurable = true
-                    board.evictIfUnwanted(message)
-                }
-                for unit in units {
-                    for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
-                    // A refused message's events stay unwritable (and wake nobody up).
-                    guard unit.reply?.isRefused != true else { continue }
-                    for (device, seq, event) in unit.durable { board.markDurable(device, through: seq, about: event) }
-                }
-                return board.takeEffects()
-            }
-            deliver(effects)
+        guard released.needsRoutingState else { return post(accepted) }
+        // The routing work is a loop's, not this thread's: a commit has just spent this
+        // thread's share of the CPU, so the scheduler is quick to preempt it, and preempted
+        // while it held the routing lock it would make every push wait until it ran again.
+        // The loop that gets the first OK anyway does it, then sends the OKs: no extra
+        // wake-up, and releases stay before their OKs.
+        if Int(released.loop) < loops.count, !loops[Int(released.loop)].finished.load(ordering: .acquiring) {
+            LoopDispatch.post([.released(released)], to: loops)
+        } else {
+            // No loop runs any more (the server is stopping): nobody else takes the lock.
+            deliver(context.switchboard.withState(wall: context.clock.wallMilliseconds()) { released.apply(to: &$0) })
+            post(accepted)
         }
-        post(accepted)
     }
 
     /// What undoes the store changes of a message that was refused but committed: its

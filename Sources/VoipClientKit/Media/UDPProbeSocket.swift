@@ -11,13 +11,14 @@ final class UDPProbeSocket {
     let local: UDPEndpoint
 
     init(bindingTo endpoint: UDPEndpoint) throws(SystemError) {
-        let fd = socket(endpoint.family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw SystemError("socket", errno) }
-        let bound = endpoint.withSocketAddress { bind(fd, $0, $1) }
-        guard bound == 0 else {
-            let code = errno
+        let fd = try SystemCall.run("socket") {
+            socket(endpoint.family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        }
+        do throws(SystemError) {
+            try SystemCall.run("bind \(endpoint)") { endpoint.withSocketAddress { bind(fd, $0, $1) } }
+        } catch {
             Glibc.close(fd)
-            throw SystemError("bind \(endpoint)", code)
+            throw error
         }
         var storage = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
@@ -51,18 +52,23 @@ final class UDPProbeSocket {
         while true {
             var storage = sockaddr_storage()
             var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-            let count = buffer.withUnsafeMutableBytes { bytes in
-                withUnsafeMutablePointer(to: &storage) {
-                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                        recvfrom(descriptor, bytes.baseAddress, bytes.count, 0, $0, &length)
+            let result = SystemCall.io {
+                buffer.withUnsafeMutableBytes { bytes in
+                    withUnsafeMutablePointer(to: &storage) {
+                        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                            recvfrom(descriptor, bytes.baseAddress, bytes.count, 0, $0, &length)
+                        }
                     }
                 }
             }
-            if count < 0 && errno == EINTR { continue }
+            switch result {
+            case .transferred(let count):
+                guard let source = UDPEndpoint(storage: storage) else { continue }
+                return (count, source)
+            case .wouldBlock: return nil
             // ECONNREFUSED and friends (an ICMP error for an earlier send) are not data.
-            if count < 0 { return errno == EAGAIN || errno == EWOULDBLOCK ? nil : (0, local) }
-            guard let source = UDPEndpoint(storage: storage) else { continue }
-            return (count, source)
+            case .failed: return (0, local)
+            }
         }
     }
 

@@ -75,8 +75,7 @@ final class TCPRelay: @unchecked Sendable {
         defer { lock.unlock() }
         for pair in pairs {
             for fd in [pair.client, pair.server] {
-                var option = linger(l_onoff: 1, l_linger: 0)
-                setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+                try? SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_LINGER, linger(l_onoff: 1, l_linger: 0))
                 shutdown(fd, Int32(SHUT_RDWR))
             }
         }
@@ -90,8 +89,7 @@ final class TCPRelay: @unchecked Sendable {
             if done { return }
             guard waitReadable(listener.descriptor, .milliseconds(100)) else { continue }
             // Close-on-exec: tests on other threads spawn processes, which must not hold it.
-            let fd = shim_accept_cloexec(listener.descriptor)
-            guard fd >= 0 else { continue }
+            guard let fd = try? SocketCalls.accept(listener.descriptor) else { continue }
             lock.lock()
             let hold = paused
             if hold { held.append(fd) }
@@ -101,12 +99,14 @@ final class TCPRelay: @unchecked Sendable {
     }
 
     private func forward(_ clientFD: Int32) {
-        let serverFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         lock.lock()
         let target = upstreamPort
         lock.unlock()
-        let address = SocketAddress(family: AF_INET, addressBytes: [127, 0, 0, 1], port: target)!
-        guard address.withSockaddr({ connect(serverFD, $0, $1) }) == 0 else {
+        guard let serverFD = try? SocketCalls.openTCP(nonBlocking: false) else {
+            resetAndClose(clientFD)
+            return
+        }
+        guard (try? SocketCalls.connect(serverFD, SocketCalls.socketAddress(0x7F00_0001, port: target))) != nil else {
             resetAndClose(clientFD)
             close(serverFD)
             return
@@ -132,19 +132,17 @@ final class TCPRelay: @unchecked Sendable {
             for (index, entry) in fds.enumerated() where entry.revents != 0 {
                 let from = index == 0 ? client : server
                 let to = index == 0 ? server : client
-                let count = buffer.withUnsafeMutableBytes { recv(from, $0.baseAddress, $0.count, 0) }
-                if count <= 0 { return }
+                guard case .transferred(let count) = buffer.withUnsafeMutableBytes({ SocketCalls.receive(from, into: $0) }), count > 0 else { return }
                 lock.lock()
                 let drop = dropping.contains(index == 0 ? .toServer : .toClient)
                 lock.unlock()
-                if !drop { _ = buffer.withUnsafeBytes { send(to, $0.baseAddress, count, Int32(MSG_NOSIGNAL)) } }
+                if !drop { _ = buffer.withUnsafeBytes { SocketCalls.send(to, UnsafeRawBufferPointer(rebasing: $0[..<count])) } }
             }
         }
     }
 
     private func resetAndClose(_ fd: Int32) {
-        var option = linger(l_onoff: 1, l_linger: 0)
-        setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+        try? SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_LINGER, linger(l_onoff: 1, l_linger: 0))
         close(fd)
     }
 }

@@ -29,7 +29,7 @@ final class TLSTestChannel {
     /// Completes the handshake on the connected socket `fd` (made non-blocking here), or
     /// throws with OpenSSL's reason (the connection is freed once, by `deinit`).
     init(fd: Int32, _ tls: TestTLS, timeout: Duration = .seconds(10)) throws {
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        try SocketCalls.setNonBlocking(fd)
         guard let connection = TLSConnection.connecting(fd: fd, context: tls.context, serverName: tls.serverName) else {
             throw TestClient.Failure("cannot start a TLS connection")
         }
@@ -46,7 +46,8 @@ final class TLSTestChannel {
                 guard remaining > .zero else {
                     throw TestClient.Failure("the TLS handshake did not finish within \(timeout)")
                 }
-                _ = Self.poll(fd, status == .wantRead ? Int16(POLLIN) : Int16(POLLOUT), milliseconds: remaining)
+                _ = SocketCalls.wait(
+                    fd, for: status == .wantRead ? Int16(POLLIN) : Int16(POLLOUT), milliseconds: Int32(clamping: max(1, remaining.milliseconds)))
             case .closed:
                 throw TestClient.Failure("the server closed the connection during the TLS handshake")
             case .failed(let error):
@@ -57,47 +58,36 @@ final class TLSTestChannel {
 
     deinit { connection.free() }
 
-    /// Writes some of `bytes` now: the count taken, or -1 with errno (EAGAIN: the socket is
-    /// full; EPIPE: the connection failed).
-    func send(_ bytes: UnsafeRawBufferPointer) -> Int {
+    /// Writes some of `bytes` now (`.wouldBlock`: the socket is full; EPIPE: the
+    /// connection failed).
+    func send(_ bytes: UnsafeRawBufferPointer) -> IOResult {
         switch connection.write(bytes) {
-        case .done(let count): return count
-        case .wantRead, .wantWrite:
-            errno = EAGAIN
-            return -1
-        case .closed, .failed:
-            errno = EPIPE
-            return -1
+        case .done(let count): return .transferred(count)
+        case .wantRead, .wantWrite: return .wouldBlock
+        case .closed, .failed: return .failed(errno: EPIPE)
         }
     }
 
-    /// Reads what arrives within `milliseconds`: the count, 0 at the end of the stream, or
-    /// -1 with errno (EAGAIN: nothing yet; ECONNRESET: the connection failed).
-    func receive(into buffer: UnsafeMutableRawBufferPointer, milliseconds: Int64) -> Int {
+    /// Reads what arrives within `milliseconds`: the count (0 at the end of the stream),
+    /// `.wouldBlock` when nothing came, ECONNRESET when the connection failed.
+    func receive(into buffer: UnsafeMutableRawBufferPointer, milliseconds: Int64) -> IOResult {
         let deadline = SystemClock().now() + .milliseconds(milliseconds)
         while true {
             let status = connection.read(into: buffer)
             switch status {
-            case .done(let count): return count
-            case .closed: return 0
-            case .failed:
-                errno = ECONNRESET
-                return -1
+            case .done(let count): return .transferred(count)
+            case .closed: return .transferred(0)
+            case .failed: return .failed(errno: ECONNRESET)
             case .wantRead, .wantWrite:
                 let remaining = deadline - SystemClock().now()
-                guard remaining > .zero, Self.poll(fd, status == .wantRead ? Int16(POLLIN) : Int16(POLLOUT), milliseconds: remaining) else {
-                    errno = EAGAIN
-                    return -1
-                }
+                guard remaining > .zero,
+                      SocketCalls.wait(fd, for: status == .wantRead ? Int16(POLLIN) : Int16(POLLOUT),
+                                       milliseconds: Int32(clamping: max(1, remaining.milliseconds)))
+                else { return .wouldBlock }
             }
         }
     }
 
     /// Input waiting in OpenSSL (the socket's poll does not show it).
     var hasPendingBytes: Bool { connection.hasBufferedInput }
-
-    private static func poll(_ fd: Int32, _ events: Int16, milliseconds remaining: Duration) -> Bool {
-        var descriptor = pollfd(fd: fd, events: events, revents: 0)
-        return Glibc.poll(&descriptor, 1, Int32(clamping: max(1, remaining.milliseconds))) > 0
-    }
 }

@@ -13,10 +13,9 @@ final class TestClient {
     let fd: Int32
     /// The TLS connection the frames go through (nil: plain TCP).
     private(set) var tls: TLSTestChannel?
-    private var buffer: [UInt8] = []
+    private var assembler = FrameAssembler(maxFrameLength: 16 << 20)
     /// Frames read while waiting for something else; `next` returns them first.
     private var skipped: [Frame] = []
-    private let decoder = FrameDecoder(maxFrameLength: 16 << 20)
     /// Events seen, for assertions about order and duplicates.
     private(set) var lastSeq: UInt64 = 0
 
@@ -39,30 +38,17 @@ final class TestClient {
         // `deinit`, which closes `fd`: the failure paths must not close it too. (They did,
         // and the second close, in a process where parallel tests open sockets all the
         // time, now and then shut some other test's socket that had just reused the number.)
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw Failure("socket: \(errno)") }
-        if var window = receiveWindow {
-            var segment = max(536, window / 8)
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &window, socklen_t(MemoryLayout<Int32>.size))
-            setsockopt(fd, Int32(IPPROTO_TCP), TCP_MAXSEG, &segment, socklen_t(MemoryLayout<Int32>.size))
+        fd = try SocketCalls.openTCP(nonBlocking: false)
+        if let window = receiveWindow {
+            try SocketCalls.setOption(fd, level: SOL_SOCKET, name: SO_RCVBUF, window)
+            try SocketCalls.setOption(fd, level: Int32(IPPROTO_TCP), name: TCP_MAXSEG, max(536, window / 8))
         }
         if let sourceAddress {
-            var local = sockaddr_in()
-            local.sin_family = sa_family_t(AF_INET)
-            inet_pton(AF_INET, sourceAddress, &local.sin_addr)
-            let rc = withUnsafePointer(to: &local) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            guard rc == 0 else { throw Failure("bind \(sourceAddress): \(errno)") }
+            guard let source = SocketCalls.parseEndpoint("\(sourceAddress):0") else { throw Failure("bad source address \(sourceAddress)") }
+            try SocketCalls.bind(fd, SocketCalls.socketAddress(source.address, port: 0))
         }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        inet_pton(AF_INET, host, &address.sin_addr)
-        let rc = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard rc == 0 else { throw Failure("connect: \(String(cString: strerror(errno)))") }
+        guard let server = SocketCalls.parseEndpoint("\(host):\(port)") else { throw Failure("bad host \(host)") }
+        _ = try SocketCalls.connect(fd, SocketCalls.socketAddress(server.address, port: server.port))
         if let proxyHeader { try sendRaw(proxyHeader) }
         self.tls = try tls.map { try TLSTestChannel(fd: fd, $0) }
     }
@@ -72,20 +58,19 @@ final class TestClient {
         if fd >= 0 { close(fd) }
     }
 
-    /// Writes some of `bytes` now (through TLS, if any): the count, or -1 with errno.
-    private func transmit(_ bytes: ArraySlice<UInt8>) -> Int {
-        bytes.withUnsafeBytes { tls?.send($0) ?? shim_send(fd, $0.baseAddress, $0.count) }
+    /// Writes some of `bytes` now (through TLS, if any).
+    private func transmit(_ bytes: ArraySlice<UInt8>) -> IOResult {
+        bytes.withUnsafeBytes { tls?.send($0) ?? SocketCalls.send(fd, $0, flags: Int32(MSG_DONTWAIT)) }
     }
 
     func sendRaw(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
-            let written = transmit(bytes[offset...])
-            if written < 0 {
-                if errno == EAGAIN || errno == EINTR { _ = waitFor(Int16(POLLOUT), milliseconds: 1000); continue }
-                throw Failure("send: \(String(cString: strerror(errno)))")
+            switch transmit(bytes[offset...]) {
+            case .transferred(let written): offset += written
+            case .wouldBlock: _ = waitFor(Int16(POLLOUT), milliseconds: 1000)
+            case .failed(let code): throw SystemError("send", code)
             }
-            offset += written
         }
     }
 
@@ -100,11 +85,13 @@ final class TestClient {
         var total = 0
         var offset = 0
         while SystemClock().now() < deadline {
-            let written = transmit(bytes[offset...])
-            if written < 0 {
-                guard errno == EAGAIN || errno == EINTR else { throw Failure("send: \(String(cString: strerror(errno)))") }
+            let written: Int
+            switch transmit(bytes[offset...]) {
+            case .transferred(let count): written = count
+            case .wouldBlock:
                 if !waitFor(Int16(POLLOUT), milliseconds: Int32(quiet.milliseconds)) { return total }
                 continue
+            case .failed(let code): throw SystemError("send", code)
             }
             total += written
             offset = (offset + written) % bytes.count
@@ -114,8 +101,7 @@ final class TestClient {
 
     private func waitFor(_ events: Int16, milliseconds: Int32) -> Bool {
         if events == Int16(POLLIN), tls?.hasPendingBytes == true { return true }
-        var descriptor = pollfd(fd: fd, events: events, revents: 0)
-        return poll(&descriptor, 1, milliseconds) > 0
+        return SocketCalls.wait(fd, for: events, milliseconds: milliseconds)
     }
 
     /// The next frame, or nil if the connection ended cleanly first. Throws on timeout.
@@ -127,37 +113,31 @@ final class TestClient {
     private func read(timeout: Duration) throws -> Frame? {
         let deadline = SystemClock().now() + timeout
         while true {
-            if let (frame, size) = try buffer.withUnsafeBytes({ try decoder.decode($0) }) {
-                buffer.removeFirst(size)
+            if let frame = try assembler.next() {
                 if case .event(let seq, _) = frame { lastSeq = max(lastSeq, seq) }
                 return frame
             }
             let remaining = deadline - SystemClock().now()
             guard remaining > .zero else { throw Failure("timed out waiting for a frame") }
             var chunk = [UInt8](repeating: 0, count: 65536)
-            let count = receive(into: &chunk, milliseconds: max(1, remaining.milliseconds))
-            if count == 0 {
-                guard buffer.isEmpty else { throw Failure("connection closed mid-frame") }
+            switch receive(into: &chunk, milliseconds: max(1, remaining.milliseconds)) {
+            case .transferred(0):
+                guard assembler.bufferedCount == 0 else { throw Failure("connection closed mid-frame") }
                 return nil
+            case .transferred(let count): assembler.append(contentsOf: chunk[..<count])
+            case .wouldBlock: continue
+            case .failed(ECONNRESET): return nil
+            case .failed(let code): throw SystemError("recv", code)
             }
-            if count < 0 {
-                if errno == EINTR || errno == EAGAIN { continue }
-                if errno == ECONNRESET { return nil }
-                throw Failure("recv: \(String(cString: strerror(errno)))")
-            }
-            buffer += chunk[..<count]
         }
     }
 
-    /// Up to `chunk.count` bytes within `milliseconds` (through TLS, if any): the count, 0
-    /// at the end of the stream, or -1 with errno (EAGAIN: nothing arrived).
-    private func receive(into chunk: inout [UInt8], milliseconds: Int64) -> Int {
+    /// Up to `chunk.count` bytes within `milliseconds` (through TLS, if any); `.wouldBlock`
+    /// when nothing arrived.
+    private func receive(into chunk: inout [UInt8], milliseconds: Int64) -> IOResult {
         if let tls { return chunk.withUnsafeMutableBytes { tls.receive(into: $0, milliseconds: milliseconds) } }
-        guard waitFor(Int16(POLLIN), milliseconds: Int32(clamping: milliseconds)) else {
-            errno = EAGAIN
-            return -1
-        }
-        return recv(fd, &chunk, chunk.count, 0)
+        guard waitFor(Int16(POLLIN), milliseconds: Int32(clamping: milliseconds)) else { return .wouldBlock }
+        return chunk.withUnsafeMutableBytes { SocketCalls.receive(fd, into: $0) }
     }
 
     /// Returns the first frame that matches, earlier skipped ones included; frames that do
@@ -235,7 +215,7 @@ final class TestClient {
 
     /// True if nothing at all arrives within `window` (the socket stays open and silent).
     func staysSilent(for window: Duration = .milliseconds(100)) throws -> Bool {
-        guard buffer.isEmpty && skipped.isEmpty else { return false }
+        guard assembler.bufferedCount == 0 && skipped.isEmpty else { return false }
         if waitFor(Int16(POLLIN), milliseconds: Int32(window.milliseconds)) { return false }
         return true
     }
@@ -244,8 +224,7 @@ final class TestClient {
     var isOpenAndQuiet: Bool {
         if tls?.hasPendingBytes == true { return false }
         var byte: UInt8 = 0
-        let count = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
-        return count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
+        return withUnsafeMutableBytes(of: &byte) { SocketCalls.receive(fd, into: $0, flags: Int32(MSG_PEEK | MSG_DONTWAIT)) } == .wouldBlock
     }
 
     func ack(_ seq: UInt64) throws { try send(.ack(seq: seq)) }

@@ -109,19 +109,11 @@ enum LatencyFloor {
     /// the receiving connection, then copies stamps from one to the other until either
     /// closes.
     static func relayMain(port: UInt16) -> Int32 {
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var yes: Int32 = 1
-        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
-        var address = SocketCalls.socketAddress((127 << 24) | 1, port: port)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0, listen(listener, 4) == 0 else { return 1 }
+        guard let listener = try? SocketCalls.listenTCP(SocketCalls.socketAddress((127 << 24) | 1, port: port), backlog: 4) else { return 1 }
         var byRole: [UInt8: Int32] = [:]
         while byRole.count < 2 {
-            let fd = accept(listener, nil, nil)
-            guard fd >= 0 else { return 1 }
-            setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &yes, socklen_t(MemoryLayout<Int32>.size))
+            guard let fd = try? SocketCalls.accept(listener) else { return 1 }
+            try? SocketCalls.setOption(fd, level: Int32(IPPROTO_TCP), name: TCP_NODELAY, Int32(1))
             var role: UInt8 = 0
             guard read(fd, &role, 1) == 1 else { return 1 }
             byRole[role] = fd
@@ -138,14 +130,9 @@ enum LatencyFloor {
         let clock = SystemClock()
         let deadline = clock.now() + .seconds(10)
         while true {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var address = SocketCalls.socketAddress((127 << 24) | 1, port: port)
-            let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            if connected == 0 {
-                var yes: Int32 = 1
-                setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &yes, socklen_t(MemoryLayout<Int32>.size))
+            guard let fd = try? SocketCalls.openTCP(nonBlocking: false) else { throw LoadError("floor relay: no socket") }
+            if (try? SocketCalls.connect(fd, SocketCalls.socketAddress((127 << 24) | 1, port: port))) != nil {
+                try? SocketCalls.setOption(fd, level: Int32(IPPROTO_TCP), name: TCP_NODELAY, Int32(1))
                 var role = role
                 guard write(fd, &role, 1) == 1 else { close(fd); throw LoadError("floor relay: handshake failed") }
                 return fd

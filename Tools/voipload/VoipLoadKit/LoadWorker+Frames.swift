@@ -14,47 +14,49 @@ extension LoadWorker {
         }
         let fd = table.fd[slot]
         var arrivedAt: UInt64 = 0
-        let count = Int(voipload_read_stamped(fd, readBuffer.baseAddress, UInt(readBuffer.count), &arrivedAt))
+        let result = SystemCall.io { Int(voipload_read_stamped(fd, readBuffer.baseAddress, UInt(readBuffer.count), &arrivedAt)) }
         // Stamped before decoding, so the tool's own decoding is not counted as latency.
         currentRead = ReadStamps(arrived: arrivedAt, read: voipload_realtime_ns())
         let receivedAt = clock.now().nanoseconds
-        if count > 0 {
-            process(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]), slot: slot, receivedAt: receivedAt)
-        } else if count == 0 {
+        switch result {
+        case .transferred(0):
             connectionLost(slot: slot, reason: "closed by server without CLOSE", now: receivedAt)
-        } else if errno != EAGAIN && errno != EINTR {
-            connectionLost(slot: slot, reason: SystemError("read", errno).description, now: receivedAt)
+        case .transferred(let count):
+            process(UnsafeRawBufferPointer(rebasing: readBuffer[0..<count]), slot: slot, receivedAt: receivedAt)
+        case .wouldBlock:
+            break
+        case .failed(let code):
+            connectionLost(slot: slot, reason: SystemError("read", code).description, now: receivedAt)
         }
     }
 
+    /// Handles the frames of `bytes` (after what the connection kept of its last read)
+    /// straight out of the read buffer; a trailing partial frame waits in `partialFrames`.
     func process(_ bytes: UnsafeRawBufferPointer, slot: Int, receivedAt: UInt64) {
-        if var pending = partialFrames.removeValue(forKey: slot) {
-            pending.append(contentsOf: bytes)
-            pending.withUnsafeBytes { decodeFrames($0, slot: slot, receivedAt: receivedAt) }
-        } else {
-            decodeFrames(bytes, slot: slot, receivedAt: receivedAt)
-        }
-    }
-
-    private func decodeFrames(_ bytes: UnsafeRawBufferPointer, slot: Int, receivedAt: UInt64) {
-        var offset = 0
+        var assembler = FrameAssembler(decoder: decoder, buffered: partialFrames.removeValue(forKey: slot) ?? [])
         var acknowledge = false
         let fd = table.fd[slot]
-        while offset < bytes.count {
-            let decoded: (frame: Frame, size: Int)?
-            do {
-                decoded = try decoder.decode(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
-            } catch {
-                protocolFailure(slot: slot, "undecodable frame from the server: \(error)", now: receivedAt)
-                return
+        let open = assembler.withInput(bytes) { input -> Bool in
+            while true {
+                let frame: Frame
+                do {
+                    guard let next = try input.next() else { return true }
+                    frame = next
+                } catch {
+                    protocolFailure(slot: slot, "undecodable frame from the server: \(error)", now: receivedAt)
+                    input.discardRest()
+                    return false
+                }
+                handle(frame, slot: slot, receivedAt: receivedAt, acknowledge: &acknowledge)
+                // The frame may have closed the connection (CLOSE, protocol error).
+                guard table.fd[slot] == fd, fd >= 0 else {
+                    input.discardRest()
+                    return false
+                }
             }
-            guard let (frame, size) = decoded else { break }
-            offset += size
-            handle(frame, slot: slot, receivedAt: receivedAt, acknowledge: &acknowledge)
-            // The frame may have closed the connection (CLOSE, protocol error).
-            guard table.fd[slot] == fd, fd >= 0 else { return }
         }
-        if offset < bytes.count { partialFrames[slot] = Array(bytes[offset...]) }
+        guard open else { return }
+        if assembler.bufferedCount > 0 { partialFrames[slot] = assembler.takeBuffered() }
         // One cumulative ACK per batch of events (docs/PROTOCOL.md 5).
         if acknowledge { send(FrameEncoder.encode(.ack(seq: table.lastSeq[slot])), slot: slot) }
     }

@@ -87,11 +87,13 @@ extension LoadWorker {
     /// bytes first, as OpenSSL requires.
     func writeSome(_ bytes: UnsafeRawBufferPointer, slot: Int, failure: inout String?) -> Int {
         guard let connection = table.tls[slot] else {
-            let written = write(table.fd[slot], bytes.baseAddress, bytes.count)
-            if written >= 0 { return written }
-            if errno == EAGAIN || errno == EINTR { return 0 }
-            failure = SystemError("write", errno).description
-            return -1
+            switch SocketCalls.send(table.fd[slot], bytes) {
+            case .transferred(let written): return written
+            case .wouldBlock: return 0
+            case .failed(let code):
+                failure = SystemError("send", code).description
+                return -1
+            }
         }
         switch connection.write(bytes) {
         case .done(let count): return count

@@ -100,7 +100,7 @@ public final class LoadWorker {
 
     /// Runs until told to quit or until stdin closes (the coordinator is gone).
     public func run() {
-        _ = fcntl(Self.controlDescriptor, F_SETFL, fcntl(Self.controlDescriptor, F_GETFL) | O_NONBLOCK)
+        try? SocketCalls.setNonBlocking(Self.controlDescriptor)
         _ = epoll.add(Self.controlDescriptor, token: Self.controlToken, events: Epoll.input)
         while running {
             epoll.wait(timeoutNanoseconds: loopTimeout()) { token, events in

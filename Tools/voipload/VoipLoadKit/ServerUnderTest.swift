@@ -31,7 +31,7 @@ final class ServerUnderTest {
     ) {
         self.endpoint = endpoint
         self.binary = binary
-        var arguments = [tls ? "--tls-listen" : "--listen", "\(dottedQuad(endpoint.address)):\(endpoint.port)"]
+        var arguments = [tls ? "--tls-listen" : "--listen", "\(SocketCalls.dottedQuad(endpoint.address)):\(endpoint.port)"]
         if let authSecret { arguments += ["--auth-secret", authSecret] }
         if let authKeyFile { arguments += ["--auth-key-file", authKeyFile] }
         self.arguments = arguments + extraArguments
@@ -39,7 +39,7 @@ final class ServerUnderTest {
     }
 
     var canRestart: Bool { binary != nil }
-    var address: String { "\(dottedQuad(endpoint.address)):\(endpoint.port)" }
+    var address: String { "\(SocketCalls.dottedQuad(endpoint.address)):\(endpoint.port)" }
 
     /// Starts the server (if this tool owns it) and waits until it accepts connections.
     func start(timeoutSeconds: Double) throws(LoadError) {

@@ -1,4 +1,5 @@
 import CLinuxShims
+import SignalingSupport
 import SignalingTLS
 #if canImport(Glibc)
 import Glibc

@@ -96,7 +96,3 @@ public struct WorkloadLayout: Sendable, Equatable {
     public static let maximumSourceAddresses = (1 << 24) - 3
 }
 
-/// Dotted-quad text of a host-byte-order IPv4 address.
-public func dottedQuad(_ address: UInt32) -> String {
-    "\(address >> 24).\((address >> 16) & 0xff).\((address >> 8) & 0xff).\(address & 0xff)"
-}
