@@ -303,6 +303,21 @@ struct ShardStepTests {
         #expect(shards.states[0].activities[alice]?.recentMessageIDs["m2"] == nil)
     }
 
+    @Test("a sender's device forgotten before the recipient's shard refuses the message: its copy is not withdrawn twice")
+    func copyOfForgottenDevice() throws {
+        var shards = TwoShards { $0.maxPendingEvents = 1 }
+        let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
+        let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
+        let bobDevice = try shards.attach(bob, slot: 3, at: 1)
+        _ = shards.states[1].enqueue(QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice)  // bob is full
+        let pendingBefore = shards.states[0].counters.pendingEvents
+        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+        #expect(shards.states[0].counters.pendingEvents == pendingBefore + 1, "the copy on the phone")
+        shards.states[0].removeDevice(phone)
+        #expect(TwoShards.code(shards.run([try #require(first.handOff)], at: 2)) == .recipientBacklogFull)
+        #expect(shards.states[0].counters.pendingEvents == pendingBefore)
+    }
+
     @Test("a call to another shard's user with two devices: both ring, the first accept wins, the other hears answeredElsewhere")
     func firstAcceptWins() throws {
         var shards = TwoShards()

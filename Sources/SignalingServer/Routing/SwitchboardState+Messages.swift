@@ -119,7 +119,8 @@ extension SwitchboardState {
         if let copy = undecided.copy {
             copy.awaitsDecision = false
             if !accepted { copy.isCancelled = true }
-            for (device, seq) in undecided.copiedTo {
+            // Devices forgotten meanwhile are left alone (their queues were counted out).
+            for (device, seq) in undecided.copiedTo where self.device(device.userID, device.deviceID) === device {
                 if accepted {
                     if device.queue.event(seq) === copy { announce(device, about: copy) }
                 } else {

@@ -647,9 +647,9 @@ struct SwitchboardState {
         return next
     }
 
-    /// Takes `event`, numbered `seq`, out of `device`'s queue, if it is still there (an
-    /// event refused after it was queued): its number becomes a hole, which counts as
-    /// acknowledged, and its room is free again.
+    /// Takes `event`, numbered `seq`, out of `device`'s queue (a device this shard still
+    /// knows), if it is still there (an event refused after it was queued): its number
+    /// becomes a hole, which counts as acknowledged, and its room is free again.
     mutating func withdraw(_ event: QueuedEvent, seq: UInt64, from device: DeviceRecord) {
         guard device.queue.event(seq) === event else { return }  // acknowledged, or the device forgotten
         let shareQueue = ShareQueue.device(ObjectIdentifier(device))
