@@ -136,12 +136,21 @@ final class AdminAPI: AdminRequestHandler {
                 return Self.refusal(error)
             }
         }
-        let (immediate, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board -> (AdminResponse?, [SwitchboardEffect]) in
-            guard board.knows(message.recipient) else {
-                return (Self.error(404, "unknownUser", "the server knows no device of \(message.recipient)"), [])
-            }
+        let wall = context.clock.wallMilliseconds()
+        // Whether the recipient is known is its shard's to say: a hold of its own, before
+        // the sender's (a user it learns of in between is as if it came after).
+        let known = context.switchboard.withState(of: message.recipient, wall: wall) { $0.knows(message.recipient) }
+        guard known else {
+            return respond(Self.error(404, "unknownUser", "the server knows no device of \(message.recipient)"))
+        }
+        var handOff: ShardStep?
+        let (immediate, effects) = context.switchboard.withState(of: sender, wall: wall) { board -> (AdminResponse?, [SwitchboardEffect]) in
             switch board.send(message, sender: sender, senderDevice: Self.systemDevice, sendingDevice: nil, now: now) {
             case .success(let acceptance):
+                if let step = acceptance.handOff {
+                    handOff = step
+                    return (nil, board.takeEffects())
+                }
                 guard board.journaling, let event = acceptance.event else {
                     return (answer(.success(acceptance.serverTime), acceptance.event == nil), board.takeEffects())
                 }
@@ -155,12 +164,18 @@ final class AdminAPI: AdminRequestHandler {
             }
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
+        if let handOff {
+            // The recipient's shard queues or refuses the message, and answers.
+            let (reply, stepEffects) = context.switchboard.run([handOff], now: now, wall: wall)
+            LoopDispatch.post(LoopDispatch.tasks(for: stepEffects, context: context), to: loops)
+            return respond(answer(reply ?? .failure(RequestError(.internalError, "the message was not answered")), false))
+        }
         if let immediate { respond(immediate) }
     }
 
     private func devices(of user: String) -> AdminResponse {
         let now = context.clock.now()
-        let presence = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { $0.presence(of: user, now: now) }
+        let presence = context.switchboard.withState(of: user, wall: context.clock.wallMilliseconds()) { $0.presence(of: user, now: now) }
         guard let presence else { return Self.error(404, "unknownUser", "the server knows no device of \(user)") }
         return Self.json(200, [
             "user": user,
@@ -171,7 +186,7 @@ final class AdminAPI: AdminRequestHandler {
     }
 
     private func revoke(user: String, device: String) -> AdminResponse {
-        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+        let (outcome, effects) = context.switchboard.withState(of: user, wall: context.clock.wallMilliseconds()) { board in
             (board.revokeSession(user: user, device: device), board.takeEffects())
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
@@ -186,10 +201,14 @@ final class AdminAPI: AdminRequestHandler {
 
     private func forget(user: String) -> AdminResponse {
         let now = context.clock.now()
-        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
-            (board.forgetUser(user, now: now), board.takeEffects())
+        let wall = context.clock.wallMilliseconds()
+        let (outcome, next, effects) = context.switchboard.withState(of: user, wall: wall) { board in
+            let (outcome, next) = board.forgetUser(user, now: now)
+            return (outcome, next, board.takeEffects())
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
+        // The user's calls end for their other parties in their shards.
+        LoopDispatch.post(LoopDispatch.tasks(for: context.switchboard.run(next, now: now, wall: wall).effects, context: context), to: loops)
         switch outcome {
         case .success(let removed):
             context.logger.info("admin_user_forgotten", ["user": user, "devices": removed])

@@ -215,10 +215,15 @@ extension EventLoop {
             }
         }
         let ref = reference(slot)
-        let (outcome, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds(), writerWake: .afterCallback(of: self)) { board in
+        let wall = context.clock.wallMilliseconds()
+        var (outcome, effects) = context.switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
             let outcome = board.attach(
                 userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
             return (outcome, board.takeEffects())
+        }
+        if case .success(let grant) = outcome {
+            // Receipts of what the resume point acknowledged, for senders of other shards.
+            effects += context.switchboard.run(grant.next, now: now, wall: wall, writerWake: .afterCallback(of: self)).effects
         }
         switch outcome {
         case .failure(let violation):
@@ -253,11 +258,16 @@ extension EventLoop {
     private func acknowledge(_ slot: UInt32, _ seq: UInt64) {
         guard let device = table.state(slot).pointee.device else { return }
         let ref = reference(slot)
-        let (violation, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds(), writerWake: .afterCallback(of: self)) { board in
-            let violation = board.ack(device, connection: ref, through: seq)
-            return (violation, board.takeEffects())
+        let wall = context.clock.wallMilliseconds()
+        let (violation, next, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+            let (violation, next) = board.ack(device, connection: ref, through: seq)
+            return (violation, next, board.takeEffects())
         }
         apply(effects)
+        if !next.isEmpty {
+            // Receipts for senders of other shards.
+            apply(context.switchboard.run(next, now: context.clock.now(), wall: wall, writerWake: .afterCallback(of: self)).effects)
+        }
         if let violation { protocolViolation(slot, violation) }
     }
 
@@ -279,45 +289,57 @@ extension EventLoop {
             }
         }
         let storeTimeout = context.configuration.storeTimeout
-        let (reply, effects) = context.switchboard.withState(wall: wall, writerWake: .afterCallback(of: self)) { board -> (Frame?, [SwitchboardEffect]) in
-            let outcome: Result<UInt64, RequestError>
+        // The first hold is the sender's shard's; a request that spans users goes on to the
+        // other users' shards as steps, and one of them may be what answers it.
+        var (stepOutcome, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
+            let outcome: StepOutcome
             switch request {
             case .callInvite(let callID, let callee, let offer):
-                outcome = board.invite(callID: callID, callee: callee, offer: offer, from: device, now: now).map { wall }
+                outcome = board.invite(callID: callID, callee: callee, offer: offer, from: device, now: now)
             case .callRinging(let callID):
-                outcome = board.ringing(callID: callID, from: device).map { wall }
+                outcome = board.ringing(callID: callID, from: device)
             case .callAccept(let callID, let answer):
-                outcome = board.accept(callID: callID, answer: answer, from: device).map { wall }
+                outcome = board.accept(callID: callID, answer: answer, from: device)
             case .callReject(let callID, let reason):
-                outcome = board.reject(callID: callID, reason: reason, from: device).map { wall }
+                outcome = board.reject(callID: callID, reason: reason, from: device)
             case .callCancel(let callID):
-                outcome = board.cancel(callID: callID, from: device).map { wall }
+                outcome = board.cancel(callID: callID, from: device)
             case .callHangup(let callID):
-                outcome = board.hangUp(callID: callID, from: device).map { wall }
+                outcome = board.hangUp(callID: callID, from: device)
             case .messageSend(let message):
                 switch board.send(message, from: device, now: now) {
                 case .success(let acceptance):
-                    if board.journaling, let event = acceptance.event {
+                    if let handOff = acceptance.handOff {
+                        outcome = StepOutcome(reply: nil, next: [handOff])
+                    } else if board.journaling, let event = acceptance.event {
                         // "Accepted" is a promise: it waits for the commit.
                         board.deferReply(DeferredReply(
                             target: .connection(ref, requestID: id), serverTime: acceptance.serverTime, message: event,
                             sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout))
                         return (nil, board.takeEffects())
+                    } else {
+                        outcome = .answered(.success(acceptance.serverTime))
                     }
-                    outcome = .success(acceptance.serverTime)
                 case .failure(let error):
-                    outcome = .failure(error)
+                    outcome = .answered(.failure(error))
                 }
             case .pushRegister(let platform, let token, let environment, let topic):
                 let registration = PushRegistration(platform: platform, token: token, environment: environment ?? "", topic: topic ?? "")
-                outcome = board.registerPush(registration, for: device).map { wall }
+                outcome = .answered(board.registerPush(registration, for: device).map { wall })
             }
-            let reply: Frame
-            switch outcome {
-            case .success(let time): reply = .ok(requestID: id, serverTime: time)
-            case .failure(let error): reply = .error(requestID: id, code: error.code, message: error.message)
+            return (outcome, board.takeEffects())
+        }
+        if let next = stepOutcome?.next, !next.isEmpty {
+            let (stepReply, stepEffects) = context.switchboard.run(next, now: now, wall: wall, writerWake: .afterCallback(of: self))
+            effects += stepEffects
+            if stepOutcome?.reply == nil { stepOutcome?.reply = stepReply }
+        }
+        let reply: Frame? = stepOutcome.map { outcome in
+            switch outcome.reply {
+            case .success(let time): .ok(requestID: id, serverTime: time)
+            case .failure(let error): .error(requestID: id, code: error.code, message: error.message)
+            case nil: .error(requestID: id, code: .internalError, message: "the request was not answered")
             }
-            return (reply, board.takeEffects())
         }
         // The reply goes out before any event the request caused for this same connection
         // (those are written when the dirty list is flushed, after this callback).

@@ -234,7 +234,7 @@ extension EventLoop {
         out.removeAll(keepingCapacity: true)
         var count = 0
         let writtenAt = LoopMetrics.now()
-        let batch = context.switchboard.withDevices { board in
+        let batch = context.switchboard.withDevices(of: device.userID) { board in
             board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
                 FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
                 metrics.recordWrite(event, at: writtenAt)
@@ -460,7 +460,7 @@ extension EventLoop {
         if state.pointee.flags.contains(.tls) { context.counters.establishedTLSConnections.decrement() }
         let ref = reference(slot)
         let now = context.clock.now()
-        let effects = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
+        let effects = context.switchboard.withState(of: device.userID, wall: context.clock.wallMilliseconds()) { board in
             board.detach(device, connection: ref, now: now)
             return board.takeEffects()
         }

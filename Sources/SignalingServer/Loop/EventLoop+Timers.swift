@@ -33,15 +33,21 @@ extension EventLoop {
 
         if index == 0 {
             // One loop runs the routing core's deadlines (ring timeouts, call grace,
-            // session expiry) for the whole server, a bounded number per hold of the lock.
+            // session expiry) for the whole server, shard by shard, a bounded number per
+            // hold of a shard's lock.
             let instant = context.clock.now()
-            var moreDue = true
-            while moreDue {
-                let effects: [SwitchboardEffect]
-                (moreDue, effects) = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
-                    (board.expire(now: instant), board.takeEffects())
+            for shard in 0..<context.switchboard.shardCount {
+                var moreDue = true
+                while moreDue {
+                    let wall = context.clock.wallMilliseconds()
+                    let (pass, effects) = context.switchboard.withState(shard: shard, wall: wall) { board in
+                        (board.expire(now: instant), board.takeEffects())
+                    }
+                    moreDue = pass.moreDue
+                    apply(effects)
+                    // Call endings for the other party, in its shard.
+                    apply(context.switchboard.run(pass.next, now: instant, wall: wall).effects)
                 }
-                apply(effects)
             }
             // The store's deadlines too: the writer thread may be stuck in a write.
             context.switchboard.writer?.superviseCommits(now: instant)

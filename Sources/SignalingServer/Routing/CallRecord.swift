@@ -1,7 +1,8 @@
 import SignalingProtocol
 import SignalingSupport
 
-/// One call and where it is in its lifecycle. Guarded by the `Switchboard` lock.
+/// One call and where it is in its lifecycle. Lives in the callee's shard and is guarded by
+/// that shard's lock; the caller's shard knows the call as an `OutgoingCall`.
 final class CallRecord: @unchecked Sendable {
     /// The call lifecycle (docs/PROTOCOL.md 6.1).
     enum State: Equatable {
@@ -19,7 +20,8 @@ final class CallRecord: @unchecked Sendable {
     }
 
     let callID: String
-    let caller: DeviceRecord
+    /// The calling device, by its ids: it may be another shard's.
+    let caller: DeviceAddress
     let callee: String
     /// CALL_INCOMING, kept so a callee device that connects while the call rings is rung too.
     let invitation: QueuedEvent
@@ -27,17 +29,25 @@ final class CallRecord: @unchecked Sendable {
     var state: State = .inviting
     /// Callee devices that were sent CALL_INCOMING.
     var rungDevices: [DeviceRecord] = []
-    /// For each party device that lost its connection during the call, when the grace of
+    /// The number of the last notice sent to the caller's shard (`ShardStep.toCaller`).
+    private(set) var noticesToCaller: UInt32 = 0
+    /// For each callee device that lost its connection during the call, when the grace of
     /// its latest loss ends. A grace check acts only if its deadline is still the one kept
     /// here: after a resume and a second loss, the first loss's check must not end the call.
     private var graceDeadlines: [(device: DeviceRecord, deadline: Instant)] = []
 
-    init(callID: String, caller: DeviceRecord, callee: String, invitation: QueuedEvent, startedAt: Instant) {
+    init(callID: String, caller: DeviceAddress, callee: String, invitation: QueuedEvent, startedAt: Instant) {
         self.callID = callID
         self.caller = caller
         self.callee = callee
         self.invitation = invitation
         self.startedAt = startedAt
+    }
+
+    /// The number of the next notice to the caller's shard.
+    func nextNoticeNumber() -> UInt32 {
+        noticesToCaller += 1
+        return noticesToCaller
     }
 
     func graceDeadline(of device: DeviceRecord) -> Instant? {
@@ -55,5 +65,28 @@ final class CallRecord: @unchecked Sendable {
     var isLive: Bool {
         if case .ended = state { return false }
         return true
+    }
+}
+
+/// A call placed by a device of this shard's user, as the caller's shard knows it: enough to
+/// find the call in the callee's shard (which holds its state) and to end it if the calling
+/// device stays away. Guarded by the caller's shard's lock; gone when the call ends
+/// (`CallerNotice.closed`).
+final class OutgoingCall: @unchecked Sendable {
+    let callID: String
+    let callee: String
+    let device: DeviceRecord
+    /// When the grace of the calling device's latest loss of its connection ends: a grace
+    /// check acts only if its deadline is still this one.
+    var graceDeadline: Instant?
+    /// The number of the callee's shard's next notice to apply; notices that arrive before
+    /// it wait in `earlyNotices` (at most the few a call makes).
+    var nextNotice: UInt32 = 1
+    var earlyNotices: [(number: UInt32, notice: CallerNotice)] = []
+
+    init(callID: String, callee: String, device: DeviceRecord) {
+        self.callID = callID
+        self.callee = callee
+        self.device = device
     }
 }

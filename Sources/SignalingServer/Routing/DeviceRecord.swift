@@ -32,9 +32,11 @@ public struct ConnectionRef: Hashable, Sendable, CustomStringConvertible {
 /// Everything the server keeps for one device of one user: its session, its event queue,
 /// how far that queue is durable, and where the device is connected (if anywhere).
 ///
-/// Concurrency: every mutable field is guarded by the `Switchboard` lock. Event loops hold
-/// references to records (a connection knows its device) but read or write them only
-/// inside `Switchboard.withState`. That is why the class can be marked Sendable.
+/// Concurrency: every mutable field is guarded by the lock of the user's routing shard.
+/// Event loops hold references to records (a connection knows its device) but read or
+/// write them only inside `Switchboard.withState(of: userID)` (or `withDevices(of:)`); no
+/// other shard ever reaches them (steps name devices by id). That is why the class can be
+/// marked Sendable.
 ///
 /// Memory: one of these exists per device, so it is kept to 120 bytes, which malloc serves
 /// from a 128-byte block (checked by a test). Declaration order matters: Swift does not
@@ -110,6 +112,9 @@ final class DeviceRecord: @unchecked Sendable {
         return queue.append(event)
     }
 
+    /// Takes the event numbered `seq` out of the queue, if it is there (`EventQueue.remove`).
+    func withdraw(_ seq: UInt64) -> QueuedEvent? { queue.remove(seq) }
+
     /// Rebuilds the stored queue at start: `events` under their stored numbers, then the
     /// numbers handed out or reserved through `lastSeq`, which are never handed out again.
     /// Everything is writable (a restarted server has committed all it knows).
@@ -151,18 +156,27 @@ final class DeviceRecord: @unchecked Sendable {
 ///
 /// Guarded by the `Switchboard` lock.
 final class UserActivity: @unchecked Sendable {
-    /// Calls this user is a party to (as caller or callee) that have not ended.
+    /// Calls to this user that have not ended (they live in this user's shard).
     var calls: [CallRecord] = []
+    /// Calls placed by this user's devices that have not ended (their state is in the
+    /// callee's shard, perhaps another one).
+    var outgoingCalls: [OutgoingCall] = []
     /// Messages for this user that arrived while the server knew none of its devices.
     var held: [QueuedEvent] = []
     /// Ordinal of `held.first` (the store orders held events by ordinal).
     var firstHeldOrdinal: UInt64 = 1
     /// messageId → server time, for de-duplicating this user's sends.
     var recentMessageIDs: [String: UInt64] = [:]
+    /// messageId → a message of this user to another shard's user that this shard
+    /// admitted and the recipient's shard has not decided yet (its id is claimed: a repeat
+    /// meanwhile is neither a new message nor a duplicate).
+    var undecidedMessages: [String: UndecidedMessage] = [:]
     /// Paces this user's messages and calls (`--sender-rate`; nil until the first one).
     var sendBucket: TokenBucket?
 
-    var isEmpty: Bool { calls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty }
+    var isEmpty: Bool {
+        calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty && undecidedMessages.isEmpty
+    }
 
     /// Held messages, not counting the placeholders of ordinals a restart lost.
     var heldEventCount: Int { held.reduce(0) { $0 + ($1 === QueuedEvent.placeholder ? 0 : 1) } }
@@ -172,6 +186,17 @@ final class UserActivity: @unchecked Sendable {
         for event in held { body(event) }
     }
     var nextHeldOrdinal: UInt64 { firstHeldOrdinal + UInt64(held.count) }
+}
+
+/// A message between its sender's shard and its recipient's: admitted by the sender's
+/// shard, which queued its copies to the sender's other devices (`QueuedEvent.awaitsDecision`)
+/// so that the recipient's shard's decision needs no room that may be gone by then.
+struct UndecidedMessage {
+    let serverTime: UInt64
+    /// The copy queued to the sender's other devices (nil: the sender has no other device).
+    let copy: QueuedEvent?
+    /// Where the copy went: each device and the number it has there.
+    let copiedTo: [(device: DeviceRecord, seq: UInt64)]
 }
 
 /// A user's devices, newest first.

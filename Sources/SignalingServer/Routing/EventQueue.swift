@@ -66,6 +66,21 @@ struct EventQueue {
         }
     }
 
+    /// Takes the event numbered `seq` out of the queue (its number becomes a hole) and
+    /// returns it; nil if none is queued under it. Searches from the newest event: for
+    /// withdrawing one appended moments ago (cost: the events after it).
+    mutating func remove(_ seq: UInt64) -> QueuedEvent? {
+        guard let index = entries[Int(head)...].lastIndex(where: { $0.seq <= seq }), entries[index].seq == seq else {
+            return nil
+        }
+        let event = entries.remove(at: index).event
+        if Int(head) == entries.count {
+            entries = []
+            head = 0
+        }
+        return event
+    }
+
     /// Hands `body` the queued events numbered after `seq`, in order, while it returns
     /// true.
     func forEach(after seq: UInt64, _ body: (UInt64, QueuedEvent) -> Bool) {

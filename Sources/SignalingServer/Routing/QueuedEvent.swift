@@ -6,7 +6,8 @@ import Synchronization
 /// was fanned out to.
 ///
 /// The mutable parts (`isCancelled`, the flags, and the body, which may be evicted to the
-/// store) are guarded by the `Switchboard` lock (hence `@unchecked Sendable`): a message
+/// store) are guarded by the lock of the routing shard that made it (hence `@unchecked
+/// Sendable`; a message to another shard's user gets an event of its own there): a message
 /// whose commit to the store failed is cancelled in every queue at once, and the pump
 /// skips it.
 final class QueuedEvent: @unchecked Sendable {
@@ -28,6 +29,12 @@ final class QueuedEvent: @unchecked Sendable {
     /// Held for a user with no device, then handed to that user's first device: the copy
     /// was journaled in the handshake's commit unit, not in its message's.
     var wasClaimed = false
+    /// A copy, queued to the sender's other devices, of a message whose recipient lives in
+    /// another routing shard that has not decided it yet: it holds its place in each
+    /// device's order and its room in each queue, but the pump stops before it (a device's
+    /// events go out in order) until the decision clears this flag or cancels the event
+    /// (`SwitchboardState.settleMessage`).
+    var awaitsDecision = false
     /// Committed to the store: its body may be dropped from memory and read back.
     var isDurable = false
     /// The body is in memory (else only in the store: `evictBody`, `restoreBody`).
@@ -122,7 +129,7 @@ final class MemoryLedger: Sendable {
 }
 
 /// Who wants to know that a message reached a device.
-struct DeliveryReceipt: Sendable {
+struct DeliveryReceipt: Sendable, Equatable {
     let sender: String
     let messageID: String
     let recipient: String

@@ -59,15 +59,18 @@ extension SwitchboardState {
     /// Forgets a user: every device (closed with CLOSE sessionUnknown if connected) with
     /// its queue and push registration, the messages held for it, the ids of the messages
     /// it sent, and the calls it takes part in (ended for the other party as if its
-    /// device had vanished). Returns the number of devices removed. Messages it sent that
-    /// wait in other users' queues stay theirs.
-    mutating func forgetUser(_ userID: String, now: Instant) -> Result<Int, AdminRefusal> {
-        guard knows(userID) else { return .failure(.unknownUser(userID)) }
+    /// device had vanished). Returns the number of devices removed, and the steps that end
+    /// its calls in other shards. Messages it sent that wait in other users' queues stay
+    /// theirs.
+    mutating func forgetUser(_ userID: String, now: Instant) -> (Result<Int, AdminRefusal>, next: [ShardStep]) {
+        guard knows(userID) else { return (.failure(.unknownUser(userID)), []) }
         let removed = Array(devices(of: userID))
+        var ended = StepOutcome(reply: nil)
         for device in removed {
             for call in activities[userID]?.calls ?? [] where call.isLive && involves(call, device) {
-                partyVanished(call, device)
+                ended.merge(partyVanished(call, device))
             }
+            ended.merge(callerGone(device))
             if let connection = device.connection {
                 effects.append(.close(connection, Close(
                     code: .sessionUnknown, message: "the operator removed this user; start a new session")))
@@ -88,6 +91,6 @@ extension SwitchboardState {
             for messageID in Array(activity.recentMessageIDs.keys) { forgetMessageID(messageID, sender: userID) }
             compactActivity(userID)
         }
-        return .success(removed.count)
+        return (.success(removed.count), ended.next)
     }
 }

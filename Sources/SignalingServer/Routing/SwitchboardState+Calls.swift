@@ -1,23 +1,41 @@
 import SignalingProtocol
 import SignalingSupport
 
-/// The call state machine (docs/PROTOCOL.md 6.1). Each handler either changes state and
-/// returns `.ok`, or changes nothing and returns the error the client gets.
+/// The call state machine (docs/PROTOCOL.md 6.1). Each request either changes state and
+/// answers OK, or changes nothing and answers with the error the client gets.
+///
+/// A call lives in the callee's shard (`CallRecord`): every callee device's request, the
+/// ring timeout and the callee devices' grace checks run there, so "first accept wins"
+/// is decided in one place. The caller's shard keeps an `OutgoingCall` to find the call
+/// and to notice the calling device staying away; what the calling device asks (cancel,
+/// hang up) and what it is told (rang, accepted, ended) are steps between the two
+/// (`ShardStep`), run at once when both users are in the same shard.
 extension SwitchboardState {
     typealias Reply = Result<Void, RequestError>
 
-    mutating func invite(callID: String, callee: String, offer: [UInt8], from device: DeviceRecord, now: Instant) -> Reply {
-        guard callee != device.userID else { return .failure(RequestError(.cannotCallSelf, "you cannot call yourself")) }
-        if let existing = calls[callID], existing.caller === device {
-            return .success(())  // a retry of an invite whose reply was lost: nothing changes
+    mutating func invite(callID: String, callee: String, offer: [UInt8], from device: DeviceRecord, now: Instant) -> StepOutcome {
+        assertOwns(device)
+        guard callee != device.userID else { return .answered(.failure(RequestError(.cannotCallSelf, "you cannot call yourself"))) }
+        if let existing = outgoingCall(callID, of: device.userID) {
+            // A retry of an invite whose reply was lost: nothing changes.
+            guard existing.device !== device else { return .answered(.success(currentWall)) }
+            return .answered(.failure(callIDInUse(callID)))
         }
-        guard calls[callID] == nil else {
-            return .failure(RequestError(.callIdInUse, "call id \(callID) is already in use; use a fresh (random) call id"))
-        }
-        if let refusal = admitSender(device.userID, bytes: offer.count, now: now) { return .failure(refusal) }
-        let invitation = makeEvent(
-            .callIncoming(callID: callID, caller: device.userID, callerDevice: device.deviceID, offer: offer, serverTime: currentWall))
-        let call = CallRecord(callID: callID, caller: device, callee: callee, invitation: invitation, startedAt: now)
+        if let refusal = admitSender(device.userID, bytes: offer.count, now: now) { return .answered(.failure(refusal)) }
+        guard callDirectory.claim(callID) else { return .answered(.failure(callIDInUse(callID))) }
+        activity(device.userID).outgoingCalls.append(OutgoingCall(callID: callID, callee: callee, device: device))
+        return handOn(.invite(CallInvitation(callID: callID, caller: DeviceAddress(device), callee: callee, offer: offer)), now: now)
+    }
+
+    /// The callee's step of an invite: rings the callee's devices, or ends the call at once
+    /// when there is nobody to ring or wake.
+    mutating func ring(_ invitation: CallInvitation, now: Instant) -> StepOutcome {
+        // The id was claimed in the directory by the caller's shard: no other call has it.
+        let callID = invitation.callID, callee = invitation.callee
+        let invitationEvent = makeEvent(.callIncoming(
+            callID: callID, caller: invitation.caller.user, callerDevice: invitation.caller.device, offer: invitation.offer,
+            serverTime: currentWall))
+        let call = CallRecord(callID: callID, caller: invitation.caller, callee: callee, invitation: invitationEvent, startedAt: now)
         counters.callsStarted += 1
 
         let calleeDevices = Array(devices(of: callee))
@@ -28,165 +46,253 @@ extension SwitchboardState {
             }
             return routing.canWake(.call, registrations)
         }
+        var outcome = StepOutcome.answered(.success(currentWall))
         if online.isEmpty && wakeable.isEmpty {
             // Nobody to ring and nobody to wake: the caller learns at once.
             call.state = .ended(.unreachable)
-            enqueue(callEnded(call, .unreachable, peer: callee), to: device)
-            return .success(())
+            callDirectory.release(callID)
+            outcome.merge(toCaller(call, callEnded(call, .unreachable, peer: callee)))
+            outcome.merge(toCaller(call, .closed))
+            return outcome
         }
         calls[callID] = call
-        activity(device.userID).calls.append(call)
         activity(callee).calls.append(call)
         for target in online {
             call.rungDevices.append(target)
-            enqueue(invitation, to: target)
+            enqueue(invitationEvent, to: target)
         }
         // Offline devices are rung when they connect (see `attach`); wake them now.
         for target in wakeable { wakeUpOffline(target, .call) }
         scheduleRingTimeout(call, now: now)
-        return .success(())
+        return outcome
     }
 
-    mutating func ringing(callID: String, from device: DeviceRecord) -> Reply {
+    mutating func ringing(callID: String, from device: DeviceRecord) -> StepOutcome {
         let call: CallRecord
         switch lookUp(callID, calleeDevice: device) {
         case .success(let found): call = found
-        case .failure(let error): return .failure(error)
+        case .failure(let error): return .answered(.failure(error))
         }
-        guard call.state.isUnanswered else { return .failure(illegal(call, "report ringing")) }
+        guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "report ringing"))) }
+        var outcome = StepOutcome.answered(.success(currentWall))
         if call.state == .inviting {
             call.state = .ringing
-            enqueue(makeEvent(.callRang(callID: callID, device: device.deviceID)), to: call.caller)
+            outcome.merge(toCaller(call, .callRang(callID: callID, device: device.deviceID)))
         }
-        return .success(())
+        return outcome
     }
 
-    mutating func accept(callID: String, answer: [UInt8], from device: DeviceRecord) -> Reply {
+    mutating func accept(callID: String, answer: [UInt8], from device: DeviceRecord) -> StepOutcome {
         let call: CallRecord
         switch lookUp(callID, calleeDevice: device) {
         case .success(let found): call = found
-        case .failure(let error): return .failure(error)
+        case .failure(let error): return .answered(.failure(error))
         }
-        guard call.state.isUnanswered else { return .failure(illegal(call, "accept")) }
+        guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "accept"))) }
         call.state = .active(answeredBy: device.deviceID)
-        enqueue(
-            makeEvent(.callAccepted(callID: callID, device: device.deviceID, answer: answer)),
-            to: call.caller)
+        var outcome = StepOutcome.answered(.success(currentWall))
+        outcome.merge(toCaller(call, .callAccepted(callID: callID, device: device.deviceID, answer: answer)))
         notifyOtherCalleeDevices(of: call, except: device, reason: .answeredElsewhere)
-        return .success(())
+        return outcome
     }
 
-    mutating func reject(callID: String, reason: CallEndReason, from device: DeviceRecord) -> Reply {
+    mutating func reject(callID: String, reason: CallEndReason, from device: DeviceRecord) -> StepOutcome {
         let call: CallRecord
         switch lookUp(callID, calleeDevice: device) {
         case .success(let found): call = found
-        case .failure(let error): return .failure(error)
+        case .failure(let error): return .answered(.failure(error))
         }
-        guard call.state.isUnanswered else { return .failure(illegal(call, "reject")) }
-        enqueue(callEnded(call, reason, peer: call.callee), to: call.caller)
+        guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "reject"))) }
+        var outcome = StepOutcome.answered(.success(currentWall))
+        outcome.merge(toCaller(call, callEnded(call, reason, peer: call.callee)))
         notifyOtherCalleeDevices(of: call, except: device, reason: .declinedElsewhere)
-        end(call, reason)
-        return .success(())
+        outcome.merge(end(call, reason))
+        return outcome
     }
 
-    mutating func cancel(callID: String, from device: DeviceRecord) -> Reply {
-        guard let call = calls[callID] else { return .failure(unknown(callID)) }
-        guard call.caller === device else {
-            return .failure(RequestError(.notCallParticipant, "only the calling device can cancel call \(callID)"))
+    mutating func cancel(callID: String, from device: DeviceRecord) -> StepOutcome {
+        guard let outgoing = outgoingCall(callID, of: device.userID) else {
+            guard callDirectory.contains(callID) else { return .answered(.failure(unknown(callID))) }
+            return .answered(.failure(notCaller(callID)))
         }
-        guard call.state.isUnanswered else { return .failure(illegal(call, "cancel")) }
-        notifyOtherCalleeDevices(of: call, except: nil, reason: .cancelled)
-        end(call, .cancelled)
-        return .success(())
+        guard outgoing.device === device else { return .answered(.failure(notCaller(callID))) }
+        return handOn(.callerRequest(.cancel, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)))
     }
 
-    mutating func hangUp(callID: String, from device: DeviceRecord) -> Reply {
-        guard let call = calls[callID] else { return .failure(unknown(callID)) }
-        let isCaller = call.caller === device
-        guard isCaller || call.callee == device.userID else {
-            return .failure(RequestError(.notCallParticipant, "you are not a party to call \(callID)"))
+    mutating func hangUp(callID: String, from device: DeviceRecord) -> StepOutcome {
+        if let outgoing = outgoingCall(callID, of: device.userID) {
+            guard outgoing.device === device else { return .answered(.failure(notParty(callID))) }
+            return handOn(.callerRequest(.hangUp, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)))
         }
-        guard case .active(let answeredBy) = call.state else {
-            return .failure(illegal(call, isCaller ? "hang up (use cancel before it is answered)" : "hang up (use reject)"))
+        // Another shard's call (or one to another user of this shard): not this device's.
+        guard let call = calls[callID], call.callee == device.userID else {
+            return .answered(.failure(callDirectory.contains(callID) ? notParty(callID) : unknown(callID)))
         }
-        if isCaller {
+        guard case .active(let answeredBy) = call.state else { return .answered(.failure(illegal(call, "hang up (use reject)"))) }
+        guard device.deviceID == answeredBy else {
+            return .answered(.failure(RequestError(.notCallParticipant, "call \(callID) was answered on device \(answeredBy)")))
+        }
+        var outcome = StepOutcome.answered(.success(currentWall))
+        outcome.merge(toCaller(call, callEnded(call, .hungUp, peer: device.userID)))
+        outcome.merge(end(call, .hungUp))
+        return outcome
+    }
+
+    /// The callee's step of a cancel or hang-up from the calling device.
+    mutating func callerAsked(_ request: CallerRequest, callID: String, caller: DeviceAddress) -> StepOutcome {
+        guard let call = calls[callID], call.caller == caller else { return .answered(.failure(unknown(callID))) }
+        switch request {
+        case .cancel:
+            guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "cancel"))) }
+            notifyOtherCalleeDevices(of: call, except: nil, reason: .cancelled)
+            return .answered(.success(currentWall), next: end(call, .cancelled).next)
+        case .hangUp:
+            guard case .active(let answeredBy) = call.state else {
+                return .answered(.failure(illegal(call, "hang up (use cancel before it is answered)")))
+            }
             if let answering = self.device(call.callee, answeredBy) {
-                enqueue(callEnded(call, .hungUp, peer: device.userID), to: answering)
+                enqueue(callEnded(call, .hungUp, peer: caller.user), to: answering)
             }
-        } else {
-            guard device.deviceID == answeredBy else {
-                return .failure(RequestError(.notCallParticipant, "call \(callID) was answered on device \(answeredBy)"))
-            }
-            enqueue(callEnded(call, .hungUp, peer: device.userID), to: call.caller)
+            return .answered(.success(currentWall), next: end(call, .hungUp).next)
         }
-        end(call, .hungUp)
-        return .success(())
     }
 
     // MARK: Server-generated endings
 
     /// The ring timeout passed with nobody answering: a missed call.
-    mutating func ringTimedOut(_ call: CallRecord) {
+    mutating func ringTimedOut(_ call: CallRecord) -> StepOutcome {
         let reason: CallEndReason = call.rungDevices.isEmpty ? .unreachable : .noAnswer
-        enqueue(callEnded(call, reason, peer: call.callee), to: call.caller)
+        var outcome = toCaller(call, callEnded(call, reason, peer: call.callee))
         // Every device of the callee learns of the missed call, connected or not.
         for device in devices(of: call.callee) {
-            enqueue(callEnded(call, .noAnswer, peer: call.caller.userID), to: device)
+            enqueue(callEnded(call, .noAnswer, peer: call.caller.user), to: device)
         }
-        end(call, reason)
+        outcome.merge(end(call, reason))
+        return outcome
     }
 
-    /// `device` lost its connection and did not come back within the grace period.
-    mutating func partyVanished(_ call: CallRecord, _ device: DeviceRecord) {
-        if call.caller === device {
-            if case .active(let answeredBy) = call.state {
-                if let answering = self.device(call.callee, answeredBy) {
-                    enqueue(callEnded(call, .peerDisconnected, peer: device.userID), to: answering)
-                }
-            } else {
-                notifyOtherCalleeDevices(of: call, except: nil, reason: .peerDisconnected)
-            }
-            end(call, .peerDisconnected)
-            return
-        }
+    /// The callee's `device` lost its connection and did not come back within the grace
+    /// period (or its user was forgotten).
+    mutating func partyVanished(_ call: CallRecord, _ device: DeviceRecord) -> StepOutcome {
         switch call.state {
         case .active(let answeredBy) where answeredBy == device.deviceID:
-            enqueue(callEnded(call, .peerDisconnected, peer: call.callee), to: call.caller)
-            end(call, .peerDisconnected)
+            var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
+            outcome.merge(end(call, .peerDisconnected))
+            return outcome
         case .inviting, .ringing:
             // The callee is gone only when every device that was ringing is gone.
-            guard !call.rungDevices.contains(where: \.isOnline) else { return }
-            enqueue(callEnded(call, .peerDisconnected, peer: call.callee), to: call.caller)
-            for rung in call.rungDevices { enqueue(callEnded(call, .noAnswer, peer: call.caller.userID), to: rung) }
-            end(call, .peerDisconnected)
+            guard !call.rungDevices.contains(where: \.isOnline) else { return StepOutcome(reply: nil) }
+            var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
+            for rung in call.rungDevices { enqueue(callEnded(call, .noAnswer, peer: call.caller.user), to: rung) }
+            outcome.merge(end(call, .peerDisconnected))
+            return outcome
         default:
-            return
+            return StepOutcome(reply: nil)
         }
+    }
+
+    /// The calling device stayed away past its grace period (or its user was forgotten):
+    /// the callee's step, which ends the call for the callee's devices.
+    mutating func callerVanished(callID: String, caller: DeviceAddress) -> StepOutcome {
+        guard let call = calls[callID], call.caller == caller, call.isLive else { return StepOutcome(reply: nil) }
+        if case .active(let answeredBy) = call.state {
+            if let answering = self.device(call.callee, answeredBy) {
+                enqueue(callEnded(call, .peerDisconnected, peer: caller.user), to: answering)
+            }
+        } else {
+            notifyOtherCalleeDevices(of: call, except: nil, reason: .peerDisconnected)
+        }
+        return end(call, .peerDisconnected)
+    }
+
+    /// The calling device `device` is gone for good: the steps that end its calls.
+    mutating func callerGone(_ device: DeviceRecord) -> StepOutcome {
+        var outcome = StepOutcome(reply: nil)
+        for outgoing in activities[device.userID]?.outgoingCalls ?? [] where outgoing.device === device {
+            outcome.merge(handOn(.callerVanished(callID: outgoing.callID, callee: outgoing.callee, caller: DeviceAddress(device))))
+        }
+        return outcome
+    }
+
+    /// The caller's shard forgets a call that ended (or was refused).
+    mutating func forgetOutgoingCall(_ callID: String, of caller: DeviceAddress) {
+        guard let activity = activities[caller.user] else { return }
+        activity.outgoingCalls.removeAll { $0.callID == callID && caller.names($0.device) }
+        compactActivity(caller.user)
     }
 
     // MARK: Helpers
 
-    private func callEnded(_ call: CallRecord, _ reason: CallEndReason, peer: String) -> QueuedEvent {
-        makeEvent(.callEnded(callID: call.callID, reason: reason, peer: peer, serverTime: currentWall))
+    private func outgoingCall(_ callID: String, of userID: String) -> OutgoingCall? {
+        activities[userID]?.outgoingCalls.first { $0.callID == callID }
     }
 
-    private mutating func notifyOtherCalleeDevices(of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason) {
-        let event = callEnded(call, reason, peer: call.caller.userID)
-        for rung in call.rungDevices where rung !== device { enqueue(event, to: rung) }
+    /// Tells the calling device `event` (a step when it is another shard's).
+    private mutating func toCaller(_ call: CallRecord, _ event: Event) -> StepOutcome {
+        toCaller(call, .event(event))
     }
 
-    private mutating func end(_ call: CallRecord, _ reason: CallEndReason) {
-        call.state = .ended(reason)
-        calls[call.callID] = nil
-        for userID in [call.caller.userID, call.callee] {
-            activities[userID]?.calls.removeAll { $0 === call }
-            compactActivity(userID)
+    private mutating func toCaller(_ call: CallRecord, _ notice: CallerNotice) -> StepOutcome {
+        handOn(.toCaller(notice, callID: call.callID, caller: call.caller, number: call.nextNoticeNumber()))
+    }
+
+    /// The caller's step of a notice from the callee's shard: applied in the order they
+    /// were numbered (one that overtook an earlier one waits for it).
+    mutating func receive(_ notice: CallerNotice, callID: String, caller: DeviceAddress, number: UInt32) {
+        guard let outgoing = activities[caller.user]?.outgoingCalls.first(where: { $0.callID == callID && caller.names($0.device) }) else {
+            // The call is no longer known here (its caller was forgotten): nothing to order.
+            apply(notice, callID: callID, caller: caller)
+            return
+        }
+        guard number == outgoing.nextNotice else {
+            outgoing.earlyNotices.append((number, notice))
+            return
+        }
+        apply(notice, callID: callID, caller: caller)
+        outgoing.nextNotice += 1
+        while let index = outgoing.earlyNotices.firstIndex(where: { $0.number == outgoing.nextNotice }) {
+            apply(outgoing.earlyNotices.remove(at: index).notice, callID: callID, caller: caller)
+            outgoing.nextNotice += 1
         }
     }
 
+    private mutating func apply(_ notice: CallerNotice, callID: String, caller: DeviceAddress) {
+        switch notice {
+        case .event(let event):
+            if let device = device(caller.user, caller.device) { enqueue(event, to: device) }
+        case .closed:
+            forgetOutgoingCall(callID, of: caller)
+        }
+    }
+
+    private func callEnded(_ call: CallRecord, _ reason: CallEndReason, peer: String) -> Event {
+        .callEnded(callID: call.callID, reason: reason, peer: peer, serverTime: currentWall)
+    }
+
+    private mutating func enqueue(_ event: Event, to device: DeviceRecord) {
+        enqueue(makeEvent(event), to: device)
+    }
+
+    private mutating func notifyOtherCalleeDevices(of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason) {
+        let event = makeEvent(callEnded(call, reason, peer: call.caller.user))
+        for rung in call.rungDevices where rung !== device { enqueue(event, to: rung) }
+    }
+
+    /// Drops a call from the callee's shard; the caller's shard forgets it in the step
+    /// returned (its last notice).
+    private mutating func end(_ call: CallRecord, _ reason: CallEndReason) -> StepOutcome {
+        call.state = .ended(reason)
+        calls[call.callID] = nil
+        callDirectory.release(call.callID)
+        activities[call.callee]?.calls.removeAll { $0 === call }
+        compactActivity(call.callee)
+        return toCaller(call, .closed)
+    }
+
     private func lookUp(_ callID: String, calleeDevice device: DeviceRecord) -> Result<CallRecord, RequestError> {
-        guard let call = calls[callID] else { return .failure(unknown(callID)) }
-        guard call.callee == device.userID else {
+        guard let call = calls[callID], call.callee == device.userID else {
+            // Another shard's call (or one to another user of this shard).
+            guard callDirectory.contains(callID) else { return .failure(unknown(callID)) }
             return .failure(RequestError(.notCallParticipant, "call \(callID) is not addressed to you"))
         }
         return .success(call)
@@ -194,6 +300,18 @@ extension SwitchboardState {
 
     private func unknown(_ callID: String) -> RequestError {
         RequestError(.unknownCall, "no live call with id \(callID)")
+    }
+
+    private func callIDInUse(_ callID: String) -> RequestError {
+        RequestError(.callIdInUse, "call id \(callID) is already in use; use a fresh (random) call id")
+    }
+
+    private func notCaller(_ callID: String) -> RequestError {
+        RequestError(.notCallParticipant, "only the calling device can cancel call \(callID)")
+    }
+
+    private func notParty(_ callID: String) -> RequestError {
+        RequestError(.notCallParticipant, "you are not a party to call \(callID)")
     }
 
     private func illegal(_ call: CallRecord, _ step: String) -> RequestError {

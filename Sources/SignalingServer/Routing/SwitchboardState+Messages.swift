@@ -1,77 +1,183 @@
 import SignalingProtocol
 import SignalingSupport
 
-/// The outcome of a MESSAGE_SEND that was not refused.
+/// The outcome of a MESSAGE_SEND that was not refused (yet).
 struct MessageAcceptance {
     /// The server timestamp for OK (the original one for a duplicate).
     let serverTime: UInt64
-    /// The queued event (nil for a duplicate): cancelled if its commit fails.
+    /// The queued event (nil for a duplicate, or when `handOff` decides): cancelled if its
+    /// commit fails.
     let event: QueuedEvent?
+    /// The recipient is on another shard: the sender's side admitted the message, and this
+    /// step, run on the recipient's shard, queues or refuses it and answers the request.
+    var handOff: ShardStep? = nil
 }
 
 /// Message routing (docs/PROTOCOL.md 6.2): de-duplication, all-or-nothing fan-out,
 /// holding for users with no known device.
+///
+/// Across shards a message is three steps, all-or-nothing like one hold: the sender's shard
+/// checks what it holds (the message id, the sender's rate, room in the sender's other
+/// devices), claims the id and queues the copies to the sender's other devices, not to be
+/// written yet (`QueuedEvent.awaitsDecision`: they take their room and their place in each
+/// device's order now, so nothing that happens before the decision can crowd them out);
+/// the recipient's shard queues it to the recipient's devices (or holds it), or refuses it,
+/// and answers; the sender's shard then releases the copies and remembers the id, or
+/// withdraws the copies (never written, their numbers holes) and frees the id.
+/// A repeat of the id before the decision is refused (`rateLimited`): an OK for it could
+/// still turn out wrong, and the client's retry a moment later gets the decided answer.
 extension SwitchboardState {
     /// Accepts a message from a device and queues it to the recipient's devices and to the
     /// sender's other devices.
     mutating func send(_ message: OutgoingMessage, from device: DeviceRecord, now: Instant) -> Result<MessageAcceptance, RequestError> {
-        send(message, sender: device.userID, senderDevice: device.deviceID, sendingDevice: device, now: now)
+        assertOwns(device)
+        return send(message, sender: device.userID, senderDevice: device.deviceID, sendingDevice: device, now: now)
     }
 
     /// Accepts a message from `sender` (a device of it, `sendingDevice`, or a system sender
     /// of the admin API with none) and queues it to the recipient's devices and, for
     /// multi-device sync, to the sender's devices other than the sending one: every device
-    /// of a user sees the messages the user sent. All of them share one event, so a
-    /// cancelled message is cancelled everywhere; only the recipient's acknowledgements
-    /// produce receipts (`acknowledge`).
+    /// of a user sees the messages the user sent. Within one shard all of them share one
+    /// event, so a cancelled message is cancelled everywhere; only the recipient's
+    /// acknowledgements produce receipts (`acknowledge`).
     mutating func send(
         _ message: OutgoingMessage, sender: String, senderDevice: String, sendingDevice: DeviceRecord?, now: Instant
     ) -> Result<MessageAcceptance, RequestError> {
         let senderActivity = activities[sender]
+        if senderActivity?.undecidedMessages[message.messageID] != nil {
+            return .failure(RequestError(
+                .rateLimited, "message \(message.messageID) is still being decided by its recipient's shard; retry"))
+        }
         if let original = senderActivity?.recentMessageIDs[message.messageID] {
             counters.messagesDeduplicated += 1
             return .success(MessageAcceptance(serverTime: original, event: nil))
         }
         if let refusal = admitSender(sender, bytes: message.body.count, now: now) { return .failure(refusal) }
-        let recipients = Array(devices(of: message.recipient))
-        let targets = recipients.filter { $0 !== sendingDevice }
-        let holdForUser = recipients.isEmpty
         // A note to oneself already reaches the sender's other devices as the recipient's.
         let copies = message.recipient == sender ? [] : devices(of: sender).filter { $0 !== sendingDevice }
-        // All or nothing: a message is either queued to every target or refused.
-        if let full = (targets + copies).first(where: { !hasRoom($0) }) {
-            return .failure(RequestError(
-                .recipientBacklogFull,
-                "device \(full.deviceID) of \(message.recipient) has \(full.queue.count) unacknowledged events; retry later"))
+        let delivered = DeliveredMessage(
+            messageID: message.messageID, sender: sender, senderDevice: senderDevice,
+            recipient: message.recipient, contentType: message.contentType, body: message.body,
+            serverTime: currentWall)
+        guard shardMap.owns(message.recipient) else {
+            if let full = copies.first(where: { !hasRoom($0) }) { return .failure(backlogFull(full)) }
+            activity(sender).undecidedMessages[message.messageID] = queueUndecidedCopies(of: delivered, to: copies)
+            return .success(MessageAcceptance(serverTime: delivered.serverTime, event: nil, handOff: .deliverMessage(delivered)))
         }
-        if holdForUser, (activities[message.recipient]?.held.count ?? 0) >= configuration.maxPendingEvents {
-            return .failure(RequestError(
-                .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later"))
-        }
-        // A full queue first (the recipient's state), then this sender's share of it.
-        if let refusal = checkSenderShare(sender, recipient: message.recipient, devices: targets) {
-            counters.refusedSenderQuota += 1
+        let recipients = Array(devices(of: message.recipient))
+        let targets = recipients.filter { $0 !== sendingDevice }
+        if let refusal = refusalToQueue(delivered, targets: targets, copies: copies, holdForUser: recipients.isEmpty) {
             return .failure(refusal)
         }
+        let event = messageEvent(delivered)
+        queue(event, for: delivered.recipient, targets: targets, holdForUser: recipients.isEmpty, now: now)
+        for copy in copies { enqueue(event, to: copy) }
+        rememberMessageID(
+            message.messageID, sender: sender, serverTime: delivered.serverTime, now: now,
+            in: senderActivity ?? activity(sender))
+        counters.messagesAccepted += 1
+        return .success(MessageAcceptance(serverTime: delivered.serverTime, event: event))
+    }
 
-        let serverTime = currentWall
-        let event = makeEvent(
-            .message(DeliveredMessage(
-                messageID: message.messageID, sender: sender, senderDevice: senderDevice,
-                recipient: message.recipient, contentType: message.contentType, body: message.body,
-                serverTime: serverTime)),
-            receipt: DeliveryReceipt(sender: sender, messageID: message.messageID, recipient: message.recipient))
+    /// The recipient's step of a message from another shard's user: queued to every device
+    /// of the recipient (or held), or refused with nothing queued.
+    mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
+        let recipients = Array(devices(of: message.recipient))
+        let accepted: Bool
+        var outcome: StepOutcome
+        if let refusal = refusalToQueue(message, targets: recipients, copies: [], holdForUser: recipients.isEmpty) {
+            accepted = false
+            outcome = .answered(.failure(refusal))
+        } else {
+            queue(messageEvent(message), for: message.recipient, targets: recipients, holdForUser: recipients.isEmpty, now: now)
+            counters.messagesAccepted += 1
+            accepted = true
+            outcome = .answered(.success(message.serverTime))
+        }
+        outcome.merge(handOn(.settleMessage(message, accepted: accepted), now: now))
+        return outcome
+    }
+
+    /// The sender's first step of a message to another shard's user: its copy queued to
+    /// each of `copies` (which have room), not to be written before the decision.
+    private mutating func queueUndecidedCopies(of message: DeliveredMessage, to copies: [DeviceRecord]) -> UndecidedMessage {
+        guard !copies.isEmpty else { return UndecidedMessage(serverTime: message.serverTime, copy: nil, copiedTo: []) }
+        let copy = messageEvent(message)
+        copy.awaitsDecision = true
+        var copiedTo: [(device: DeviceRecord, seq: UInt64)] = []
+        for device in copies where enqueue(copy, to: device) { copiedTo.append((device, device.lastSeq)) }
+        return UndecidedMessage(serverTime: message.serverTime, copy: copy, copiedTo: copiedTo)
+    }
+
+    /// The sender's last step of a message to another shard's user: the copies queued in
+    /// its first step go out and its id is remembered, or (refused) the copies are
+    /// cancelled and the id is free again. Nothing if the sender was forgotten meanwhile.
+    mutating func settleMessage(_ message: DeliveredMessage, accepted: Bool, now: Instant) {
+        guard let activity = activities[message.sender],
+            let undecided = activity.undecidedMessages.removeValue(forKey: message.messageID)
+        else { return }
+        if let copy = undecided.copy {
+            copy.awaitsDecision = false
+            if !accepted { copy.isCancelled = true }
+            // Devices forgotten meanwhile are left alone (their queues were counted out).
+            for (device, seq) in undecided.copiedTo where self.device(device.userID, device.deviceID) === device {
+                if accepted {
+                    if device.queue.event(seq) === copy { announce(device, about: copy) }
+                } else {
+                    // Refused: as if never queued (its number stays a hole), and the
+                    // device's pump, stopped before it, goes on.
+                    withdraw(copy, seq: seq, from: device)
+                    if device.isOnline { announce(device, about: copy) }
+                }
+            }
+        }
+        if accepted {
+            rememberMessageID(message.messageID, sender: message.sender, serverTime: message.serverTime, now: now, in: activity)
+        } else {
+            compactActivity(message.sender)
+        }
+    }
+
+    /// Why `message` cannot be queued to `targets` and `copies` (or held for its recipient,
+    /// `holdForUser`) now; nil if it can. Checks a full queue first (the recipient's
+    /// state), then the sender's share of it.
+    private mutating func refusalToQueue(
+        _ message: DeliveredMessage, targets: [DeviceRecord], copies: [DeviceRecord], holdForUser: Bool
+    ) -> RequestError? {
+        // All or nothing: a message is either queued to every target or refused.
+        if let full = (targets + copies).first(where: { !hasRoom($0) }) { return backlogFull(full) }
+        if holdForUser, (activities[message.recipient]?.held.count ?? 0) >= configuration.maxPendingEvents {
+            return RequestError(
+                .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later")
+        }
+        if let refusal = checkSenderShare(message.sender, recipient: message.recipient, devices: targets) {
+            counters.refusedSenderQuota += 1
+            return refusal
+        }
+        return nil
+    }
+
+    private func backlogFull(_ device: DeviceRecord) -> RequestError {
+        RequestError(
+            .recipientBacklogFull,
+            "device \(device.deviceID) of \(device.userID) has \(device.queue.count) unacknowledged events; retry later")
+    }
+
+    /// The MESSAGE event of `message`, with the receipt its recipient's acknowledgement makes.
+    private func messageEvent(_ message: DeliveredMessage) -> QueuedEvent {
+        makeEvent(
+            .message(message),
+            receipt: DeliveryReceipt(sender: message.sender, messageID: message.messageID, recipient: message.recipient))
+    }
+
+    /// Queues `event` to the recipient's `targets`, or holds it for the recipient, which
+    /// has no device (`holdForUser`).
+    private mutating func queue(_ event: QueuedEvent, for recipient: String, targets: [DeviceRecord], holdForUser: Bool, now: Instant) {
         if holdForUser {
-            hold(event, for: message.recipient, now: now)
+            hold(event, for: recipient, now: now)
         } else {
             for target in targets { enqueue(event, to: target) }
         }
-        for copy in copies { enqueue(event, to: copy) }
-        rememberMessageID(
-            message.messageID, sender: sender, serverTime: serverTime, now: now,
-            in: senderActivity ?? activity(sender))
-        counters.messagesAccepted += 1
-        return .success(MessageAcceptance(serverTime: serverTime, event: event))
     }
 
     /// The store could not commit an accepted message in time: it was refused after all.

@@ -49,6 +49,8 @@ struct AttachGrant {
     let lastSeq: UInt64
     /// Events are waiting: the loop must pump the connection after WELCOME.
     let needsPump: Bool
+    /// Receipts of what the resume point acknowledged, for senders on other shards.
+    let next: [ShardStep]
 }
 
 /// Durable changes made by one operation, and the events they make writable once the
@@ -100,6 +102,29 @@ struct SwitchboardCounters: Sendable, Equatable {
     var pendingEvents = 0
 }
 
+extension SwitchboardCounters {
+    /// The server's counters: every shard's added up.
+    static func + (a: Self, b: Self) -> Self {
+        var sum = a
+        sum.eventsQueued += b.eventsQueued
+        sum.eventsDropped += b.eventsDropped
+        sum.sessionsExpired += b.sessionsExpired
+        sum.devicesExpired += b.devicesExpired
+        sum.eventsExpired += b.eventsExpired
+        sum.messagesAccepted += b.messagesAccepted
+        sum.messagesDeduplicated += b.messagesDeduplicated
+        sum.messagesCancelled += b.messagesCancelled
+        sum.callsStarted += b.callsStarted
+        sum.refusedSenderQuota += b.refusedSenderQuota
+        sum.refusedRate += b.refusedRate
+        sum.refusedCapacity += b.refusedCapacity
+        sum.bodiesEvicted += b.bodiesEvicted
+        sum.bodiesRestored += b.bodiesRestored
+        sum.pendingEvents += b.pendingEvents
+        return sum
+    }
+}
+
 /// The routing core: users, devices, sessions, queues and calls, as a pure state machine.
 ///
 /// Every operation takes the current time as an argument and records what the event loops
@@ -127,8 +152,13 @@ struct SwitchboardState {
     /// a device with none has no entry.
     var pushRegistrations: [ObjectIdentifier: [PushRegistration]] = [:]
     var counters = SwitchboardCounters()
-    /// The memory held by this server's events (`--memory-budget`).
-    let ledger = MemoryLedger()
+    /// The memory held by this server's events (`--memory-budget`): one ledger shared by
+    /// every shard (an atomic; the budget is the server's, not a shard's).
+    let ledger: MemoryLedger
+    /// Which shard this is: the users it holds (`ShardMap.owns`).
+    let shardMap: ShardMap
+    /// The live call ids of every shard (shared, like `ledger`).
+    let callDirectory: CallDirectory
     /// Unacknowledged messages per sender and recipient queue (`maxPendingPerSender`);
     /// an entry exists only while its count is positive.
     var pendingBySender: [SenderShareKey: Int] = [:]
@@ -169,14 +199,22 @@ struct SwitchboardState {
     /// A call party lost its connection: the call ends at `deadline` unless the party is
     /// back, or lost it again later (`CallRecord.graceDeadline(of:)` is then another one).
     private var graceChecks = FIFOQueue<(call: CallRecord, device: DeviceRecord, deadline: Instant)>()
+    /// The same for a calling device, in the caller's shard (`OutgoingCall.graceDeadline`).
+    private var callerGraceChecks = FIFOQueue<(call: OutgoingCall, deadline: Instant)>()
     private var dedupExpiry = FIFOQueue<(sender: String, messageID: String, deadline: Instant)>()
     private var heldExpiry = FIFOQueue<(user: String, event: QueuedEvent, deadline: Instant)>()
 
     /// `configuration.dedupWindow` in milliseconds, worked out once (every message needs it).
     private let dedupWindowMilliseconds: UInt64
 
-    init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool = false) {
+    init(
+        configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool = false,
+        shard: ShardMap = .single, ledger: MemoryLedger = MemoryLedger(), callDirectory: CallDirectory = CallDirectory()
+    ) {
         self.configuration = configuration
+        self.shardMap = shard
+        self.ledger = ledger
+        self.callDirectory = callDirectory
         dedupWindowMilliseconds = UInt64(configuration.dedupWindow.milliseconds)
         self.epoch = epoch
         self.journaling = journaling
@@ -214,6 +252,13 @@ struct SwitchboardState {
     // MARK: Records
 
     func devices(of userID: String) -> DeviceList { DeviceList(first: users[userID]) }
+
+    /// Debug builds: `device` is one of this shard's records (a loop passed a record to the
+    /// shard of its user, not another).
+    @inline(__always)
+    func assertOwns(_ device: DeviceRecord) {
+        assert(shardMap.owns(device.userID), "device of \(device.userID) given to shard \(shardMap.index) of \(shardMap.count)")
+    }
 
     func device(_ userID: String, _ deviceID: String) -> DeviceRecord? {
         devices(of: userID).first { $0.deviceID == deviceID }
@@ -260,6 +305,7 @@ struct SwitchboardState {
         var device = self.device(userID, deviceID)
         var sentSeq: UInt64
         var resumed = false
+        var receipts: [ShardStep] = []
 
         if let resume {
             guard let known = device, known.sessionID == resume.sessionID else {
@@ -274,7 +320,7 @@ struct SwitchboardState {
                     .invalidSequence,
                     "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.lastSeq))"))
             }
-            acknowledge(known, through: resume.lastReceivedSeq)
+            receipts = acknowledge(known, through: resume.lastReceivedSeq)
             sentSeq = max(known.ackedSeq, resume.lastReceivedSeq)
             resumed = true
         } else if let known = device {
@@ -313,7 +359,7 @@ struct SwitchboardState {
         }
         return .success(AttachGrant(
             record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq,
-            lastSeq: record.lastSeq, needsPump: needsPump))
+            lastSeq: record.lastSeq, needsPump: needsPump, next: receipts))
     }
 
     /// Messages that waited for this user's first device.
@@ -345,6 +391,7 @@ struct SwitchboardState {
     /// The connection is gone. The session stays resumable for `sessionTTL`; calls the
     /// device takes part in end unless it comes back within `callGrace`.
     mutating func detach(_ device: DeviceRecord, connection: ConnectionRef, now: Instant) {
+        assertOwns(device)
         guard device.connection == connection else { return }  // already taken over
         device.connection = nil
         device.wakePending = false
@@ -355,6 +402,10 @@ struct SwitchboardState {
         for call in activities[device.userID]?.calls ?? [] where call.isLive && involves(call, device) {
             call.setGraceDeadline(graceDeadline, of: device)
             graceChecks.push((call, device, graceDeadline))
+        }
+        for call in activities[device.userID]?.outgoingCalls ?? [] where call.device === device {
+            call.graceDeadline = graceDeadline
+            callerGraceChecks.push((call, graceDeadline))
         }
         if evictsBodies {
             device.queue.forEach(after: device.ackedSeq) { _, event in
@@ -430,13 +481,13 @@ struct SwitchboardState {
                 // the store batch drops it before it reaches the disk). Its number is
                 // reserved, so a crash before the commit cannot make it reused.
                 device.writableSeq = seq
-                announce(device, about: event)
+                if !event.awaitsDecision { announce(device, about: event) }
             } else {
                 unit.durable.append((device, seq, event))
             }
         } else {
             device.writableSeq = seq
-            announce(device, about: event)
+            if !event.awaitsDecision { announce(device, about: event) }
         }
         return true
     }
@@ -482,7 +533,7 @@ struct SwitchboardState {
         announce(device, about: event)
     }
 
-    private mutating func announce(_ device: DeviceRecord, about event: QueuedEvent) {
+    mutating func announce(_ device: DeviceRecord, about event: QueuedEvent) {
         announce(device, event.wakeUpKind, conversation: event.receipt?.sender)
     }
 
@@ -515,7 +566,8 @@ struct SwitchboardState {
     /// sequence numbers: committed ones only, cancelled ones skipped, at most `limit` of
     /// them, and none after one for which `body` returns false (it is full). Stops before
     /// an event whose body is not in memory (`waitsForBody`: the store must hand it back
-    /// first). Returns nil when the connection no longer speaks for the device (it was
+    /// first), and before one that awaits its decision (`QueuedEvent.awaitsDecision`: the
+    /// decision wakes the connection). Returns nil when the connection no longer speaks for the device (it was
     /// taken over), else the new write position.
     ///
     /// Touches only the device record (a class), never the state itself: the `Switchboard`
@@ -524,6 +576,7 @@ struct SwitchboardState {
         for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int,
         _ body: (UInt64, QueuedEvent) -> Bool
     ) -> (position: UInt64, waitsForBody: UInt64?)? {
+        assertOwns(device)
         guard device.connection == connection else { return nil }
         device.wakePending = false
         var position = max(sentSeq, device.ackedSeq)
@@ -533,8 +586,8 @@ struct SwitchboardState {
         var waitsForBody: UInt64?
         device.queue.forEach(after: position) { seq, event in
             guard seq <= writable else { return false }
-            guard handed < limit else {
-                full = true
+            guard handed < limit, !event.awaitsDecision else {
+                full = true  // stops here: the numbers after `position` are not all written
                 return false
             }
             if !event.isCancelled && !event.isResident {
@@ -555,18 +608,23 @@ struct SwitchboardState {
         return (full || waitsForBody != nil ? position : max(position, writable), waitsForBody)
     }
 
-    /// A cumulative ACK from the device's live connection.
-    mutating func ack(_ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64) -> ProtocolViolation? {
-        guard device.connection == connection else { return nil }  // a late ACK from an evicted connection
+    /// A cumulative ACK from the device's live connection: a violation, or the receipts
+    /// for senders on other shards (steps to run there).
+    mutating func ack(
+        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64
+    ) -> (violation: ProtocolViolation?, next: [ShardStep]) {
+        assertOwns(device)
+        guard device.connection == connection else { return (nil, []) }  // a late ACK from an evicted connection
         guard seq <= device.lastSeq else {
-            return ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))")
+            return (ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))"), [])
         }
-        acknowledge(device, through: seq)
-        return nil
+        return (nil, acknowledge(device, through: seq))
     }
 
-    private mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) {
-        guard seq > device.ackedSeq else { return }
+    /// Drops `device`'s events through `seq` and makes their receipts: delivered here to a
+    /// sender this shard holds, returned as steps for the others.
+    private mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
+        guard seq > device.ackedSeq else { return [] }
         var receipts: [DeliveryReceipt] = []
         let shareQueue = ShareQueue.device(ObjectIdentifier(device))
         let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
@@ -582,21 +640,43 @@ struct SwitchboardState {
             trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
         }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
+        var next: [ShardStep] = []
         for receipt in receipts {
-            // Not counted in the memory ledger: a receipt is small and made for every
-            // delivery (a fan-out makes thousands a second), and what a device can hold of
-            // them is bounded by --max-pending.
-            let delivered = QueuedEvent(
-                .messageDelivered(
-                    messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: device.deviceID,
-                    serverTime: currentWall),
-                createdAt: currentWall)
-            for senderDevice in devices(of: receipt.sender) { enqueue(delivered, to: senderDevice) }
+            next += handOn(.receipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)).next
         }
+        return next
     }
 
+    /// Takes `event`, numbered `seq`, out of `device`'s queue (a device this shard still
+    /// knows), if it is still there (an event refused after it was queued): its number
+    /// becomes a hole, which counts as acknowledged, and its room is free again.
+    mutating func withdraw(_ event: QueuedEvent, seq: UInt64, from device: DeviceRecord) {
+        guard device.queue.event(seq) === event else { return }  // acknowledged, or the device forgotten
+        let shareQueue = ShareQueue.device(ObjectIdentifier(device))
+        let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
+        _ = device.withdraw(seq)
+        counters.pendingEvents -= 1
+        if sharesTracked && event.receipt != nil {
+            trackedSharesRemoved([event], from: shareQueue, count: device.queue.count, events: device.forEachEvent)
+        }
+        journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
+    }
+
+    /// MESSAGE_DELIVERED to every device of the message's sender.
+    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) {
+        // Not counted in the memory ledger: a receipt is small and made for every
+        // delivery (a fan-out makes thousands a second), and what a device can hold of
+        // them is bounded by --max-pending.
+        let delivered = QueuedEvent(
+            .messageDelivered(
+                messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: recipientDevice,
+                serverTime: serverTime),
+            createdAt: currentWall)
+        for senderDevice in devices(of: receipt.sender) { enqueue(delivered, to: senderDevice) }
+    }
+
+    /// Whether the callee's `device` takes part in `call` (rung, or answered it).
     func involves(_ call: CallRecord, _ device: DeviceRecord) -> Bool {
-        if call.caller === device { return true }
         guard call.callee == device.userID else { return false }
         switch call.state {
         case .inviting, .ringing: return call.rungDevices.contains { $0 === device }
@@ -700,13 +780,14 @@ struct SwitchboardState {
     /// device expiry) still runs first. What is due but waits for the next call is late by
     /// one hold of the lock, never early.
     @discardableResult
-    mutating func expire(now: Instant, budget: Int = SwitchboardState.expiryBudget) -> Bool {
+    mutating func expire(now: Instant, budget: Int = SwitchboardState.expiryBudget) -> ExpiryPass {
         var budget = budget
+        var outcome = StepOutcome(reply: nil)
         let nowSecond = second(now)
         while budget > 0, let entry = ringExpiry.first, entry.deadline <= now {
             budget -= 1
             ringExpiry.pop()
-            if entry.call.isLive && entry.call.state.isUnanswered { ringTimedOut(entry.call) }
+            if entry.call.isLive && entry.call.state.isUnanswered { outcome.merge(ringTimedOut(entry.call)) }
         }
         while budget > 0, let entry = graceChecks.first, entry.deadline <= now {
             budget -= 1
@@ -715,7 +796,18 @@ struct SwitchboardState {
             // Only the check of the party's latest disconnect acts: after a resume and
             // another loss, the earlier check would end the call early.
             if entry.call.isLive && !device.isOnline && entry.call.graceDeadline(of: device) == entry.deadline {
-                partyVanished(entry.call, device)
+                outcome.merge(partyVanished(entry.call, device))
+            }
+        }
+        while budget > 0, let entry = callerGraceChecks.first, entry.deadline <= now {
+            budget -= 1
+            callerGraceChecks.pop()
+            let call = entry.call
+            // As above; and the call must not have ended meanwhile.
+            if !call.device.isOnline && call.graceDeadline == entry.deadline
+                && activities[call.device.userID]?.outgoingCalls.contains(where: { $0 === call }) == true
+            {
+                outcome.merge(handOn(.callerVanished(callID: call.callID, callee: call.callee, caller: DeviceAddress(call.device))))
             }
         }
         while let device = takeDueExpiry(.session, at: nowSecond, budget: &budget) {
@@ -751,13 +843,21 @@ struct SwitchboardState {
             activity.firstHeldOrdinal += 1
             compactActivity(entry.user)
         }
-        return budget == 0 && hasDueDeadline(now: now, nowSecond: nowSecond)
+        return ExpiryPass(moreDue: budget == 0 && hasDueDeadline(now: now, nowSecond: nowSecond), next: outcome.next)
+    }
+
+    /// What one `expire` call left: whether more deadlines are due, and the steps for
+    /// other shards (call endings for callers and callees there).
+    struct ExpiryPass {
+        let moreDue: Bool
+        let next: [ShardStep]
     }
 
     /// Whether any deadline queue has an entry due at `now` (stale ones included).
     private func hasDueDeadline(now: Instant, nowSecond: UInt32) -> Bool {
         if let entry = ringExpiry.first, entry.deadline <= now { return true }
         if let entry = graceChecks.first, entry.deadline <= now { return true }
+        if let entry = callerGraceChecks.first, entry.deadline <= now { return true }
         if let entry = sessionExpiry.first, entry.deadline <= nowSecond { return true }
         if let entry = deviceExpiry.first, entry.deadline <= nowSecond { return true }
         if let entry = dedupExpiry.first, entry.deadline <= now { return true }

@@ -36,7 +36,9 @@ final class ServerContext: Sendable {
         self.logger = logger
         self.counters = StatisticsCounters(loops: configuration.workers)
         let now = clock.now()
-        self.switchboard = Switchboard(configuration: configuration.switchboard, epoch: now, journaling: journaling)
+        self.switchboard = Switchboard(
+            configuration: configuration.switchboard, epoch: now, journaling: journaling,
+            shardCount: Switchboard.shardCount(workers: configuration.workers, journaling: journaling))
         self.startInstant = now
         self.admission = AdmissionControl(
             maxConnectionsPerAddress: configuration.maxConnectionsPerAddress,

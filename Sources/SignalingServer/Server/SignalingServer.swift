@@ -83,13 +83,13 @@ public final class SignalingServer: Sendable {
             configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway,
             tokenVerifier: try Authentication.verifier(for: configuration), tlsContext: tlsContext)
         self.context = context
-        context.switchboard.withState(wall: clock.wallMilliseconds()) { $0.pushRouting = pushGateway?.routing }
+        context.switchboard.forEachShard(wall: clock.wallMilliseconds()) { $0.pushRouting = pushGateway?.routing }
         // A token the push service declared invalid is removed from the device and, as a
         // store change, from the store; a device that registered a new token meanwhile
         // keeps it. Runs on the push thread; the switchboard lock is short.
         pushGateway?.onTokenInvalid { [weak context] wakeUp, registration, reason in
             guard let context else { return }
-            let removed = context.switchboard.withState(wall: context.clock.wallMilliseconds()) {
+            let removed = context.switchboard.withState(of: wakeUp.userID, wall: context.clock.wallMilliseconds()) {
                 $0.removeRejectedPushToken(user: wakeUp.userID, device: wakeUp.deviceID, registration)
             }
             context.logger.info("push_token_removed", [
@@ -353,7 +353,7 @@ public final class SignalingServer: Sendable {
             ]
             if limits.contains(where: \.changed) {
                 let routing = new.switchboard
-                context.switchboard.withState(wall: context.clock.wallMilliseconds()) { $0.applyLimits(of: routing) }
+                context.switchboard.forEachShard(wall: context.clock.wallMilliseconds()) { $0.applyLimits(of: routing) }
                 result.applied += limits.filter(\.changed).map(\.name)
             }
             if new.maxConnectionsPerAddress != current.maxConnectionsPerAddress || new.handshakeRate != current.handshakeRate {
@@ -610,6 +610,9 @@ public final class SignalingServer: Sendable {
 
     /// The connections each loop holds open, loop 0 first: how the kernel spread them
     /// (`SO_REUSEPORT`). For tests and tools.
+    /// How many shards the routing state is split into (docs/ARCHITECTURE.md, "Routing shards").
+    public var routingShards: Int { context.switchboard.shardCount }
+
     public var openConnectionsPerLoop: [Int] {
         state.withLock { $0.loops }.map { $0.openConnections.load(ordering: .relaxed) }
     }

@@ -1,0 +1,74 @@
+import Synchronization
+
+/// Which routing shard holds a user (docs/ARCHITECTURE.md, "Routing shards").
+///
+/// Everything the server keeps about a user (its devices and their queues, the messages
+/// held for it, the ids of the messages it sent, its sender limits, its push
+/// registrations, and the calls it is called in) lives in exactly one shard, picked by a
+/// stable hash of the user id. Stable: the same id maps to the same shard in every
+/// process and on every run (FNV-1a over the UTF-8 bytes, not Swift's per-process seeded
+/// `Hasher`), so that a shard could be another process or node and tests can pick ids
+/// that land on different shards.
+///
+/// Cost: one pass over the id's bytes per lookup, no allocation.
+struct ShardMap: Sendable, Equatable {
+    /// How many shards there are (at least 1).
+    let count: Int
+    /// The shard a `SwitchboardState` is (0 for the only one).
+    let index: Int
+
+    /// One shard owning every user: what a lone `SwitchboardState` (tests, one loop) is.
+    static let single = ShardMap(count: 1, index: 0)
+
+    init(count: Int, index: Int) {
+        precondition(count >= 1 && (0..<count).contains(index), "shard \(index) of \(count)")
+        self.count = count
+        self.index = index
+    }
+
+    /// The shard of `userID` among `count` shards.
+    static func shard(of userID: String, count: Int) -> Int {
+        guard count > 1 else { return 0 }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in userID.utf8 {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x0000_0100_0000_01b3
+        }
+        return Int(hash % UInt64(count))
+    }
+
+    /// Whether this shard holds `userID`.
+    func owns(_ userID: String) -> Bool {
+        count == 1 || Self.shard(of: userID, count: count) == index
+    }
+}
+
+/// The live call ids of the whole server. A call lives in its callee's shard, but its id
+/// is unique server-wide (docs/PROTOCOL.md 6.1: `callIdInUse`), and a device that is no
+/// party to a call learns `notCallParticipant`, not `unknownCall`, whichever shard it is
+/// on: both need to know ids of other shards' calls.
+///
+/// Lock order: taken under a shard lock (never the other way round), for one dictionary
+/// operation, and only by call requests and call endings, never by messages,
+/// acknowledgements or pumps. With shards on several nodes this is the one piece to share
+/// (a Redis set with SET NX).
+final class CallDirectory: Sendable {
+    private let ids = Mutex<Set<String>>([])
+
+    init() {}
+
+    /// Claims `callID` for a new call; false if a live call has it.
+    func claim(_ callID: String) -> Bool {
+        ids.withLock { $0.insert(callID).inserted }
+    }
+
+    /// The call ended (or was never set up).
+    func release(_ callID: String) {
+        _ = ids.withLock { $0.remove(callID) }
+    }
+
+    /// Whether a live call has `callID`.
+    func contains(_ callID: String) -> Bool {
+        ids.withLock { $0.contains(callID) }
+    }
+}

@@ -1,0 +1,155 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// Work one routing shard hands to another: the next step of an operation that spans
+/// users (docs/ARCHITECTURE.md, "Routing shards").
+///
+/// A step is a plain value: it names users, devices and calls by their ids and carries
+/// what the next shard needs, never a reference into a shard, so it could cross a loop's
+/// inbox or, with shards on several nodes, a network. A shard runs a step for a user it
+/// holds at once, in the same hold (`SwitchboardState.handOn`); a step for another
+/// shard's user is returned, and `Switchboard.run` takes it to that shard in a hold of its
+/// own.
+enum ShardStep: Sendable, Equatable {
+    /// A message its sender's shard admitted (no duplicate, within the sender's rate, its
+    /// copies queued to the sender's other devices, awaiting this decision): for the
+    /// recipient's shard to queue or refuse.
+    case deliverMessage(DeliveredMessage)
+    /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
+    /// shard, which releases its copies and remembers its id, or cancels them and frees it.
+    case settleMessage(DeliveredMessage, accepted: Bool)
+    /// A device of `recipient` acknowledged a message: the sender's devices get
+    /// MESSAGE_DELIVERED.
+    case receipt(DeliveryReceipt, recipientDevice: String, serverTime: UInt64)
+    /// A call from a device of another shard's user, for the callee's shard (the call
+    /// lives there).
+    case invite(CallInvitation)
+    /// The calling device asks the callee's shard to cancel or hang up its call.
+    case callerRequest(CallerRequest, callID: String, callee: String, caller: DeviceAddress)
+    /// The calling device stayed away past its grace period (or its user was forgotten):
+    /// for the callee's shard, which ends the call as `partyVanished` does.
+    case callerVanished(callID: String, callee: String, caller: DeviceAddress)
+    /// What the callee's shard tells the caller's about a call: an event for the calling
+    /// device, or that the call is over. Numbered per call from 1, so that the caller's
+    /// shard applies them in the order the callee's shard decided them, whichever thread
+    /// (or node) carried each (`OutgoingCall.nextNotice`).
+    case toCaller(CallerNotice, callID: String, caller: DeviceAddress, number: UInt32)
+
+    /// The user whose shard runs this step.
+    var user: String {
+        switch self {
+        case .deliverMessage(let message): message.recipient
+        case .settleMessage(let message, _): message.sender
+        case .receipt(let receipt, _, _): receipt.sender
+        case .invite(let invitation): invitation.callee
+        case .callerRequest(_, _, let callee, _): callee
+        case .callerVanished(_, let callee, _): callee
+        case .toCaller(_, _, let caller, _): caller.user
+        }
+    }
+}
+
+/// One device, by its ids (a step's way of naming a `DeviceRecord` of another shard).
+struct DeviceAddress: Sendable, Hashable {
+    let user: String
+    let device: String
+
+    init(_ user: String, _ device: String) {
+        self.user = user
+        self.device = device
+    }
+
+    init(_ record: DeviceRecord) {
+        self.init(record.userID, record.deviceID)
+    }
+
+    func names(_ record: DeviceRecord) -> Bool { record.userID == user && record.deviceID == device }
+}
+
+/// A CALL_INVITE on its way from the caller's shard to the callee's.
+struct CallInvitation: Sendable, Equatable {
+    let callID: String
+    let caller: DeviceAddress
+    let callee: String
+    let offer: [UInt8]
+}
+
+/// What the callee's shard tells the caller's about a call (`ShardStep.toCaller`).
+enum CallerNotice: Sendable, Equatable {
+    /// CALL_RANG, CALL_ACCEPTED or CALL_ENDED for the calling device.
+    case event(Event)
+    /// The call is over, or was never set up: the caller's shard forgets it.
+    case closed
+}
+
+/// What a calling device may ask of its call.
+enum CallerRequest: Sendable, Equatable {
+    case cancel
+    case hangUp
+}
+
+/// What one hold of a shard decided: the answer to the request that started the
+/// operation, if this step is the one that decides it, and the steps other shards run next.
+struct StepOutcome {
+    /// OK (with its server time) or ERROR for the request; nil: another step answers.
+    var reply: Result<UInt64, RequestError>?
+    /// In the order they must run.
+    var next: [ShardStep] = []
+
+    static func answered(_ reply: Result<UInt64, RequestError>, next: [ShardStep] = []) -> StepOutcome {
+        StepOutcome(reply: reply, next: next)
+    }
+
+    /// Takes on what a step run in the same hold decided (its reply, if this has none yet).
+    mutating func merge(_ other: StepOutcome) {
+        if reply == nil { reply = other.reply }
+        next += other.next
+    }
+}
+
+extension SwitchboardState {
+    /// Runs `step` now if this shard holds its user (returning what it hands on), or hands
+    /// it on unchanged. Every step an operation produces goes through here, so an operation
+    /// within one shard runs whole in one hold, as it did before shards. `now` is needed by
+    /// the steps that set deadlines (`ShardStep.needsClock`); the others run without it.
+    mutating func handOn(_ step: ShardStep, now: Instant? = nil) -> StepOutcome {
+        guard shardMap.owns(step.user) else { return StepOutcome(reply: nil, next: [step]) }
+        return handle(step, now: now)
+    }
+
+    /// Runs a step for a user this shard holds.
+    mutating func handle(_ step: ShardStep, now: Instant?) -> StepOutcome {
+        precondition(shardMap.owns(step.user), "step for \(step.user) on shard \(shardMap.index)")
+        precondition(now != nil || !step.needsClock, "\(step) needs the clock")
+        switch step {
+        case .deliverMessage(let message):
+            return deliverMessage(message, now: now!)
+        case .settleMessage(let message, let accepted):
+            settleMessage(message, accepted: accepted, now: now!)
+            return StepOutcome(reply: nil)
+        case .receipt(let receipt, let recipientDevice, let serverTime):
+            deliverReceipt(receipt, recipientDevice: recipientDevice, serverTime: serverTime)
+            return StepOutcome(reply: nil)
+        case .invite(let invitation):
+            return ring(invitation, now: now!)
+        case .callerRequest(let request, let callID, _, let caller):
+            return callerAsked(request, callID: callID, caller: caller)
+        case .callerVanished(let callID, _, let caller):
+            return callerVanished(callID: callID, caller: caller)
+        case .toCaller(let notice, let callID, let caller, let number):
+            receive(notice, callID: callID, caller: caller, number: number)
+            return StepOutcome(reply: nil)
+        }
+    }
+}
+
+extension ShardStep {
+    /// Whether the step sets a deadline (a held message's expiry, a message id's window,
+    /// a ring timeout), so needs the current time.
+    var needsClock: Bool {
+        switch self {
+        case .deliverMessage, .settleMessage, .invite: true
+        case .receipt, .callerRequest, .callerVanished, .toCaller: false
+        }
+    }
+}
