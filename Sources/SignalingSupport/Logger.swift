@@ -112,15 +112,7 @@ public struct Logger: Sendable {
             line += "}"
         }
         line += "\n"
-        var bytes = Array(line.utf8)
-        bytes.withUnsafeMutableBytes { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                if written <= 0 { if errno == EINTR { continue } else { return } }
-                offset += written
-            }
-        }
+        Array(line.utf8).withUnsafeBytes { SystemCall.writeAll(fd, $0) }
     }
 
     /// Values with spaces, quotes or `=` are quoted so lines stay machine-parsable.

@@ -11,19 +11,6 @@ public enum StandardStreams {
     public static func output(_ text: String) { write(1, text) }
 
     private static func write(_ fd: Int32, _ text: String) {
-        var bytes = Array(text.utf8)
-        bytes.withUnsafeMutableBytes { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                #if canImport(Glibc)
-                let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                #else
-                let written = Darwin.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                #endif
-                if written < 0 && errno == EINTR { continue }
-                if written <= 0 { return }
-                offset += written
-            }
-        }
+        Array(text.utf8).withUnsafeBytes { SystemCall.writeAll(fd, $0) }
     }
 }

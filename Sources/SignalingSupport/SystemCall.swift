@@ -39,7 +39,27 @@ public enum SystemCall {
             }
         }
     }
+
+    /// Writes all of `bytes` to a file, pipe or terminal with write(2), retrying
+    /// interruptions; false when the descriptor takes nothing more (an error, a full
+    /// non-blocking pipe, or a write of 0). For sockets use `SocketCalls.sendAll`.
+    @discardableResult
+    public static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> Bool {
+        var offset = 0
+        while offset < bytes.count {
+            guard case .transferred(let count) = io({ systemWrite(fd, bytes.baseAddress! + offset, bytes.count - offset) }),
+                  count > 0 else { return false }
+            offset += count
+        }
+        return true
+    }
 }
+
+#if canImport(Glibc)
+private let systemWrite = Glibc.write
+#elseif canImport(Darwin)
+private let systemWrite = Darwin.write
+#endif
 
 /// What a read or write on a non-blocking descriptor did.
 public enum IOResult: Equatable, Sendable {
