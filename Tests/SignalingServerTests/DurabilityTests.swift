@@ -9,10 +9,6 @@ import Testing
 /// SQLite store itself is tested in its own suite and end to end with kill -9).
 @Suite("Durable store integration")
 struct DurabilityTests {
-    func message(_ id: String, to recipient: String) -> Request {
-        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
-    }
-
     /// Connects alice and bob and waits until both devices, and the sequence numbers
     /// reserved for them, are committed, so that a commit failure the test sets up next
     /// concerns only what it does afterwards (else the failure of their own commit would
@@ -25,7 +21,7 @@ struct DurabilityTests {
         try server.waitFor("both devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
         // The writer confirms a batch's reservations after the batch; the OK of a later
         // message (held for a user with no device) comes after that.
-        #expect(try alice.request(999, message("warm-up", to: "nobody")).isOK)
+        #expect(try alice.request(999, Request.identifiedMessage("warm-up", to: "nobody")).isOK)
         return (alice, bob, welcome.sessionID)
     }
 
@@ -35,7 +31,7 @@ struct DurabilityTests {
         let server = try TestServer(store: store)
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
         #expect(store.events(user: "bob", device: "d1").map(\.seq) == [1])
         let (seq, _) = try bob.nextEvent()
         try bob.ack(seq)
@@ -55,13 +51,13 @@ struct DurabilityTests {
         let (alice, bob, _) = try connectStored(server, store)
         store.failCommits(with: StoreError(.full, "database or disk is full"))
 
-        try alice.send(.request(id: 1, message("m1", to: "bob")))
+        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
         try server.waitFor("a failed commit") { _ in store.failedAttempts > 0 }
         #expect(try alice.staysSilent(for: .milliseconds(30)), "accepted before the commit")
         #expect(try bob.staysSilent(for: .milliseconds(30)), "delivered before the commit")
 
         // While the store is failing, new sends are refused at once.
-        #expect(try alice.request(2, message("m2", to: "bob")).errorCode == .storeUnavailable)
+        #expect(try alice.request(2, Request.identifiedMessage("m2", to: "bob")).errorCode == .storeUnavailable)
 
         // The store timeout passes: the first send is refused too, and cancelled.
         server.clock.advance(by: .seconds(6))
@@ -71,7 +67,7 @@ struct DurabilityTests {
         // Space returns: the store recovers, the same message is accepted and delivered once.
         store.failCommits(with: nil)
         try server.waitFor("the store to recover", timeout: .seconds(10)) { _ in store.committedBatches > 0 }
-        let retried = try retryUntilAccepted(alice, id: 3, message("m1", to: "bob"))
+        let retried = try retryUntilAccepted(alice, id: 3, Request.identifiedMessage("m1", to: "bob"))
         #expect(retried)
         guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
         #expect(delivered.messageID == "m1")
@@ -86,7 +82,7 @@ struct DurabilityTests {
         store.failCommits(with: StoreError(.full, "database or disk is full"))
 
         // Written to bob at once; alice hears nothing until the commit succeeds or times out.
-        try alice.send(.request(id: 1, message("m1", to: "bob")))
+        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
         guard case .message(let early) = try bob.nextEvent().event else { Issue.record("not delivered at once"); return }
         #expect(early.messageID == "m1")
         try server.waitFor("a failed commit") { _ in store.failedAttempts > 0 }
@@ -94,7 +90,7 @@ struct DurabilityTests {
 
         // Once commits fail, events wait for their commit again: m2 is refused at once and
         // never reaches bob.
-        #expect(try alice.request(2, message("m2", to: "bob")).errorCode == .storeUnavailable)
+        #expect(try alice.request(2, Request.identifiedMessage("m2", to: "bob")).errorCode == .storeUnavailable)
         #expect(try bob.staysSilent(for: .milliseconds(30)), "delivered while the store is failing")
         server.clock.advance(by: .seconds(6))
         #expect(try alice.reply(to: 1).errorCode == .storeUnavailable)
@@ -108,7 +104,7 @@ struct DurabilityTests {
         let (alice, bob, _) = try connectStored(server, store)
         // Hold the commit back so that the event and its acknowledgement meet in one batch.
         store.failCommits(with: StoreError(.io, "held back by the test"))
-        try alice.send(.request(id: 1, message("m1", to: "bob")))
+        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
         let (seq, _) = try bob.nextEvent()
         try bob.ack(seq)
         try server.waitFor("the ack to reach the writer") { _ in
@@ -138,7 +134,7 @@ struct DurabilityTests {
             session = bobSession
             // The "crash": nothing is committed any more; bob has seen event 1 anyway.
             store.failCommits(with: StoreError(.io, "the server is about to crash"))
-            try alice.send(.request(id: 1, message("m1", to: "bob")))
+            try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
             #expect(try bob.nextEvent().seq == 1)
         }
         store.failCommits(with: nil)
@@ -149,7 +145,7 @@ struct DurabilityTests {
         // bob would drop as already seen.
         let server = try TestServer(store: store, clock: clock)
         let (carol, _) = try server.connect(user: "carol")
-        #expect(try carol.request(1, message("from carol", to: "bob")).isOK)
+        #expect(try carol.request(1, Request.identifiedMessage("from carol", to: "bob")).isOK)
         let bob = try server.client()
         let welcome = try bob.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 1))
         #expect(welcome.resumed)
@@ -162,7 +158,7 @@ struct DurabilityTests {
         // Alice never got her OK and sends m1 again: it is new to this server, and gets a
         // number bob has not seen (the client library drops the copy by message id).
         let (alice, _) = try server.connect(user: "alice")
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
         let (seq, event) = try bob.nextEvent()
         #expect(seq == first.seq + 1)
         guard case .message(let again) = event else { Issue.record("not a message"); return }
@@ -177,7 +173,7 @@ struct DurabilityTests {
         let window = SwitchboardState.reservationWindow
         store.delayCommits(by: .seconds(2))
         for index in 1...(window + 6) {
-            try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob")))
+            try alice.send(.request(id: UInt32(index), Request.identifiedMessage("m\(index)", to: "bob")))
         }
         for expected in 1...window { #expect(try bob.nextEvent().seq == expected) }
         #expect(try bob.staysSilent(for: .milliseconds(50)), "an unreserved number went out before its commit")
@@ -202,7 +198,7 @@ struct DurabilityTests {
             #expect(try liar.expectClose().code == .invalidSequence, "resume point \(lastReceived)")
         }
         // The store took nothing it cannot hold, and the server still delivers.
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
         let bob = try server.client()
         #expect(try bob.hello(user: "bob", resume: ResumePoint(sessionID: bobSession, lastReceivedSeq: 0)).resumed)
         #expect(try bob.nextEvent().seq == 1)
@@ -213,14 +209,14 @@ struct DurabilityTests {
         let store = ModelEventStore()
         let server = try TestServer(store: store) { $0.commitInterval = .milliseconds(400) }
         let (alice, bob, _) = try connectStored(server, store)
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
         _ = try bob.nextEvent()
         let before = store.committedBatches
         // One at a time: each is delivered (so the server has handled it, and handed its
         // unit to the writer) before the next is sent. Without the interval each would be
         // a commit of its own.
         for index in 2...6 {
-            try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob")))
+            try alice.send(.request(id: UInt32(index), Request.identifiedMessage("m\(index)", to: "bob")))
             guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
             #expect(delivered.messageID == "m\(index)")
         }
@@ -236,7 +232,7 @@ struct DurabilityTests {
         let holdsBefore = server.server.routingLockHoldsOffLoops
         // After-commit delivery: each event goes out only once its commit is released.
         for index in 1...5 {
-            #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK)
+            #expect(try alice.request(UInt32(index), Request.identifiedMessage("m\(index)", to: "bob")).isOK)
             let (seq, event) = try bob.nextEvent()
             guard case .message(let delivered) = event else { Issue.record("not delivered"); return }
             #expect(delivered.messageID == "m\(index)")
@@ -251,13 +247,13 @@ struct DurabilityTests {
         let server = try TestServer(store: store) { $0.commitInterval = .milliseconds(400) }
         let (alice, bob, _) = try connectStored(server, store)
         let (carol, _) = try server.connect(user: "carol")
-        #expect(try carol.request(999, message("warm-up", to: "nobody")).isOK)
+        #expect(try carol.request(999, Request.identifiedMessage("warm-up", to: "nobody")).isOK)
         let before = store.committedBatches
         // Interleaved, each delivered before the next is sent: one commit, whose OKs the
         // loop receives as one batch and writes grouped by connection.
         for index in 1...5 {
             for (sender, name) in [(alice, "a"), (carol, "c")] {
-                try sender.send(.request(id: UInt32(index), message("\(name)\(index)", to: "bob")))
+                try sender.send(.request(id: UInt32(index), Request.identifiedMessage("\(name)\(index)", to: "bob")))
                 guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
                 #expect(delivered.messageID == "\(name)\(index)")
             }
@@ -278,11 +274,11 @@ struct DurabilityTests {
         let server = try TestServer(store: store) { $0.commitInterval = .zero }
         let (alice, bob, _) = try connectStored(server, store)
         store.delayCommits(by: .milliseconds(500))
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)  // a commit of 500 ms
+        #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)  // a commit of 500 ms
         _ = try bob.nextEvent()
         let before = store.committedBatches
         for index in 2...6 {
-            try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob")))
+            try alice.send(.request(id: UInt32(index), Request.identifiedMessage("m\(index)", to: "bob")))
             _ = try bob.nextEvent()
         }
         for index in 2...6 { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(10)).isOK) }
@@ -313,11 +309,11 @@ struct DurabilityTests {
             let (alice, _) = try server.connect(user: "alice")
             let (bob, welcome) = try server.connect(user: "bob")
             session = welcome.sessionID
-            for index in 1...4 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK) }
+            for index in 1...4 { #expect(try alice.request(UInt32(index), Request.identifiedMessage("m\(index)", to: "bob")).isOK) }
             for _ in 1...4 { _ = try bob.nextEvent() }
             try bob.ack(2)  // processed m1 and m2; m3 and m4 seen but not acknowledged
             try server.waitFor("the ack to be committed") { _ in store.events(user: "bob", device: "d1").count == 2 }
-            #expect(try alice.request(9, message("m5", to: "bob")).isOK)  // while bob... still connected
+            #expect(try alice.request(9, Request.identifiedMessage("m5", to: "bob")).isOK)  // while bob... still connected
         }
         // Numbers the old server reserved for bob (it may have handed them out).
         let reserved = try #require(try store.loadSnapshot().devices.first { $0.userID == "bob" }).lastSeq
@@ -338,11 +334,11 @@ struct DurabilityTests {
 
         // Message ids are remembered across the restart: a re-send is not delivered again.
         let (alice, _) = try server.connect(user: "alice")
-        #expect(try alice.request(1, message("m5", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("m5", to: "bob")).isOK)
         #expect(try bob.staysSilent(for: .milliseconds(30)))
         // New events continue after the numbers reserved before the restart (a device may
         // have seen reserved numbers whose events the store never got).
-        #expect(try alice.request(2, message("m6", to: "bob")).isOK)
+        #expect(try alice.request(2, Request.identifiedMessage("m6", to: "bob")).isOK)
         #expect(try bob.nextEvent().seq == reserved + 1)
     }
 
@@ -363,7 +359,7 @@ struct DurabilityTests {
             session = bobSession
             // Bob (connected, reading, acknowledging nothing) outruns his reservation while commits are slow, so it grows to 2 windows.
             store.delayCommits(by: .milliseconds(300))
-            for index in 1...sent { try alice.send(.request(id: UInt32(index), message("m\(index)", to: "bob"))) }
+            for index in 1...sent { try alice.send(.request(id: UInt32(index), Request.identifiedMessage("m\(index)", to: "bob"))) }
             for index in 1...sent { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(20)).isOK) }
             for expected in 1...UInt64(sent) { #expect(try bob.nextEvent().seq == expected) }
             store.delayCommits(by: .zero)
@@ -385,7 +381,7 @@ struct DurabilityTests {
                 $0.maxPendingPerSender = limit
             }
         let (carol, _) = try server.connect(user: "carol")
-        #expect(try carol.request(1, message("from carol", to: "bob")).isOK)
+        #expect(try carol.request(1, Request.identifiedMessage("from carol", to: "bob")).isOK)
         let bob = try server.client()
         let welcome = try bob.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 0))
         #expect(welcome.ackedSeq == 0 && welcome.lastSeq == stored.lastSeq + 1)
@@ -401,13 +397,13 @@ struct DurabilityTests {
             let server = try TestServer(store: store, clock: clock) { $0.maxPendingPerSender = 2 }
             do { _ = try server.connect(user: "bob") }
             let (alice, _) = try server.connect(user: "alice")
-            for index in 1...2 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK) }
-            for index in 1...2 { #expect(try alice.request(UInt32(10 + index), message("h\(index)", to: "newbie")).isOK) }
+            for index in 1...2 { #expect(try alice.request(UInt32(index), Request.identifiedMessage("m\(index)", to: "bob")).isOK) }
+            for index in 1...2 { #expect(try alice.request(UInt32(10 + index), Request.identifiedMessage("h\(index)", to: "newbie")).isOK) }
         }
         let server = try TestServer(store: store, clock: clock) { $0.maxPendingPerSender = 2 }
         let (alice, _) = try server.connect(user: "alice")
-        #expect(try alice.request(3, message("m3", to: "bob")).errorCode == .senderQuotaExceeded)
-        #expect(try alice.request(13, message("h3", to: "newbie")).errorCode == .senderQuotaExceeded)
+        #expect(try alice.request(3, Request.identifiedMessage("m3", to: "bob")).errorCode == .senderQuotaExceeded)
+        #expect(try alice.request(13, Request.identifiedMessage("h3", to: "newbie")).errorCode == .senderQuotaExceeded)
     }
 
     @Test("a message held for a user with no device, claimed by its first device and then refused by the store timeout, is not delivered after a restart")
@@ -419,7 +415,7 @@ struct DurabilityTests {
             let (alice, _) = try server.connect(user: "alice")
             try server.waitFor("alice to be stored") { _ in (try? store.loadSnapshot().devices.count) == 1 }
             store.failCommits(with: StoreError(.io, "disk trouble"))
-            try alice.send(.request(id: 1, message("m1", to: "newbie")))
+            try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "newbie")))
             try server.waitFor("a failed commit") { _ in store.failedAttempts > 0 }
             // Newbie's first device claims the held message while the store fails.
             let (newbie, _) = try server.connect(user: "newbie")
@@ -431,7 +427,7 @@ struct DurabilityTests {
             try server.waitFor("the store to recover", timeout: .seconds(10)) { _ in
                 (try? store.loadSnapshot().devices.count) == 2
             }
-            #expect(try alice.request(2, message("warm-up", to: "nobody")).isOK)  // after the claim's commit
+            #expect(try alice.request(2, Request.identifiedMessage("warm-up", to: "nobody")).isOK)  // after the claim's commit
         }
         #expect(store.events(user: "newbie", device: "d1").isEmpty, "the refused message is stored for newbie")
         let server = try TestServer(store: store, clock: clock)
@@ -446,7 +442,7 @@ struct DurabilityTests {
         do {
             let server = try TestServer(store: store, clock: clock)
             let (alice, _) = try server.connect(user: "alice")
-            for index in 1...3 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "newbie")).isOK) }
+            for index in 1...3 { #expect(try alice.request(UInt32(index), Request.identifiedMessage("m\(index)", to: "newbie")).isOK) }
         }
         let server = try TestServer(store: store, clock: clock)
         let (newbie, _) = try server.connect(user: "newbie")
@@ -467,7 +463,7 @@ struct DurabilityTests {
         let (alice, _) = try server.connect(user: "alice")
         do { _ = try server.connect(user: "bob") }
         try server.waitFor("bob to leave") { $0.establishedConnections == 1 }
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
         try server.advance(by: .seconds(7201))
         try server.waitFor("bob to be forgotten") { $0.eventsExpired == 1 }
         try server.waitFor("the removal to be committed") { _ in store.events(user: "bob", device: "d1").isEmpty }

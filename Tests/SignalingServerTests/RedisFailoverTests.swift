@@ -14,10 +14,6 @@ import Glibc
     "Redis failover: one active node per database, standbys take over (voipserver subprocesses)", .serialized,
     .enabled(if: RedisServer.isAvailable, "redis-server is not installed"))
 struct RedisFailoverTests {
-    func message(_ id: String, to recipient: String) -> Request {
-        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
-    }
-
     func node(_ redis: RedisServer, ttl: String, standby: Bool = false, _ more: [String] = []) throws -> ServerProcess {
         try ServerProcess(["--store", redis.url(), "--redis-lease-ttl", ttl, "--admin-listen", "127.0.0.1:0"] + more,
                           until: standby ? "standby" : nil)
@@ -36,11 +32,11 @@ struct RedisFailoverTests {
         try alice.hello(user: "alice", device: "laptop")
         let bob = try TestClient(port: server.port)
         let session = try bob.hello(user: "bob", device: "phone").sessionID
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
         let (seq, event) = try bob.nextEvent()
         guard case .message(let first) = event, first.messageID == "m1" else { throw TestClient.Failure("expected m1, got \(event)") }
-        #expect(try alice.request(2, message("m2", to: "bob")).isOK)
-        #expect(try alice.request(3, message("m3", to: "bob")).isOK)
+        #expect(try alice.request(2, Request.identifiedMessage("m2", to: "bob")).isOK)
+        #expect(try alice.request(3, Request.identifiedMessage("m3", to: "bob")).isOK)
         return (session, seq, alice)
     }
 
@@ -132,7 +128,7 @@ struct RedisFailoverTests {
         defer { redis.resume() }
         // Its commit waits for a Redis that does not answer; when that Redis runs again,
         // the lease has expired, and the fencing check refuses the batch.
-        try alice.send(.request(id: 9, message("m-late", to: "bob")))
+        try alice.send(.request(id: 9, Request.identifiedMessage("m-late", to: "bob")))
         let close = try carol.expectClose(timeout: .seconds(10))
         let closedAfter = clock.now() - cutOff
         #expect(close.code == .goingAway)
@@ -167,7 +163,7 @@ struct RedisFailoverTests {
         var accepted = false
         while !accepted && clock.now() < deadline {
             request += 1
-            accepted = try alice.request(request, message("after-\(request)", to: "carol")).isOK
+            accepted = try alice.request(request, Request.identifiedMessage("after-\(request)", to: "carol")).isOK
             if !accepted { clock.sleep(until: clock.now() + .milliseconds(50)) }
         }
         #expect(accepted, "sends were still refused 20 s after Redis came back")

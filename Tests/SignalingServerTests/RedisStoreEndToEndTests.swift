@@ -12,10 +12,6 @@ import Glibc
     "Store end to end (voipserver subprocess, Redis)", .serialized,
     .enabled(if: RedisServer.isAvailable, "redis-server is not installed"))
 struct RedisStoreEndToEndTests {
-    func message(_ id: String, to recipient: String) -> Request {
-        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
-    }
-
     @Test("kill -9 of the server: an offline device's messages come back from Redis with the same sequence numbers")
     func offlineDeviceAcrossKill() throws {
         let redis = try RedisServer()
@@ -29,14 +25,14 @@ struct RedisStoreEndToEndTests {
             do {
                 let bob = try TestClient(port: server.port)
                 session = try bob.hello(user: "bob", device: "phone").sessionID
-                #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+                #expect(try alice.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
                 let (seq, event) = try bob.nextEvent()
                 guard case .message(let first) = event else { throw TestClient.Failure("expected m1, got \(event)") }
                 #expect(first.messageID == "m1")
                 firstSeq = seq  // seen, not acknowledged: bob's phone goes away
             }
-            #expect(try alice.request(2, message("m2", to: "bob")).isOK)
-            #expect(try alice.request(3, message("m3", to: "bob")).isOK)
+            #expect(try alice.request(2, Request.identifiedMessage("m2", to: "bob")).isOK)
+            #expect(try alice.request(3, Request.identifiedMessage("m3", to: "bob")).isOK)
             #expect(kill(server.process.pid, SIGKILL) == 0)
             _ = server.process.waitForExit(timeoutSeconds: 10)
         }
@@ -71,7 +67,7 @@ struct RedisStoreEndToEndTests {
         func send() throws -> Frame {
             request += 1
             let id = "m\(request)"
-            let reply = try alice.request(request, message(id, to: "bob"))
+            let reply = try alice.request(request, Request.identifiedMessage(id, to: "bob"))
             if reply.isOK { accepted.append(id) }
             return reply
         }

@@ -13,10 +13,6 @@ import Glibc
 /// commit lands after all.
 @Suite("A stalled store: a commit that does not return")
 struct StoreStallTests {
-    func message(_ id: String, to recipient: String) -> Request {
-        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
-    }
-
     func isPong(_ frame: Frame) -> Bool? { if case .pong = frame { true } else { nil } }
 
     @Test("a hung commit: the sender is refused at the store timeout, others are served, the refused messages are undone, also across a restart")
@@ -40,7 +36,7 @@ struct StoreStallTests {
             let (alice, _) = try server.connect(user: "alice")
             let (carol, _) = try server.connect(user: "carol")
             try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 3 }
-            #expect(try carol.request(900, message("warm-up", to: "alice")).isOK)
+            #expect(try carol.request(900, Request.identifiedMessage("warm-up", to: "alice")).isOK)
             let warmUp = try alice.nextEvent().seq
             try alice.ack(warmUp)
             // Nothing else may be on its way to the store: the commit that hangs must be m1's and m2's.
@@ -51,8 +47,8 @@ struct StoreStallTests {
             store.closeGate()
             defer { store.openGate() }  // else a failure below would leave the server unable to stop
             try alice.sendRaw(
-                FrameEncoder.encode(.request(id: 1, message("m1", to: "bob")))
-                    + FrameEncoder.encode(.request(id: 2, message("m2", to: "dave"))))
+                FrameEncoder.encode(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
+                    + FrameEncoder.encode(.request(id: 2, Request.identifiedMessage("m2", to: "dave"))))
             try server.waitFor("the commit to hang") { _ in store.appliesWaitingAtGate == 1 }
             let hung = store.lastAttempt
             #expect(hung.contains { if case .rememberMessageID(let id) = $0 { id.messageID == "m1" } else { false } })
@@ -63,7 +59,7 @@ struct StoreStallTests {
             // a new device can connect.
             try server.advance(by: .milliseconds(4_900))
             #expect(try alice.staysSilent(for: .milliseconds(30)), "refused before the store timeout")
-            #expect(try carol.request(901, message("c1", to: "alice")).errorCode == .storeUnavailable)
+            #expect(try carol.request(901, Request.identifiedMessage("c1", to: "alice")).errorCode == .storeUnavailable)
             try carol.send(.ping)
             try carol.expect(timeout: .seconds(2), "PONG", isPong)
             let (erin, _) = try server.connect(user: "erin")
@@ -94,7 +90,7 @@ struct StoreStallTests {
             #expect(try alice.staysSilent(for: .milliseconds(30)), "an OK after the refusal")
 
             // Later messages work.
-            #expect(try carol.request(902, message("c2", to: "alice")).isOK)
+            #expect(try carol.request(902, Request.identifiedMessage("c2", to: "alice")).isOK)
             guard case .message(let delivered) = try alice.nextEvent().event else { Issue.record("not delivered"); return }
             #expect(delivered.messageID == "c2")
             let log = (try? String(contentsOfFile: logs.file("server.log"), encoding: .utf8)) ?? ""
@@ -110,7 +106,7 @@ struct StoreStallTests {
         #expect(try bob.staysSilent(for: .milliseconds(50)), "a refused message delivered after a restart")
         #expect(try dave.staysSilent(for: .milliseconds(50)), "a refused held message delivered after a restart")
         let (alice, _) = try server.connect(user: "alice")
-        #expect(try alice.request(3, message("m1", to: "bob")).isOK)
+        #expect(try alice.request(3, Request.identifiedMessage("m1", to: "bob")).isOK)
         guard case .message(let retried) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
         #expect(retried.messageID == "m1")
         #expect(try bob.staysSilent(for: .milliseconds(30)))
@@ -124,10 +120,6 @@ struct StoreStallTests {
     .enabled(if: FreezableFileSystem.unavailableReason == nil,
              "\(FreezableFileSystem.unavailableReason ?? "")"))
 struct FrozenDataDirectoryTests {
-    func message(_ id: String, to recipient: String) -> Request {
-        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8)))
-    }
-
     @Test("frozen: a sender is refused within --store-timeout, store_stalled is logged; thawed: messages are accepted, the refused one is never delivered")
     func frozenDataDirectory() throws {
         let storeTimeout: Duration = .seconds(2)
@@ -150,12 +142,12 @@ struct FrozenDataDirectoryTests {
         }
         let alice = try TestClient(port: port)
         try alice.hello(user: "alice", device: "laptop")
-        #expect(try alice.request(1, message("before", to: "bob")).isOK)
+        #expect(try alice.request(1, Request.identifiedMessage("before", to: "bob")).isOK)
 
         try fileSystem.freeze()
         let clock = SystemClock()
         let sent = clock.now()
-        try alice.send(.request(id: 2, message("frozen", to: "bob")))
+        try alice.send(.request(id: 2, Request.identifiedMessage("frozen", to: "bob")))
         let refusal = try alice.reply(to: 2, timeout: storeTimeout + .seconds(3))
         let waited = clock.now() - sent
         #expect(refusal.errorCode == .storeUnavailable, "\(refusal)")
@@ -163,7 +155,7 @@ struct FrozenDataDirectoryTests {
         print("frozen data directory: storeUnavailable after \(waited)")
         // The commit is stalled by now: a new message is refused at once, and the log says so.
         let again = clock.now()
-        #expect(try alice.request(3, message("frozen-2", to: "bob")).errorCode == .storeUnavailable)
+        #expect(try alice.request(3, Request.identifiedMessage("frozen-2", to: "bob")).errorCode == .storeUnavailable)
         let refusedAtOnce = clock.now() - again
         #expect(refusedAtOnce < .seconds(1))
         print("frozen data directory: refused \(refusedAtOnce) after sending while the commit is stalled")
@@ -177,7 +169,7 @@ struct FrozenDataDirectoryTests {
         var id: UInt32 = 10
         var accepted = false
         while !accepted && clock.now() < deadline {
-            let reply = try alice.request(id, message("after", to: "bob"))
+            let reply = try alice.request(id, Request.identifiedMessage("after", to: "bob"))
             accepted = reply.isOK
             if !accepted { #expect(reply.errorCode == .storeUnavailable); id += 1 }
         }
