@@ -1,4 +1,5 @@
 import SignalingSupport
+import TestSupport
 import Testing
 @testable import SignalingPush
 

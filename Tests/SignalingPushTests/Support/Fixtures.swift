@@ -21,11 +21,6 @@ func jsonObject(_ bytes: [UInt8]) -> [String: Any]? {
 /// The documented fields of a wake-up body (docs/PUSH.md), and nothing else.
 let documentedWakeUpFields: Set<String> = ["id", "user", "device", "kind", "pending", "platform", "token", "tokenEncoding", "attempt"]
 
-struct TestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
-}
-
 extension WakeUpScheduler.Attempt {
     /// The webhook body of an attempt routed to the webhook gateway (empty otherwise).
     var webhookBody: [UInt8] {
