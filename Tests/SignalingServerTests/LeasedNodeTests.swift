@@ -69,6 +69,22 @@ struct LeasedNodeTests {
         return LeasedNode(configuration: configuration, lease: lease, clock: clock, logger: .silent) { _ in ModelEventStore() }
     }
 
+    /// A started node on a fresh manual clock and fake lease (held by `holder`, or free);
+    /// with a free lease, returned once the node is active. The caller stops the node.
+    func startedNode(leaseHeldBy holder: String? = nil) throws -> (clock: ManualClock, lease: FakeLease, node: LeasedNode) {
+        let clock = ManualClock()
+        let lease = FakeLease(ttl: Self.ttl, clock: clock, holder: holder)
+        let node = makeNode(lease, clock: clock)
+        node.start()
+        if holder == nil {
+            guard eventually(10, { node.role == .active }) else {
+                node.stop()
+                throw TestFailure("the node never became active on a free lease")
+            }
+        }
+        return (clock, lease, node)
+    }
+
     /// Waits (real time) until `condition` holds.
     func eventually(_ seconds: Double = 10, _ condition: () -> Bool) -> Bool {
         let real = SystemClock()
@@ -87,10 +103,7 @@ struct LeasedNodeTests {
 
     @Test("a node waits as a standby while another holds the lease, and serves once it has taken it")
     func standbyTakesOver() throws {
-        let clock = ManualClock()
-        let lease = FakeLease(ttl: Self.ttl, clock: clock, holder: "other-node")
-        let node = makeNode(lease, clock: clock)
-        node.start()
+        let (clock, lease, node) = try startedNode(leaseHeldBy: "other-node")
         defer { node.stop() }
         #expect(eventually { lease.attempts >= 1 })
         #expect(node.role == .standby)
@@ -107,12 +120,8 @@ struct LeasedNodeTests {
 
     @Test("an active node that cannot refresh its lease steps down before the lease could expire: CLOSE to every device")
     func stepsDownBeforeExpiry() throws {
-        let clock = ManualClock()
-        let lease = FakeLease(ttl: Self.ttl, clock: clock)
-        let node = makeNode(lease, clock: clock)
-        node.start()
+        let (clock, lease, node) = try startedNode()
         defer { node.stop() }
-        #expect(eventually { node.role == .active })
         // The device leaves once closed: the drain (timed on the frozen clock) waits for it.
         do {
             let device = try TestClient(port: try port(of: node))
@@ -120,12 +129,21 @@ struct LeasedNodeTests {
 
             lease.setUnreachable(true)
             let confirmed = try #require(lease.confirmedAt)
-            // Time runs up to three quarters of the TTL after the last confirmed refresh
-            // and stops there: the lease has not expired, yet the node must let go now.
-            while clock.now() < confirmed + Self.ttl * 3 / 4 {
-                clock.advance(by: Self.ttl / 24)
-                _ = eventually(0.05) { false }  // let the lease thread try its refreshes
+            // Time moves to each refresh the node must try (the schedule of the same
+            // `LeaseTerm` it keeps), and on only once the node has tried it, up to three
+            // quarters of the TTL after the last confirmed refresh, and stops there: the
+            // lease has not expired, yet the node must let go now.
+            var term = LeaseTerm(ttl: Self.ttl, acquiredSentAt: confirmed)
+            var attempts = lease.attempts
+            while true {
+                let next = min(term.nextRefresh, term.stepDownAt)
+                clock.advance(by: next - clock.now())
+                if term.mustStepDown(now: next) { break }
+                #expect(eventually { lease.attempts > attempts }, "the node tries to refresh at \(next)")
+                attempts = lease.attempts
+                term.refreshFailed(now: next)
             }
+            #expect(clock.now() == confirmed + Self.ttl * 3 / 4)
             let close = try device.expectClose(timeout: .seconds(10))
             #expect(close.code == .goingAway)
             #expect(clock.now() < confirmed + Self.ttl)
@@ -135,12 +153,8 @@ struct LeasedNodeTests {
 
     @Test("an active node whose lease another node took steps down at its next refresh")
     func stepsDownWhenTaken() throws {
-        let clock = ManualClock()
-        let lease = FakeLease(ttl: Self.ttl, clock: clock)
-        let node = makeNode(lease, clock: clock)
-        node.start()
+        let (clock, lease, node) = try startedNode()
         defer { node.stop() }
-        #expect(eventually { node.role == .active })
         do {
             let device = try TestClient(port: try port(of: node))
             try device.hello(user: "alice")
@@ -154,11 +168,7 @@ struct LeasedNodeTests {
 
     @Test("a clean stop of the active node releases the lease at once")
     func stopReleases() throws {
-        let clock = ManualClock()
-        let lease = FakeLease(ttl: Self.ttl, clock: clock)
-        let node = makeNode(lease, clock: clock)
-        node.start()
-        #expect(eventually { node.role == .active })
+        let (_, lease, node) = try startedNode()
         node.stop()
         #expect(lease.holderNow == nil)
     }
