@@ -273,6 +273,9 @@ struct AdminAPITests {
         let close = try phone.expectClose()
         #expect(close.code == .sessionUnknown)
         #expect(close.action == .fresh)
+        // Bob's other device is untouched: still connected, it reads its copy.
+        guard case .message(let copy) = try tablet.nextEvent().event else { Issue.record("no message on the tablet"); return }
+        #expect(copy.messageID == "m1")
 
         // The old session cannot be resumed; a new one gets the pending message.
         let resumer = try server.client()
