@@ -55,8 +55,12 @@ final class DataDirectoryLock {
         let deadline = clock.now() + Self.patience
         var code: Int32
         while true {
-            code = flock(descriptor, LOCK_EX | LOCK_NB) == 0 ? 0 : errno
-            if code == EINTR { continue }
+            do {
+                try SystemCall.run("flock") { flock(descriptor, LOCK_EX | LOCK_NB) }
+                code = 0
+            } catch {
+                code = error.code
+            }
             guard code == EWOULDBLOCK, clock.now() < deadline else { break }
             usleep(2_000)
         }

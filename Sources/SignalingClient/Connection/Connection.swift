@@ -154,10 +154,7 @@ final class Connection: Sendable {
                 pollfd(fd: socket.descriptor, events: events, revents: 0),
                 pollfd(fd: wakeup.readDescriptor, events: Int16(POLLIN), revents: 0),
             ]
-            if poll(&fds, 2, -1) < 0 {
-                if errno == EINTR { continue }
-                return .failed(errno: errno)
-            }
+            if case .failed(let code) = SystemCall.io({ Int(poll(&fds, 2, -1)) }) { return .failed(errno: code) }
             if fds[1].revents != 0 { wakeup.drain() }
             let ready = fds[0].revents
             let readable = ready & (readWaitsFor.pollEvents | Int16(POLLHUP) | Int16(POLLERR)) != 0

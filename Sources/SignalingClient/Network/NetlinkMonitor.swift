@@ -39,25 +39,24 @@ final class NetlinkMonitor: NetworkMonitor {
         while !stopped.load(ordering: .acquiring) {
             var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0),
                        pollfd(fd: wakeup.readDescriptor, events: Int16(POLLIN), revents: 0)]
-            if poll(&fds, 2, -1) < 0 {
-                if errno == EINTR { continue }
-                return
-            }
+            guard case .transferred = SystemCall.io({ Int(poll(&fds, 2, -1)) }) else { return }
             if fds[1].revents != 0 { continue }  // stop() was called; the loop condition ends it
             var change = NetworkChange()
             var received = false
-            while true {
-                let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-                if count < 0 {
-                    if errno == EINTR { continue }
-                    if errno == ENOBUFS { change.incomplete = true; received = true; continue }
-                    break  // EAGAIN: burst read completely
+            readBurst: while true {
+                switch SystemCall.io({ buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }) {
+                case .transferred(let count) where count > 0:
+                    received = true
+                    var summary = vsig_netlink_summary()
+                    buffer.withUnsafeBytes { vsig_netlink_summarize($0.baseAddress, count, &summary) }
+                    Self.merge(summary, into: &change)
+                case .failed(errno: ENOBUFS):
+                    // The kernel dropped messages: what changed is not all known.
+                    change.incomplete = true
+                    received = true
+                case .transferred, .wouldBlock, .failed:
+                    break readBurst  // the burst is read completely (EAGAIN), or the socket failed
                 }
-                if count == 0 { break }
-                received = true
-                var summary = vsig_netlink_summary()
-                buffer.withUnsafeBytes { vsig_netlink_summarize($0.baseAddress, count, &summary) }
-                Self.merge(summary, into: &change)
             }
             if received && !stopped.load(ordering: .acquiring) { onChange(change) }
         }

@@ -23,6 +23,8 @@ enum PollWait {
                 pollfd(fd: descriptor, events: events, revents: 0),
                 pollfd(fd: cancel.readDescriptor, events: Int16(POLLIN), revents: 0),
             ]
+            // Not `SystemCall.io`: after an interruption the wait is made again with the
+            // time that remains, not the whole of it.
             let count = poll(&fds, nfds_t(fds.count), milliseconds)
             if count < 0 {
                 if errno == EINTR { continue }

@@ -157,7 +157,7 @@ public final class CallProbe: @unchecked Sendable {
                        pollfd(fd: wake.readDescriptor, events: Int16(POLLIN), revents: 0)]
             // Round up, so a wait under a millisecond does not spin.
             let timeout = wait.map { Int32(clamping: ($0.microseconds + 999) / 1000) } ?? -1
-            if poll(&fds, 2, timeout) < 0 && errno != EINTR { return }
+            if case .failed = SystemCall.io({ Int(poll(&fds, 2, timeout)) }) { return }
             if fds[1].revents != 0 { wake.drain() }
             guard fds[0].revents != 0 else { continue }
             now = clock.now()

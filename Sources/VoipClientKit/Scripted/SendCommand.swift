@@ -90,9 +90,9 @@ public final class SendCommand: @unchecked Sendable {
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65_536)
         while true {
-            let count = chunk.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            if count < 0 { return nil }
+            guard case .transferred(let count) = SystemCall.io({ chunk.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) } }) else {
+                return nil
+            }
             if count == 0 { return bytes }
             bytes.append(contentsOf: chunk[0..<count])
             if bytes.count > standardInputLimit { return nil }

@@ -26,20 +26,19 @@ final class InputReader: Sendable {
             while true {
                 var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0),
                            pollfd(fd: wake.readDescriptor, events: Int16(POLLIN), revents: 0)]
-                if poll(&fds, 2, -1) < 0 {
-                    if errno == EINTR { continue }
+                guard case .transferred = SystemCall.io({ Int(poll(&fds, 2, -1)) }) else {
                     deliver([])
                     return
                 }
                 if fds[1].revents != 0 { return }
                 guard fds[0].revents != 0 else { continue }
-                let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-                if count < 0 && (errno == EINTR || errno == EAGAIN) { continue }
-                if count <= 0 {
+                switch SystemCall.io({ buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } }) {
+                case .wouldBlock: continue
+                case .transferred(let count) where count > 0: deliver(Array(buffer[0..<count]))
+                case .transferred, .failed:
                     deliver([])
                     return
                 }
-                deliver(Array(buffer[0..<count]))
             }
         }
         thread.name = "voipclient-input"
