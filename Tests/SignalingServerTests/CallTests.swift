@@ -191,18 +191,7 @@ struct EmbeddedCallTests {
     @Test("a party that resumes within the grace period keeps the call")
     func resumeWithinGrace() throws {
         let server = try EmbeddedServer()
-        let (alice, _) = try server.connect(user: "alice")
-        let bobWelcome: Welcome
-        do {
-            let (bob, welcome) = try server.connect(user: "bob")
-            bobWelcome = welcome
-            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
-            let (seq, _) = try bob.nextEvent()
-            try bob.ack(seq)
-            _ = try bob.request(1, .callAccept(callID: "c1", answer: answer))
-            _ = try alice.nextEvent()
-        }
-        #expect(server.statistics.establishedConnections == 1)
+        let (alice, bobWelcome) = try server.answeredCallThenCalleeLost(offer: offer, answer: answer)
         server.advance(by: .seconds(5))
         let bob = try server.client()
         _ = try bob.hello(user: "bob", resume: ResumePoint(sessionID: bobWelcome.sessionID, lastReceivedSeq: 1))
@@ -242,5 +231,25 @@ struct CallInviteRetryTests {
         // Another device reusing the id is refused.
         let (tablet, _) = try server.connect(user: "alice", device: "tablet")
         #expect(try tablet.request(1, .callInvite(callID: "c1", callee: "bob", offer: [])).errorCode == .callIdInUse)
+    }
+}
+
+extension EmbeddedServer {
+    /// alice calls bob ("c1"), bob answers, then bob's connection is lost (`beforeLoss`
+    /// runs just before). Returns alice's client, and bob's WELCOME for his resume.
+    func answeredCallThenCalleeLost(
+        offer: [UInt8], answer: [UInt8], beforeLoss: () -> Void = {}
+    ) throws -> (alice: EmbeddedClient, bobWelcome: Welcome) {
+        let (alice, _) = try connect(user: "alice")
+        let (bob, welcome) = try connect(user: "bob")
+        _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
+        let (seq, _) = try bob.nextEvent()
+        try bob.ack(seq)
+        _ = try bob.request(1, .callAccept(callID: "c1", answer: answer))
+        _ = try alice.nextEvent()
+        beforeLoss()
+        bob.close()
+        guard statistics.establishedConnections == 1 else { throw TestClient.Failure("bob's loss was not seen") }
+        return (alice, welcome)
     }
 }

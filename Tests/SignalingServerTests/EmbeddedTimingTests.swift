@@ -126,19 +126,9 @@ struct EmbeddedDeadlineTests {
     @Test("call grace through the loops: a resume 1.5 s into a 2 s grace keeps the call (loss at x.9 s)")
     func resumeLateInSecond() throws {
         let server = try EmbeddedServer { $0.callGrace = .seconds(2) }
-        let (alice, _) = try server.connect(user: "alice")
-        let bobWelcome: Welcome
-        do {
-            let (bob, welcome) = try server.connect(user: "bob")
-            bobWelcome = welcome
-            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
-            let (seq, _) = try bob.nextEvent()
-            try bob.ack(seq)
-            _ = try bob.request(1, .callAccept(callID: "c1", answer: offer))
-            _ = try alice.nextEvent()
+        let (alice, bobWelcome) = try server.answeredCallThenCalleeLost(offer: offer, answer: offer) {
             server.advance(by: .milliseconds(900))
         }
-        #expect(server.statistics.establishedConnections == 1)
         server.advance(by: .milliseconds(1_500))
         let bob = try server.client()
         _ = try bob.hello(user: "bob", resume: ResumePoint(sessionID: bobWelcome.sessionID, lastReceivedSeq: 1))

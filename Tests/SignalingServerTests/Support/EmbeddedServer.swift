@@ -139,12 +139,7 @@ final class EmbeddedServer {
     private func step(_ socket: EmbeddedSocket, on loop: EventLoop) -> Bool {
         let slot = socket.slot
         if socket.watchesWritable && socket.room > 0 {
-            loop.owned {
-                loop.activity &+= 1
-                loop.refreshTime()
-                loop.flushOutbound(slot)
-                loop.flushDirty()
-            }
+            callback(of: loop) { loop.flushOutbound(slot) }
             return true
         }
         guard socket.watchesReadable else { return false }
@@ -152,27 +147,31 @@ final class EmbeddedServer {
             let count = min(socket.toServer.count, EventLoop.readBufferSize)
             let bytes = Array(socket.toServer.prefix(count))
             socket.toServer.removeFirst(count)
-            loop.owned {
-                loop.activity &+= 1
-                loop.refreshTime()
+            callback(of: loop) {
                 // A closing connection reads and discards (`readAvailable`).
                 if loop.table.state(slot).pointee.phase != .closing {
                     bytes.withUnsafeBytes { loop.received(slot, $0) }
                 }
-                loop.flushDirty()
             }
             return true
         }
         if socket.closedByClient {
-            loop.owned {
-                loop.activity &+= 1
-                loop.refreshTime()
-                loop.peerClosed(slot)
-                loop.flushDirty()
-            }
+            callback(of: loop) { loop.peerClosed(slot) }
             return true
         }
         return false
+    }
+
+    /// A connection's readiness callback, framed as `EventLoop.connectionReady` frames it:
+    /// the time is read once, and the events it made for other connections are written
+    /// at its end.
+    private func callback(of loop: EventLoop, _ body: () -> Void) {
+        loop.owned {
+            loop.activity &+= 1
+            loop.refreshTime()
+            body()
+            loop.flushDirty()
+        }
     }
 }
 
