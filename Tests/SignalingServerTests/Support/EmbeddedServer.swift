@@ -15,10 +15,13 @@ import Glibc
 /// at once, and a frame that is not there will not come. Deterministic: loops by index,
 /// connections by slot, cross-loop hand-offs through the loops' inboxes.
 ///
+/// Between its callbacks an embedded loop counts as asleep in epoll, as an idle real loop
+/// is, so a loop that routes a few events to another loop's connections writes them
+/// itself (`writeFromPeer`) and posts larger batches, closes and replies to its inbox.
+///
 /// What stays below the seam, and so only in the end-to-end suites over real sockets:
-/// libevent, recv/send and their errors, TLS, PROXY headers, accept, writes by peer loops
-/// straight to a sleeping loop's socket (`writeFromPeer`: an embedded loop is never asleep
-/// in epoll, so peers always post to its inbox), and the store writer's thread.
+/// libevent, recv/send and their errors, TLS, PROXY headers, accept and socket options,
+/// and the store writer's thread.
 final class EmbeddedServer {
     let clock: ManualClock
     let context: ServerContext
@@ -46,7 +49,10 @@ final class EmbeddedServer {
         for (index, transport) in transports.enumerated() {
             loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: -1, embeddedIO: transport))
         }
-        for loop in loops { loop.peers = loops }
+        for loop in loops {
+            loop.peers = loops
+            loop.ownership.withLock { $0.waiting = true }  // asleep until something happens
+        }
         self.loops = loops
     }
 
@@ -78,14 +84,13 @@ final class EmbeddedServer {
         let eventLoop = loops[index]
         let socket = EmbeddedSocket(loop: index, receiveWindow: receiveWindow)
         var opened = false
-        eventLoop.owned {
+        callback(of: eventLoop) {
             guard let slot = eventLoop.table.allocate() else { return }
             socket.slot = slot
             transports[index].sockets[slot] = socket
             eventLoop.refreshTime()
             // Every test client comes from the same address, as over loopback.
             eventLoop.open(slot, fd: -1, addressHash: 1, proxied: false)
-            eventLoop.flushDirty()
             opened = true
         }
         guard opened else { throw TestClient.Failure("the connection table is full") }
@@ -106,7 +111,7 @@ final class EmbeddedServer {
     /// deadlines) and whatever the ticks caused.
     func advance(by duration: Duration) {
         clock.advance(by: duration)
-        for loop in loops { loop.owned { loop.tick() } }
+        for loop in loops { asleepAfter(loop) { loop.tick() } }
         runUntilQuiet()
     }
 
@@ -124,7 +129,7 @@ final class EmbeddedServer {
             progress = false
             for (index, loop) in loops.enumerated() {
                 if loop.hasPostedTasks {
-                    loop.owned { loop.runInbox() }
+                    asleepAfter(loop) { loop.runInbox() }
                     progress = true
                 }
                 for socket in transports[index].sockets.values.sorted(by: { $0.slot < $1.slot }) {
@@ -166,12 +171,20 @@ final class EmbeddedServer {
     /// the time is read once, and the events it made for other connections are written
     /// at its end.
     private func callback(of loop: EventLoop, _ body: () -> Void) {
-        loop.owned {
+        asleepAfter(loop) {
             loop.activity &+= 1
             loop.refreshTime()
             body()
             loop.flushDirty()
         }
+    }
+
+    /// Runs `body` as one callback of `loop`, after which the loop is asleep again, as a
+    /// real loop with nothing to do waits in epoll: a peer that routes a few events to its
+    /// connections then writes them itself (`writeFromPeer`), and hands over the rest.
+    private func asleepAfter(_ loop: EventLoop, _ body: () -> Void) {
+        loop.owned(body)
+        loop.ownership.withLock { $0.waiting = true }
     }
 }
 
