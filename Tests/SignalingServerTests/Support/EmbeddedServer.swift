@@ -13,7 +13,7 @@ import Glibc
 /// sends, reads or closes, the clock moves) runs the loops on the test's thread until
 /// nothing is left to do (`runUntilQuiet`), so whatever the step caused is there to read
 /// at once, and a frame that is not there will not come. Deterministic: loops by index,
-/// connections by slot, cross-loop hand-offs through the loops' inboxes.
+/// connections by slot.
 ///
 /// Between its callbacks an embedded loop counts as asleep in epoll, as an idle real loop
 /// is, so a loop that routes a few events to another loop's connections writes them
@@ -88,7 +88,6 @@ final class EmbeddedServer {
             guard let slot = eventLoop.table.allocate() else { return }
             socket.slot = slot
             transports[index].sockets[slot] = socket
-            eventLoop.refreshTime()
             // Every test client comes from the same address, as over loopback.
             eventLoop.open(slot, fd: -1, addressHash: 1, proxied: false)
             opened = true
