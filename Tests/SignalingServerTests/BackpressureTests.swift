@@ -10,8 +10,10 @@ import Glibc
 /// Delivery is driven by the socket's writability: a device's backlog stays in its queue
 /// and is encoded only as fast as the socket takes it, so a reader that keeps up gets any
 /// backlog on one connection, and only a client that reads nothing for the slow-consumer
-/// timeout is closed, with CLOSE slowConsumer.
-@Suite("Back-pressure and slow consumers")
+/// timeout is closed, with CLOSE slowConsumer. Over real sockets: backlogs larger than the
+/// kernel's buffers; the slow-consumer rules are on embedded loops
+/// (EmbeddedBackpressureTests), where a stall starts at a known moment.
+@Suite("Back-pressure over real sockets")
 struct BackpressureTests {
     static let bodySize = LargeMessages.size
 
@@ -61,76 +63,6 @@ struct BackpressureTests {
         #expect(bob.isOpenAndQuiet)
         #expect(server.server.statistics.slowConsumerCloses == 0)
     }
-
-    @Test("a client that pipelines requests and reads nothing is held back by TCP, not by memory, then closed with CLOSE slowConsumer; its events stay pending")
-    func neverReadingClientIsClosedWithSlowConsumer() throws {
-        let server = try TestServer {
-            $0.maxFrameLength = 1024
-            $0.maxQueuedBytes = 4096
-            $0.slowConsumerTimeout = .seconds(30)
-        }
-        let (alice, _) = try server.connect(user: "alice")
-        let reader = try TestClient(port: server.port, receiveWindow: 4096)
-        let welcome = try reader.hello(user: "bob")
-        #expect(try alice.request(1, .messageSend(OutgoingMessage(messageID: "m1", recipient: "bob", contentType: "t", body: [1]))).isOK)
-        // PINGs without reading a single PONG: the server stops reading us.
-        try reader.sendUntilBlocked((0..<2000).flatMap { _ in FrameEncoder.encode(.ping) })
-        #expect(server.server.statistics.largestOutbound <= 4096 + 1024, "replies beyond --max-queued-bytes were buffered")
-        #expect(server.server.statistics.slowConsumerCloses == 0)
-
-        // Not read for the timeout: still open (it is counted from the last write the socket
-        // took, which on a loaded machine may come as late as the clock's first move). A
-        // timeout later: closed.
-        try server.advance(by: .seconds(30))
-        #expect(server.server.statistics.slowConsumerCloses == 0, "closed before the timeout")
-        try server.advance(by: .seconds(31), until: "the slow consumer's close") { $0.slowConsumerCloses == 1 }
-        // What it had not read is still readable, and ends with CLOSE slowConsumer.
-        let close = try reader.expectClose(timeout: .seconds(10))
-        #expect(close.code == .slowConsumer && close.action == .resume)
-        #expect(Self.stalledSeconds(close).map { $0 > 30 } == true, "closed before the timeout: \(close.message)")
-        #expect(close.retryAfterMs == 1_000 && close.retryJitterMs == 5_000)
-
-        // The message it never acknowledged is still there for its next connection.
-        let again = try server.client()
-        #expect(try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: 0)).resumed)
-        guard case .message(let message) = try again.nextEvent().event else { Issue.record("event lost"); return }
-        #expect(message.messageID == "m1")
-    }
-
-    @Test("a device that stops reading its events is closed with CLOSE slowConsumer after the timeout, not before; while it waits only one batch is buffered")
-    func stalledEventReaderIsClosedAfterTheTimeout() throws {
-        let server = try TestServer { $0.slowConsumerTimeout = .seconds(10) }
-        let reader = try TestClient(port: server.port, receiveWindow: 4096)
-        let welcome = try reader.hello(user: "bob")
-        let (alice, _) = try server.connect(user: "alice")
-        // More than the kernel's largest send buffer (tcp_wmem's maximum, 4 MB by
-        // default) can hold, so that bytes must wait in the server.
-        let count = 120
-        for index in 1...count { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "bob")).isOK) }
-        try server.waitFor("bytes to wait for bob") { $0.largestOutbound > 0 }
-        #expect(server.server.statistics.largestOutbound <= EventLoop.pumpBytes + Self.bodySize + 1024)
-
-        try server.advance(by: .seconds(10))
-        #expect(server.server.statistics.slowConsumerCloses == 0, "closed before the timeout")
-        // Counted from the last write the socket took, which on a loaded machine may come
-        // after a move of the clock: moved on until it closes, and the CLOSE says how long
-        // the socket had taken nothing.
-        try server.advance(by: .seconds(11), until: "the slow consumer's close") { $0.slowConsumerCloses == 1 }
-        // It reads again: the events that were on their way, then CLOSE.
-        var received = 0
-        let close = try reader.expect(timeout: .seconds(10), "CLOSE") { frame -> Close? in
-            if case .event = frame { received += 1 }
-            if case .close(let close) = frame { return close }
-            return nil
-        }
-        #expect(close.code == .slowConsumer)
-        #expect(Self.stalledSeconds(close).map { $0 > 10 } == true, "closed before the timeout: \(close.message)")
-        #expect(received < count)
-        // Resumed, it gets the rest.
-        let again = try server.client()
-        _ = try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: UInt64(received)))
-        for expected in (received + 1)...count { #expect(try again.nextEvent(timeout: .seconds(30)).seq == UInt64(expected)) }
-    }
 }
 
 /// The same rule in the real executable, where the server's own memory can be measured.
@@ -173,5 +105,77 @@ struct BackpressureProcessTests {
             return nil
         }
         #expect(close.code == .slowConsumer)
+    }
+}
+
+/// The slow-consumer rules on embedded loops: a connection's receive window is exact, so
+/// the moment writes stop being taken is known, and the close is checked to the second
+/// instead of by moving the clock until it happens.
+@Suite("Back-pressure and slow consumers (embedded loops)")
+struct EmbeddedBackpressureTests {
+    @Test("a client that pipelines requests and reads nothing is held back, not buffered, then closed with CLOSE slowConsumer once the timeout has passed; its events stay pending")
+    func neverReadingClientIsClosedWithSlowConsumer() throws {
+        let server = try EmbeddedServer {
+            $0.maxFrameLength = 1024
+            $0.maxQueuedBytes = 4096
+            $0.slowConsumerTimeout = .seconds(30)
+        }
+        let (alice, _) = try server.connect(user: "alice")
+        let reader = try server.client(receiveWindow: 4096)
+        let welcome = try reader.hello(user: "bob")
+        #expect(try alice.request(1, .messageSend(OutgoingMessage(messageID: "m1", recipient: "bob", contentType: "t", body: [1]))).isOK)
+        // 150 KB of PINGs (more than a read) without reading a single PONG: the server
+        // stops reading us, and the rest stays with the client (in TCP's buffers).
+        try reader.sendRaw((0..<30_000).flatMap { _ in FrameEncoder.encode(.ping) })
+        #expect(!reader.socket.toServer.isEmpty, "the server read everything")
+        #expect(server.statistics.largestOutbound <= 4096 + 1024, "replies beyond --max-queued-bytes were buffered")
+
+        // The socket took its last bytes at second 0; rounded down, so closed at 31 s.
+        server.advance(by: .seconds(30))
+        #expect(server.statistics.slowConsumerCloses == 0, "closed before the timeout")
+        server.advance(by: .seconds(1))
+        #expect(server.statistics.slowConsumerCloses == 1)
+        // What it had not read is still readable, and ends with CLOSE slowConsumer.
+        let close = try reader.expectClose()
+        #expect(close.code == .slowConsumer && close.action == .resume)
+        #expect(BackpressureTests.stalledSeconds(close) == 31, "\(close.message)")
+        #expect(close.retryAfterMs == 1_000 && close.retryJitterMs == 5_000)
+
+        // The message it never acknowledged is still there for its next connection.
+        let again = try server.client()
+        #expect(try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: 0)).resumed)
+        guard case .message(let message) = try again.nextEvent().event else { Issue.record("event lost"); return }
+        #expect(message.messageID == "m1")
+    }
+
+    @Test("a device that stops reading its events is closed with CLOSE slowConsumer after the timeout, not before; while it waits only one batch is buffered")
+    func stalledEventReaderIsClosedAfterTheTimeout() throws {
+        let server = try EmbeddedServer { $0.slowConsumerTimeout = .seconds(10) }
+        let reader = try server.client(receiveWindow: 4096)
+        let welcome = try reader.hello(user: "bob")
+        let (alice, _) = try server.connect(user: "alice")
+        let count = 20
+        for index in 1...count { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "bob")).isOK) }
+        #expect(server.statistics.largestOutbound > 0, "no bytes wait for bob")
+        #expect(server.statistics.largestOutbound <= EventLoop.pumpBytes + BackpressureTests.bodySize + 1024)
+
+        server.advance(by: .seconds(10))
+        #expect(server.statistics.slowConsumerCloses == 0, "closed before the timeout")
+        server.advance(by: .seconds(1))
+        #expect(server.statistics.slowConsumerCloses == 1)
+        // It reads again: the events that were on their way, then CLOSE.
+        var received = 0
+        let close = try reader.expect("CLOSE") { frame -> Close? in
+            if case .event = frame { received += 1 }
+            if case .close(let close) = frame { return close }
+            return nil
+        }
+        #expect(close.code == .slowConsumer)
+        #expect(BackpressureTests.stalledSeconds(close) == 11, "\(close.message)")
+        #expect(received > 0 && received < count)
+        // Resumed, it gets the rest.
+        let again = try server.client()
+        _ = try again.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: UInt64(received)))
+        for expected in (received + 1)...count { #expect(try again.nextEvent().seq == UInt64(expected)) }
     }
 }

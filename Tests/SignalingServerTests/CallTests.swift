@@ -1,5 +1,5 @@
 import SignalingProtocol
-import SignalingServer
+@testable import SignalingServer
 import Testing
 
 @Suite("Calls over real sockets")
@@ -33,9 +33,54 @@ struct CallTests {
         #expect(try bob.request(3, .callHangup(callID: "c1")).errorCode == .unknownCall)
     }
 
+    @Test("the caller disconnects mid-ring: after the grace period the callee is told")
+    func callerDisconnects() throws {
+        let server = try TestServer()
+        let (bob, _) = try server.connect(user: "bob")
+        do {
+            let (alice, _) = try server.connect(user: "alice")
+            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
+        }
+        _ = try bob.nextEvent()
+        try server.waitFor("alice's disconnect") { $0.establishedConnections == 1 }
+        try server.advance(by: .seconds(9))
+        #expect(try bob.staysSilent(for: .milliseconds(20)))
+        try server.advance(by: .seconds(2))
+        guard case .callEnded("c1", .peerDisconnected, "alice", _) = try bob.nextEvent().event else {
+            Issue.record("callee not told"); return
+        }
+    }
+}
+
+/// The calls' rules, over embedded loops (`EmbeddedServer`): the same loop and routing
+/// code as over sockets, with no sockets, threads or waiting; "Calls over real sockets"
+/// keeps the socket path covered.
+@Suite("Calls (embedded loops)")
+struct EmbeddedCallTests {
+    let offer = Array("v=0 offer".utf8)
+    let answer = Array("v=0 answer".utf8)
+
+    @Test("nobody answers: ring timeout is a missed call for both sides")
+    func ringTimeout() throws {
+        let server = try EmbeddedServer()
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
+        _ = try bob.nextEvent()
+        server.advance(by: .seconds(59))
+        #expect(alice.staysSilent)
+        server.advance(by: .seconds(2))
+        guard case .callEnded("c1", .noAnswer, "bob", _) = try alice.nextEvent().event else {
+            Issue.record("caller not told"); return
+        }
+        guard case .callEnded("c1", .noAnswer, "alice", _) = try bob.nextEvent().event else {
+            Issue.record("callee not told of the missed call"); return
+        }
+    }
+
     @Test("the callee hangs up an active call")
     func calleeHangsUp() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
         _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
@@ -50,7 +95,7 @@ struct CallTests {
 
     @Test("reject as busy and as declined", arguments: [CallEndReason.busy, .declined])
     func reject(reason: CallEndReason) throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
         _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
@@ -64,7 +109,7 @@ struct CallTests {
 
     @Test("the caller cancels before an answer")
     func cancel() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
         _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
@@ -76,27 +121,9 @@ struct CallTests {
         #expect(try bob.request(1, .callAccept(callID: "c1", answer: answer)).errorCode == .unknownCall)
     }
 
-    @Test("nobody answers: ring timeout is a missed call for both sides")
-    func ringTimeout() throws {
-        let server = try TestServer()
-        let (alice, _) = try server.connect(user: "alice")
-        let (bob, _) = try server.connect(user: "bob")
-        _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
-        _ = try bob.nextEvent()
-        try server.advance(by: .seconds(59))
-        #expect(try alice.staysSilent(for: .milliseconds(20)))
-        try server.advance(by: .seconds(2))
-        guard case .callEnded("c1", .noAnswer, "bob", _) = try alice.nextEvent().event else {
-            Issue.record("caller not told"); return
-        }
-        guard case .callEnded("c1", .noAnswer, "alice", _) = try bob.nextEvent().event else {
-            Issue.record("callee not told of the missed call"); return
-        }
-    }
-
     @Test("a callee with no connected device is unreachable at once")
     func calleeOffline() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         #expect(try alice.request(1, .callInvite(callID: "c1", callee: "nobody", offer: offer)).isOK)
         guard case .callEnded("c1", .unreachable, "nobody", _) = try alice.nextEvent().event else {
@@ -107,7 +134,7 @@ struct CallTests {
             let (bob, _) = try server.connect(user: "bob")
             _ = bob
         }
-        try server.waitFor("bob's disconnect") { $0.establishedConnections == 1 }
+        #expect(server.statistics.establishedConnections == 1)
         _ = try alice.request(2, .callInvite(callID: "c2", callee: "bob", offer: offer))
         guard case .callEnded("c2", .unreachable, "bob", _) = try alice.nextEvent().event else {
             Issue.record("no unreachable for an offline device"); return
@@ -116,7 +143,7 @@ struct CallTests {
 
     @Test("two devices of the callee: both ring, the first accept wins, the other is told")
     func twoDevices() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (phone, _) = try server.connect(user: "bob", device: "phone")
         let (tablet, _) = try server.connect(user: "bob", device: "tablet")
@@ -140,7 +167,7 @@ struct CallTests {
 
     @Test("illegal steps get an error and change nothing")
     func illegalSteps() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
         let (mallory, _) = try server.connect(user: "mallory")
@@ -161,44 +188,15 @@ struct CallTests {
         #expect(try alice.request(4, .callCancel(callID: "c1")).errorCode == .illegalCallTransition)
     }
 
-    @Test("the caller disconnects mid-ring: after the grace period the callee is told")
-    func callerDisconnects() throws {
-        let server = try TestServer()
-        let (bob, _) = try server.connect(user: "bob")
-        do {
-            let (alice, _) = try server.connect(user: "alice")
-            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
-        }
-        _ = try bob.nextEvent()
-        try server.waitFor("alice's disconnect") { $0.establishedConnections == 1 }
-        try server.advance(by: .seconds(9))
-        #expect(try bob.staysSilent(for: .milliseconds(20)))
-        try server.advance(by: .seconds(2))
-        guard case .callEnded("c1", .peerDisconnected, "alice", _) = try bob.nextEvent().event else {
-            Issue.record("callee not told"); return
-        }
-    }
-
     @Test("a party that resumes within the grace period keeps the call")
     func resumeWithinGrace() throws {
-        let server = try TestServer()
-        let (alice, _) = try server.connect(user: "alice")
-        let bobWelcome: Welcome
-        do {
-            let (bob, welcome) = try server.connect(user: "bob")
-            bobWelcome = welcome
-            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
-            let (seq, _) = try bob.nextEvent()
-            try bob.ack(seq)
-            _ = try bob.request(1, .callAccept(callID: "c1", answer: answer))
-            _ = try alice.nextEvent()
-        }
-        try server.waitFor("bob's disconnect") { $0.establishedConnections == 1 }
-        try server.advance(by: .seconds(5))
+        let server = try EmbeddedServer()
+        let (alice, bobWelcome) = try server.answeredCallThenCalleeLost(offer: offer, answer: answer)
+        server.advance(by: .seconds(5))
         let bob = try server.client()
         _ = try bob.hello(user: "bob", resume: ResumePoint(sessionID: bobWelcome.sessionID, lastReceivedSeq: 1))
-        try server.advance(by: .seconds(10))
-        #expect(try alice.staysSilent(for: .milliseconds(20)))
+        server.advance(by: .seconds(10))
+        #expect(alice.staysSilent)
         #expect(try bob.request(2, .callHangup(callID: "c1")).isOK)
         guard case .callEnded("c1", .hungUp, "bob", _) = try alice.nextEvent().event else {
             Issue.record("hang-up after resume not delivered"); return
@@ -207,7 +205,7 @@ struct CallTests {
 
     @Test("a callee device that connects while the call rings is rung too")
     func lateDeviceRings() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (phone, _) = try server.connect(user: "bob", device: "phone")
         _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
@@ -219,19 +217,39 @@ struct CallTests {
     }
 }
 
-@Suite("Call invite retries")
+@Suite("Call invite retries (embedded loops)")
 struct CallInviteRetryTests {
     @Test("an invite repeated by the same device is a retry: OK, and the callee rings once")
     func retriedInvite() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
         #expect(try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: [1])).isOK)
         #expect(try alice.request(2, .callInvite(callID: "c1", callee: "bob", offer: [1])).isOK)
         guard case .callIncoming = try bob.nextEvent().event else { Issue.record("no ring"); return }
-        #expect(try bob.staysSilent(for: .milliseconds(30)))
+        #expect(bob.staysSilent)
         // Another device reusing the id is refused.
         let (tablet, _) = try server.connect(user: "alice", device: "tablet")
         #expect(try tablet.request(1, .callInvite(callID: "c1", callee: "bob", offer: [])).errorCode == .callIdInUse)
+    }
+}
+
+extension EmbeddedServer {
+    /// alice calls bob ("c1"), bob answers, then bob's connection is lost (`beforeLoss`
+    /// runs just before). Returns alice's client, and bob's WELCOME for his resume.
+    func answeredCallThenCalleeLost(
+        offer: [UInt8], answer: [UInt8], beforeLoss: () -> Void = {}
+    ) throws -> (alice: EmbeddedClient, bobWelcome: Welcome) {
+        let (alice, _) = try connect(user: "alice")
+        let (bob, welcome) = try connect(user: "bob")
+        _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
+        let (seq, _) = try bob.nextEvent()
+        try bob.ack(seq)
+        _ = try bob.request(1, .callAccept(callID: "c1", answer: answer))
+        _ = try alice.nextEvent()
+        beforeLoss()
+        bob.close()
+        guard statistics.establishedConnections == 1 else { throw TestClient.Failure("bob's loss was not seen") }
+        return (alice, welcome)
     }
 }

@@ -1,5 +1,5 @@
 import SignalingProtocol
-import SignalingServer
+@testable import SignalingServer
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -84,5 +84,37 @@ struct CrossLoopDeliveryTests {
         let statistics = server.server.statistics
         #expect(statistics.slowConsumerCloses == 0)
         #expect(statistics.crossLoopWrites > 0)
+    }
+}
+
+/// The same two paths on embedded loops, where the test places each connection on its loop
+/// and knows which path each write takes.
+@Suite("Cross-loop delivery (embedded loops)")
+struct EmbeddedCrossLoopDeliveryTests {
+    @Test("an event for a sleeping loop's connection is written by the routing loop itself; a fan-out to more of its connections is handed over; each device gets each event once, in order")
+    func directAndHandedOver() throws {
+        let server = try EmbeddedServer(workers: 2)
+        let (alice, _) = try server.connect(user: "alice", loop: 0)
+        let (bob, _) = try server.connect(user: "bob", loop: 1)
+        #expect(try alice.request(1, LargeMessages.request(1, to: "bob", size: 5)).isOK)
+        #expect(server.statistics.crossLoopWrites == 1, "loop 0 did not write bob's event itself")
+        #expect(try bob.nextEvent().seq == 1)
+        #expect(bob.staysSilent)
+
+        var devices: [EmbeddedClient] = []
+        for index in 0...EventLoop.peerWriteLimit {
+            devices.append(try server.connect(user: "carol", device: "d\(index)", loop: 1).0)
+        }
+        for index in 2...3 { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "carol", size: 5)).isOK) }
+        #expect(server.statistics.crossLoopWrites == 1, "the fan-out was not handed over to loop 1")
+        for device in devices {
+            for expected in UInt64(1)...2 {
+                let (seq, event) = try device.nextEvent()
+                #expect(seq == expected)
+                guard case .message(let message) = event else { Issue.record("not a message: \(event)"); return }
+                #expect(message.messageID == "m\(expected + 1)")
+            }
+            #expect(device.staysSilent)
+        }
     }
 }

@@ -195,19 +195,6 @@ struct ServerDeadlineTests {
         #expect(try client.expectClose().code == .idleTimeout)
     }
 
-    @Test("idle timeout beyond the wheel's horizon: 3600 s keep-alive, closed at 5400 s, not at 900")
-    func longIdleTimeout() throws {
-        let server = try TestServer()
-        let client = try server.client()
-        #expect(try client.hello(user: "alice", keepAlive: 3600).idleTimeoutSeconds == 5400)
-        try server.advance(by: .seconds(950))
-        #expect(client.isOpenAndQuiet, "closed at the wheel's horizon")
-        try server.advance(by: .seconds(4_449))
-        #expect(client.isOpenAndQuiet, "closed before its idle timeout")
-        try server.advance(by: .seconds(2))
-        #expect(try client.expectClose().code == .idleTimeout)
-    }
-
     @Test("drain timeout: a drain begun at x.9 s waits the whole timeout for a client that stays")
     func drainTimeoutLateInSecond() throws {
         let server = try TestServer { $0.drainTimeout = .seconds(1) }
@@ -219,62 +206,5 @@ struct ServerDeadlineTests {
         #expect(server.server.isRunning, "the drain ended before its timeout")
         server.clock.advance(by: .milliseconds(1_100))
         try server.waitFor("the drain to end", { _ in !server.server.isRunning })
-    }
-
-    @Test("call grace over sockets: peerDisconnected comes 2 s after a loss at x.9 s, not before")
-    func peerDisconnectedAfterGrace() throws {
-        let server = try TestServer { $0.callGrace = .seconds(2) }
-        let (bob, _) = try server.connect(user: "bob")
-        do {
-            let (alice, _) = try server.connect(user: "alice")
-            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
-            _ = try bob.nextEvent()
-            try server.advance(by: .milliseconds(900))
-        }
-        try server.waitFor("alice's disconnect") { $0.establishedConnections == 1 }
-        try server.advance(by: .milliseconds(1_950))
-        #expect(try bob.staysSilent(for: .milliseconds(20)), "the callee was told before the grace ended")
-        try server.advance(by: .milliseconds(100))
-        guard case .callEnded("c1", .peerDisconnected, "alice", _) = try bob.nextEvent().event else {
-            Issue.record("callee not told"); return
-        }
-    }
-
-    @Test("call grace over sockets: a resume 1.5 s into a 2 s grace keeps the call (loss at x.9 s)")
-    func resumeLateInSecond() throws {
-        let server = try TestServer { $0.callGrace = .seconds(2) }
-        let (alice, _) = try server.connect(user: "alice")
-        let bobWelcome: Welcome
-        do {
-            let (bob, welcome) = try server.connect(user: "bob")
-            bobWelcome = welcome
-            _ = try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer))
-            let (seq, _) = try bob.nextEvent()
-            try bob.ack(seq)
-            _ = try bob.request(1, .callAccept(callID: "c1", answer: offer))
-            _ = try alice.nextEvent()
-            try server.advance(by: .milliseconds(900))
-        }
-        try server.waitFor("bob's disconnect") { $0.establishedConnections == 1 }
-        try server.advance(by: .milliseconds(1_500))
-        let bob = try server.client()
-        _ = try bob.hello(user: "bob", resume: ResumePoint(sessionID: bobWelcome.sessionID, lastReceivedSeq: 1))
-        try server.advance(by: .seconds(5))
-        #expect(try alice.staysSilent(for: .milliseconds(20)))
-        #expect(try bob.request(2, .callHangup(callID: "c1")).isOK, "the call was gone after the resume")
-    }
-}
-
-@Suite("Timer memory is bounded by connection slots, not by connects")
-struct IdleWheelMemoryTests {
-    @Test("connections that come and go leave at most one idle-timer entry per connection slot")
-    func idleWheelBounded() throws {
-        let server = try TestServer(workers: 1)
-        for index in 0..<200 {
-            let (client, _) = try server.connect(user: "u\(index % 7)")
-            _ = client
-        }
-        try server.waitFor("every connection to close") { $0.openConnections == 0 }
-        #expect(server.server.idleWheelEntries <= 4, "\(server.server.idleWheelEntries) entries for 200 closed connections")
     }
 }

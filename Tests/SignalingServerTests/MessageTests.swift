@@ -1,13 +1,14 @@
 import SignalingProtocol
-import SignalingServer
+@testable import SignalingServer
 import Testing
 
-@Suite("Messages, receipts and redelivery")
-struct MessageTests {
-    func message(_ id: String, to recipient: String, _ text: String = "hello") -> Request {
-        .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(text.utf8)))
-    }
+/// A text MESSAGE_SEND request.
+private func message(_ id: String, to recipient: String, _ text: String = "hello") -> Request {
+    .messageSend(OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(text.utf8)))
+}
 
+@Suite("Messages, receipts and redelivery over real sockets")
+struct MessageTests {
     @Test("a message reaches the recipient; accepted and delivered receipts reach the sender")
     func messageWithReceipts() throws {
         let server = try TestServer()
@@ -28,38 +29,6 @@ struct MessageTests {
         guard case .messageDelivered("m1", "bob", "d1", _) = try alice.nextEvent().event else {
             Issue.record("no delivery receipt"); return
         }
-    }
-
-    @Test("a message fans out to every device of the recipient, each with its own receipt")
-    func fanOut() throws {
-        let server = try TestServer()
-        let (alice, _) = try server.connect(user: "alice")
-        let (phone, _) = try server.connect(user: "bob", device: "phone")
-        let (tablet, _) = try server.connect(user: "bob", device: "tablet")
-        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
-        let onPhone = try phone.nextEvent()
-        let onTablet = try tablet.nextEvent()
-        #expect(onPhone.event == onTablet.event)
-        try phone.ack(onPhone.seq)
-        try tablet.ack(onTablet.seq)
-        var devices: Set<String> = []
-        for _ in 0..<2 {
-            if case .messageDelivered("m1", "bob", let device, _) = try alice.nextEvent().event { devices.insert(device) }
-        }
-        #expect(devices == ["phone", "tablet"])
-    }
-
-    @Test("a repeated message id is accepted again with the original time and delivered once")
-    func deduplication() throws {
-        let server = try TestServer()
-        let (alice, _) = try server.connect(user: "alice")
-        let (bob, _) = try server.connect(user: "bob")
-        guard case .ok(_, let first) = try alice.request(1, message("m1", to: "bob")) else { Issue.record("refused"); return }
-        try server.advance(by: .seconds(3))
-        guard case .ok(_, let second) = try alice.request(2, message("m1", to: "bob")) else { Issue.record("refused"); return }
-        #expect(first == second)
-        _ = try bob.nextEvent()
-        #expect(try bob.staysSilent(for: .milliseconds(30)))
     }
 
     @Test("unacknowledged events are re-sent when the device resumes on a new connection, and only those")
@@ -94,17 +63,54 @@ struct MessageTests {
         session = welcome.sessionID
         _ = session
     }
+}
+
+/// The message rules (delivery, ACKs, receipts, de-duplication, sessions), over embedded
+/// loops (`EmbeddedServer`); the suite above keeps them covered over real sockets.
+@Suite("Messages, receipts and redelivery (embedded loops)")
+struct EmbeddedMessageTests {
+    @Test("a message fans out to every device of the recipient, each with its own receipt")
+    func fanOut() throws {
+        let server = try EmbeddedServer()
+        let (alice, _) = try server.connect(user: "alice")
+        let (phone, _) = try server.connect(user: "bob", device: "phone")
+        let (tablet, _) = try server.connect(user: "bob", device: "tablet")
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        let onPhone = try phone.nextEvent()
+        let onTablet = try tablet.nextEvent()
+        #expect(onPhone.event == onTablet.event)
+        try phone.ack(onPhone.seq)
+        try tablet.ack(onTablet.seq)
+        var devices: Set<String> = []
+        for _ in 0..<2 {
+            if case .messageDelivered("m1", "bob", let device, _) = try alice.nextEvent().event { devices.insert(device) }
+        }
+        #expect(devices == ["phone", "tablet"])
+    }
+
+    @Test("a repeated message id is accepted again with the original time and delivered once")
+    func deduplication() throws {
+        let server = try EmbeddedServer()
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        guard case .ok(_, let first) = try alice.request(1, message("m1", to: "bob")) else { Issue.record("refused"); return }
+        server.advance(by: .seconds(3))
+        guard case .ok(_, let second) = try alice.request(2, message("m1", to: "bob")) else { Issue.record("refused"); return }
+        #expect(first == second)
+        _ = try bob.nextEvent()
+        #expect(bob.staysSilent)
+    }
 
     @Test("a new session (no resume point) gets every unacknowledged event with its original number")
     func freshSessionGetsPending() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         do {
             let (bob, _) = try server.connect(user: "bob")
             _ = try alice.request(1, message("m1", to: "bob"))
             _ = try bob.nextEvent()
         }
-        try server.waitFor("bob's disconnect") { $0.establishedConnections == 1 }
+        #expect(server.statistics.establishedConnections == 1)
         let (bob, welcome) = try server.connect(user: "bob")
         #expect(!welcome.resumed)
         #expect(welcome.ackedSeq == 0)
@@ -116,7 +122,7 @@ struct MessageTests {
 
     @Test("resume with an unknown session or an impossible sequence number is refused and leaks nothing")
     func badResume() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let session: SessionID
         do {
@@ -125,7 +131,7 @@ struct MessageTests {
             _ = try alice.request(1, message("m1", to: "bob"))
             _ = try bob.nextEvent()
         }
-        try server.waitFor("bob's disconnect") { $0.establishedConnections == 1 }
+        #expect(server.statistics.establishedConnections == 1)
 
         let unknown = try server.client()
         try unknown.send(.hello(Hello(userID: "bob", deviceID: "d1", resume: ResumePoint(sessionID: .random(), lastReceivedSeq: 0))))
@@ -150,7 +156,7 @@ struct MessageTests {
 
     @Test("an ACK beyond what was sent closes the connection")
     func ackBeyondSent() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (bob, _) = try server.connect(user: "bob")
         try bob.ack(5)
         let close = try bob.expectClose()
@@ -160,7 +166,7 @@ struct MessageTests {
 
     @Test("a second connection of the same device takes over; the first is told not to reconnect")
     func takeover() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         let (first, _) = try server.connect(user: "bob")
         _ = try alice.request(1, message("m1", to: "bob"))
@@ -177,7 +183,7 @@ struct MessageTests {
 
     @Test("messages to a user with no known device wait for its first device, in order")
     func heldForFirstDevice() throws {
-        let server = try TestServer()
+        let server = try EmbeddedServer()
         let (alice, _) = try server.connect(user: "alice")
         for index in 1...5 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "newbie")).isOK) }
         let (newbie, _) = try server.connect(user: "newbie")
@@ -195,7 +201,7 @@ struct MessageTests {
 
     @Test("a device with too many unacknowledged events makes the sender retry later; nothing is half-queued")
     func backlogFull() throws {
-        let server = try TestServer {
+        let server = try EmbeddedServer {
             $0.maxPendingEvents = 3
             $0.maxPendingPerSender = 3  // one sender may fill the queue here
         }
@@ -212,7 +218,7 @@ struct MessageTests {
         #expect(refused.errorCode?.isRetryable == true)
         // The tablet (which had room) did not get m4 either.
         try expectReceipts(alice, from: "tablet", count: 3)
-        #expect(try tablet.staysSilent(for: .milliseconds(30)))
+        #expect(tablet.staysSilent)
         // Once the phone catches up (its receipts show the server has its ACK), the retry
         // succeeds.
         for _ in 1...3 { _ = try phone.nextEvent() }
@@ -222,7 +228,7 @@ struct MessageTests {
     }
 
     /// Reads and acknowledges `count` delivery receipts for `device`.
-    private func expectReceipts(_ client: TestClient, from device: String, count: Int) throws {
+    private func expectReceipts(_ client: EmbeddedClient, from device: String, count: Int) throws {
         for _ in 0..<count {
             let (seq, event) = try client.nextEvent()
             guard case .messageDelivered(_, _, let recipientDevice, _) = event, recipientDevice == device else {
@@ -238,22 +244,22 @@ struct MessageTests {
 
     @Test("a disconnected session stays resumable for the session TTL, then is forgotten")
     func sessionExpiry() throws {
-        let server = try TestServer { $0.sessionTTL = .seconds(3600) }
+        let server = try EmbeddedServer { $0.sessionTTL = .seconds(3600) }
         let session: SessionID
         do {
             let (bob, welcome) = try server.connect(user: "bob")
             session = welcome.sessionID
             _ = bob
         }
-        try server.waitFor("bob's disconnect") { $0.establishedConnections == 0 }
-        try server.advance(by: .seconds(3599))
+        #expect(server.statistics.establishedConnections == 0)
+        server.advance(by: .seconds(3599))
         do {
             let bob = try server.client()
             #expect(try bob.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 0)).resumed)
         }
-        try server.waitFor("bob's second disconnect") { $0.establishedConnections == 0 }
-        try server.advance(by: .seconds(3601))
-        try server.waitFor("the session to expire") { $0.sessionsExpired == 1 }
+        #expect(server.statistics.establishedConnections == 0)
+        server.advance(by: .seconds(3601))
+        #expect(server.statistics.sessionsExpired == 1)
         let late = try server.client()
         try late.send(.hello(Hello(userID: "bob", deviceID: "d1", resume: ResumePoint(sessionID: session, lastReceivedSeq: 0))))
         #expect(try late.expectClose().code == .sessionUnknown)

@@ -60,6 +60,16 @@ extension EventLoop {
             context.counters.openTLSConnections.increment()
         }
         configureSocket(fd)
+        open(slot, fd: fd, addressHash: addressHash,
+             proxied: tlsContext == nil ? configuration.proxyProtocol : configuration.tls?.proxyProtocol == true)
+    }
+
+    /// A connection begins in a freshly allocated `slot` (`fd` -1 on an embedded loop,
+    /// whose transport knows the slot already): its handshake deadline starts, and unless
+    /// a PROXY header is to name its address (`proxied`), its address is admitted or
+    /// refused. The first input of the seam (ConnectionIO.swift).
+    func open(_ slot: UInt32, fd: Int32, addressHash: UInt64, proxied: Bool) {
+        let state = table.state(slot)
         state.pointee.fd = fd
         state.pointee.phase = .awaitingHello
         state.pointee.lastActivity = nowSeconds
@@ -67,14 +77,14 @@ extension EventLoop {
         assignEvent(slot, writable: false)
         context.counters.openConnections.increment()
         openConnections.increment()
-        if tlsContext == nil ? configuration.proxyProtocol : configuration.tls?.proxyProtocol == true {
+        if proxied {
             // The socket's address is the balancer's: the device's address is admitted once
             // the PROXY header names it (`takeProxyHeader`), within the handshake deadline.
             state.pointee.flags.insert(.awaitingProxyHeader)
         } else {
             guard admitAddress(slot) else { return }
         }
-        helloDeadlines.push((slot, state.pointee.generation, nowInstant + configuration.handshakeTimeout))
+        helloDeadlines.push((slot, state.pointee.generation, nowInstant + context.configuration.handshakeTimeout))
     }
 
     /// Counts the connection against the cap of its address (`addressHash`): at accept,
@@ -102,6 +112,11 @@ extension EventLoop {
     /// yielded).
     func assignEvent(_ slot: UInt32, writable: Bool) {
         let state = table.state(slot)
+        defer { if writable { state.pointee.flags.insert(.wantsWrite) } else { state.pointee.flags.remove(.wantsWrite) } }
+        if let embeddedIO {
+            embeddedIO.watch(slot, readable: !state.pointee.flags.contains(.readPaused), writable: writable)
+            return
+        }
         let event = table.event(slot)
         // Event memory starts zeroed (ConnectionTable), so this is false for a slot's first
         // use; deleting an event that is not pending is a no-op.
@@ -115,7 +130,6 @@ extension EventLoop {
             loop.owned { loop.connectionReady(UInt32(UInt(bitPattern: argument) - 1), what: Int32(what)) }
         }, argument)
         vs_event_add(event, -1)
-        if writable { state.pointee.flags.insert(.wantsWrite) } else { state.pointee.flags.remove(.wantsWrite) }
     }
 
     /// Socket options for a long-lived, mostly idle device connection.

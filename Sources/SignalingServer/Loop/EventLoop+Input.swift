@@ -47,9 +47,8 @@ extension EventLoop {
                 return
             case .transferred(let count):
                 if lingering { continue }  // discarded
-                state.pointee.lastActivity = nowSeconds
                 let generation = state.pointee.generation
-                consume(slot, UnsafeRawBufferPointer(rebasing: readBuffer[..<count]))
+                received(slot, UnsafeRawBufferPointer(rebasing: readBuffer[..<count]))
                 // A connection destroyed meanwhile took its socket and the bytes with it.
                 guard table.isLive(slot, generation: generation), takePeeked(count, from: slot) else { return }
                 if state.pointee.phase == .free || count < readBuffer.count { return }
@@ -61,6 +60,13 @@ extension EventLoop {
                 return
             }
         }
+    }
+
+    /// Bytes arrived for `slot` (not closing): the connection is active, and its complete
+    /// frames are handled. The input of the seam (ConnectionIO.swift) that every read ends in.
+    func received(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
+        table.state(slot).pointee.lastActivity = nowSeconds
+        consume(slot, bytes)
     }
 
     /// Takes `count` handled bytes off the socket without copying them (`MSG_TRUNC`).

@@ -67,7 +67,10 @@ extension EventLoop {
     @inline(__always)
     func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> IOResult {
         let state = table.state(slot)
-        guard state.pointee.flags.contains(.tls) else { return SocketCalls.send(state.pointee.fd, bytes, flags: Int32(MSG_DONTWAIT)) }
+        guard state.pointee.flags.contains(.tls) else {
+            if let embeddedIO { return embeddedIO.transmit(bytes, to: slot) }
+            return SocketCalls.send(state.pointee.fd, bytes, flags: Int32(MSG_DONTWAIT))
+        }
         return transmitTLS(bytes, to: slot)
     }
 
@@ -426,6 +429,7 @@ extension EventLoop {
     /// then the TCP FIN.
     func finishWriting(_ slot: UInt32) {
         let state = table.state(slot)
+        if let embeddedIO { return embeddedIO.finishWriting(slot) }
         if state.pointee.flags.contains(.tls) { table.tls(slot)?.shutdown() }
         shutdown(state.pointee.fd, Int32(SHUT_WR))
     }
@@ -445,7 +449,7 @@ extension EventLoop {
             table.takeTLS(slot)?.free()
             context.counters.openTLSConnections.decrement()
         }
-        close(state.pointee.fd)
+        if let embeddedIO { embeddedIO.release(slot) } else { close(state.pointee.fd) }
         if state.pointee.flags.contains(.countsTowardAddress) { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
         openConnections.decrement()

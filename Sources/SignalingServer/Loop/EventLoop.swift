@@ -110,11 +110,19 @@ final class EventLoop: @unchecked Sendable {
     let finished = Atomic<Bool>(false)
     /// What `/metrics` reports about this loop (updated under `ownership`).
     let metrics = LoopMetrics()
+    /// The transport of an embedded loop, whose connections are not sockets (tests); nil
+    /// for a real loop, which calls the socket code directly (ConnectionIO.swift).
+    let embeddedIO: (any ConnectionIO)?
 
     static let readBufferSize = 64 * 1024
     static let lingerSeconds: UInt32 = 2
 
-    init(index: UInt16, context: ServerContext, listenFD: Int32, tlsListenFD: Int32 = -1) throws(ServerError) {
+    /// - Parameter embeddedIO: the transport of a loop without sockets (see `embeddedIO`):
+    ///   it is never `run`; its owner calls the inputs (ConnectionIO.swift) itself.
+    init(
+        index: UInt16, context: ServerContext, listenFD: Int32, tlsListenFD: Int32 = -1,
+        embeddedIO: (any ConnectionIO)? = nil
+    ) throws(ServerError) {
         guard let base = vs_event_base_new() else { throw ServerError("cannot create an event base") }
         let wakeFD = shim_eventfd()
         guard wakeFD >= 0 else {
@@ -128,6 +136,7 @@ final class EventLoop: @unchecked Sendable {
         self.tlsListenFD = tlsListenFD
         self.table = ConnectionTable(holdsTLS: tlsListenFD >= 0)
         self.wakeFD = wakeFD
+        self.embeddedIO = embeddedIO
         self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
         self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
@@ -135,6 +144,12 @@ final class EventLoop: @unchecked Sendable {
     }
 
     deinit {
+        // A loop that never ran (an embedded one, or a start that failed) still owns its
+        // event base and eventfd; `run` frees them when it ends.
+        if !finished.load(ordering: .acquiring) {
+            vs_event_base_free(base)
+            close(wakeFD)
+        }
         readBuffer.deallocate()
     }
 
@@ -248,7 +263,12 @@ final class EventLoop: @unchecked Sendable {
         if wasEmpty { shim_eventfd_signal(wakeFD) }
     }
 
-    private func runInbox() {
+    /// Tasks wait in the inbox: what an embedded loop's owner checks instead of an epoll
+    /// wait on the eventfd (ConnectionIO.swift).
+    var hasPostedTasks: Bool { inbox.withLock { !$0.isEmpty } }
+
+    /// Runs the tasks handed over by other threads (an input of the seam, ConnectionIO.swift).
+    func runInbox() {
         activity &+= 1
         shim_eventfd_drain(wakeFD)
         let tasks = inbox.withLock { inbox in

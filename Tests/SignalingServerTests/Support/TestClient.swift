@@ -9,13 +9,13 @@ import Glibc
 /// (or raw bytes), so tests can do things a well-behaved client never would. Every wait
 /// has a deadline. Made with `tls:`, it completes a TLS handshake first and then carries
 /// the same frames through it (`TLSTestChannel`).
-final class TestClient {
+final class TestClient: ProtocolClient {
     let fd: Int32
     /// The TLS connection the frames go through (nil: plain TCP).
     private(set) var tls: TLSTestChannel?
     private var assembler = FrameAssembler(maxFrameLength: 16 << 20)
     /// Frames read while waiting for something else; `next` returns them first.
-    private var skipped: [Frame] = []
+    var skipped: [Frame] = []
     /// Events seen, for assertions about order and duplicates.
     private(set) var lastSeq: UInt64 = 0
 
@@ -104,13 +104,9 @@ final class TestClient {
         return SocketCalls.wait(fd, for: events, milliseconds: milliseconds)
     }
 
-    /// The next frame, or nil if the connection ended cleanly first. Throws on timeout.
-    func next(timeout: Duration = .seconds(5)) throws -> Frame? {
-        if !skipped.isEmpty { return skipped.removeFirst() }
-        return try read(timeout: timeout)
-    }
-
-    private func read(timeout: Duration) throws -> Frame? {
+    /// The next frame from the socket, or nil if the connection ended cleanly first.
+    /// Throws on timeout.
+    func read(timeout: Duration) throws -> Frame? {
         let deadline = SystemClock().now() + timeout
         while true {
             if let frame = try assembler.next() {
@@ -140,79 +136,7 @@ final class TestClient {
         return chunk.withUnsafeMutableBytes { SocketCalls.receive(fd, into: $0) }
     }
 
-    /// Returns the first frame that matches, earlier skipped ones included; frames that do
-    /// not match are kept for later `next` calls. Throws if the connection ends or time
-    /// runs out.
-    @discardableResult
-    func expect<T>(timeout: Duration = .seconds(5), _ what: String = "frame", _ match: (Frame) -> T?) throws -> T {
-        for (index, frame) in skipped.enumerated() {
-            if let value = match(frame) {
-                skipped.remove(at: index)
-                return value
-            }
-        }
-        let deadline = SystemClock().now() + timeout
-        while true {
-            let remaining = deadline - SystemClock().now()
-            guard remaining > .zero else { throw Failure("timed out waiting for \(what)") }
-            guard let frame = try read(timeout: remaining) else { throw Failure("connection closed waiting for \(what)") }
-            if let value = match(frame) { return value }
-            skipped.append(frame)
-        }
-    }
-
-    /// Sends HELLO and returns WELCOME (throws on CLOSE).
-    @discardableResult
-    func hello(
-        user: String, device: String = "d1", resume: ResumePoint? = nil, keepAlive: UInt32 = 0,
-        credentials: [UInt8]? = nil
-    ) throws -> Welcome {
-        try send(.hello(Hello(
-            userID: user, deviceID: device, credentials: credentials, resume: resume,
-            requestedKeepAliveSeconds: keepAlive)))
-        switch try next() {
-        case .welcome(let welcome)?: return welcome
-        case .close(let close)?: throw Failure("refused: \(close.code) \(close.message)")
-        case let other: throw Failure("expected WELCOME, got \(String(describing: other))")
-        }
-    }
-
-    /// Waits for CLOSE and then for the server to close the socket.
-    func expectClose(timeout: Duration = .seconds(5)) throws -> Close {
-        let close = try expect(timeout: timeout, "CLOSE") { frame -> Close? in
-            if case .close(let close) = frame { return close }
-            return nil
-        }
-        guard try read(timeout: timeout) == nil else { throw Failure("data after CLOSE") }
-        return close
-    }
-
-    /// The next event (skipping replies and pongs); returns its seq and body.
-    func nextEvent(timeout: Duration = .seconds(5)) throws -> (seq: UInt64, event: Event) {
-        try expect(timeout: timeout, "an event") { frame in
-            if case .event(let seq, let event) = frame { return (seq, event) }
-            return nil
-        }
-    }
-
-    /// Waits for the reply to request `id`.
-    func reply(to id: UInt32, timeout: Duration = .seconds(5)) throws -> Frame {
-        try expect(timeout: timeout, "reply to \(id)") { frame in
-            switch frame {
-            case .ok(let requestID, _) where requestID == id: return frame
-            case .error(let requestID, _, _) where requestID == id: return frame
-            default: return nil
-            }
-        }
-    }
-
-    /// Sends a request and returns its reply.
-    @discardableResult
-    func request(_ id: UInt32, _ request: Request) throws -> Frame {
-        try send(.request(id: id, request))
-        return try reply(to: id)
-    }
-
+    /// The server ends the stream (after its CLOSE): nothing but end of stream comes.
     /// True if nothing at all arrives within `window` (the socket stays open and silent).
     func staysSilent(for window: Duration = .milliseconds(100)) throws -> Bool {
         guard assembler.bufferedCount == 0 && skipped.isEmpty else { return false }
@@ -226,15 +150,5 @@ final class TestClient {
         var byte: UInt8 = 0
         return withUnsafeMutableBytes(of: &byte) { SocketCalls.receive(fd, into: $0, flags: Int32(MSG_PEEK | MSG_DONTWAIT)) } == .wouldBlock
     }
-
-    func ack(_ seq: UInt64) throws { try send(.ack(seq: seq)) }
 }
 
-extension Frame {
-    var isOK: Bool { if case .ok = self { return true } else { return false } }
-
-    var errorCode: ErrorCode? {
-        if case .error(_, let code, _) = self { return code }
-        return nil
-    }
-}
