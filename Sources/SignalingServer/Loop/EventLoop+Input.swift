@@ -291,6 +291,9 @@ extension EventLoop {
         let storeTimeout = context.configuration.storeTimeout
         // The first hold is the sender's shard's; a request that spans users goes on to the
         // other users' shards as steps, and one of them may be what answers it.
+        // A message to another shard's user, with a store: its OK, deferred until every
+        // step's changes are committed (`Switchboard.runMessage`).
+        var deferredHandOff: DeferredReply?
         var (stepOutcome, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
             let outcome: StepOutcome
             switch request {
@@ -309,13 +312,15 @@ extension EventLoop {
             case .messageSend(let message):
                 switch board.send(message, from: device, now: now) {
                 case .success(let acceptance):
+                    let deferred = board.deferReply(of: acceptance) {
+                        DeferredReply(
+                            target: .connection(ref, requestID: id), serverTime: acceptance.serverTime,
+                            sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout)
+                    }
                     if let handOff = acceptance.handOff {
+                        deferredHandOff = deferred
                         outcome = StepOutcome(reply: nil, next: [handOff])
-                    } else if board.journaling, let event = acceptance.event {
-                        // "Accepted" is a promise: it waits for the commit.
-                        board.deferReply(DeferredReply(
-                            target: .connection(ref, requestID: id), serverTime: acceptance.serverTime, message: event,
-                            sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout))
+                    } else if deferred != nil {
                         return (nil, board.takeEffects())
                     } else {
                         outcome = .answered(.success(acceptance.serverTime))
@@ -329,7 +334,13 @@ extension EventLoop {
             }
             return (outcome, board.takeEffects())
         }
-        if let next = stepOutcome?.next, !next.isEmpty {
+        if case .messageSend = request, let handOff = stepOutcome?.next.first {
+            let (stepReply, stepEffects) = context.switchboard.runMessage(
+                handOff, deferring: deferredHandOff, now: now, wall: wall, writerWake: .afterCallback(of: self))
+            effects += stepEffects
+            // nil: the store writer answers once everything is committed.
+            if stepReply == nil { stepOutcome = nil } else { stepOutcome?.reply = stepReply }
+        } else if let next = stepOutcome?.next, !next.isEmpty {
             let (stepReply, stepEffects) = context.switchboard.run(next, now: now, wall: wall, writerWake: .afterCallback(of: self))
             effects += stepEffects
             if stepOutcome?.reply == nil { stepOutcome?.reply = stepReply }

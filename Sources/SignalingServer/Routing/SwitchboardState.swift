@@ -53,9 +53,19 @@ struct AttachGrant {
     let next: [ShardStep]
 }
 
-/// Durable changes made by one operation, and the events they make writable once the
-/// store has committed them.
+/// Durable changes made by one hold of one shard, and the events they make writable once
+/// the store has committed them.
+///
+/// A unit reaches the store writer before its shard's lock is released, so a shard's units
+/// arrive in the order its sequence numbers were assigned; the writer commits in arrival
+/// order (a commit takes everything that arrived before it). A message to another shard's
+/// user is one unit per step (`ShardStep`), each carrying the message's `reply` with
+/// `answers` false, and then an answering unit with no changes: the writer commits a
+/// message's units in one transaction with its answering one, never some without the
+/// others (`StoreWriter.committable`).
 struct CommitUnit: Sendable {
+    /// The shard whose hold made it (its `durable` and `reservations` are that shard's).
+    var shard = 0
     var changes: [StoreChange] = []
     /// (device, seq): after the commit, events of `device` up to `seq` may be written.
     /// `event` is the last of them, what an offline device's wake-up is about.
@@ -63,9 +73,17 @@ struct CommitUnit: Sendable {
     /// (device, through): after the commit, numbers of `device` up to `through` are
     /// reserved (`DeviceRecord.reservedAhead`).
     var reservations: [(device: DeviceRecord, through: UInt64)] = []
-    /// The OK of a MESSAGE_SEND, sent once this unit is committed.
+    /// The MESSAGE_SEND whose changes these are (nil: no message's).
     var reply: DeferredReply?
-    var isEmpty: Bool { changes.isEmpty && reply == nil }
+    /// The message's OK is sent once this unit is committed: it is the message's last unit
+    /// (false: an earlier step's, committed with the answering unit, refused with it).
+    var answers = true
+    var isEmpty: Bool { changes.isEmpty && (reply == nil || !answers) }
+
+    init(reply: DeferredReply? = nil, answers: Bool = true) {
+        self.reply = reply
+        self.answers = answers
+    }
 
     /// Adds a change. A unit starts with room for a few: a message takes two or three
     /// (its event, its id, now and then a reservation), and growing the array one
@@ -227,15 +245,24 @@ struct SwitchboardState {
 
     /// The durable changes made since the last call (nil when there are none).
     mutating func takeCommitUnit() -> CommitUnit? {
-        guard !unit.isEmpty else { return nil }
+        guard !unit.isEmpty else {
+            unit = CommitUnit()  // a step of a message that changed nothing durable
+            return nil
+        }
         var taken = CommitUnit()
         swap(&taken, &unit)
+        taken.shard = shardMap.index
         return taken
     }
 
-    /// Holds the reply of the current operation until its commit unit is committed.
-    mutating func deferReply(_ reply: DeferredReply) {
+    /// Ties the current operation's commit unit to a message, and records `queued`, the
+    /// message's event this hold queued (`DeferredReply.parts`): the message's OK waits
+    /// until the unit is committed (`answers`), or the unit is one step of a message whose
+    /// answering unit comes later (`answers` false).
+    mutating func deferReply(_ reply: DeferredReply, answers: Bool = true, queued: QueuedEvent?) {
+        if let queued { reply.add(queued, shard: shardMap.index) }
         unit.reply = reply
+        unit.answers = answers
     }
 
     /// Adds a durable change to the current operation's commit unit (with a store only).
