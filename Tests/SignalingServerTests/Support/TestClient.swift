@@ -1,6 +1,7 @@
 import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
+import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -211,6 +212,21 @@ final class TestClient {
     func request(_ id: UInt32, _ request: Request) throws -> Frame {
         try send(.request(id: id, request))
         return try reply(to: id)
+    }
+
+    /// Sends `request` until it is accepted, under a new id each time from `firstID` on (the
+    /// store writer may still be in its retry back-off when the store heals): true once OK,
+    /// false after 10 s. Any refusal but storeUnavailable is an issue.
+    func requestUntilAccepted(firstID: UInt32, _ request: Request) throws -> Bool {
+        let deadline = SystemClock().now() + .seconds(10)
+        var attempt = firstID
+        while SystemClock().now() < deadline {
+            let reply = try self.request(attempt, request)
+            if reply.isOK { return true }
+            #expect(reply.errorCode == .storeUnavailable)
+            attempt += 1
+        }
+        return false
     }
 
     /// True if nothing at all arrives within `window` (the socket stays open and silent).
