@@ -19,7 +19,9 @@ import Glibc
 ///   each hold returns the `ShardStep`s the next shards must run (plain values that name
 ///   users, never records), and `run(_:)` takes them one hold at a time.
 /// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`); no
-///   lock is held when a shard lock is taken.
+///   lock is held when a shard lock is taken. The store writer's thread follows the same
+///   rule: what it does to the routing state (a refusal's cancellation, bodies read back, a
+///   release when no loop runs) is one hold per shard, one after the other.
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
@@ -154,9 +156,10 @@ final class Switchboard: Sendable {
         let (decided, effects) = run([handOff], of: message, now: now, wall: wall, writerWake: writerWake)
         let reply = decided ?? .failure(RequestError(.internalError, "the message was not answered"))
         guard let message, let writer else { return (reply, effects) }
-        // Refused by a step: the writer drops the units (the steps withdrew their changes
-        // anyway) and must not wait for an answer to them.
-        if case .failure = reply { _ = message.settle(.refused) }
+        // Refused by a step, which answers: the steps withdrew what they had queued, so the
+        // writer commits their units as they are (their sequence reservations too), and
+        // must not wait for an answer to them.
+        if case .failure = reply { _ = message.settle(.declined) }
         if writer.enqueue(CommitUnit(reply: message)) { wake(writer, writerWake) }
         if case .failure = reply { return (reply, effects) }
         return (nil, effects)

@@ -46,7 +46,11 @@ final class DeferredReply: Sendable {
     }
 
     enum Settlement: UInt8 {
-        case open, accepted, refused
+        /// `accepted`: committed, OK sent. `refused`: ERROR storeUnavailable sent, the
+        /// message cancelled; its units are dropped or withdrawn. `declined`: a step of the
+        /// message refused it and answered (a full queue, a limit) and undid what the others
+        /// queued: its units are committed as they are, with no answer from the writer.
+        case open, accepted, refused, declined
     }
 
     init(
