@@ -22,9 +22,12 @@ struct ShardedStoreTests {
         precondition(ShardMap.shard(of: "alice", count: 2) != ShardMap.shard(of: "bob", count: 2))
     }
 
-    /// A commit unit tied to `reply`.
-    func unit(_ reply: DeferredReply?, answers: Bool = true, shard: Int = 0) -> CommitUnit {
-        var unit = CommitUnit(reply: reply, answers: answers)
+    /// A commit unit of `group` (a message's, if it is a `DeferredReply`), its last or not.
+    func unit(_ group: CommitGroup?, closes: Bool = true, shard: Int = 0) -> CommitUnit {
+        var unit = CommitUnit()
+        unit.group = group
+        unit.reply = group as? DeferredReply
+        unit.closesGroup = closes
         unit.shard = shard
         unit.add(.acknowledge(user: "someone", device: "d1", through: 1))
         return unit
@@ -35,15 +38,22 @@ struct ShardedStoreTests {
             target: .completion { _ in }, serverTime: 1, sender: "alice", messageID: id, deadline: Instant(nanoseconds: 0))
     }
 
-    @Test("the writer commits a message's units from several shards only together with its answering unit, never some of them alone")
+    @Test("the writer commits a message's units from several shards only together with its answering unit, never some of them alone; an ACK's with its receipts' alike")
     func committableWaitsForTheAnswer() {
-        let m1 = deferredReply("m1"), m2 = deferredReply("m2")
+        let m1 = deferredReply("m1"), m2 = deferredReply("m2"), ack = CommitGroup()
         // Units of other operations, m1's steps on shards 1 and 0, m2's whole (one shard).
-        var pending = [unit(nil), unit(m1, answers: false, shard: 1), unit(m2), unit(m1, answers: false, shard: 0), unit(nil)]
+        var pending = [unit(nil), unit(m1, closes: false, shard: 1), unit(m2), unit(m1, closes: false, shard: 0), unit(nil)]
         #expect(StoreWriter.committable(pending) == 1, "m1's first step went alone")
-        pending.append(CommitUnit(reply: m1))
+        pending.append(CommitUnit(closing: m1))
+        #expect(pending.last?.answers == true)
         #expect(StoreWriter.committable(pending) == pending.count)
         #expect(StoreWriter.committable([unit(nil), unit(m2)]) == 2)
+        // An ACK on shard 0 and the receipt it sent to shard 1.
+        pending += [unit(ack, closes: false, shard: 0), unit(ack, closes: false, shard: 1)]
+        #expect(StoreWriter.committable(pending) == pending.count - 2, "the ACK went without its receipt")
+        pending.append(CommitUnit(closing: ack))
+        #expect(pending.last?.answers == false)
+        #expect(StoreWriter.committable(pending) == pending.count)
     }
 
     /// alice's laptop and phone and bob's device, connected and stored; a first message
@@ -115,6 +125,31 @@ struct ShardedStoreTests {
             return
         }
         #expect(delivered.messageID == "m1" && copy.messageID == "m1")
+    }
+
+    @Test("an acknowledgement and the receipts it sends to the sender's devices on another shard are committed in one transaction")
+    func ackCommittedWithItsReceipts() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.storeTimeout = .seconds(30) }
+        let (laptop, phone, bob) = try connectStored(server, store)
+        #expect(try laptop.request(1, Request.identifiedMessage("m1", to: "bob")).isOK)
+        let seq = try bob.nextEvent().seq
+        _ = try phone.nextEvent()  // the copy, not acknowledged: nothing else goes to the store
+        try server.waitFor("the message's release") { _ in store.events(user: "bob", device: "d1").map(\.seq) == [seq] }
+
+        store.closeGate()
+        defer { store.openGate() }
+        try bob.ack(seq)
+        try server.waitFor("the commit to reach the store") { _ in store.appliesWaitingAtGate == 1 }
+        let commit = store.lastAttempt
+        #expect(commit.contains { if case .acknowledge("bob", "d1", seq) = $0 { true } else { false } })
+        let receipts = commit.compactMap { change -> String? in
+            guard case .appendEvent("alice", let device, let event) = change, event.type == FrameType.messageDelivered.rawValue else { return nil }
+            return device
+        }
+        #expect(receipts.sorted() == ["laptop", "phone"], "\(commit)")
+        store.openGate()
+        guard case .messageDelivered = try laptop.nextEvent().event else { Issue.record("no receipt"); return }
     }
 
     @Test("a message to another shard's user whose commit fails is refused at the store timeout and undone on both shards: nothing stored or delivered, the id free again")

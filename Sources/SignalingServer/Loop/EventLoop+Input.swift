@@ -216,14 +216,18 @@ extension EventLoop {
         }
         let ref = reference(slot)
         let wall = context.clock.wallMilliseconds()
-        var (outcome, effects) = context.switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+        var (outcome, receipts, effects) = context.switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
             let outcome = board.attach(
                 userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
-            return (outcome, board.takeEffects())
+            let receipts = (try? outcome.get()).flatMap { board.group(for: $0.next) }
+            return (outcome, receipts, board.takeEffects())
         }
         if case .success(let grant) = outcome {
-            // Receipts of what the resume point acknowledged, for senders of other shards.
-            effects += context.switchboard.run(grant.next, now: now, wall: wall, writerWake: .afterCallback(of: self)).effects
+            // Receipts of what the resume point acknowledged, for senders of other shards
+            // (committed with the resume's acknowledgement).
+            effects += context.switchboard.run(
+                grant.next, now: now, wall: wall, writerWake: .afterCallback(of: self), committedWith: receipts
+            ).effects
         }
         switch outcome {
         case .failure(let violation):
@@ -259,14 +263,16 @@ extension EventLoop {
         guard let device = table.state(slot).pointee.device else { return }
         let ref = reference(slot)
         let wall = context.clock.wallMilliseconds()
-        let (violation, next, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+        let (violation, next, receipts, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
             let (violation, next) = board.ack(device, connection: ref, through: seq)
-            return (violation, next, board.takeEffects())
+            return (violation, next, board.group(for: next), board.takeEffects())
         }
         apply(effects)
         if !next.isEmpty {
-            // Receipts for senders of other shards.
-            apply(context.switchboard.run(next, now: context.clock.now(), wall: wall, writerWake: .afterCallback(of: self)).effects)
+            // Receipts for senders of other shards, committed with the acknowledgement.
+            apply(context.switchboard.run(
+                next, now: context.clock.now(), wall: wall, writerWake: .afterCallback(of: self), committedWith: receipts
+            ).effects)
         }
         if let violation { protocolViolation(slot, violation) }
     }

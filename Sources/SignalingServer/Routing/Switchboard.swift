@@ -136,10 +136,17 @@ final class Switchboard: Sendable {
     /// Returns the answer a step gave the request (for one whose first hold did not
     /// answer), and what the loops must do. Steps run in the order they were handed on
     /// (first in, first out), so two steps an operation hands the same shard run in order.
+    ///
+    /// `group`: with a store, the group the operation's first hold started
+    /// (`SwitchboardState.group(for:)`): every step's unit joins it, and it is closed after
+    /// the last, so the writer commits them all together.
     func run(
-        _ steps: [ShardStep], now: Instant, wall: UInt64, writerWake: WriterWake = .now
+        _ steps: [ShardStep], now: Instant, wall: UInt64, writerWake: WriterWake = .now,
+        committedWith group: CommitGroup? = nil
     ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
-        run(steps, of: nil, now: now, wall: wall, writerWake: writerWake)
+        let outcome = run(steps, group: group, message: nil, now: now, wall: wall, writerWake: writerWake)
+        if let group { close(group, writerWake) }
+        return outcome
     }
 
     /// Runs the steps of a message to another shard's user (`MessageAcceptance.handOff`)
@@ -153,20 +160,27 @@ final class Switchboard: Sendable {
         _ handOff: ShardStep, deferring message: DeferredReply?, now: Instant, wall: UInt64,
         writerWake: WriterWake = .now
     ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
-        let (decided, effects) = run([handOff], of: message, now: now, wall: wall, writerWake: writerWake)
+        let (decided, effects) = run([handOff], group: message, message: message, now: now, wall: wall, writerWake: writerWake)
         let reply = decided ?? .failure(RequestError(.internalError, "the message was not answered"))
-        guard let message, let writer else { return (reply, effects) }
+        guard let message, writer != nil else { return (reply, effects) }
         // Refused by a step, which answers: the steps withdrew what they had queued, so the
         // writer commits their units as they are (their sequence reservations too), and
         // must not wait for an answer to them.
         if case .failure = reply { _ = message.settle(.declined) }
-        if writer.enqueue(CommitUnit(reply: message)) { wake(writer, writerWake) }
+        close(message, writerWake)
         if case .failure = reply { return (reply, effects) }
         return (nil, effects)
     }
 
+    /// Hands the writer the unit that closes `group` (after every unit of it).
+    private func close(_ group: CommitGroup, _ writerWake: WriterWake) {
+        guard let writer else { return }
+        if writer.enqueue(CommitUnit(closing: group)) { wake(writer, writerWake) }
+    }
+
     private func run(
-        _ steps: [ShardStep], of message: DeferredReply?, now: Instant, wall: UInt64, writerWake: WriterWake
+        _ steps: [ShardStep], group: CommitGroup?, message: DeferredReply?, now: Instant, wall: UInt64,
+        writerWake: WriterWake
     ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
         guard !steps.isEmpty else { return (nil, []) }
         var pending = FIFOQueue<ShardStep>()
@@ -176,7 +190,11 @@ final class Switchboard: Sendable {
         while let step = pending.pop() {
             let (outcome, stepEffects) = withState(of: step.user, wall: wall, writerWake: writerWake) { board in
                 let outcome = board.handle(step, now: now)
-                if let message, board.journaling { board.deferReply(message, answers: false, queued: outcome.queued) }
+                if let message, board.journaling {
+                    board.deferReply(message, answers: false, queued: outcome.queued)
+                } else if let group {
+                    board.join(group)
+                }
                 return (outcome, board.takeEffects())
             }
             if reply == nil { reply = outcome.reply }

@@ -14,7 +14,7 @@ import Glibc
 /// and loop 0's deadline check (`StoreWriter.superviseCommits`) once its deadline passed
 /// (ERROR storeUnavailable), whatever the writer is doing, even waiting for a write that
 /// never returns. `settle` lets exactly one of them answer.
-final class DeferredReply: Sendable {
+final class DeferredReply: CommitGroup, @unchecked Sendable {
     /// Who is waiting for the answer.
     enum Target: Sendable {
         /// A device's MESSAGE_SEND: OK or ERROR on its connection.
@@ -61,6 +61,7 @@ final class DeferredReply: Sendable {
         self.sender = sender
         self.messageID = messageID
         self.deadline = deadline
+        super.init()
     }
 
     /// Records an event the message queued in `shard`.
@@ -162,7 +163,7 @@ struct CommittedRelease: Sendable {
 ///
 /// Shards: the writer is one for all shards, and commits in arrival order (a commit takes
 /// every unit that arrived before it). A message to another shard's user leaves one unit
-/// per step and then an answering one (`CommitUnit.answers`); the writer commits them in
+/// per step and then an answering one (a `CommitGroup`, `CommitUnit.answers`); the writer commits them in
 /// one transaction (`committable`), and the OK follows that commit, so it is sent only
 /// when every change of the message, on every shard, is durable. A refusal (the store
 /// timeout, a commit still failing) refuses and cancels the message on every shard it
@@ -462,22 +463,24 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     /// How many of `pending`'s units (from the first) the next commit takes: all, except
-    /// that it stops before the first unit of a message whose answering unit has not
-    /// arrived yet (its later steps are running on other shards). So a message's units are
-    /// committed in one transaction, never some without the others: a crash after a commit
-    /// that kept the recipient's event but not the sender's id claim would deliver the
-    /// message twice when the sender, who got no OK, sends it again. The steps run one
-    /// after the other without waiting, so the answering unit follows within microseconds
-    /// (and wakes the writer: the inbox is empty again). Cost: one pass over the units.
+    /// that it stops before the first unit of a `CommitGroup` whose closing unit has not
+    /// arrived yet (the operation's later steps are running on other shards). So a group's
+    /// units are committed in one transaction, never some without the others: a crash after
+    /// a commit that kept a message's event for its recipient but not the sender's id claim
+    /// would deliver the message twice when the sender, who got no OK, sends it again; one
+    /// that kept an ACK but not the receipt it sent to another shard would lose the receipt.
+    /// The steps run one after the other without waiting, so the closing unit follows
+    /// within microseconds (and wakes the writer: the inbox is empty again). Cost: one pass
+    /// over the units.
     static func committable(_ pending: [CommitUnit]) -> Int {
-        guard pending.contains(where: { $0.reply != nil && !$0.answers }) else { return pending.count }
-        var answered = Set<ObjectIdentifier>()
-        for unit in pending where unit.answers {
-            if let reply = unit.reply { answered.insert(ObjectIdentifier(reply)) }
+        guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return pending.count }
+        var closed = Set<ObjectIdentifier>()
+        for unit in pending where unit.closesGroup {
+            if let group = unit.group { closed.insert(ObjectIdentifier(group)) }
         }
         return pending.firstIndex { unit in
-            guard let reply = unit.reply, !unit.answers else { return false }
-            return !answered.contains(ObjectIdentifier(reply))
+            guard let group = unit.group, !unit.closesGroup else { return false }
+            return !closed.contains(ObjectIdentifier(group))
         } ?? pending.count
     }
 
