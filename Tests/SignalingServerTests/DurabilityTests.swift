@@ -67,7 +67,7 @@ struct DurabilityTests {
         // Space returns: the store recovers, the same message is accepted and delivered once.
         store.failCommits(with: nil)
         try server.waitFor("the store to recover", timeout: .seconds(10)) { _ in store.committedBatches > 0 }
-        let retried = try retryUntilAccepted(alice, id: 3, Request.identifiedMessage("m1", to: "bob"))
+        let retried = try alice.requestUntilAccepted(firstID: 3, Request.identifiedMessage("m1", to: "bob"))
         #expect(retried)
         guard case .message(let delivered) = try bob.nextEvent().event else { Issue.record("not delivered"); return }
         #expect(delivered.messageID == "m1")
@@ -284,19 +284,6 @@ struct DurabilityTests {
         for index in 2...6 { #expect(try alice.reply(to: UInt32(index), timeout: .seconds(10)).isOK) }
         // Without gathering, m2 would be committed alone at once, the rest after it.
         #expect(store.committedBatches - before == 1)
-    }
-
-    /// Sends until OK (the writer may still be in its retry back-off when the store heals).
-    private func retryUntilAccepted(_ client: TestClient, id: UInt32, _ request: Request) throws -> Bool {
-        let deadline = SystemClock().now() + .seconds(10)
-        var attempt = id
-        while SystemClock().now() < deadline {
-            let reply = try client.request(attempt, request)
-            if reply.isOK { return true }
-            #expect(reply.errorCode == .storeUnavailable)
-            attempt += 1
-        }
-        return false
     }
 
     @Test("after a restart, a device resumes and gets every unacknowledged event exactly once")

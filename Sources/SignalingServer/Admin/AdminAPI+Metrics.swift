@@ -94,6 +94,8 @@ extension AdminAPI {
             holds)
         out.family("voipserver_routing_lock_hold_max_seconds", .gauge, "The longest hold of the routing lock since start.")
         out.sample("voipserver_routing_lock_hold_max_seconds", [:], Double(holds.maxNanoseconds) / 1e9)
+        out.family("voipserver_routing_shards", .gauge, "How many shards the routing state is split into (one per loop).")
+        out.sample("voipserver_routing_shards", [:], context.switchboard.shardCount)
 
         out.family("voipserver_messages_total", .counter, "Messages by outcome.")
         out.sample("voipserver_messages_total", ["result": "accepted"], routing.messagesAccepted)

@@ -143,21 +143,23 @@ final class AdminAPI: AdminRequestHandler {
         guard known else {
             return respond(Self.error(404, "unknownUser", "the server knows no device of \(message.recipient)"))
         }
-        var handOff: ShardStep?
+        var handOff: (step: ShardStep, deferred: DeferredReply?)?
         let (immediate, effects) = context.switchboard.withState(of: sender, wall: wall) { board -> (AdminResponse?, [SwitchboardEffect]) in
             switch board.send(message, sender: sender, senderDevice: Self.systemDevice, sendingDevice: nil, now: now) {
             case .success(let acceptance):
+                // As for a device: "accepted" is a promise, answered once committed.
+                let deferred = board.deferReply(of: acceptance) {
+                    DeferredReply(
+                        target: .completion { outcome in respond(answer(outcome, false)) }, serverTime: acceptance.serverTime,
+                        sender: sender, messageID: message.messageID, deadline: now + storeTimeout)
+                }
                 if let step = acceptance.handOff {
-                    handOff = step
+                    handOff = (step, deferred)
                     return (nil, board.takeEffects())
                 }
-                guard board.journaling, let event = acceptance.event else {
+                guard deferred != nil else {
                     return (answer(.success(acceptance.serverTime), acceptance.event == nil), board.takeEffects())
                 }
-                // As for a device: "accepted" is a promise, answered once committed.
-                board.deferReply(DeferredReply(
-                    target: .completion { outcome in respond(answer(outcome, false)) }, serverTime: acceptance.serverTime,
-                    message: event, sender: sender, messageID: message.messageID, deadline: now + storeTimeout))
                 return (nil, board.takeEffects())
             case .failure(let error):
                 return (answer(.failure(error), false), board.takeEffects())
@@ -165,10 +167,12 @@ final class AdminAPI: AdminRequestHandler {
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
         if let handOff {
-            // The recipient's shard queues or refuses the message, and answers.
-            let (reply, stepEffects) = context.switchboard.run([handOff], now: now, wall: wall)
+            // The recipient's shard queues or refuses the message; with a store the OK
+            // waits for the commit of every step (the completion answers then).
+            let (reply, stepEffects) = context.switchboard.runMessage(handOff.step, deferring: handOff.deferred, now: now, wall: wall)
             LoopDispatch.post(LoopDispatch.tasks(for: stepEffects, context: context), to: loops)
-            return respond(answer(reply ?? .failure(RequestError(.internalError, "the message was not answered")), false))
+            if let reply { respond(answer(reply, false)) }
+            return
         }
         if let immediate { respond(immediate) }
     }

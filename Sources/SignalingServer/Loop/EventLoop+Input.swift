@@ -222,14 +222,18 @@ extension EventLoop {
         }
         let ref = reference(slot)
         let wall = context.clock.wallMilliseconds()
-        var (outcome, effects) = context.switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+        var (outcome, receipts, effects) = context.switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
             let outcome = board.attach(
                 userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
-            return (outcome, board.takeEffects())
+            let receipts = (try? outcome.get()).flatMap { board.group(for: $0.next) }
+            return (outcome, receipts, board.takeEffects())
         }
         if case .success(let grant) = outcome {
-            // Receipts of what the resume point acknowledged, for senders of other shards.
-            effects += context.switchboard.run(grant.next, now: now, wall: wall, writerWake: .afterCallback(of: self)).effects
+            // Receipts of what the resume point acknowledged, for senders of other shards
+            // (committed with the resume's acknowledgement).
+            effects += context.switchboard.run(
+                grant.next, now: now, wall: wall, writerWake: .afterCallback(of: self), committedWith: receipts
+            ).effects
         }
         switch outcome {
         case .failure(let violation):
@@ -265,14 +269,16 @@ extension EventLoop {
         guard let device = table.state(slot).pointee.device else { return }
         let ref = reference(slot)
         let wall = context.clock.wallMilliseconds()
-        let (violation, next, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+        let (violation, next, receipts, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
             let (violation, next) = board.ack(device, connection: ref, through: seq)
-            return (violation, next, board.takeEffects())
+            return (violation, next, board.group(for: next), board.takeEffects())
         }
         apply(effects)
         if !next.isEmpty {
-            // Receipts for senders of other shards.
-            apply(context.switchboard.run(next, now: context.clock.now(), wall: wall, writerWake: .afterCallback(of: self)).effects)
+            // Receipts for senders of other shards, committed with the acknowledgement.
+            apply(context.switchboard.run(
+                next, now: context.clock.now(), wall: wall, writerWake: .afterCallback(of: self), committedWith: receipts
+            ).effects)
         }
         if let violation { protocolViolation(slot, violation) }
     }
@@ -297,6 +303,9 @@ extension EventLoop {
         let storeTimeout = context.configuration.storeTimeout
         // The first hold is the sender's shard's; a request that spans users goes on to the
         // other users' shards as steps, and one of them may be what answers it.
+        // A message to another shard's user, with a store: its OK, deferred until every
+        // step's changes are committed (`Switchboard.runMessage`).
+        var deferredHandOff: DeferredReply?
         var (stepOutcome, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
             let outcome: StepOutcome
             switch request {
@@ -315,13 +324,15 @@ extension EventLoop {
             case .messageSend(let message):
                 switch board.send(message, from: device, now: now) {
                 case .success(let acceptance):
+                    let deferred = board.deferReply(of: acceptance) {
+                        DeferredReply(
+                            target: .connection(ref, requestID: id), serverTime: acceptance.serverTime,
+                            sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout)
+                    }
                     if let handOff = acceptance.handOff {
+                        deferredHandOff = deferred
                         outcome = StepOutcome(reply: nil, next: [handOff])
-                    } else if board.journaling, let event = acceptance.event {
-                        // "Accepted" is a promise: it waits for the commit.
-                        board.deferReply(DeferredReply(
-                            target: .connection(ref, requestID: id), serverTime: acceptance.serverTime, message: event,
-                            sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout))
+                    } else if deferred != nil {
                         return (nil, board.takeEffects())
                     } else {
                         outcome = .answered(.success(acceptance.serverTime))
@@ -335,7 +346,13 @@ extension EventLoop {
             }
             return (outcome, board.takeEffects())
         }
-        if let next = stepOutcome?.next, !next.isEmpty {
+        if case .messageSend = request, let handOff = stepOutcome?.next.first {
+            let (stepReply, stepEffects) = context.switchboard.runMessage(
+                handOff, deferring: deferredHandOff, now: now, wall: wall, writerWake: .afterCallback(of: self))
+            effects += stepEffects
+            // nil: the store writer answers once everything is committed.
+            if stepReply == nil { stepOutcome = nil } else { stepOutcome?.reply = stepReply }
+        } else if let next = stepOutcome?.next, !next.isEmpty {
             let (stepReply, stepEffects) = context.switchboard.run(next, now: now, wall: wall, writerWake: .afterCallback(of: self))
             effects += stepEffects
             if stepOutcome?.reply == nil { stepOutcome?.reply = stepReply }

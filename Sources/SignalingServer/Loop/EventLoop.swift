@@ -297,7 +297,7 @@ final class EventLoop: @unchecked Sendable {
                 sendPostedReplies()
                 beginDrain()
             case .released(let release):
-                apply(context.switchboard.withState(wall: context.clock.wallMilliseconds()) { release.apply(to: &$0) })
+                apply(context.switchboard.apply(release, wall: context.clock.wallMilliseconds()))
                 var remoteReplies: [LoopTask] = []
                 for reply in release.replies {
                     if case .reply(let ref, let frame) = reply, ref.loop == index {

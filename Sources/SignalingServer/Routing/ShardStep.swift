@@ -95,6 +95,10 @@ struct StepOutcome {
     var reply: Result<UInt64, RequestError>?
     /// In the order they must run.
     var next: [ShardStep] = []
+    /// The message event this hold queued (or held) for a message of another shard's
+    /// sender (`deliverMessage`): with a store, the message's OK makes it durable and a
+    /// refusal cancels it (`DeferredReply.parts`).
+    var queued: QueuedEvent? = nil
 
     static func answered(_ reply: Result<UInt64, RequestError>, next: [ShardStep] = []) -> StepOutcome {
         StepOutcome(reply: reply, next: next)
@@ -103,6 +107,7 @@ struct StepOutcome {
     /// Takes on what a step run in the same hold decided (its reply, if this has none yet).
     mutating func merge(_ other: StepOutcome) {
         if reply == nil { reply = other.reply }
+        if queued == nil { queued = other.queued }
         next += other.next
     }
 }

@@ -1,4 +1,5 @@
 import CLinuxShims
+import SignalingStore
 import SignalingSupport
 import Synchronization
 #if canImport(Glibc)
@@ -18,7 +19,9 @@ import Glibc
 ///   each hold returns the `ShardStep`s the next shards must run (plain values that name
 ///   users, never records), and `run(_:)` takes them one hold at a time.
 /// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`); no
-///   lock is held when a shard lock is taken.
+///   lock is held when a shard lock is taken. The store writer's thread follows the same
+///   rule: what it does to the routing state (a refusal's cancellation, bodies read back, a
+///   release when no loop runs) is one hold per shard, one after the other.
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
@@ -28,10 +31,14 @@ import Glibc
 /// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
 /// (`voipserver_routing_lock_hold_seconds`).
 ///
-/// With a store, the durable changes an operation made are handed to the `StoreWriter`
-/// before the lock is released, so commit units reach the writer in the order their
-/// sequence numbers were assigned. The store writer works on one shard (`withState(wall:)`):
-/// with a store the switchboard has one shard (`shardCount(workers:journaling:)`).
+/// With a store, the durable changes each hold made are handed to the `StoreWriter`
+/// before the shard's lock is released (`CommitUnit`), so a shard's units reach the writer
+/// in the order its sequence numbers were assigned, and the writer commits in arrival
+/// order. A message that spans two shards is one unit per step plus an answering unit
+/// (`runMessage`): the writer commits them in one transaction and sends the OK after it;
+/// a refusal cancels the message in every shard it touched (`cancel`). What the writer
+/// does to the routing state (a commit's release, a refusal, bodies read back) and the
+/// start-up load are one hold per shard concerned, one after the other, like any step.
 final class Switchboard: Sendable {
     /// Shard `i` holds the users `ShardMap.shard(of:count:)` maps to `i`.
     private let shards: [RoutingShard]
@@ -47,11 +54,10 @@ final class Switchboard: Sendable {
     private let otherThreadHoldsLock = Mutex(())
     let otherThreadHolds = LatencyHistogram.routingLockHold()
 
-    /// How many shards a server with `workers` loops uses: one per loop. With a store, one:
-    /// a message's commit unit and its deferred OK would otherwise span two shards' units
-    /// (splitting them is the next step of issue 16).
-    static func shardCount(workers: Int, journaling: Bool) -> Int {
-        journaling ? 1 : max(1, workers)
+    /// How many shards a server with `workers` loops uses: one per loop, with a store or
+    /// without.
+    static func shardCount(workers: Int) -> Int {
+        max(1, workers)
     }
 
     init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool, shardCount: Int = 1) {
@@ -94,15 +100,6 @@ final class Switchboard: Sendable {
         try withState(shard: shard(of: userID), wall: wall, writerWake: writerWake, body)
     }
 
-    /// Runs `body` with exclusive access to the state when there is one shard (the store
-    /// writer's and start-up's operations with a store, which span users).
-    func withState<Result>(
-        wall: UInt64, writerWake: WriterWake = .now, _ body: (inout SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        precondition(shards.count == 1, "an operation across users needs the switchboard to have one shard")
-        return try withState(shard: 0, wall: wall, writerWake: writerWake, body)
-    }
-
     /// Runs `body` on every shard in turn, one hold each (configuration changes).
     func forEachShard(wall: UInt64, _ body: (inout SwitchboardState) -> Void) {
         for index in shards.indices { withState(shard: index, wall: wall) { body(&$0) } }
@@ -130,12 +127,7 @@ final class Switchboard: Sendable {
         }
         recordLoopHold(hold)
         // The wake-up is a system call: made after the lock is released.
-        if wakeWriter {
-            switch writerWake {
-            case .now: writer?.wake()
-            case .afterCallback(let loop): loop.writerWakePending = true
-            }
-        }
+        if wakeWriter, let writer { wake(writer, writerWake) }
         return result
     }
 
@@ -144,8 +136,51 @@ final class Switchboard: Sendable {
     /// Returns the answer a step gave the request (for one whose first hold did not
     /// answer), and what the loops must do. Steps run in the order they were handed on
     /// (first in, first out), so two steps an operation hands the same shard run in order.
+    ///
+    /// `group`: with a store, the group the operation's first hold started
+    /// (`SwitchboardState.group(for:)`): every step's unit joins it, and it is closed after
+    /// the last, so the writer commits them all together.
     func run(
-        _ steps: [ShardStep], now: Instant, wall: UInt64, writerWake: WriterWake = .now
+        _ steps: [ShardStep], now: Instant, wall: UInt64, writerWake: WriterWake = .now,
+        committedWith group: CommitGroup? = nil
+    ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
+        let outcome = run(steps, group: group, message: nil, now: now, wall: wall, writerWake: writerWake)
+        if let group { close(group, writerWake) }
+        return outcome
+    }
+
+    /// Runs the steps of a message to another shard's user (`MessageAcceptance.handOff`)
+    /// as `run(_:now:wall:writerWake:)` does. With a store, `message` is its deferred OK,
+    /// tied already to the sender's first hold (`deferReply(_:answers: false)`): every hold
+    /// of the steps ties its commit unit to it too, and records the message's event it
+    /// queued; then the message's answering unit goes to the writer, which commits all of
+    /// them together and then answers. Returns the reply to send now: nil when the writer
+    /// answers (the message was accepted), else the refusal.
+    func runMessage(
+        _ handOff: ShardStep, deferring message: DeferredReply?, now: Instant, wall: UInt64,
+        writerWake: WriterWake = .now
+    ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
+        let (decided, effects) = run([handOff], group: message, message: message, now: now, wall: wall, writerWake: writerWake)
+        let reply = decided ?? .failure(RequestError(.internalError, "the message was not answered"))
+        guard let message, writer != nil else { return (reply, effects) }
+        // Refused by a step, which answers: the steps withdrew what they had queued, so the
+        // writer commits their units as they are (their sequence reservations too), and
+        // must not wait for an answer to them.
+        if case .failure = reply { _ = message.settle(.declined) }
+        close(message, writerWake)
+        if case .failure = reply { return (reply, effects) }
+        return (nil, effects)
+    }
+
+    /// Hands the writer the unit that closes `group` (after every unit of it).
+    private func close(_ group: CommitGroup, _ writerWake: WriterWake) {
+        guard let writer else { return }
+        if writer.enqueue(CommitUnit(closing: group)) { wake(writer, writerWake) }
+    }
+
+    private func run(
+        _ steps: [ShardStep], group: CommitGroup?, message: DeferredReply?, now: Instant, wall: UInt64,
+        writerWake: WriterWake
     ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
         guard !steps.isEmpty else { return (nil, []) }
         var pending = FIFOQueue<ShardStep>()
@@ -154,13 +189,66 @@ final class Switchboard: Sendable {
         var effects: [SwitchboardEffect] = []
         while let step = pending.pop() {
             let (outcome, stepEffects) = withState(of: step.user, wall: wall, writerWake: writerWake) { board in
-                (board.handle(step, now: now), board.takeEffects())
+                let outcome = board.handle(step, now: now)
+                if let message, board.journaling {
+                    board.deferReply(message, answers: false, queued: outcome.queued)
+                } else if let group {
+                    board.join(group)
+                }
+                return (outcome, board.takeEffects())
             }
             if reply == nil { reply = outcome.reply }
             effects += stepEffects
             for next in outcome.next { pending.push(next) }
         }
         return (reply, effects)
+    }
+
+    /// A commit's release (`CommittedRelease`): one hold of each shard it concerns, one
+    /// after the other. Returns what the loops must do.
+    func apply(_ release: CommittedRelease, wall: UInt64) -> [SwitchboardEffect] {
+        release.shards.flatMap { index in withState(shard: index, wall: wall) { release.apply(to: &$0) } }
+    }
+
+    /// Cancels messages refused after all (the store timeout, a server that stops while
+    /// the store fails) in every shard each touched: its events there, and the sender's id
+    /// in the sender's shard. One hold per shard concerned, one after the other.
+    func cancel(_ messages: [DeferredReply], wall: UInt64) {
+        var byShard: [Int: [(message: DeferredReply, events: [QueuedEvent])]] = [:]
+        for message in messages {
+            var events: [Int: [QueuedEvent]] = [shard(of: message.sender): []]
+            for part in message.parts { events[part.shard, default: []].append(part.event) }
+            for (index, shardEvents) in events { byShard[index, default: []].append((message, shardEvents)) }
+        }
+        for index in byShard.keys.sorted() {
+            withState(shard: index, wall: wall) { board in
+                for (message, events) in byShard[index]! {
+                    board.cancelMessage(events, sender: message.sender, messageID: message.messageID)
+                }
+            }
+        }
+    }
+
+    /// Rebuilds what a store kept, one hold per shard, each with its own users' part of
+    /// `snapshot`. Called once, before any connection.
+    func load(_ snapshot: StoredSnapshot, now: Instant, wall: UInt64, evictsBodies: Bool) {
+        var parts = Array(repeating: StoredSnapshot(), count: shards.count)
+        for device in snapshot.devices { parts[shard(of: device.userID)].devices.append(device) }
+        for (user, events) in snapshot.held { parts[shard(of: user)].held[user] = events }
+        for messageID in snapshot.messageIDs { parts[shard(of: messageID.sender)].messageIDs.append(messageID) }
+        for (index, part) in parts.enumerated() {
+            withState(shard: index, wall: wall) { board in
+                board.evictsBodies = evictsBodies
+                board.load(part, now: now)
+            }
+        }
+    }
+
+    private func wake(_ writer: StoreWriter, _ writerWake: WriterWake) {
+        switch writerWake {
+        case .now: writer.wake()
+        case .afterCallback(let loop): loop.writerWakePending = true
+        }
     }
 
     /// Runs a read of the shard holding `userID` (and of the device records it links to)

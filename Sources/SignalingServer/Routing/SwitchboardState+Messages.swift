@@ -5,8 +5,8 @@ import SignalingSupport
 struct MessageAcceptance {
     /// The server timestamp for OK (the original one for a duplicate).
     let serverTime: UInt64
-    /// The queued event (nil for a duplicate, or when `handOff` decides): cancelled if its
-    /// commit fails.
+    /// The queued event (nil for a duplicate): cancelled if its commit fails. With a
+    /// `handOff`, the copy queued to the sender's other devices (nil: it has none).
     let event: QueuedEvent?
     /// The recipient is on another shard: the sender's side admitted the message, and this
     /// step, run on the recipient's shard, queues or refuses it and answers the request.
@@ -61,8 +61,10 @@ extension SwitchboardState {
             serverTime: currentWall)
         guard shardMap.owns(message.recipient) else {
             if let full = copies.first(where: { !hasRoom($0) }) { return .failure(backlogFull(full)) }
-            activity(sender).undecidedMessages[message.messageID] = queueUndecidedCopies(of: delivered, to: copies)
-            return .success(MessageAcceptance(serverTime: delivered.serverTime, event: nil, handOff: .deliverMessage(delivered)))
+            let undecided = queueUndecidedCopies(of: delivered, to: copies)
+            activity(sender).undecidedMessages[message.messageID] = undecided
+            return .success(MessageAcceptance(
+                serverTime: delivered.serverTime, event: undecided.copy, handOff: .deliverMessage(delivered)))
         }
         let recipients = Array(devices(of: message.recipient))
         let targets = recipients.filter { $0 !== sendingDevice }
@@ -79,6 +81,18 @@ extension SwitchboardState {
         return .success(MessageAcceptance(serverTime: delivered.serverTime, event: event))
     }
 
+    /// With a store, an accepted message's OK waits for its commit ("accepted" is a
+    /// promise): ties this hold's commit unit to the reply `make` builds, and returns it
+    /// (nil without a store, and for a duplicate, answered at once). For a message handed
+    /// on to another shard (`handOff`), this is its first step's unit, and
+    /// `Switchboard.runMessage` takes the reply on to the others.
+    mutating func deferReply(of acceptance: MessageAcceptance, _ make: () -> DeferredReply) -> DeferredReply? {
+        guard journaling, acceptance.event != nil || acceptance.handOff != nil else { return nil }
+        let reply = make()
+        deferReply(reply, answers: acceptance.handOff == nil, queued: acceptance.event)
+        return reply
+    }
+
     /// The recipient's step of a message from another shard's user: queued to every device
     /// of the recipient (or held), or refused with nothing queued.
     mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
@@ -89,10 +103,12 @@ extension SwitchboardState {
             accepted = false
             outcome = .answered(.failure(refusal))
         } else {
-            queue(messageEvent(message), for: message.recipient, targets: recipients, holdForUser: recipients.isEmpty, now: now)
+            let event = messageEvent(message)
+            queue(event, for: message.recipient, targets: recipients, holdForUser: recipients.isEmpty, now: now)
             counters.messagesAccepted += 1
             accepted = true
             outcome = .answered(.success(message.serverTime))
+            outcome.queued = event
         }
         outcome.merge(handOn(.settleMessage(message, accepted: accepted), now: now))
         return outcome
@@ -181,26 +197,33 @@ extension SwitchboardState {
     }
 
     /// The store could not commit an accepted message in time: it was refused after all.
-    /// Its event is never written to anyone, and the sender may send it again.
-    mutating func cancelMessage(_ event: QueuedEvent, sender: String, messageID: String) {
-        guard !event.isCancelled else { return }
-        event.isCancelled = true
-        activities[sender]?.recentMessageIDs[messageID] = nil
-        compactActivity(sender)
-        // A message held for a user with no device may have been claimed by that user's
-        // first device meanwhile: that copy was journaled with the handshake, in another
-        // commit unit, which may be committed although this message is refused. Withdraw
-        // it. (Copies journaled with the message itself go, or are undone, with its unit.)
-        if journaling && event.wasClaimed, let recipient = event.receipt?.recipient {
-            for device in devices(of: recipient) {
-                device.queue.forEach(after: device.ackedSeq) { seq, queued in
-                    guard queued === event else { return true }
-                    journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
-                    return false
+    /// Its events are never written to anyone, and the sender may send it again. Run on
+    /// every shard the message touched (those of `DeferredReply.parts`, and the sender's), with the message's events
+    /// of this shard (`events`): the sender's shard frees the id, the recipient's counts the
+    /// cancellation.
+    mutating func cancelMessage(_ events: [QueuedEvent], sender: String, messageID: String) {
+        if shardMap.owns(sender) {
+            activities[sender]?.recentMessageIDs[messageID] = nil
+            compactActivity(sender)
+        }
+        for event in events where !event.isCancelled {
+            event.isCancelled = true
+            guard let recipient = event.receipt?.recipient, shardMap.owns(recipient) else { continue }
+            // A message held for a user with no device may have been claimed by that user's
+            // first device meanwhile: that copy was journaled with the handshake, in another
+            // commit unit, which may be committed although this message is refused. Withdraw
+            // it. (Copies journaled with the message itself go, or are undone, with its units.)
+            if journaling && event.wasClaimed {
+                for device in devices(of: recipient) {
+                    device.queue.forEach(after: device.ackedSeq) { seq, queued in
+                        guard queued === event else { return true }
+                        journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
+                        return false
+                    }
                 }
             }
+            counters.messagesCancelled += 1
+            counters.messagesAccepted -= 1
         }
-        counters.messagesCancelled += 1
-        counters.messagesAccepted -= 1
     }
 }

@@ -53,9 +53,27 @@ struct AttachGrant {
     let next: [ShardStep]
 }
 
-/// Durable changes made by one operation, and the events they make writable once the
-/// store has committed them.
+/// Operations whose commit units the store writer commits in one transaction: the holds
+/// of a chain of steps across shards (a message and its steps, an ACK and the receipts it
+/// sends to senders on other shards). Each hold's unit joins the group
+/// (`CommitUnit.closesGroup` false); the thread that ran the chain then closes it with a
+/// unit of no changes. A plain identity (a message's `DeferredReply` is one).
+class CommitGroup: @unchecked Sendable {
+    init() {}
+}
+
+/// Durable changes made by one hold of one shard, and the events they make writable once
+/// the store has committed them.
+///
+/// A unit reaches the store writer before its shard's lock is released, so a shard's units
+/// arrive in the order its sequence numbers were assigned; the writer commits in arrival
+/// order (a commit takes everything that arrived before it). The units of an operation
+/// that spans shards form a `CommitGroup`: one unit per step, then a closing unit with no
+/// changes; the writer commits them in one transaction, never some without the others
+/// (`StoreWriter.committable`). A message's closing unit answers it (`reply`).
 struct CommitUnit: Sendable {
+    /// The shard whose hold made it (its `durable` and `reservations` are that shard's).
+    var shard = 0
     var changes: [StoreChange] = []
     /// (device, seq): after the commit, events of `device` up to `seq` may be written.
     /// `event` is the last of them, what an offline device's wake-up is about.
@@ -63,9 +81,24 @@ struct CommitUnit: Sendable {
     /// (device, through): after the commit, numbers of `device` up to `through` are
     /// reserved (`DeviceRecord.reservedAhead`).
     var reservations: [(device: DeviceRecord, through: UInt64)] = []
-    /// The OK of a MESSAGE_SEND, sent once this unit is committed.
+    /// The MESSAGE_SEND whose changes these are (nil: no message's); its group.
     var reply: DeferredReply?
-    var isEmpty: Bool { changes.isEmpty && reply == nil }
+    /// The group the unit belongs to (nil: none, committed on its own).
+    var group: CommitGroup?
+    /// The unit is the last of its group: for a message, its OK is sent once this unit is
+    /// committed (false: an earlier step's, committed with the closing unit, refused with it).
+    var closesGroup = true
+    /// Whether the unit answers a message (its OK follows the unit's commit).
+    var answers: Bool { reply != nil && closesGroup }
+    var isEmpty: Bool { changes.isEmpty && (reply == nil || !closesGroup) }
+
+    init() {}
+
+    /// The closing unit of `group` (with no changes); a message's answers it.
+    init(closing group: CommitGroup) {
+        self.group = group
+        reply = group as? DeferredReply
+    }
 
     /// Adds a change. A unit starts with room for a few: a message takes two or three
     /// (its event, its id, now and then a reservation), and growing the array one
@@ -227,15 +260,43 @@ struct SwitchboardState {
 
     /// The durable changes made since the last call (nil when there are none).
     mutating func takeCommitUnit() -> CommitUnit? {
-        guard !unit.isEmpty else { return nil }
+        guard !unit.isEmpty else {
+            unit = CommitUnit()  // a step of a message that changed nothing durable
+            return nil
+        }
         var taken = CommitUnit()
         swap(&taken, &unit)
+        taken.shard = shardMap.index
         return taken
     }
 
-    /// Holds the reply of the current operation until its commit unit is committed.
-    mutating func deferReply(_ reply: DeferredReply) {
+    /// Ties the current operation's commit unit to a message, and records `queued`, the
+    /// message's event this hold queued (`DeferredReply.parts`): the message's OK waits
+    /// until the unit is committed (`answers`), or the unit is one step of a message whose
+    /// answering unit comes later (`answers` false).
+    mutating func deferReply(_ reply: DeferredReply, answers: Bool = true, queued: QueuedEvent?) {
+        if let queued { reply.add(queued, shard: shardMap.index) }
         unit.reply = reply
+        unit.group = reply
+        unit.closesGroup = answers
+    }
+
+    /// Makes the current operation's commit unit one step of `group`, which a later unit
+    /// closes (with a store; without one, nothing).
+    mutating func join(_ group: CommitGroup) {
+        guard journaling else { return }
+        unit.group = group
+        unit.closesGroup = false
+    }
+
+    /// With a store, when the current operation hands `next` to other shards (receipts of
+    /// an ACK), starts a group with its commit unit, for `Switchboard.run(_:now:wall:writerWake:committedWith:)`
+    /// to put the steps' units in and close; nil without a store or steps.
+    mutating func group(for next: [ShardStep]) -> CommitGroup? {
+        guard journaling, !next.isEmpty else { return nil }
+        let group = CommitGroup()
+        join(group)
+        return group
     }
 
     /// Adds a durable change to the current operation's commit unit (with a store only).

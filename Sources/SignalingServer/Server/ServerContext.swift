@@ -38,7 +38,7 @@ final class ServerContext: Sendable {
         let now = clock.now()
         self.switchboard = Switchboard(
             configuration: configuration.switchboard, epoch: now, journaling: journaling,
-            shardCount: Switchboard.shardCount(workers: configuration.workers, journaling: journaling))
+            shardCount: Switchboard.shardCount(workers: configuration.workers))
         self.startInstant = now
         self.admission = AdmissionControl(
             maxConnectionsPerAddress: configuration.maxConnectionsPerAddress,

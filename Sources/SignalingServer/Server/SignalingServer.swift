@@ -109,11 +109,8 @@ public final class SignalingServer: Sendable {
             store.close()
             throw ServerError("cannot load the store: \(error)")
         }
-        let now = clock.now()
-        context.switchboard.withState(wall: clock.wallMilliseconds()) { board in
-            board.evictsBodies = store is any EventBodySource
-            board.load(snapshot, now: now)
-        }
+        context.switchboard.load(
+            snapshot, now: clock.now(), wall: clock.wallMilliseconds(), evictsBodies: store is any EventBodySource)
         logger.info("store_loaded", [
             "devices": snapshot.devices.count, "pending_events": snapshot.devices.reduce(0) { $0 + $1.events.count },
             "held_events": snapshot.held.values.reduce(0) { $0 + $1.count },

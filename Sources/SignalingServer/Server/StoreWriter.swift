@@ -14,7 +14,7 @@ import Glibc
 /// and loop 0's deadline check (`StoreWriter.superviseCommits`) once its deadline passed
 /// (ERROR storeUnavailable), whatever the writer is doing, even waiting for a write that
 /// never returns. `settle` lets exactly one of them answer.
-final class DeferredReply: Sendable {
+final class DeferredReply: CommitGroup, @unchecked Sendable {
     /// Who is waiting for the answer.
     enum Target: Sendable {
         /// A device's MESSAGE_SEND: OK or ERROR on its connection.
@@ -26,28 +26,50 @@ final class DeferredReply: Sendable {
 
     let target: Target
     let serverTime: UInt64
-    let message: QueuedEvent
     let sender: String
     let messageID: String
     /// After this the sender gets ERROR storeUnavailable instead, and the message is
     /// cancelled everywhere.
     let deadline: Instant
     private let settlement = Atomic<UInt8>(Settlement.open.rawValue)
+    /// The message's events, each in the shard that queued it: one for a message within
+    /// one shard; the copy for the sender's other devices and the recipient's event for a
+    /// message across shards. Added by the holds of the message's steps, all of them before
+    /// its answering unit reaches the writer (`StoreWriter.enqueue`, under the inbox lock);
+    /// read after that (a commit's release, a refusal).
+    private let eventsByShard = Mutex<[Part]>([])
+
+    /// One of the message's events and the shard holding it.
+    struct Part {
+        let shard: Int
+        let event: QueuedEvent
+    }
 
     enum Settlement: UInt8 {
-        case open, accepted, refused
+        /// `accepted`: committed, OK sent. `refused`: ERROR storeUnavailable sent, the
+        /// message cancelled; its units are dropped or withdrawn. `declined`: a step of the
+        /// message refused it and answered (a full queue, a limit) and undid what the others
+        /// queued: its units are committed as they are, with no answer from the writer.
+        case open, accepted, refused, declined
     }
 
     init(
-        target: Target, serverTime: UInt64, message: QueuedEvent, sender: String, messageID: String, deadline: Instant
+        target: Target, serverTime: UInt64, sender: String, messageID: String, deadline: Instant
     ) {
         self.target = target
         self.serverTime = serverTime
-        self.message = message
         self.sender = sender
         self.messageID = messageID
         self.deadline = deadline
+        super.init()
     }
+
+    /// Records an event the message queued in `shard`.
+    func add(_ event: QueuedEvent, shard: Int) {
+        eventsByShard.withLock { $0.append(Part(shard: shard, event: event)) }
+    }
+
+    var parts: [Part] { eventsByShard.withLock { $0 } }
 
     /// Decides the answer, unless it was decided already: true when this call decided it
     /// (the caller then answers the sender), false when the other side did first.
@@ -79,37 +101,43 @@ final class DeferredReply: Sendable {
 /// a loop (`LoopTask.released`), never by the store writer's thread, which then holds no
 /// lock that a push needs. Every step is idempotent and order-insensitive (reservations
 /// and durability only move forwards), so two commits released by different loops may
-/// land in either order.
+/// land in either order. A release may concern several shards: it is applied in one hold
+/// of each (`Switchboard.apply(_:wall:)`), one after the other, never two at once.
 struct CommittedRelease: Sendable {
     let units: [CommitUnit]
-    /// Committed messages, now durable.
-    let messages: [QueuedEvent]
+    /// The events of committed messages, now durable, each with its shard.
+    let messages: [DeferredReply.Part]
     /// The OKs, sent after the release.
     let replies: [LoopTask]
     /// The loop that carries it out: the first OK's (which is woken for it anyway), or 0.
     let loop: UInt16
+    /// The shards whose state the release changes, ascending (empty: only OKs go out).
+    let shards: [Int]
 
-    init(units: [CommitUnit], messages: [QueuedEvent], replies: [LoopTask]) {
+    init(units: [CommitUnit], messages: [DeferredReply.Part], replies: [LoopTask]) {
         self.units = units
         self.messages = messages
         self.replies = replies
         loop = replies.first?.loop ?? 0
+        var touched = Set(messages.map(\.shard))
+        for unit in units where !unit.durable.isEmpty || !unit.reservations.isEmpty { touched.insert(unit.shard) }
+        shards = touched.sorted()
     }
 
     /// The release changes the routing state (else only the OKs go out).
-    var needsRoutingState: Bool {
-        !messages.isEmpty || units.contains { !$0.durable.isEmpty || !$0.reservations.isEmpty }
-    }
+    var needsRoutingState: Bool { !shards.isEmpty }
 
-    /// Marks the committed events writable and the reservations confirmed; returns the
-    /// effects (wakes of the devices concerned). Cost: one step per change of the units.
+    /// Marks the committed events of `board`'s shard writable and its reservations
+    /// confirmed; returns the effects (wakes of the devices concerned). Cost: one step per
+    /// change of the units.
     func apply(to board: inout SwitchboardState) -> [SwitchboardEffect] {
+        let shard = board.shardMap.index
         // Committed messages that nobody connected is about to receive leave memory.
-        for message in messages {
-            message.isDurable = true
-            board.evictIfUnwanted(message)
+        for message in messages where message.shard == shard {
+            message.event.isDurable = true
+            board.evictIfUnwanted(message.event)
         }
-        for unit in units {
+        for unit in units where unit.shard == shard {
             for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
             // A refused message's events stay unwritable (and wake nobody up).
             guard unit.reply?.isRefused != true else { continue }
@@ -133,12 +161,22 @@ struct CommittedRelease: Sendable {
 /// was under way may still be committed when the write returns: the writer then undoes it
 /// in its next commit (`withdrawal(of:)`) instead of sending the OK.
 ///
-/// Threading: `enqueue` is called by loops with the switchboard lock held (that keeps
-/// units in sequence order); `superviseCommits` by loop 0; everything else runs on the
-/// writer's own thread, which takes the switchboard lock only while holding no lock of
-/// its own, and not at all after an ordinary commit (`CommittedRelease`).
+/// Shards: the writer is one for all shards, and commits in arrival order (a commit takes
+/// every unit that arrived before it). A message to another shard's user leaves one unit
+/// per step and then an answering one (a `CommitGroup`, `CommitUnit.answers`); the writer commits them in
+/// one transaction (`committable`), and the OK follows that commit, so it is sent only
+/// when every change of the message, on every shard, is durable. A refusal (the store
+/// timeout, a commit still failing) refuses and cancels the message on every shard it
+/// touched, and the writer drops or withdraws all of its units alike.
 ///
-/// Lock order: switchboard, then `inbox`. `progress` is never held with another lock.
+/// Threading: `enqueue` is called by loops with a shard's lock held (that keeps each
+/// shard's units in sequence order), and without one for a message's answering unit;
+/// `superviseCommits` by loop 0; everything else runs on the writer's own thread, which
+/// takes a shard lock only while holding no lock of its own, one shard at a time (a
+/// refusal's cancellation, bodies read back, a release when no loop runs), and not at all
+/// after an ordinary commit (`CommittedRelease`).
+///
+/// Lock order: a shard, then `inbox`. `progress` is never held with another lock.
 final class StoreWriter: @unchecked Sendable {
     private let store: any EventStore
     private let context: ServerContext
@@ -268,14 +306,15 @@ final class StoreWriter: @unchecked Sendable {
         store.close()
     }
 
-    /// Queues a unit (called with the switchboard lock held, which keeps units in
-    /// sequence order). Returns true when the writer must be woken with `wake()` (the
-    /// inbox was empty), which the caller does after releasing its lock.
+    /// Queues a unit (called with its shard's lock held, which keeps a shard's units in
+    /// sequence order; a message's answering unit after its last step, with no lock).
+    /// Returns true when the writer must be woken with `wake()` (the inbox was empty), which
+    /// the caller does after releasing its lock.
     func enqueue(_ unit: CommitUnit) -> Bool {
         inbox.withLock { inbox in
             let wasEmpty = inbox.units.isEmpty
             inbox.units.append(unit)
-            if let reply = unit.reply { inbox.replies.push(reply) }
+            if let reply = unit.reply, unit.answers { inbox.replies.push(reply) }
             return wasEmpty
         }
     }
@@ -322,7 +361,9 @@ final class StoreWriter: @unchecked Sendable {
             }
             // Everything journaled before the requests is committed now (or they wait).
             if pending.isEmpty && !bodyRequests.isEmpty { serveBodyRequests() }
-            if stop && (pending.isEmpty || failures > 0) {
+            // (A message whose answering unit never came, because the loops are gone, is
+            // refused too.)
+            if stop && (pending.isEmpty || failures > 0 || Self.committable(pending) == 0) {
                 if !pending.isEmpty { refuseAll(reason: "the server is stopping and the store cannot commit") }
                 return
             }
@@ -335,7 +376,8 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func commitPending() {
-        // Messages refused at their deadline before their commit began are not written.
+        // Messages refused (at their deadline, or by the recipient's shard) before their
+        // commit began are not written: none of their units.
         if pending.contains(where: { $0.reply?.isRefused == true }) {
             pending.removeAll { $0.reply?.isRefused == true }
             if pending.isEmpty {
@@ -346,69 +388,100 @@ final class StoreWriter: @unchecked Sendable {
                 return
             }
         }
+        let count = Self.committable(pending)
+        guard count > 0 else { return }  // the answering unit is on its way: it wakes the writer
         var changes: [StoreChange] = []
-        changes.reserveCapacity(pending.reduce(0) { $0 + $1.changes.count })
-        for unit in pending { changes.append(contentsOf: unit.changes) }
+        changes.reserveCapacity(pending[..<count].reduce(0) { $0 + $1.changes.count })
+        for unit in pending[..<count] { changes.append(contentsOf: unit.changes) }
         let collected = changes.count
-        StoreBatch.compact(&changes)
-        let started = context.clock.now()
-        progress.withLock { $0 = CommitProgress(started: started, changes: changes.count) }
-        let applyStarted = LoopMetrics.now()
-        do {
-            defer { commitLatency.record(nanoseconds: LoopMetrics.now() &- applyStarted) }
-            try store.apply(changes)
-        } catch {
-            failures += 1
-            failedCommits.increment()
-            healthy.store(false, ordering: .relaxed)
-            StoreHealthLog.log(healthLog.failed(now: context.clock.now()), to: context.logger, error: "\(error)", changes: changes.count)
+        // Nothing durable (answering units of messages whose steps changed nothing that
+        // lasts): no write; the answers still follow everything that arrived before them.
+        if collected > 0 {
+            StoreBatch.compact(&changes)
+            let started = context.clock.now()
+            progress.withLock { $0 = CommitProgress(started: started, changes: changes.count) }
+            let applyStarted = LoopMetrics.now()
+            do {
+                defer { commitLatency.record(nanoseconds: LoopMetrics.now() &- applyStarted) }
+                try store.apply(changes)
+            } catch {
+                failures += 1
+                failedCommits.increment()
+                healthy.store(false, ordering: .relaxed)
+                StoreHealthLog.log(healthLog.failed(now: context.clock.now()), to: context.logger, error: "\(error)", changes: changes.count)
+                commitReturned()
+                return
+            }
             commitReturned()
-            return
+            StoreHealthLog.log(healthLog.committed(now: context.clock.now()), to: context.logger, error: "", changes: changes.count)
+            failures = 0
+            healthy.store(true, ordering: .relaxed)
+            commits.increment()
+            compactedChanges.add(collected - changes.count, ordering: .relaxed)
         }
-        commitReturned()
-        StoreHealthLog.log(healthLog.committed(now: context.clock.now()), to: context.logger, error: "", changes: changes.count)
-        failures = 0
-        healthy.store(true, ordering: .relaxed)
-        commits.increment()
-        compactedChanges.add(collected - changes.count, ordering: .relaxed)
-        let units = pending
-        pending = []
-        // A message refused at its deadline while this commit ran was committed after all:
-        // no OK (the sender has its error), no delivery, and the next commit undoes it.
+        let units = Array(pending[..<count])
+        pending.removeFirst(count)
+        // First every answer (each message's units are all in `units`, its answering one
+        // last), then, with every message of the batch decided, the withdrawals.
         var accepted: [LoopTask] = []
-        var committedMessages: [QueuedEvent] = []
+        var committedMessages: [DeferredReply.Part] = []
+        for unit in units where unit.answers {
+            guard let reply = unit.reply, reply.settle(.accepted) else { continue }
+            if let task = reply.answer(.success(reply.serverTime)) { accepted.append(task) }
+            committedMessages += reply.parts
+        }
+        // A message refused at its deadline while this commit ran was committed after all:
+        // no OK (the sender has its error), no delivery, and the next commit undoes every
+        // unit of it, before anything that arrived since (a retry of the same id).
         var withdrawal = CommitUnit()
         var withdrawn = 0
         for unit in units {
-            guard let reply = unit.reply else { continue }
-            if reply.settle(.accepted) {
-                if let task = reply.answer(.success(reply.serverTime)) { accepted.append(task) }
-                committedMessages.append(reply.message)
-            } else {
-                withdrawal.changes += Self.withdrawal(of: unit, reply)
-                withdrawn += 1
-            }
+            guard let reply = unit.reply, reply.isRefused else { continue }
+            withdrawal.changes += Self.withdrawal(of: unit, reply)
+            if unit.answers { withdrawn += 1 }
         }
-        if withdrawn > 0 {
-            pending = [withdrawal]
+        if !withdrawal.changes.isEmpty {
+            pending.insert(withdrawal, at: 0)
             context.logger.warning("store_withdrawing_refused", ["messages": withdrawn])
         }
         let released = CommittedRelease(units: units, messages: committedMessages, replies: accepted)
         // Units that only record state (acknowledgements, most sessions and events) release
-        // nothing: no need to take the routing lock for them.
+        // nothing: no need to take a shard lock for them.
         guard released.needsRoutingState else { return post(accepted) }
         // The routing work is a loop's, not this thread's: a commit has just spent this
         // thread's share of the CPU, so the scheduler is quick to preempt it, and preempted
-        // while it held the routing lock it would make every push wait until it ran again.
-        // The loop that gets the first OK anyway does it, then sends the OKs: no extra
-        // wake-up, and releases stay before their OKs.
+        // while it held a shard lock it would make every push to that shard wait until it
+        // ran again. The loop that gets the first OK anyway does it, then sends the OKs: no
+        // extra wake-up, and releases stay before their OKs.
         if Int(released.loop) < loops.count, !loops[Int(released.loop)].finished.load(ordering: .acquiring) {
             LoopDispatch.post([.released(released)], to: loops)
         } else {
-            // No loop runs any more (the server is stopping): nobody else takes the lock.
-            deliver(context.switchboard.withState(wall: context.clock.wallMilliseconds()) { released.apply(to: &$0) })
+            // No loop runs any more (the server is stopping): nobody else takes the locks.
+            deliver(context.switchboard.apply(released, wall: context.clock.wallMilliseconds()))
             post(accepted)
         }
+    }
+
+    /// How many of `pending`'s units (from the first) the next commit takes: all, except
+    /// that it stops before the first unit of a `CommitGroup` whose closing unit has not
+    /// arrived yet (the operation's later steps are running on other shards). So a group's
+    /// units are committed in one transaction, never some without the others: a crash after
+    /// a commit that kept a message's event for its recipient but not the sender's id claim
+    /// would deliver the message twice when the sender, who got no OK, sends it again; one
+    /// that kept an ACK but not the receipt it sent to another shard would lose the receipt.
+    /// The steps run one after the other without waiting, so the closing unit follows
+    /// within microseconds (and wakes the writer: the inbox is empty again). Cost: one pass
+    /// over the units.
+    static func committable(_ pending: [CommitUnit]) -> Int {
+        guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return pending.count }
+        var closed = Set<ObjectIdentifier>()
+        for unit in pending where unit.closesGroup {
+            if let group = unit.group { closed.insert(ObjectIdentifier(group)) }
+        }
+        return pending.firstIndex { unit in
+            guard let group = unit.group, !unit.closesGroup else { return false }
+            return !closed.contains(ObjectIdentifier(group))
+        } ?? pending.count
     }
 
     /// What undoes the store changes of a message that was refused but committed: its
@@ -457,9 +530,13 @@ final class StoreWriter: @unchecked Sendable {
                 context.logger.error("store_read_failed", ["error": "\(error)", "user": request.device.userID])
             }
         }
-        let lost = context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
-            loaded.flatMap { request, bodies in
-                board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
+        // One hold per shard concerned, one after the other.
+        let byShard = Dictionary(grouping: loaded) { request, _ in context.switchboard.shard(of: request.device.userID) }
+        let lost = byShard.keys.sorted().flatMap { shard in
+            context.switchboard.withState(shard: shard, wall: context.clock.wallMilliseconds()) { board in
+                byShard[shard]!.flatMap { request, bodies in
+                    board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
+                }
             }
         }
         for (device, seq) in lost {
@@ -484,6 +561,7 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     private func refuseAll(reason: String) {
+        // Each message once (`settle` decides once), whichever of its units come first.
         let replies = pending.compactMap(\.reply).filter { $0.settle(.refused) }
         pending = []
         refuse(replies, reason: reason)
@@ -492,9 +570,7 @@ final class StoreWriter: @unchecked Sendable {
     /// Cancels the messages (settled as refused by the caller) and sends their errors.
     private func refuse(_ replies: [DeferredReply], reason: String) {
         guard !replies.isEmpty else { return }
-        context.switchboard.withState(wall: context.clock.wallMilliseconds()) { board in
-            for reply in replies { board.cancelMessage(reply.message, sender: reply.sender, messageID: reply.messageID) }
-        }
+        context.switchboard.cancel(replies, wall: context.clock.wallMilliseconds())
         post(replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) })
     }
 

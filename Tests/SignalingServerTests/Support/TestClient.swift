@@ -1,6 +1,7 @@
 import CLinuxShims
 import SignalingProtocol
 import SignalingSupport
+import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -134,6 +135,21 @@ final class TestClient: ProtocolClient {
         if let tls { return chunk.withUnsafeMutableBytes { tls.receive(into: $0, milliseconds: milliseconds) } }
         guard waitFor(Int16(POLLIN), milliseconds: Int32(clamping: milliseconds)) else { return .wouldBlock }
         return chunk.withUnsafeMutableBytes { SocketCalls.receive(fd, into: $0) }
+    }
+
+    /// Sends `request` until it is accepted, under a new id each time from `firstID` on (the
+    /// store writer may still be in its retry back-off when the store heals): true once OK,
+    /// false after 10 s. Any refusal but storeUnavailable is an issue.
+    func requestUntilAccepted(firstID: UInt32, _ request: Request) throws -> Bool {
+        let deadline = SystemClock().now() + .seconds(10)
+        var attempt = firstID
+        while SystemClock().now() < deadline {
+            let reply = try self.request(attempt, request)
+            if reply.isOK { return true }
+            #expect(reply.errorCode == .storeUnavailable)
+            attempt += 1
+        }
+        return false
     }
 
     /// The server ends the stream (after its CLOSE): nothing but end of stream comes.
