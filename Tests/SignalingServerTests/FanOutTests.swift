@@ -268,3 +268,44 @@ extension TwoShards {
         return event
     }
 }
+
+@Suite("Fan-out in chunks over real sockets (two loops, two shards)")
+struct FanOutEndToEndTests {
+    @Test("messages from both shards to a user with more devices than a chunk reach every device once, in the order they were answered, and every receipt comes back")
+    func chunkedFanOutOverSockets() throws {
+        let server = try TestServer(workers: 2)
+        let fan = TwoShards.user("fan", onShard: 0)
+        let senders = [TwoShards.user("alice", onShard: 0), TwoShards.user("bob", onShard: 1)]
+        let devices = try (0..<(SwitchboardState.fanOutChunk + 20)).map { try server.connect(user: fan, device: "d\($0)").0 }
+        let clients = try senders.map { try server.connect(user: $0).0 }
+        var sent: [String] = []
+        for round in 1...2 {
+            for (index, client) in clients.enumerated() {
+                let id = "\(senders[index])-\(round)"
+                #expect(try client.request(UInt32(round), .messageSend(OutgoingMessage(
+                    messageID: id, recipient: fan, contentType: "text/plain", body: Array(id.utf8)))).isOK)
+                sent.append(id)
+            }
+        }
+        for device in devices {
+            var received: [String] = []
+            for _ in sent {
+                let (seq, event) = try device.nextEvent()
+                guard case .message(let message) = event else { Issue.record("not a message: \(event)"); return }
+                received.append(message.messageID)
+                try device.ack(seq)
+            }
+            #expect(received == sent)
+        }
+        for (index, client) in clients.enumerated() {
+            var receipts = 0
+            while receipts < 2 * devices.count {
+                guard case .messageDelivered(let id, _, _, _) = try client.nextEvent().event else {
+                    Issue.record("not a receipt"); return
+                }
+                #expect(id.hasPrefix(senders[index]))
+                receipts += 1
+            }
+        }
+    }
+}
