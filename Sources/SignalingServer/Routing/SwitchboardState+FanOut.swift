@@ -86,7 +86,7 @@ extension SwitchboardState {
         var count = 0
         for _ in devices(of: recipient) {
             count += 1
-            if count > Self.fanOutChunk { return true }
+            if count > configuration.fanOutChunk { return true }
         }
         return false
     }
@@ -135,13 +135,13 @@ extension SwitchboardState {
         switch fanOut.phase {
         case .queueing: return queueChunk(of: fanOut, now: now)
         case .announcing(let from):
-            let end = min(from + Self.fanOutChunk, fanOut.copiedTo.count)
+            let end = min(from + configuration.fanOutChunk, fanOut.copiedTo.count)
             for (device, seq) in fanOut.copiedTo[from..<end] where isLiveCopy(of: fanOut, device, seq) {
                 announce(device, about: fanOut.event)
             }
             if end < fanOut.copiedTo.count { fanOut.phase = .announcing(from: end) } else { finish(fanOut) }
         case .withdrawing(let from):
-            let end = min(from + Self.fanOutChunk, fanOut.copiedTo.count)
+            let end = min(from + configuration.fanOutChunk, fanOut.copiedTo.count)
             for (device, seq) in fanOut.copiedTo[from..<end] where isLiveCopy(of: fanOut, device, seq) {
                 // As if never queued (its number a hole); a pump stopped before it goes on.
                 withdraw(fanOut.event, seq: seq, from: device)
@@ -158,9 +158,9 @@ extension SwitchboardState {
     private mutating func queueChunk(of fanOut: FanOut, now: Instant) -> StepOutcome {
         let message = fanOut.message
         var chunk: [DeviceRecord] = []
-        chunk.reserveCapacity(Self.fanOutChunk)
+        chunk.reserveCapacity(configuration.fanOutChunk)
         var next = fanOut.cursor
-        while chunk.count < Self.fanOutChunk, let device = next {
+        while chunk.count < configuration.fanOutChunk, let device = next {
             next = device.next
             // A note to oneself skips the sending device, as `send` does.
             if message.recipient == message.sender && device.deviceID == message.senderDevice { continue }

@@ -25,6 +25,9 @@ struct SwitchboardConfiguration: Sendable {
     /// Bytes of undelivered events the server may hold before it refuses new messages and
     /// calls (`MemoryLedger`).
     var memoryBudget = Int.max
+    /// Devices per hold of a fan-out (`SwitchboardState.fanOutChunk`; a benchmark sets
+    /// `Int.max` to measure a fan-out in one hold, as it was before chunks).
+    var fanOutChunk = SwitchboardState.fanOutChunk
 }
 
 /// Something the event loops must do after the switchboard changed state.
