@@ -32,8 +32,11 @@ final class FanOut: @unchecked Sendable {
     let event: QueuedEvent
     /// The next device to queue to (nil: every device has its copy).
     var cursor: DeviceRecord?
-    /// Each device the copy went to, with its number there, in queueing order.
-    var copiedTo: [(device: DeviceRecord, seq: UInt64)] = []
+    /// Each device the copy went to, with its number there, one array per chunk in
+    /// queueing order. Each chunk's array is emptied by the hold that wakes its devices (or
+    /// withdraws their copies), so that no hold releases more than a chunk's references
+    /// (freeing 10,000 at once took about 100 µs).
+    var copiedTo: [[(device: DeviceRecord, seq: UInt64)]] = []
     /// Devices of `copiedTo` forgotten since (their queues were counted out with them).
     var forgotten: Set<ObjectIdentifier> = []
     var phase = Phase.queueing
@@ -43,10 +46,12 @@ final class FanOut: @unchecked Sendable {
     enum Phase {
         /// Copies are queued from `cursor` on, undecided.
         case queueing
-        /// Accepted: the devices of `copiedTo` from this index on are still to be woken.
-        case announcing(from: Int)
-        /// Refused: the copies of `copiedTo` from this index on are still to be withdrawn.
-        case withdrawing(from: Int)
+        /// Accepted: the devices of the chunks of `copiedTo` from this one on are still to
+        /// be woken.
+        case announcing(chunk: Int)
+        /// Refused: the copies of the chunks of `copiedTo` from this one on are still to be
+        /// withdrawn.
+        case withdrawing(chunk: Int)
         /// Done; the answer waits for the step that started it (`ShardStep.continueFanOut`).
         case finished
     }
@@ -134,20 +139,24 @@ extension SwitchboardState {
     private mutating func advance(_ fanOut: FanOut, now: Instant) -> StepOutcome {
         switch fanOut.phase {
         case .queueing: return queueChunk(of: fanOut, now: now)
-        case .announcing(let from):
-            let end = min(from + configuration.fanOutChunk, fanOut.copiedTo.count)
-            for (device, seq) in fanOut.copiedTo[from..<end] where isLiveCopy(of: fanOut, device, seq) {
-                announce(device, about: fanOut.event)
+        case .announcing(let chunk):
+            if chunk < fanOut.copiedTo.count {
+                for (device, seq) in fanOut.copiedTo[chunk] where isLiveCopy(of: fanOut, device, seq) {
+                    announce(device, about: fanOut.event)
+                }
+                fanOut.copiedTo[chunk] = []
             }
-            if end < fanOut.copiedTo.count { fanOut.phase = .announcing(from: end) } else { finish(fanOut) }
-        case .withdrawing(let from):
-            let end = min(from + configuration.fanOutChunk, fanOut.copiedTo.count)
-            for (device, seq) in fanOut.copiedTo[from..<end] where isLiveCopy(of: fanOut, device, seq) {
-                // As if never queued (its number a hole); a pump stopped before it goes on.
-                withdraw(fanOut.event, seq: seq, from: device)
-                if device.isOnline { announce(device, about: fanOut.event) }
+            if chunk + 1 < fanOut.copiedTo.count { fanOut.phase = .announcing(chunk: chunk + 1) } else { finish(fanOut) }
+        case .withdrawing(let chunk):
+            if chunk < fanOut.copiedTo.count {
+                for (device, seq) in fanOut.copiedTo[chunk] where isLiveCopy(of: fanOut, device, seq) {
+                    // As if never queued (its number a hole); a pump stopped before it goes on.
+                    withdraw(fanOut.event, seq: seq, from: device)
+                    if device.isOnline { announce(device, about: fanOut.event) }
+                }
+                fanOut.copiedTo[chunk] = []
             }
-            if end < fanOut.copiedTo.count { fanOut.phase = .withdrawing(from: end) } else { finish(fanOut) }
+            if chunk + 1 < fanOut.copiedTo.count { fanOut.phase = .withdrawing(chunk: chunk + 1) } else { finish(fanOut) }
         case .finished: break
         }
         return StepOutcome(reply: nil)
@@ -173,7 +182,10 @@ extension SwitchboardState {
             counters.refusedSenderQuota += 1
             return decide(fanOut, .failure(refusal), now: now)
         }
-        for device in chunk where enqueue(fanOut.event, to: device) { fanOut.copiedTo.append((device, device.lastSeq)) }
+        var copied: [(device: DeviceRecord, seq: UInt64)] = []
+        copied.reserveCapacity(chunk.count)
+        for device in chunk where enqueue(fanOut.event, to: device) { copied.append((device, device.lastSeq)) }
+        fanOut.copiedTo.append(copied)
         fanOut.cursor = next
         guard next == nil else { return StepOutcome(reply: nil) }
         return decide(fanOut, .success(message.serverTime), now: now)
@@ -190,11 +202,11 @@ extension SwitchboardState {
         if case .success = reply {
             accepted = true
             counters.messagesAccepted += 1
-            fanOut.phase = .announcing(from: 0)
+            fanOut.phase = .announcing(chunk: 0)
         } else {
             accepted = false
             fanOut.event.isCancelled = true
-            fanOut.phase = .withdrawing(from: 0)
+            fanOut.phase = .withdrawing(chunk: 0)
         }
         return handOn(.settleMessage(fanOut.message, accepted: accepted), now: now)
     }
