@@ -133,6 +133,9 @@ let package = Package(
             name: "push-bench", dependencies: ["SignalingPush", "SignalingStore", "SignalingCrypto", "SignalingSupport", "TestSupport"],
             path: "Tools/push-bench"
         ),
+        // How long a fan-out holds its recipient's routing shard, in one hold and in chunks
+        // (release build; docs/LOAD-TESTING.md).
+        .executableTarget(name: "routing-bench", dependencies: ["SignalingServer"], path: "Tools/routing-bench"),
         // What checking a HELLO's credentials costs per core (release build; docs/AUTH.md).
         .executableTarget(name: "token-bench", dependencies: ["SignalingCrypto", "SignalingSupport"], path: "Tools/token-bench"),
 

@@ -171,11 +171,15 @@ final class UserActivity: @unchecked Sendable {
     /// admitted and the recipient's shard has not decided yet (its id is claimed: a repeat
     /// meanwhile is neither a new message nor a duplicate).
     var undecidedMessages: [String: UndecidedMessage] = [:]
+    /// The fan-out of a message to this user that is in progress (its shard's): other
+    /// messages to the user wait for it (`FanOut`).
+    var fanOut: FanOut?
     /// Paces this user's messages and calls (`--sender-rate`; nil until the first one).
     var sendBucket: TokenBucket?
 
     var isEmpty: Bool {
         calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty && undecidedMessages.isEmpty
+            && fanOut == nil
     }
 
     /// Held messages, not counting the placeholders of ordinals a restart lost.

@@ -29,11 +29,12 @@ final class QueuedEvent: @unchecked Sendable {
     /// Held for a user with no device, then handed to that user's first device: the copy
     /// was journaled in the handshake's commit unit, not in its message's.
     var wasClaimed = false
-    /// A copy, queued to the sender's other devices, of a message whose recipient lives in
-    /// another routing shard that has not decided it yet: it holds its place in each
-    /// device's order and its room in each queue, but the pump stops before it (a device's
-    /// events go out in order) until the decision clears this flag or cancels the event
-    /// (`SwitchboardState.settleMessage`).
+    /// A message not decided yet, queued already: a copy to the sender's other devices of a
+    /// message whose recipient's shard has not decided it (`SwitchboardState.settleMessage`),
+    /// or the recipient's copy of a fan-out still in progress (`FanOut`). It holds its place
+    /// in each device's order and its room in each queue, but the pump stops before it (a
+    /// device's events go out in order) until the decision clears this flag or cancels the
+    /// event.
     var awaitsDecision = false
     /// Committed to the store: its body may be dropped from memory and read back.
     var isDurable = false

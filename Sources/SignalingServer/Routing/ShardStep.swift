@@ -15,6 +15,9 @@ enum ShardStep: Sendable, Equatable {
     /// copies queued to the sender's other devices, awaiting this decision): for the
     /// recipient's shard to queue or refuse.
     case deliverMessage(DeliveredMessage)
+    /// The next chunk of a fan-out to a recipient with more devices than one hold takes
+    /// (`FanOut`), run on the recipient's shard; the step that finds it finished answers.
+    case continueFanOut(recipient: String, id: UInt64)
     /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
     /// shard, which releases its copies and remembers its id, or cancels them and frees it.
     case settleMessage(DeliveredMessage, accepted: Bool)
@@ -40,6 +43,7 @@ enum ShardStep: Sendable, Equatable {
         switch self {
         case .deliverMessage(let message): message.recipient
         case .settleMessage(let message, _): message.sender
+        case .continueFanOut(let recipient, _): recipient
         case .receipt(let receipt, _, _): receipt.sender
         case .invite(let invitation): invitation.callee
         case .callerRequest(_, _, let callee, _): callee
@@ -129,6 +133,8 @@ extension SwitchboardState {
         switch step {
         case .deliverMessage(let message):
             return deliverMessage(message, now: now!)
+        case .continueFanOut(let recipient, let id):
+            return continueFanOut(recipient, id: id, now: now!)
         case .settleMessage(let message, let accepted):
             settleMessage(message, accepted: accepted, now: now!)
             return StepOutcome(reply: nil)
@@ -153,7 +159,7 @@ extension ShardStep {
     /// a ring timeout), so needs the current time.
     var needsClock: Bool {
         switch self {
-        case .deliverMessage, .settleMessage, .invite: true
+        case .deliverMessage, .continueFanOut, .settleMessage, .invite: true
         case .receipt, .callerRequest, .callerVanished, .toCaller: false
         }
     }

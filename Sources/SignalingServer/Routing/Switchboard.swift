@@ -26,8 +26,8 @@ import Glibc
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
 /// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth); a message's fan-out to its recipient's devices is
-/// one hold of the recipient's shard. Every hold is timed: `LoopMetrics.routingLockHold`
+/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`). Every
+/// hold is timed: `LoopMetrics.routingLockHold`
 /// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
 /// (`voipserver_routing_lock_hold_seconds`).
 ///

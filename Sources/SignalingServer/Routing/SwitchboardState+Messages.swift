@@ -59,7 +59,9 @@ extension SwitchboardState {
             messageID: message.messageID, sender: sender, senderDevice: senderDevice,
             recipient: message.recipient, contentType: message.contentType, body: message.body,
             serverTime: currentWall)
-        guard shardMap.owns(message.recipient) else {
+        // To another shard's user, or to one whose fan-out takes several holds: the recipient's
+        // side is a step of its own (`deliverMessage`).
+        guard shardMap.owns(message.recipient), !fansOutInChunks(to: message.recipient) else {
             if let full = copies.first(where: { !hasRoom($0) }) { return .failure(backlogFull(full)) }
             let undecided = queueUndecidedCopies(of: delivered, to: copies)
             activity(sender).undecidedMessages[message.messageID] = undecided
@@ -95,7 +97,13 @@ extension SwitchboardState {
 
     /// The recipient's step of a message from another shard's user: queued to every device
     /// of the recipient (or held), or refused with nothing queued.
+    /// A recipient with more devices than one hold takes gets them in chunks (`FanOut`), and
+    /// a message to a user whose fan-out is in progress waits for it.
     mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
+        if let inProgress = activities[message.recipient]?.fanOut {
+            return helpFanOut(inProgress, before: .deliverMessage(message), now: now)
+        }
+        if fansOutInChunks(to: message.recipient) { return startFanOut(message, now: now) }
         let recipients = Array(devices(of: message.recipient))
         let accepted: Bool
         var outcome: StepOutcome
@@ -173,14 +181,14 @@ extension SwitchboardState {
         return nil
     }
 
-    private func backlogFull(_ device: DeviceRecord) -> RequestError {
+    func backlogFull(_ device: DeviceRecord) -> RequestError {
         RequestError(
             .recipientBacklogFull,
             "device \(device.deviceID) of \(device.userID) has \(device.queue.count) unacknowledged events; retry later")
     }
 
     /// The MESSAGE event of `message`, with the receipt its recipient's acknowledgement makes.
-    private func messageEvent(_ message: DeliveredMessage) -> QueuedEvent {
+    func messageEvent(_ message: DeliveredMessage) -> QueuedEvent {
         makeEvent(
             .message(message),
             receipt: DeliveryReceipt(sender: message.sender, messageID: message.messageID, recipient: message.recipient))

@@ -25,6 +25,9 @@ struct SwitchboardConfiguration: Sendable {
     /// Bytes of undelivered events the server may hold before it refuses new messages and
     /// calls (`MemoryLedger`).
     var memoryBudget = Int.max
+    /// Devices per hold of a fan-out (`SwitchboardState.fanOutChunk`; a benchmark sets
+    /// `Int.max` to measure a fan-out in one hold, as it was before chunks).
+    var fanOutChunk = SwitchboardState.fanOutChunk
 }
 
 /// Something the event loops must do after the switchboard changed state.
@@ -181,6 +184,10 @@ struct SwitchboardState {
     /// Calls, held messages and recent message ids, for the users that have any.
     var activities: [String: UserActivity] = [:]
     var calls: [String: CallRecord] = [:]
+    /// Fan-outs in chunks (`FanOut`) by id, from their start until the step that started
+    /// each takes its answer; `nextFanOutID` numbers them.
+    var fanOuts: [UInt64: FanOut] = [:]
+    var nextFanOutID: UInt64 = 0
     /// Each device's push registrations (at most one per kind, a handful of bytes each);
     /// a device with none has no entry.
     var pushRegistrations: [ObjectIdentifier: [PushRegistration]] = [:]
@@ -343,6 +350,7 @@ struct SwitchboardState {
     }
 
     mutating func removeDevice(_ device: DeviceRecord) {
+        activities[device.userID]?.fanOut?.forget(device)  // before `next` is cleared
         if users[device.userID] === device {
             users[device.userID] = device.next
         } else {
@@ -695,7 +703,11 @@ struct SwitchboardState {
             counters.pendingEvents -= 1
             // A sender's own devices get its messages too (multi-device sync): only the
             // recipient's acknowledgements are deliveries.
-            if let receipt = event.receipt, !event.isCancelled, receipt.recipient == device.userID { receipts.append(receipt) }
+            // A copy still awaiting its decision was never written: a client acknowledging
+            // it acknowledged blindly, and its sender must not hear of a delivery before OK.
+            if let receipt = event.receipt, !event.isCancelled, !event.awaitsDecision, receipt.recipient == device.userID {
+                receipts.append(receipt)
+            }
         }
         if sharesTracked {
             trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)

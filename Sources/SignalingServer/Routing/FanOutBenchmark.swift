@@ -1,0 +1,91 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// How long the routing core holds a shard's lock for a message to a user with many
+/// devices, measured on the real `Switchboard` (its lock, its steps) without sockets:
+/// what `Tools/routing-bench` prints (docs/LOAD-TESTING.md, "Fan-out holds"). Public
+/// for that executable only; the server never calls it.
+public enum FanOutBenchmark {
+    /// The server's chunk (`SwitchboardState.fanOutChunk`).
+    public static let defaultChunk = SwitchboardState.fanOutChunk
+
+    public struct Figures: Sendable {
+        public let devices: Int
+        public let chunk: Int
+        public let messages: Int
+        /// Holds of the recipient's shard per message (the sender's first hold included).
+        public let holdsPerMessage: Double
+        /// The longest single hold, and the mean of each message's longest, in ns.
+        public let longestHold: UInt64
+        public let meanLongestHold: Double
+        /// Time in holds per message and per device (ns).
+        public let nanosecondsPerDevice: Double
+    }
+
+    /// Sends `messages` messages to a user with `devices` connected devices, `chunk`
+    /// devices a hold (`Int.max`: the whole fan-out in one hold), each device acknowledging
+    /// between messages (not timed), and times every hold of the message itself.
+    public static func run(devices: Int, chunk: Int, messages: Int) -> Figures {
+        var configuration = SwitchboardConfiguration()
+        configuration.fanOutChunk = chunk
+        configuration.maxPendingEvents = 1_000_000
+        configuration.maxPendingPerSender = 1_000_000
+        let switchboard = Switchboard(configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: false)
+        let now = Instant(nanoseconds: 1_000_000_000)
+        func connection(_ slot: Int) -> ConnectionRef { ConnectionRef(loop: 0, slot: UInt32(slot), generation: 1) }
+        func attach(_ user: String, _ device: String, slot: Int) -> DeviceRecord {
+            switchboard.withState(of: user, wall: 0) { board in
+                try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection(slot), now: now).get().record
+            }
+        }
+        let sender = attach("sender", "d", slot: 0)
+        let recipients = (0..<devices).map { attach("fan", "d\($0)", slot: $0 + 1) }
+        var longest: UInt64 = 0, sumOfLongest: UInt64 = 0, total: UInt64 = 0, holds = 0
+        for number in 0..<messages {
+            let message = OutgoingMessage(messageID: "m\(number)", recipient: "fan", contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
+            var messageLongest: UInt64 = 0
+            func timed<T>(_ body: () -> T) -> T {
+                let start = LoopMetrics.now()
+                let result = body()
+                let elapsed = LoopMetrics.now() &- start
+                messageLongest = max(messageLongest, elapsed)
+                total &+= elapsed
+                holds += 1
+                return result
+            }
+            var pending = timed {
+                switchboard.withState(of: "sender", wall: 0) { board -> [ShardStep] in
+                    let acceptance = try! board.send(message, from: sender, now: now).get()
+                    _ = board.takeEffects()
+                    return acceptance.handOff.map { [$0] } ?? []
+                }
+            }
+            while !pending.isEmpty {
+                let step = pending.removeFirst()
+                pending += timed {
+                    switchboard.withState(of: step.user, wall: 0) { board -> [ShardStep] in
+                        let next = board.handle(step, now: now).next
+                        _ = board.takeEffects()
+                        return next
+                    }
+                }
+            }
+            longest = max(longest, messageLongest)
+            sumOfLongest += messageLongest
+            switchboard.withState(of: "fan", wall: 0) { board in
+                for (index, device) in recipients.enumerated() {
+                    _ = board.ack(device, connection: connection(index + 1), through: device.lastSeq)
+                }
+                _ = board.takeEffects()
+            }
+            switchboard.withState(of: "sender", wall: 0) { board in
+                _ = board.ack(sender, connection: connection(0), through: sender.lastSeq)
+                _ = board.takeEffects()
+            }
+        }
+        return Figures(
+            devices: devices, chunk: chunk, messages: messages, holdsPerMessage: Double(holds) / Double(messages),
+            longestHold: longest, meanLongestHold: Double(sumOfLongest) / Double(messages),
+            nanosecondsPerDevice: Double(total) / Double(messages) / Double(devices))
+    }
+}
