@@ -165,11 +165,15 @@ if let messagesPerCommit {
 /// The --messages-per-commit workload (see the top of this file).
 @MainActor func runMessages(perCommit: Int) {
     let sender = (user: "sender", device: "p1")
-    /// The server reserves 64 numbers ahead of a device's last event (SwitchboardState.reservationWindow).
-    /// The handshake's reservation is not replayed: a device's first message reserves
-    /// instead, which adds no statement (its raises are one UPDATE per commit either way).
+    /// The server reserves 64 numbers ahead of a device's last event (SwitchboardState.reservationWindow),
+    /// the first 64 at the handshake: replayed here before the measurement.
     let window: UInt64 = 64
-    var reserved = [UInt64](repeating: 0, count: deviceCount)
+    var reserved = [UInt64](repeating: window, count: deviceCount)
+    for start in stride(from: 0, to: deviceCount, by: batchSize) {
+        run(devices[start..<min(deviceCount, start + batchSize)].map {
+            .reserveSequence(user: $0.user, device: $0.device, through: window)
+        })
+    }
     var senderSeq: UInt64 = 0, senderReserved: UInt64 = 0
     var random = SystemRandomNumberGenerator()
     let idPrefix = String(clock.wallMilliseconds(), radix: 36)
