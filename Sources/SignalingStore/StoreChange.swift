@@ -8,7 +8,8 @@ public enum StoreChange: Sendable, Equatable {
     /// Adds an event to a device's queue and raises the device's `lastSeq` to its seq.
     /// The device exists (an `upsertDevice` for it came in this or an earlier batch).
     case appendEvent(user: String, device: String, event: StoredEvent)
-    /// Deletes the device's events ≤ `through` and raises its `ackedSeq` to `through`.
+    /// Deletes the device's events ≤ `through` and raises its `lastSeq` to `through` (its
+    /// `ackedSeq` follows: `StoredDevice.ackedSeq`).
     case acknowledge(user: String, device: String, through: UInt64)
     /// Raises the device's `lastSeq` to `through` without an event: the server may hand
     /// numbers up to it to the device before their events are committed, and a restarted

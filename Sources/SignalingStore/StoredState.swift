@@ -118,31 +118,36 @@ public struct StoredDevice: Sendable, Equatable {
     public var userID: String
     public var deviceID: String
     public var sessionID: SessionID
-    /// Every event ≤ this was acknowledged (and deleted).
-    public var ackedSeq: UInt64
-    /// The highest sequence number ever assigned to this device (≥ `ackedSeq`; equal to
-    /// the last event's when events are pending). A restarted server continues after it.
+    /// The highest sequence number ever assigned to this device (≥ the last event's). A
+    /// restarted server continues after it.
     public var lastSeq: UInt64
     /// When the device was last connected or disconnected, ms since the Unix epoch.
     public var lastSeen: UInt64
-    /// Unacknowledged events, ascending by `seq`, all > `ackedSeq`.
+    /// Unacknowledged events, ascending by `seq`, all ≤ `lastSeq`.
     public var events: [StoredEvent]
     /// At most one per `PushTokenKind`, in kind order.
     public var pushRegistrations: [PushRegistration]
 
     public init(
-        userID: String, deviceID: String, sessionID: SessionID, ackedSeq: UInt64, lastSeq: UInt64,
+        userID: String, deviceID: String, sessionID: SessionID, lastSeq: UInt64,
         lastSeen: UInt64, events: [StoredEvent] = [], pushRegistrations: [PushRegistration] = []
     ) {
         self.userID = userID
         self.deviceID = deviceID
         self.sessionID = sessionID
-        self.ackedSeq = ackedSeq
         self.lastSeq = lastSeq
         self.lastSeen = lastSeen
         self.events = events
         self.pushRegistrations = pushRegistrations
     }
+
+    /// Every number ≤ this is acknowledged: the numbers below the first stored event, or
+    /// all of them up to `lastSeq` when none is stored. Numbers without an event (reserved
+    /// but never used, or whose event was acknowledged) count as acknowledged, as they do in
+    /// the server's queues (PROTOCOL.md: numbers may have gaps). Derived rather than stored:
+    /// storing each acknowledgement's number cost the SQLite store a write of the device's
+    /// row per event, more than half of its work for 1:1 messages (issue 16).
+    public var ackedSeq: UInt64 { events.first.map { $0.seq - 1 } ?? lastSeq }
 }
 
 /// A remembered message id (for de-duplicating re-sent messages).

@@ -107,13 +107,15 @@ enum DeviceRecord {
     }
 
     static func decode(_ bytes: [UInt8], user: String, device: String) throws(StoreError) -> StoredDevice {
+        // The stored ackedSeq is checked but not read back: a snapshot derives it
+        // (StoredDevice.ackedSeq).
         guard bytes.count == length,
-              let acked = RedisLayout.number(fromDigits: bytes[0..<20]),
+              RedisLayout.number(fromDigits: bytes[0..<20]) != nil,
               let last = RedisLayout.number(fromDigits: bytes[20..<40])
         else { throw StoreError(.corrupt, "the record of device \(user)/\(device) is not a voipserver device record") }
         var reader = RecordReader(bytes[40...])
         let sessionID = SessionID(high: reader.u64(), low: reader.u64())
-        return StoredDevice(userID: user, deviceID: device, sessionID: sessionID, ackedSeq: acked, lastSeq: last, lastSeen: reader.u64())
+        return StoredDevice(userID: user, deviceID: device, sessionID: sessionID, lastSeq: last, lastSeen: reader.u64())
     }
 }
 

@@ -6,6 +6,11 @@ import SignalingStore
 /// (the store refuses larger ones). Timestamps (ms since the Unix epoch) are stored as
 /// their bit pattern, so every `UInt64` round-trips; values from 2^63 up read back
 /// correctly but show as negative in the sqlite3 shell.
+///
+/// `devices.acked_seq` is no longer written or read (a device's acknowledged numbers follow
+/// from its stored events: `StoredDevice.ackedSeq`); it keeps whatever an older version
+/// wrote, which an older version reading the file may still use: it is never above the
+/// truth, which is all that version needed of it.
 enum SQLiteSchema {
     /// `PRAGMA application_id`: "VSIG" in ASCII, the protocol's HELLO magic. Tells our
     /// file from any other SQLite database.

@@ -23,7 +23,7 @@ struct SnapshotReader {
         var devices: [StoredDevice] = []
         var indexByKey: [DeviceKey: Int] = [:]
         let deviceRows = try connection.prepare("""
-            SELECT user_id, device_id, session_id, acked_seq, last_seq, last_seen
+            SELECT user_id, device_id, session_id, last_seq, last_seen
             FROM devices ORDER BY user_id, device_id
             """, as: "read devices")
         defer { deviceRows.reset() }
@@ -36,9 +36,8 @@ struct SnapshotReader {
             indexByKey[DeviceKey(userID: user, deviceID: device)] = devices.count
             devices.append(StoredDevice(
                 userID: user, deviceID: device, sessionID: sessionID,
-                ackedSeq: StoredValue.sequence(from: deviceRows.int64(3)),
-                lastSeq: StoredValue.sequence(from: deviceRows.int64(4)),
-                lastSeen: StoredValue.timestamp(from: deviceRows.int64(5))))
+                lastSeq: StoredValue.sequence(from: deviceRows.int64(3)),
+                lastSeen: StoredValue.timestamp(from: deviceRows.int64(4))))
         }
 
         let pushRows = try connection.prepare("""

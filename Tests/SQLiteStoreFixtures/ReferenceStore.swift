@@ -27,7 +27,7 @@ public struct ReferenceStore: Sendable {
             let key = DeviceKey(userID: user, deviceID: device)
             if devices[key] == nil {
                 devices[key] = StoredDevice(userID: user, deviceID: device, sessionID: sessionID,
-                                            ackedSeq: 0, lastSeq: 0, lastSeen: lastSeen)
+                                            lastSeq: 0, lastSeen: lastSeen)
             } else {
                 devices[key]!.sessionID = sessionID
                 devices[key]!.lastSeen = lastSeen
@@ -49,7 +49,6 @@ public struct ReferenceStore: Sendable {
             let key = DeviceKey(userID: user, deviceID: device)
             guard devices[key] != nil else { return }
             devices[key]!.events.removeAll { $0.seq <= through }
-            devices[key]!.ackedSeq = max(devices[key]!.ackedSeq, through)
             devices[key]!.lastSeq = max(devices[key]!.lastSeq, through)
         case .reserveSequence(let user, let device, let through):
             let key = DeviceKey(userID: user, deviceID: device)

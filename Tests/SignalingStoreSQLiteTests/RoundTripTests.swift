@@ -1,3 +1,4 @@
+import Foundation
 import SQLiteStoreFixtures
 import SignalingProtocol
 import SignalingStore
@@ -58,6 +59,46 @@ struct RoundTripTests {
         #expect(device.events.map(\.seq) == [4, 5])
         #expect(device.ackedSeq == 3)
         #expect(device.lastSeq == 5)
+    }
+
+    @Test("a device's acknowledged numbers are those below its first stored event, reserved numbers included")
+    func acknowledgedNumbersFollowTheEvents() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            Sample.device("alice", "phone"),
+            .reserveSequence(user: "alice", device: "phone", through: 64),
+        ] + (1...3).map { Sample.append("alice", "phone", $0) })
+        try harness.apply([.acknowledge(user: "alice", device: "phone", through: 2)])
+        try harness.reopen()
+        var device = try #require(try harness.verify().devices.first)
+        #expect(device.events.map(\.seq) == [3] && device.ackedSeq == 2 && device.lastSeq == 64)
+        try harness.apply([.acknowledge(user: "alice", device: "phone", through: 3)])
+        try harness.reopen()
+        device = try #require(try harness.verify().devices.first)
+        // 4...64 were reserved and never used: nothing is pending below the next number.
+        #expect(device.events.isEmpty && device.ackedSeq == 64 && device.lastSeq == 64)
+    }
+
+    @Test("an acknowledgement of reserved numbers with nothing stored writes no page")
+    func acknowledgementWithinTheReservationWritesNothing() throws {
+        let harness = try StoreHarness()
+        try harness.apply([
+            Sample.device("alice", "phone"),
+            .reserveSequence(user: "alice", device: "phone", through: 64),
+        ])
+        let wal = harness.store.configuration.databasePath + "-wal"
+        func walSize() throws -> Int { (try FileManager.default.attributesOfItem(atPath: wal)[.size] as? NSNumber)?.intValue ?? 0 }
+        let before = try walSize()
+        // What a message to an idle device leaves after compaction (its event and the
+        // acknowledgement cancelled out): the device's row stays as it is.
+        try harness.apply([.acknowledge(user: "alice", device: "phone", through: 1)])
+        #expect(try walSize() == before, "the acknowledgement's commit wrote pages to the WAL")
+        // Beyond the reservation it does raise lastSeq, so no number is handed out twice.
+        try harness.apply([.acknowledge(user: "alice", device: "phone", through: 70)])
+        #expect(try walSize() > before)
+        try harness.reopen()
+        let device = try #require(try harness.verify().devices.first)
+        #expect(device.lastSeq == 70 && device.ackedSeq == 70)
     }
 
     @Test("acknowledging everything leaves the device with its counters and no events")
