@@ -32,7 +32,8 @@ typedef enum {
 /// A server context: the certificate chain (PEM, leaf first) and its private key, the lowest
 /// version accepted, ALPN `alpn` required when the client offers ALPN at all, renegotiation
 /// off, stateless session tickets (one per handshake), TLS 1.3 suites in the server's order
-/// (AES-128-GCM first: the cheapest handshake), and record buffers released while idle
+/// (AES-128-GCM first: the cheapest handshake; ChaCha20 for a client that lists it first),
+/// and record buffers released while idle
 /// (SSL_MODE_RELEASE_BUFFERS). NULL on failure, with the reason in `error`.
 vs_tls_context *vs_tls_server_context_new(
     const char *chain_file, const char *key_file, int minimum_version, const char *alpn, char *error, size_t capacity);
