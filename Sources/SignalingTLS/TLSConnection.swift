@@ -72,6 +72,10 @@ public struct TLSConnection {
     /// The negotiated version; nil before the handshake finished.
     public var version: TLSVersion? { TLSVersion(wireValue: vs_tls_version(raw)) }
 
+    /// The negotiated cipher suite's IANA name ("TLS_AES_128_GCM_SHA256"); nil before the
+    /// handshake finished.
+    public var cipherSuite: String? { vs_tls_cipher_suite(raw).map { String(cString: $0) } }
+
     /// The negotiated ALPN protocol; nil when none was.
     public var alpn: String? {
         var name = [CChar](repeating: 0, count: 256)

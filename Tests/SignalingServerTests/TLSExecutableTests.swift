@@ -43,6 +43,24 @@ struct TLSExecutableTests {
         #expect(server.log.contains("event=tls_certificate cert=\(certificates.serverChainFile)"), "\(server.log)")
     }
 
+    @Test("the server picks TLS_AES_128_GCM_SHA256 from a client that lists AES-256-GCM first, ChaCha20 for a client that lists it first, and serves a client that offers only AES-256-GCM")
+    func cipherSuiteOrder() throws {
+        let certificates = try TestCertificates()
+        let server = try ServerProcess(["--listen", "off", "--store", "memory"] + tlsOptions(certificates))
+        let tlsPort = try #require(server.tlsPort)
+        let suites = [
+            "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256": "TLS_AES_128_GCM_SHA256",
+            "TLS_AES_256_GCM_SHA384": "TLS_AES_256_GCM_SHA384",
+            // A phone without AES instructions lists ChaCha20 first.
+            "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384": "TLS_CHACHA20_POLY1305_SHA256",
+        ]
+        for (offered, chosen) in suites {
+            let run = try sClient(tlsPort, certificates, "-ciphersuites \(offered)")
+            #expect(run.exitCode == 0, "\(run.stdout)")
+            #expect(run.stdout.contains("New, TLSv1.3, Cipher is \(chosen)"), "offered \(offered): \(run.stdout)")
+        }
+    }
+
     @Test("--tls-min-version 1.3 (the default) refuses a TLS 1.2-only client, logged as reason=version; 1.2 accepts it")
     func minimumVersion() throws {
         let certificates = try TestCertificates()

@@ -31,7 +31,9 @@ typedef enum {
 
 /// A server context: the certificate chain (PEM, leaf first) and its private key, the lowest
 /// version accepted, ALPN `alpn` required when the client offers ALPN at all, renegotiation
-/// off, stateless session tickets, and record buffers released while idle
+/// off, stateless session tickets (one per handshake), TLS 1.3 suites in the server's order
+/// (AES-128-GCM first: the cheapest handshake; ChaCha20 for a client that lists it first),
+/// and record buffers released while idle
 /// (SSL_MODE_RELEASE_BUFFERS). NULL on failure, with the reason in `error`.
 vs_tls_context *vs_tls_server_context_new(
     const char *chain_file, const char *key_file, int minimum_version, const char *alpn, char *error, size_t capacity);
@@ -85,6 +87,9 @@ typedef enum {
 } vs_tls_failure_class;
 vs_tls_failure_class vs_tls_failure_kind(const vs_tls *tls);
 
+/// The negotiated cipher suite's IANA name (e.g. "TLS_AES_128_GCM_SHA256"), NULL before the
+/// handshake. The string is OpenSSL's, static.
+const char *vs_tls_cipher_suite(const vs_tls *tls);
 /// The negotiated version (VS_TLS_VERSION_*), 0 before the handshake.
 int vs_tls_version(const vs_tls *tls);
 /// The negotiated ALPN protocol copied to `out` (NUL-terminated); its length, 0 for none.
