@@ -129,21 +129,22 @@ struct LeasedNodeTests {
 
             lease.setUnreachable(true)
             let confirmed = try #require(lease.confirmedAt)
-            // Time moves to each refresh the node must try (the schedule of the same
-            // `LeaseTerm` it keeps), and on only once the node has tried it, up to three
-            // quarters of the TTL after the last confirmed refresh, and stops there: the
-            // lease has not expired, yet the node must let go now.
-            var term = LeaseTerm(ttl: Self.ttl, acquiredSentAt: confirmed)
-            var attempts = lease.attempts
-            while true {
-                let next = min(term.nextRefresh, term.stepDownAt)
-                clock.advance(by: next - clock.now())
-                if term.mustStepDown(now: next) { break }
-                #expect(eventually { lease.attempts > attempts }, "the node tries to refresh at \(next)")
-                attempts = lease.attempts
-                term.refreshFailed(now: next)
+            // Time moves to each instant the node's lease thread sleeps until (its retries of
+            // the refresh), and on only once the node has tried and gone back to sleep, up to
+            // three quarters of the TTL after the last confirmed refresh, and stops there:
+            // the lease has not expired, yet the node must let go now.
+            let stepDown = confirmed + Self.ttl * 3 / 4
+            var wake = clock.now()
+            while clock.now() < stepDown {
+                guard eventually(10, { node.leaseThreadSleepsUntil.map { $0 > wake } ?? false }) else {
+                    Issue.record("the lease thread did not go back to sleep after \(wake)")
+                    break
+                }
+                wake = try #require(node.leaseThreadSleepsUntil)
+                #expect(wake <= stepDown, "no retry is scheduled past the step-down")
+                clock.advance(by: wake - clock.now())
             }
-            #expect(clock.now() == confirmed + Self.ttl * 3 / 4)
+            #expect(clock.now() == stepDown)
             let close = try device.expectClose(timeout: .seconds(10))
             #expect(close.code == .goingAway)
             #expect(clock.now() < confirmed + Self.ttl)

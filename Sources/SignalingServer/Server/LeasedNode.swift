@@ -40,7 +40,14 @@ public final class LeasedNode: Sendable {
         /// Why this node is a standby (`/readyz`).
         var standbyReason = "starting"
         var thread: JoinableThread?
+        /// The instant on the node's clock the lease thread sleeps until (its next refresh,
+        /// step-down or attempt to take the lease), nil while it is awake.
+        var sleepingUntil: Instant?
     }
+
+    /// Where the lease thread sleeps until, nil while it is awake: a test on a manual clock
+    /// moves time to exactly this instant, then waits for the next one.
+    var leaseThreadSleepsUntil: Instant? { state.withLock { $0.sleepingUntil } }
 
     /// How often a standby tries to take the lease: a tenth of its TTL, at least 100 ms. A
     /// standby takes over at most this long after the lease expired.
@@ -244,6 +251,8 @@ public final class LeasedNode: Sendable {
     /// server of the term that finished starting) is noticed at once.
     private func sleep(until deadline: Instant, orStarted started: TermStart? = nil) {
         let real = SystemClock()
+        state.withLock { $0.sleepingUntil = deadline }
+        defer { state.withLock { $0.sleepingUntil = nil } }
         while !isStopping && clock.now() < deadline {
             if let started, started.isDone { return }
             real.sleep(until: real.now() + min(.milliseconds(10), deadline - clock.now()))
