@@ -189,10 +189,15 @@ final class Switchboard: Sendable {
         var effects: [SwitchboardEffect] = []
         while let step = pending.pop() {
             let (outcome, stepEffects) = withState(of: step.user, wall: wall, writerWake: writerWake) { board in
+                // Tied before the step runs: a fan-out it starts keeps the message for its
+                // later holds, and a hold that helps another message's fan-out ties its unit
+                // to that message instead (`FanOut.committedWith`).
+                let journalsMessage = message != nil && board.journaling
+                if let message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
                 let outcome = board.handle(step, now: now)
-                if let message, board.journaling {
-                    board.deferReply(message, answers: false, queued: outcome.queued)
-                } else if let group {
+                if let message, journalsMessage, let queued = outcome.queued {
+                    message.add(queued, shard: board.shardMap.index)
+                } else if let group, !journalsMessage {
                     board.join(group)
                 }
                 return (outcome, board.takeEffects())
