@@ -93,6 +93,46 @@ struct FanOutCommitGroupTests {
         #expect(StoreWriter.committable(units) == firstOfM1)
         #expect(StoreWriter.committable(units + [CommitUnit(closing: m1), CommitUnit(closing: m2)]) == units.count + 2)
     }
+
+    @Test("a fan-out refused by the store (its deadline) while its chunks are still being queued: no copy is ever written, and the sender's settle step does not remember the id, so a retry is a new message")
+    func storeRefusalDuringTheChunks() throws {
+        var shards = TwoShards(journaling: true)
+        let sender = try shards.attach(bob, "d1", slot: 1, at: 1)
+        let devices = try (0..<(2 * Self.chunk + 10)).map { try shards.attach(fan, "d\($0)", slot: UInt32(100 + $0), at: 1) }
+        let outgoing = OutgoingMessage(messageID: "m1", recipient: fan, contentType: "text/plain", body: Array("m1".utf8))
+        guard case .success(let acceptance) = shards.states[1].send(outgoing, from: sender, now: TwoShards.at(2)),
+            let handOff = acceptance.handOff
+        else {
+            Issue.record("not handed on"); return
+        }
+        let m1 = deferredReply("m1", sender: bob)
+        _ = shards.states[1].deferReply(of: acceptance) { m1 }
+        var steps = [handOff]
+        func runOne() {
+            let step = steps.removeFirst()
+            let shard = ShardMap.shard(of: step.user, count: 2)
+            shards.states[shard].deferReply(m1, answers: false, queued: nil)
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
+            if let queued = outcome.queued { m1.add(queued, shard: shard) }
+            steps += outcome.next
+        }
+        runOne()  // the first chunk
+        #expect(devices.filter { FanOutTests.messageIDs($0) == ["m1"] }.count == Self.chunk)
+        // The store's deadline passes: `Switchboard.cancel`, one hold per shard.
+        #expect(m1.settle(.refused))
+        for shard in [0, 1] {
+            let events = m1.parts.filter { $0.shard == shard }.map(\.event)
+            shards.states[shard].cancelMessage(events, sender: bob, messageID: "m1")
+        }
+        while !steps.isEmpty { runOne() }
+        for device in devices { #expect(FanOutTests.writable(shards.states[0], device).isEmpty, "a refused copy is writable") }
+        #expect(shards.states[1].activities[bob]?.recentMessageIDs["m1"] == nil, "the refused message's id is remembered")
+        guard case .success(let retry) = shards.states[1].send(outgoing, from: sender, now: TwoShards.at(3)) else {
+            Issue.record("the retry was refused"); return
+        }
+        #expect(retry.handOff != nil, "the retry was taken for a duplicate")
+        #expect(shards.states[0].counters.messagesAccepted == 0 && shards.states[0].counters.messagesCancelled == 1)
+    }
 }
 
 /// The same over real sockets, with the store a test controls (`ModelEventStore`).
