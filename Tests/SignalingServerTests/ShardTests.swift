@@ -10,14 +10,15 @@ struct TwoShards {
     static let epoch = Instant(nanoseconds: 1_000_000_000_000)
     var states: [SwitchboardState]
 
-    init(_ configure: (inout SwitchboardConfiguration) -> Void = { _ in }) {
+    /// `journaling`: as with a store (each hold's changes a commit unit, `takeCommitUnit`).
+    init(journaling: Bool = false, _ configure: (inout SwitchboardConfiguration) -> Void = { _ in }) {
         var configuration = SwitchboardConfiguration()
         configure(&configuration)
         let ledger = MemoryLedger(), directory = CallDirectory()
         states = (0..<2).map { index in
             SwitchboardState(
-                configuration: configuration, epoch: Self.epoch, shard: ShardMap(count: 2, index: index), ledger: ledger,
-                callDirectory: directory)
+                configuration: configuration, epoch: Self.epoch, journaling: journaling, shard: ShardMap(count: 2, index: index),
+                ledger: ledger, callDirectory: directory)
         }
     }
 

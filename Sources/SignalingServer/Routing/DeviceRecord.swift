@@ -201,6 +201,10 @@ struct UndecidedMessage {
     let copy: QueuedEvent?
     /// Where the copy went: each device and the number it has there.
     let copiedTo: [(device: DeviceRecord, seq: UInt64)]
+    /// The store refused the message (its deadline passed) before the recipient's shard
+    /// decided it (`cancelMessage`): settled as refused whatever that shard decides, so
+    /// the id is not remembered for a message the sender was told is not accepted.
+    var refusedByStore = false
 }
 
 /// A user's devices, newest first.

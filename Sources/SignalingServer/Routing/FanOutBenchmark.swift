@@ -25,12 +25,14 @@ public enum FanOutBenchmark {
     /// Sends `messages` messages to a user with `devices` connected devices, `chunk`
     /// devices a hold (`Int.max`: the whole fan-out in one hold), each device acknowledging
     /// between messages (not timed), and times every hold of the message itself.
-    public static func run(devices: Int, chunk: Int, messages: Int) -> Figures {
+    /// `journaling`: as with a store (every hold builds its commit unit: the store changes
+    /// of the copies; no writer takes them, so no commit is timed).
+    public static func run(devices: Int, chunk: Int, messages: Int, journaling: Bool = false) -> Figures {
         var configuration = SwitchboardConfiguration()
         configuration.fanOutChunk = chunk
         configuration.maxPendingEvents = 1_000_000
         configuration.maxPendingPerSender = 1_000_000
-        let switchboard = Switchboard(configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: false)
+        let switchboard = Switchboard(configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: journaling)
         let now = Instant(nanoseconds: 1_000_000_000)
         func connection(_ slot: Int) -> ConnectionRef { ConnectionRef(loop: 0, slot: UInt32(slot), generation: 1) }
         func attach(_ user: String, _ device: String, slot: Int) -> DeviceRecord {

@@ -152,9 +152,11 @@ final class Switchboard: Sendable {
     /// Runs the steps of a message to another shard's user (`MessageAcceptance.handOff`)
     /// as `run(_:now:wall:writerWake:)` does. With a store, `message` is its deferred OK,
     /// tied already to the sender's first hold (`deferReply(_:answers: false)`): every hold
-    /// of the steps ties its commit unit to it too, and records the message's event it
-    /// queued; then the message's answering unit goes to the writer, which commits all of
-    /// them together and then answers. Returns the reply to send now: nil when the writer
+    /// of the steps ties its commit unit to it too (a fan-out in chunks each of its holds:
+    /// `FanOut.committedWith`; a hold that only helps another message's fan-out ties its
+    /// unit to that message), and records the message's event it queued; then the
+    /// message's answering unit goes to the writer, which commits all of them together
+    /// and then answers. Returns the reply to send now: nil when the writer
     /// answers (the message was accepted), else the refusal.
     func runMessage(
         _ handOff: ShardStep, deferring message: DeferredReply?, now: Instant, wall: UInt64,
@@ -189,10 +191,15 @@ final class Switchboard: Sendable {
         var effects: [SwitchboardEffect] = []
         while let step = pending.pop() {
             let (outcome, stepEffects) = withState(of: step.user, wall: wall, writerWake: writerWake) { board in
+                // Tied before the step runs: a fan-out it starts keeps the message for its
+                // later holds, and a hold that helps another message's fan-out ties its unit
+                // to that message instead (`FanOut.committedWith`).
+                let journalsMessage = message != nil && board.journaling
+                if let message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
                 let outcome = board.handle(step, now: now)
-                if let message, board.journaling {
-                    board.deferReply(message, answers: false, queued: outcome.queued)
-                } else if let group {
+                if let message, journalsMessage, let queued = outcome.queued {
+                    message.add(queued, shard: board.shardMap.index)
+                } else if let group, !journalsMessage {
                     board.join(group)
                 }
                 return (outcome, board.takeEffects())

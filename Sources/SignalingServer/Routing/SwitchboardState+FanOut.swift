@@ -23,11 +23,21 @@ import SignalingSupport
 /// list from its head, and devices are added at the head. A device forgotten meanwhile is
 /// skipped (`forget`).
 ///
+/// With a store, every hold of the fan-out, whichever message's thread runs it (its own
+/// `continueFanOut` steps, or another message's `helpFanOut`), hands its changes in as a unit
+/// of this message's commit group (`committedWith`), which the thread that started it closes
+/// after the step that finds it finished: the writer commits every chunk's copies in one
+/// transaction with the sender's id, and the OK follows that commit; a refusal by the store
+/// drops or withdraws all of them (docs/ARCHITECTURE.md, "Commits across shards").
+///
 /// Guarded by the lock of the recipient's shard, like the records it points to.
 final class FanOut: @unchecked Sendable {
     /// Names the fan-out in its shard (`SwitchboardState.fanOuts`) and in its steps.
     let id: UInt64
     let message: DeliveredMessage
+    /// With a store, the message's deferred OK, whose commit group every hold of the
+    /// fan-out joins (nil without a store).
+    let committedWith: DeferredReply?
     /// The MESSAGE event every device's queue shares.
     let event: QueuedEvent
     /// The next device to queue to (nil: every device has its copy).
@@ -56,9 +66,10 @@ final class FanOut: @unchecked Sendable {
         case finished
     }
 
-    init(id: UInt64, message: DeliveredMessage, event: QueuedEvent, first: DeviceRecord?) {
+    init(id: UInt64, message: DeliveredMessage, event: QueuedEvent, first: DeviceRecord?, committedWith: DeferredReply?) {
         self.id = id
         self.message = message
+        self.committedWith = committedWith
         self.event = event
         self.cursor = first
     }
@@ -82,11 +93,9 @@ extension SwitchboardState {
 
     /// Whether a message to `recipient` must go through `fanOut` steps rather than be
     /// queued in the hold that admits it: the user has more devices than one chunk, or a
-    /// fan-out to the user is in progress (a message must not overtake it). Without a store
-    /// only: with one, a message's copies and its deferred OK belong to one commit unit,
-    /// which one hold makes.
+    /// fan-out to the user is in progress (a message must not overtake it). With a store
+    /// too: the chunks' units form the message's commit group (`FanOut.committedWith`).
     func fansOutInChunks(to recipient: String) -> Bool {
-        guard !journaling else { return false }
         if activities[recipient]?.fanOut != nil { return true }
         var count = 0
         for _ in devices(of: recipient) {
@@ -98,15 +107,22 @@ extension SwitchboardState {
 
     /// Starts the fan-out of `message` (its sender's shard has admitted it) to a recipient
     /// with more than a chunk of devices, none in progress: queues the first chunk and hands
-    /// on the step that queues the rest.
+    /// on the step that queues the rest. With a store, the current hold's unit belongs to
+    /// the message's deferred OK already (`Switchboard.run`): the fan-out keeps it for its
+    /// later holds, and its event is the message's part in this shard (`DeferredReply.parts`:
+    /// a refusal by the store cancels it, even while chunks are still being queued).
     mutating func startFanOut(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
         let event = messageEvent(message)
         event.awaitsDecision = true
         nextFanOutID += 1
-        let fanOut = FanOut(id: nextFanOutID, message: message, event: event, first: users[message.recipient])
+        let fanOut = FanOut(
+            id: nextFanOutID, message: message, event: event, first: users[message.recipient],
+            committedWith: deferredMessage)
         fanOuts[fanOut.id] = fanOut
         activity(message.recipient).fanOut = fanOut
-        return continueFanOut(message.recipient, id: fanOut.id, now: now)
+        var outcome = continueFanOut(message.recipient, id: fanOut.id, now: now)
+        outcome.queued = event
+        return outcome
     }
 
     /// The step that started fan-out `id` runs its next chunk, or takes its answer when
@@ -136,7 +152,11 @@ extension SwitchboardState {
 
     /// One chunk of `fanOut`'s current phase. Returns the steps its decision hands on (the
     /// sender's shard settles its copies); the answer is in `fanOut.reply` once finished.
+    /// With a store, the hold's changes are a unit of the fan-out's message, whichever
+    /// message's step runs it (a hold that helps another message's fan-out does nothing
+    /// else: that message tries again in a hold of its own).
     private mutating func advance(_ fanOut: FanOut, now: Instant) -> StepOutcome {
+        if let message = fanOut.committedWith { deferReply(message, answers: false, queued: nil) }
         switch fanOut.phase {
         case .queueing: return queueChunk(of: fanOut, now: now)
         case .announcing(let chunk):
@@ -205,6 +225,9 @@ extension SwitchboardState {
             fanOut.phase = .announcing(chunk: 0)
         } else {
             accepted = false
+            // Refused by the store meanwhile (`cancelMessage`), which counted it out of the
+            // accepted messages: it never was one.
+            if fanOut.event.isCancelled { counters.messagesAccepted += 1 }
             fanOut.event.isCancelled = true
             fanOut.phase = .withdrawing(chunk: 0)
         }

@@ -136,10 +136,11 @@ extension SwitchboardState {
     /// The sender's last step of a message to another shard's user: the copies queued in
     /// its first step go out and its id is remembered, or (refused) the copies are
     /// cancelled and the id is free again. Nothing if the sender was forgotten meanwhile.
-    mutating func settleMessage(_ message: DeliveredMessage, accepted: Bool, now: Instant) {
+    mutating func settleMessage(_ message: DeliveredMessage, accepted decided: Bool, now: Instant) {
         guard let activity = activities[message.sender],
             let undecided = activity.undecidedMessages.removeValue(forKey: message.messageID)
         else { return }
+        let accepted = decided && !undecided.refusedByStore
         if let copy = undecided.copy {
             copy.awaitsDecision = false
             if !accepted { copy.isCancelled = true }
@@ -212,6 +213,9 @@ extension SwitchboardState {
     mutating func cancelMessage(_ events: [QueuedEvent], sender: String, messageID: String) {
         if shardMap.owns(sender) {
             activities[sender]?.recentMessageIDs[messageID] = nil
+            // Still being decided (a fan-out's chunks under way): its settle step must not
+            // remember the id after all.
+            activities[sender]?.undecidedMessages[messageID]?.refusedByStore = true
             compactActivity(sender)
         }
         for event in events where !event.isCancelled {

@@ -288,6 +288,10 @@ struct SwitchboardState {
         unit.closesGroup = answers
     }
 
+    /// The message whose deferred OK the current operation's commit unit is tied to (nil:
+    /// none), for a fan-out that ties its later holds' units to it too (`FanOut`).
+    var deferredMessage: DeferredReply? { unit.reply }
+
     /// Makes the current operation's commit unit one step of `group`, which a later unit
     /// closes (with a store; without one, nothing).
     mutating func join(_ group: CommitGroup) {
