@@ -63,7 +63,7 @@ struct FanOutCommitGroupTests {
             let shard = ShardMap.shard(of: step.user, count: 2)
             shards.states[shard].deferReply(message, answers: false, queued: nil)
             let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
-            if let queued = outcome.queued { message.add(queued, shard: shard) }
+            if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: message) }
             if let unit = shards.states[shard].takeCommitUnit() { units.append(unit) }
             if let reply = outcome.reply { replies[message.messageID] = reply }
             steps += outcome.next.map { ($0, message) }
@@ -113,7 +113,7 @@ struct FanOutCommitGroupTests {
             let shard = ShardMap.shard(of: step.user, count: 2)
             shards.states[shard].deferReply(m1, answers: false, queued: nil)
             let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
-            if let queued = outcome.queued { m1.add(queued, shard: shard) }
+            if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: m1) }
             steps += outcome.next
         }
         runOne()  // the first chunk

@@ -105,6 +105,34 @@ struct ShardedStoreTests {
         return places
     }
 
+    @Test("a message the store refuses between the sender's hold and the recipient's (its deadline passed meanwhile): the recipient's event is cancelled in the hold that queues it, never written")
+    func refusedBetweenTheSteps() throws {
+        var shards = TwoShards(journaling: true)
+        let sender = TwoShards.user("sender", onShard: 1), recipient = TwoShards.user("recipient", onShard: 0)
+        let from = try shards.attach(sender, "d1", slot: 1, at: 1)
+        let to = try shards.attach(recipient, "d1", slot: 2, at: 1)
+        let outgoing = OutgoingMessage(messageID: "m1", recipient: recipient, contentType: "text/plain", body: Array("m1".utf8))
+        guard case .success(let acceptance) = shards.states[1].send(outgoing, from: from, now: TwoShards.at(2)),
+            let handOff = acceptance.handOff
+        else {
+            Issue.record("m1 was not handed on to the recipient's shard"); return
+        }
+        let m1 = DeferredReply(target: .completion { _ in }, serverTime: 1, sender: sender, messageID: "m1", deadline: TwoShards.at(100))
+        _ = shards.states[1].deferReply(of: acceptance) { m1 }
+        // The writer refuses it (`Switchboard.cancel`: settle, then one hold per shard of
+        // its parts) before the recipient's step has run: nothing of it there to cancel yet.
+        #expect(m1.settle(.refused))
+        for part in m1.parts { shards.states[part.shard].cancelMessage([part.event], sender: sender, messageID: "m1") }
+        shards.states[1].cancelMessage([], sender: sender, messageID: "m1")
+        // Then the recipient's step, as `Switchboard.run` runs it.
+        shards.states[0].deferReply(m1, answers: false, queued: nil)
+        let outcome = shards.states[0].handle(handOff, now: TwoShards.at(2))
+        let queued = try #require(outcome.queued, "the recipient's shard queued nothing")
+        shards.states[0].recordPart(queued, of: m1)
+        #expect(queued.isCancelled)
+        #expect(FanOutTests.writable(shards.states[0], to).isEmpty, "a message the sender was told is refused would be written")
+    }
+
     @Test("a message to another shard's user: its OK comes after one commit that holds both shards' changes (the recipient's event, the sender's copy, the id)")
     func okAfterBothShardsCommitted() throws {
         let store = ModelEventStore()

@@ -198,7 +198,7 @@ final class Switchboard: Sendable {
                 if let message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
                 let outcome = board.handle(step, now: now)
                 if let message, journalsMessage, let queued = outcome.queued {
-                    message.add(queued, shard: board.shardMap.index)
+                    board.recordPart(queued, of: message)
                 } else if let group, !journalsMessage {
                     board.join(group)
                 }

@@ -210,6 +210,19 @@ extension SwitchboardState {
     /// every shard the message touched (those of `DeferredReply.parts`, and the sender's), with the message's events
     /// of this shard (`events`): the sender's shard frees the id, the recipient's counts the
     /// cancellation.
+    /// Records `queued`, the event this hold queued for `message`, as one of the message's
+    /// parts (with a store, in `Switchboard.run`). If the writer refused the message
+    /// meanwhile (its store deadline), its cancellation may have passed this shard before
+    /// the event was queued here: the event is cancelled at once, before anything can
+    /// write it (`--delivery immediate` writes after the hold). The parts' lock orders this
+    /// against the writer, which settles first and reads the parts after: either it finds
+    /// the event among them, or this check finds the message refused (cancelling twice is
+    /// harmless).
+    mutating func recordPart(_ queued: QueuedEvent, of message: DeferredReply) {
+        message.add(queued, shard: shardMap.index)
+        if message.isRefused { cancelMessage([queued], sender: message.sender, messageID: message.messageID) }
+    }
+
     mutating func cancelMessage(_ events: [QueuedEvent], sender: String, messageID: String) {
         if shardMap.owns(sender) {
             activities[sender]?.recentMessageIDs[messageID] = nil

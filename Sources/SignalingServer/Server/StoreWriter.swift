@@ -470,8 +470,9 @@ final class StoreWriter: @unchecked Sendable {
     /// would deliver the message twice when the sender, who got no OK, sends it again; one
     /// that kept an ACK but not the receipt it sent to another shard would lose the receipt.
     /// The steps run one after the other without waiting, so the closing unit follows
-    /// within microseconds (and wakes the writer: the inbox is empty again). Cost: one pass
-    /// over the units.
+    /// within microseconds (and wakes the writer: the inbox is empty again); a fan-out in
+    /// chunks keeps its group open for all of its holds (about 160 for 10,000 devices, a few
+    /// ms), and later units wait behind it. Cost: one pass over the units.
     static func committable(_ pending: [CommitUnit]) -> Int {
         guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return pending.count }
         var closed = Set<ObjectIdentifier>()
