@@ -96,7 +96,11 @@ final class EventLoop: @unchecked Sendable {
     private var tlsListenEvent: OpaquePointer?
     private var wakeEvent: OpaquePointer?
     private var tickEvent: OpaquePointer?
-    private let wakeFD: Int32
+    /// Lives as long as the loop object, not as long as `run`: anyone holding the loop may
+    /// `post` to it, even after it has drained (another loop still draining, the store
+    /// writer's last release), and a descriptor closed under them would be reused by the
+    /// next socket the process opens, which would then receive the wake-up's 8 bytes.
+    let wakeFD: Int32
     private let inbox = Mutex<[LoopTask]>([])
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(LoopOwnership())
@@ -145,11 +149,9 @@ final class EventLoop: @unchecked Sendable {
 
     deinit {
         // A loop that never ran (an embedded one, or a start that failed) still owns its
-        // event base and eventfd; `run` frees them when it ends.
-        if !finished.load(ordering: .acquiring) {
-            vs_event_base_free(base)
-            close(wakeFD)
-        }
+        // event base; `run` frees it when it ends. The eventfd goes only now (see `wakeFD`).
+        if !finished.load(ordering: .acquiring) { vs_event_base_free(base) }
+        close(wakeFD)
         readBuffer.deallocate()
     }
 
@@ -207,8 +209,7 @@ final class EventLoop: @unchecked Sendable {
         }
         stopListening()
         for event in [wakeEvent, tickEvent] { if let event { vs_event_free(event) } }
-        close(wakeFD)
-        vs_event_base_free(base)
+        vs_event_base_free(base)  // the eventfd stays open until deinit (see `wakeFD`)
         shim_set_current_loop(nil)
         finished.store(true, ordering: .releasing)
     }

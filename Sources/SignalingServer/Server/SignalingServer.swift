@@ -605,11 +605,14 @@ public final class SignalingServer: Sendable {
     /// The push gateway's counters (nil without a gateway).
     public var pushStatistics: PushStatistics? { pushGateway?.statistics }
 
-    /// The connections each loop holds open, loop 0 first: how the kernel spread them
-    /// (`SO_REUSEPORT`). For tests and tools.
     /// How many shards the routing state is split into (docs/ARCHITECTURE.md, "Routing shards").
     public var routingShards: Int { context.switchboard.shardCount }
 
+    /// The event loops, loop 0 first (for tests).
+    var eventLoops: [EventLoop] { state.withLock { $0.loops } }
+
+    /// The connections each loop holds open, loop 0 first: how the kernel spread them
+    /// (`SO_REUSEPORT`). For tests and tools.
     public var openConnectionsPerLoop: [Int] {
         state.withLock { $0.loops }.map { $0.openConnections.load(ordering: .relaxed) }
     }
