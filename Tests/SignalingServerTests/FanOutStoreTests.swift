@@ -16,10 +16,6 @@ struct FanOutCommitGroupTests {
     let fan = TwoShards.user("fan", onShard: 0)
     let bob = TwoShards.user("bob", onShard: 1)
 
-    func deferredReply(_ id: String, sender: String) -> DeferredReply {
-        DeferredReply(target: .completion { _ in }, serverTime: 1, sender: sender, messageID: id, deadline: TwoShards.at(100))
-    }
-
     /// The devices of `fan` a unit's changes append message `id` to.
     func copies(of id: String, in unit: CommitUnit) -> [String] {
         unit.changes.compactMap { change in
@@ -48,7 +44,7 @@ struct FanOutCommitGroupTests {
             else {
                 Issue.record("\(id) was not handed on to fan's shard"); return
             }
-            let message = deferredReply(id, sender: device.userID)
+            let message = TwoShards.deferredReply(id, sender: device.userID)
             _ = shards.states[shard].deferReply(of: acceptance) { message }
             if let unit = shards.states[shard].takeCommitUnit() { units.append(unit) }
             steps.append((handOff, message))
@@ -105,7 +101,7 @@ struct FanOutCommitGroupTests {
         else {
             Issue.record("not handed on"); return
         }
-        let m1 = deferredReply("m1", sender: bob)
+        let m1 = TwoShards.deferredReply("m1", sender: bob)
         _ = shards.states[1].deferReply(of: acceptance) { m1 }
         var steps = [handOff]
         func runOne() {
@@ -241,15 +237,7 @@ struct FanOutStoreTests {
         }
         let server = try TestServer(store: store, clock: clock)
         let devices = try (0..<Self.deviceCount).map { try server.connect(user: fan, device: "d\($0)").0 }
-        for device in devices {
-            var ids: [String] = []
-            for _ in 1...3 {
-                let (seq, event) = try device.nextEvent()
-                if case .message(let message) = event { ids.append(message.messageID) }
-                try device.ack(seq)
-            }
-            #expect(ids == ["m1", "m2", "m3"])
-        }
+        for device in devices { #expect(try device.nextMessageIDs(3) == ["m1", "m2", "m3"]) }
         let (laptop, _) = try server.connect(user: alice, device: "laptop")
         guard case .ok(_, let time) = try laptop.request(9, message("m2")) else { Issue.record("re-send refused"); return }
         #expect(time == serverTimes["m2"])

@@ -32,6 +32,12 @@ struct TwoShards {
 
     static func connection(_ slot: UInt32) -> ConnectionRef { ConnectionRef(loop: 0, slot: slot, generation: 1) }
 
+    /// The deferred OK of message `id` from `sender`, as a store's server makes it (its
+    /// answer goes nowhere; its deadline far off).
+    static func deferredReply(_ id: String, sender: String) -> DeferredReply {
+        DeferredReply(target: .completion { _ in }, serverTime: 1, sender: sender, messageID: id, deadline: at(100))
+    }
+
     /// Runs `body` on the shard holding `user`, then every step it handed on.
     mutating func on<Result>(
         _ user: String, at seconds: Double, _ body: (inout SwitchboardState) -> (Result, [ShardStep])

@@ -33,14 +33,9 @@ struct ShardedStoreTests {
         return unit
     }
 
-    func deferredReply(_ id: String) -> DeferredReply {
-        DeferredReply(
-            target: .completion { _ in }, serverTime: 1, sender: "alice", messageID: id, deadline: Instant(nanoseconds: 0))
-    }
-
     @Test("the writer commits a message's units from several shards only together with its answering unit, never some of them alone; an ACK's with its receipts' alike")
     func committableWaitsForTheAnswer() {
-        let m1 = deferredReply("m1"), m2 = deferredReply("m2"), ack = CommitGroup()
+        let m1 = TwoShards.deferredReply("m1", sender: "alice"), m2 = TwoShards.deferredReply("m2", sender: "alice"), ack = CommitGroup()
         // Units of other operations, m1's steps on shards 1 and 0, m2's whole (one shard).
         var pending = [unit(nil), unit(m1, closes: false, shard: 1), unit(m2), unit(m1, closes: false, shard: 0), unit(nil)]
         #expect(StoreWriter.committable(pending) == 1, "m1's first step went alone")
@@ -117,7 +112,7 @@ struct ShardedStoreTests {
         else {
             Issue.record("m1 was not handed on to the recipient's shard"); return
         }
-        let m1 = DeferredReply(target: .completion { _ in }, serverTime: 1, sender: sender, messageID: "m1", deadline: TwoShards.at(100))
+        let m1 = TwoShards.deferredReply("m1", sender: sender)
         _ = shards.states[1].deferReply(of: acceptance) { m1 }
         // The writer refuses it (`Switchboard.cancel`: settle, then one hold per shard of
         // its parts) before the recipient's step has run: nothing of it there to cancel yet.

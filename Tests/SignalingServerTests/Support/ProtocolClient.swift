@@ -98,6 +98,18 @@ extension ProtocolClient {
     }
 
     func ack(_ seq: UInt64) throws { try send(.ack(seq: seq)) }
+
+    /// The message ids of the next `count` events (an event that is not a message counts,
+    /// and gives no id), each acknowledged as it is read when `acknowledging`.
+    func nextMessageIDs(_ count: Int, acknowledging: Bool = true) throws -> [String] {
+        var ids: [String] = []
+        for _ in 0..<count {
+            let (seq, event) = try nextEvent()
+            if case .message(let message) = event { ids.append(message.messageID) }
+            if acknowledging { try ack(seq) }
+        }
+        return ids
+    }
 }
 
 extension Frame {
