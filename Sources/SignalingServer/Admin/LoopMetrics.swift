@@ -112,10 +112,12 @@ struct HistogramSnapshot: Sendable {
 final class LoopMetrics: Sendable {
     /// Server-side push latency: event created → encoded into the write to its socket.
     let pushLatency = LatencyHistogram()
-    /// How long each hold of the routing lock (`Switchboard.withState`, `withDevices`) by
-    /// this loop's thread lasted. Written only by that thread (a peer that writes for this
-    /// loop records its holds in its own), so it needs no lock of its own.
-    let routingLockHold = LatencyHistogram.routingLockHold()
+    /// How long each hold of each shared lock (`SharedLock`) by this loop's thread lasted.
+    /// Written only by that thread (a peer that writes for this loop records its holds in
+    /// its own), so it needs no lock of its own.
+    let lockHolds = LockHolds()
+    /// The routing lock's (`Switchboard.withState`, `withDevices`) among them.
+    var routingLockHold: LatencyHistogram { lockHolds.histogram(.routingShard) }
     /// Events written, by frame type (indexed by raw value).
     private let eventsOut: [MetricCell] = (0..<256).map { _ in MetricCell() }
     /// Requests received, by frame type (indexed by raw value).

@@ -160,7 +160,7 @@ final class EventLoop: @unchecked Sendable {
     /// Runs one libevent callback of this loop with `ownership` held.
     @inline(__always)
     func owned(_ callback: () -> Void) {
-        ownership.withLock { ownership in
+        ownership.withLock(timing: .loopOwnership) { ownership in
             ownership.waiting = false
             callback()
         }
@@ -237,7 +237,7 @@ final class EventLoop: @unchecked Sendable {
             } else {
                 // Until a callback runs, this thread is asleep in epoll: peers write to its
                 // connections themselves rather than wake it (`writeFromPeer`).
-                ownership.withLock { $0.waiting = true }
+                ownership.withLock(timing: .loopOwnership) { $0.waiting = true }
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE) < 0 { return }
             }
             if activity != seen {
@@ -254,7 +254,7 @@ final class EventLoop: @unchecked Sendable {
 
     func post(contentsOf tasks: some Collection<LoopTask>) {
         guard !tasks.isEmpty else { return }
-        let wasEmpty = inbox.withLock { inbox in
+        let wasEmpty = inbox.withLock(timing: .loopInbox) { inbox in
             let wasEmpty = inbox.isEmpty
             inbox.append(contentsOf: tasks)
             return wasEmpty
@@ -266,13 +266,13 @@ final class EventLoop: @unchecked Sendable {
 
     /// Tasks wait in the inbox: what an embedded loop's owner checks instead of an epoll
     /// wait on the eventfd (ConnectionIO.swift).
-    var hasPostedTasks: Bool { inbox.withLock { !$0.isEmpty } }
+    var hasPostedTasks: Bool { inbox.withLock(timing: .loopInbox) { !$0.isEmpty } }
 
     /// Runs the tasks handed over by other threads (an input of the seam, ConnectionIO.swift).
     func runInbox() {
         activity &+= 1
         shim_eventfd_drain(wakeFD)
-        let tasks = inbox.withLock { inbox in
+        let tasks = inbox.withLock(timing: .loopInbox) { inbox in
             defer { inbox.removeAll(keepingCapacity: true) }
             return inbox
         }

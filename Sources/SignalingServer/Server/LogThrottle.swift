@@ -15,7 +15,7 @@ final class LogThrottle: Sendable {
     /// Counts one event. Returns nil when it must not be logged (it is counted instead),
     /// else the number of events suppressed since the last line logged.
     func admit(now: Instant) -> Int? {
-        state.withLock { state -> Int? in
+        state.withLock(timing: .logThrottle) { state -> Int? in
             if let last = state.lastLine, now - last < interval {
                 state.suppressed += 1
                 return nil

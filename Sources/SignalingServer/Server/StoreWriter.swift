@@ -66,10 +66,10 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
 
     /// Records an event the message queued in `shard`.
     func add(_ event: QueuedEvent, shard: Int) {
-        eventsByShard.withLock { $0.append(Part(shard: shard, event: event)) }
+        eventsByShard.withLock(timing: .deferredReplyParts) { $0.append(Part(shard: shard, event: event)) }
     }
 
-    var parts: [Part] { eventsByShard.withLock { $0 } }
+    var parts: [Part] { eventsByShard.withLock(timing: .deferredReplyParts) { $0 } }
 
     /// Decides the answer, unless it was decided already: true when this call decided it
     /// (the caller then answers the sender), false when the other side did first.
@@ -311,7 +311,7 @@ final class StoreWriter: @unchecked Sendable {
     /// Returns true when the writer must be woken with `wake()` (the inbox was empty), which
     /// the caller does after releasing its lock.
     func enqueue(_ unit: CommitUnit) -> Bool {
-        inbox.withLock { inbox in
+        inbox.withLock(timing: .storeInbox) { inbox in
             let wasEmpty = inbox.units.isEmpty
             inbox.units.append(unit)
             if let reply = unit.reply, unit.answers { inbox.replies.push(reply) }
@@ -344,7 +344,7 @@ final class StoreWriter: @unchecked Sendable {
             // rather than grown by them, under the routing lock, one append at a time.
             var fresh: [CommitUnit] = []
             fresh.reserveCapacity(Self.inboxCapacity)
-            let (arrived, requested) = inbox.withLock { inbox in
+            let (arrived, requested) = inbox.withLock(timing: .storeInbox) { inbox in
                 swap(&fresh, &inbox.units)
                 defer { inbox.bodyRequests = [] }
                 // The OKs of the last commit are at the head by now: drop them here rather
@@ -506,7 +506,7 @@ final class StoreWriter: @unchecked Sendable {
     /// Asks for the bodies of `device`'s events from `from` on, for `connection`'s pump
     /// (any loop thread). Served after everything queued before it is committed.
     func requestBodies(of device: DeviceRecord, for connection: ConnectionRef, from: UInt64) {
-        let wasIdle = inbox.withLock { inbox in
+        let wasIdle = inbox.withLock(timing: .storeInbox) { inbox in
             let wasIdle = inbox.units.isEmpty && inbox.bodyRequests.isEmpty
             inbox.bodyRequests.append(BodyRequest(device: device, connection: connection, from: from))
             return wasIdle
@@ -584,7 +584,7 @@ final class StoreWriter: @unchecked Sendable {
     /// `stallWarningInterval` until the commit returns. Costs one pass over the replies
     /// settled since the last tick.
     func superviseCommits(now: Instant) {
-        let overdue: [DeferredReply] = inbox.withLock { inbox in
+        let overdue: [DeferredReply] = inbox.withLock(timing: .storeInbox) { inbox in
             var overdue: [DeferredReply] = []
             while let first = inbox.replies.first, first.isSettled || first.deadline <= now {
                 inbox.replies.pop()
