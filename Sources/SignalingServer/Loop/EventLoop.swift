@@ -102,6 +102,9 @@ final class EventLoop: @unchecked Sendable {
     /// next socket the process opens, which would then receive the wake-up's 8 bytes.
     let wakeFD: Int32
     private let inbox = Mutex<[LoopTask]>([])
+    /// The buffer `runInbox` swaps into `inbox`, empty, with the capacity of an earlier
+    /// batch (loop thread only).
+    private var spareInbox: [LoopTask] = []
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(LoopOwnership())
     /// Set when the loop has been told to drain; holds the time by which it must be done.
@@ -272,9 +275,16 @@ final class EventLoop: @unchecked Sendable {
     func runInbox() {
         activity &+= 1
         shim_eventfd_drain(wakeFD)
-        let tasks = inbox.withLock(timing: .loopInbox) { inbox in
-            defer { inbox.removeAll(keepingCapacity: true) }
-            return inbox
+        // The inbox's buffer is swapped for the spare one under the lock: nothing is
+        // allocated or freed while posters wait (copying the tasks out and emptying the
+        // inbox in place allocated a new buffer under the lock, the copy still sharing the
+        // old one). The spare is taken out first so that the inbox's is uniquely owned.
+        var tasks: [LoopTask] = []
+        swap(&tasks, &spareInbox)
+        inbox.withLock(timing: .loopInbox) { swap(&tasks, &$0) }
+        defer {
+            tasks.removeAll(keepingCapacity: true)
+            spareInbox = tasks
         }
         refreshTime()
         for task in tasks {
