@@ -4,6 +4,12 @@ import Synchronization
 import Glibc
 #endif
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `entries` and `credentials` are
+// leaves, never held together. `entries` is taken by every event loop and the store writer
+// for each wake-up they submit (after their routing shard's lock is released) and by the
+// gateway's thread to take the batch; `credentials` on a reload. Not timed: this target
+// does not see the server's lock-hold histograms.
+
 /// The one place other threads reach into the gateway: a locked, coalescing inbox and the
 /// eventfd that wakes the gateway's thread. Shared by `PushGateway` (writers) and
 /// `GatewayLoop` (the reader), so the loop needs no reference back to the gateway.

@@ -1,5 +1,8 @@
 import Synchronization
 
+// Lock of this file (docs/ARCHITECTURE.md, "Locks"): `OffLoopLockHolds.writers`, a leaf
+// taken only by threads that are not event loops, after the lock they timed is released.
+
 /// The locks that more than one thread takes on a per-event or per-handshake path, by the
 /// name `/metrics` gives them (`voipserver_lock_hold_seconds{lock=...}`). The inventory of
 /// every lock, who takes it and in what order, is in docs/ARCHITECTURE.md ("Locks").

@@ -7,6 +7,21 @@ import Synchronization
 import Glibc
 #endif
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"), in the order they may be taken:
+//
+// - `ownership`: held by the loop's own thread for each whole callback (and for a moment
+//   before each sleep in epoll). Outermost: no lock is held when a loop takes its own.
+//   Another loop only ever *tries* it (`writeFromPeer`), while holding its own, and never
+//   waits for it: two loops writing for each other cannot deadlock.
+// - Under `ownership` a loop may take, one at a time and each for a moment: a routing
+//   shard (and under that only the store writer's inbox, the `CallDirectory`, a
+//   `DeferredReply`'s parts), any loop's `inbox`, the admission locks, the handshake
+//   holders (`ServerContext`), a `LogThrottle`.
+// - `inbox`: a leaf, taken by any thread to post and by the loop to take the batch; no
+//   other lock is ever taken under it.
+// Every hold of both is timed (`SharedLock.loopOwnership`, `.loopOwnershipPeer`,
+// `.loopInbox`).
+
 /// Work handed to a loop by other threads.
 enum LoopTask: Sendable {
     /// Events are pending for this connection's device: write them.

@@ -1,6 +1,11 @@
 import SignalingSupport
 import Synchronization
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `perAddress` and `bucket` are
+// leaves, each taken by any loop under its own `ownership` (per accept, close and HELLO),
+// never both at once and never under a routing shard; their holds are timed
+// (`SharedLock.admissionPerAddress`, `.admissionBucket`).
+
 /// Decides which new connections and handshakes the server takes on, shared by all loops:
 /// a cap on connections per IP address, and a token bucket pacing handshakes so that a
 /// reconnect storm cannot starve the devices that are already connected.

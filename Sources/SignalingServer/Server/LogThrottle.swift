@@ -1,6 +1,9 @@
 import SignalingSupport
 import Synchronization
 
+// Lock of this file (docs/ARCHITECTURE.md, "Locks"): `state`, a leaf taken by any loop
+// under its `ownership` when it logs a refusal; timed (`SharedLock.logThrottle`).
+
 /// At most one log line per `interval` for one kind of event, with the number of events
 /// not logged since the last line: a flood (a client guessing credentials) costs one line
 /// a second, and the count still tells how big it was. Shared by every loop.

@@ -5,6 +5,11 @@ import SignalingSupport
 import SignalingTLS
 import Synchronization
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `tokenVerifierHolder` and
+// `tlsContextHolder` are leaves held for the copy of one reference: every loop reads
+// them per handshake, the main thread swaps them on a reload. Never taken under another
+// lock but the reading loop's `ownership`; timed (`SharedLock.tokenVerifier`, `.tlsContext`).
+
 /// What every event loop of one server shares. Immutable, or internally synchronised.
 final class ServerContext: Sendable {
     let configuration: ServerConfiguration

@@ -176,7 +176,9 @@ struct CommittedRelease: Sendable {
 /// refusal's cancellation, bodies read back, a release when no loop runs), and not at all
 /// after an ordinary commit (`CommittedRelease`).
 ///
-/// Lock order: a shard, then `inbox`. `progress` is never held with another lock.
+/// Lock order: a shard, then `inbox` (a leaf). `progress` is never held with another lock.
+/// A `DeferredReply`'s `eventsByShard` is a leaf taken under a shard lock or none. Holds of
+/// `inbox` and of the parts are timed (`SharedLock.storeInbox`, `.deferredReplyParts`).
 final class StoreWriter: @unchecked Sendable {
     private let store: any EventStore
     private let context: ServerContext
