@@ -34,6 +34,10 @@ enum SharedLock: Int, CaseIterable, Sendable {
     case tlsContext
     /// A `LogThrottle` (refused handshakes and requests, a line a second at most).
     case logThrottle
+    /// The push gateway's submission inbox (`GatewayInbox.entries`): each wake-up of a
+    /// device by push, and the gateway's thread taking the batch. Timed by SignalingPush
+    /// through `PushGateway.init(submissionHolds:)`.
+    case pushInbox
 
     /// The `lock` label.
     var label: String {
@@ -50,6 +54,7 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .tokenVerifier: "token_verifier"
         case .tlsContext: "tls_context"
         case .logThrottle: "log_throttle"
+        case .pushInbox: "push_inbox"
         }
     }
 }
@@ -89,7 +94,12 @@ final class LockHolds: Sendable {
     /// release, so the recording is not part of the hold.
     @inline(__always)
     static func record(_ lock: SharedLock, from start: UInt64, to end: UInt64) {
-        let nanoseconds = end &- start
+        record(lock, nanoseconds: end &- start)
+    }
+
+    /// Records a hold of `nanoseconds` as `record(_:from:to:)` does.
+    @inline(__always)
+    static func record(_ lock: SharedLock, nanoseconds: UInt64) {
         if EventLoop.onCurrentThread({ $0.metrics.lockHolds.record(lock, nanoseconds: nanoseconds) }) == nil {
             offLoop.record(lock, nanoseconds: nanoseconds)
         }
