@@ -276,7 +276,7 @@ extension EventLoop {
         let handled = ownership.withLockIfAvailable(timing: .loopOwnershipPeer) { ownership -> Bool in
             // A stopped loop or a closed connection: the events stay pending for a resume.
             guard ownership.running, table.isLive(ref.slot, generation: ref.generation) else { return true }
-            guard ownership.waiting else { return false }
+            guard asleep.load(ordering: .relaxed) else { return false }
             let state = table.state(ref.slot)
             // Bytes already wait for writability: the writable callback pumps the rest.
             guard state.pointee.outbound == nil else { return true }

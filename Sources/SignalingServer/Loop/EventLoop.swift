@@ -9,8 +9,9 @@ import Glibc
 
 // Locks of this file (docs/ARCHITECTURE.md, "Locks"), in the order they may be taken:
 //
-// - `ownership`: held by the loop's own thread for each whole callback (and for a moment
-//   before each sleep in epoll). Outermost: no lock is held when a loop takes its own.
+// - `ownership`: held by the loop's own thread for each whole callback (going to sleep in
+//   epoll takes no lock: `asleep` is an atomic). Outermost: no lock is held when a loop
+//   takes its own.
 //   Another loop only ever *tries* it (`writeFromPeer`), while holding its own, and never
 //   waits for it: two loops writing for each other cannot deadlock.
 // - Under `ownership` a loop may take, one at a time and each for a moment: a routing
@@ -122,6 +123,16 @@ final class EventLoop: @unchecked Sendable {
     private var spareInbox: [LoopTask] = []
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(LoopOwnership())
+    /// The loop's thread is asleep in epoll (or about to be) and runs no callback. Only
+    /// then do peers write to its connections: a busy loop picks up a hand-off soon
+    /// anyway, and coalesces many events for one connection into one write.
+    ///
+    /// Set by the loop's own thread between callbacks, without `ownership` (so going to
+    /// sleep takes no lock), and cleared by `owned` under `ownership`; peers read it only
+    /// under `ownership`. So a peer that holds the lock never sees it set while a callback
+    /// runs (the clear happened before the callback's release of the lock); at worst it
+    /// has not seen a new sleep yet and posts the wake-up instead.
+    let asleep = Atomic<Bool>(false)
     /// Set when the loop has been told to drain; holds the time by which it must be done.
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
@@ -178,8 +189,8 @@ final class EventLoop: @unchecked Sendable {
     /// Runs one libevent callback of this loop with `ownership` held.
     @inline(__always)
     func owned(_ callback: () -> Void) {
-        ownership.withLock(timing: .loopOwnership) { ownership in
-            ownership.waiting = false
+        ownership.withLock(timing: .loopOwnership) { _ in
+            asleep.store(false, ordering: .relaxed)
             callback()
         }
         // Outside the lock: peers may write to our connections during the system call.
@@ -255,7 +266,7 @@ final class EventLoop: @unchecked Sendable {
             } else {
                 // Until a callback runs, this thread is asleep in epoll: peers write to its
                 // connections themselves rather than wake it (`writeFromPeer`).
-                ownership.withLock(timing: .loopOwnership) { $0.waiting = true }
+                fallAsleep()
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE) < 0 { return }
             }
             if activity != seen {
@@ -263,6 +274,13 @@ final class EventLoop: @unchecked Sendable {
                 lastActivity = clock.now()
             }
         }
+    }
+
+    /// The loop's thread is about to wait for events (epoll), or, for an embedded loop,
+    /// its callback is over: from now on peers may write for it (`asleep`).
+    @inline(__always)
+    func fallAsleep() {
+        asleep.store(true, ordering: .relaxed)
     }
 
     /// Hands a task to this loop from any thread.
@@ -422,10 +440,6 @@ final class EventLoop: @unchecked Sendable {
 struct LoopOwnership {
     /// False once the loop has released its connections: peers must not touch them.
     var running = true
-    /// The loop's thread is asleep in epoll (or about to be) and runs no callback. Only
-    /// then do peers write to its connections: a busy loop picks up a hand-off soon
-    /// anyway, and coalesces many events for one connection into one write.
-    var waiting = false
 }
 
 /// A server that cannot start.
