@@ -192,6 +192,16 @@ final class StoreWriter: @unchecked Sendable {
         var replies = FIFOQueue<DeferredReply>()
         /// Connections whose next events have their bodies in the store only.
         var bodyRequests: [BodyRequest] = []
+
+        /// Moves the settled deferred OKs at the head of `replies` to `kept`: the caller
+        /// drops them after releasing the lock, since each may be the last reference to
+        /// its message, whose memory would otherwise be freed while loops wait for the lock.
+        mutating func removeSettledReplies(into kept: inout [DeferredReply]) {
+            while let first = replies.first, first.isSettled {
+                kept.append(first)
+                replies.pop()
+            }
+        }
     }
     /// A connection's pump stopped at an event whose body is in the store only.
     struct BodyRequest {
@@ -346,14 +356,17 @@ final class StoreWriter: @unchecked Sendable {
             // rather than grown by them, under the routing lock, one append at a time.
             var fresh: [CommitUnit] = []
             fresh.reserveCapacity(Self.inboxCapacity)
+            var settled: [DeferredReply] = []
+            settled.reserveCapacity(Self.inboxCapacity)
             let (arrived, requested) = inbox.withLock(timing: .storeInbox) { inbox in
                 swap(&fresh, &inbox.units)
                 defer { inbox.bodyRequests = [] }
                 // The OKs of the last commit are at the head by now: drop them here rather
                 // than keep their messages alive until loop 0's next tick.
-                while let first = inbox.replies.first, first.isSettled { inbox.replies.pop() }
+                inbox.removeSettledReplies(into: &settled)
                 return (fresh, inbox.bodyRequests)
             }
+            settled = []  // the messages' last references, if so: freed after the release
             if pending.isEmpty { pending = arrived } else { pending += arrived }
             bodyRequests += requested
             if !pending.isEmpty {
@@ -586,14 +599,16 @@ final class StoreWriter: @unchecked Sendable {
     /// `stallWarningInterval` until the commit returns. Costs one pass over the replies
     /// settled since the last tick.
     func superviseCommits(now: Instant) {
+        var settled: [DeferredReply] = []
         let overdue: [DeferredReply] = inbox.withLock(timing: .storeInbox) { inbox in
             var overdue: [DeferredReply] = []
             while let first = inbox.replies.first, first.isSettled || first.deadline <= now {
                 inbox.replies.pop()
-                if first.settle(.refused) { overdue.append(first) }
+                if first.settle(.refused) { overdue.append(first) } else { settled.append(first) }
             }
             return overdue
         }
+        settled = []  // freed after the release
         refuse(overdue, reason: "the store could not commit the message in time; nothing was accepted, retry later")
         // The writer drops refused units at its next pass, and with nothing else to retry
         // lets the next request try the store again: make that pass now, not after its
