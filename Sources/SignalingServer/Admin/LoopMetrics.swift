@@ -13,9 +13,10 @@ import Glibc
 /// four relaxed load/store pairs, no read-modify-write and no lock. That is only correct
 /// because writers never overlap: each histogram belongs to one event loop (whose state, and
 /// therefore this, is touched only while its `ownership` lock is held, by its own thread or
-/// a peer writing for it), to one loop's own thread (`LoopMetrics.routingLockHold`), or to
-/// a single writer thread (the store writer's commits), or is written only under a lock
-/// (`Switchboard`'s holds from threads that are not loops). Readers may see a bucket updated
+/// a peer writing for it), to one loop's own thread (`LoopMetrics.lockHolds`, the routing
+/// lock's among them), or to a single writer thread (the store writer's commits), or is
+/// written only under a lock (`Switchboard`'s holds from threads that are not loops,
+/// `LockHolds.offLoop`). Readers may see a bucket updated
 /// a moment before `sum` and `count`: a scrape is a snapshot, not a transaction.
 final class LatencyHistogram: Sendable {
     /// Upper bounds in nanoseconds, ascending; an implicit +Inf bucket follows.
