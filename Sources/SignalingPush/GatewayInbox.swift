@@ -4,6 +4,13 @@ import Synchronization
 import Glibc
 #endif
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `entries` and `credentials` are
+// leaves, never held together. `entries` is taken by every event loop and the store writer
+// for each wake-up they submit (after their routing shard's lock is released) and by the
+// gateway's thread to take the batch; `credentials` on a reload. Holds of `entries` are
+// timed when the gateway's owner asks (`PushGateway.init(submissionHolds:)`: the server's
+// `push_inbox` lock label).
+
 /// The one place other threads reach into the gateway: a locked, coalescing inbox and the
 /// eventfd that wakes the gateway's thread. Shared by `PushGateway` (writers) and
 /// `GatewayLoop` (the reader), so the loop needs no reference back to the gateway.
@@ -12,18 +19,43 @@ final class GatewayInbox: Sendable {
     /// Readable when the inbox has something new or a stop was requested.
     let wakeFD: Int32
     private let capacity: Int
+    /// Called after each hold of `entries` with its length in nanoseconds, on the thread
+    /// that held it (nil: holds are not timed).
+    private let holds: (@Sendable (UInt64) -> Void)?
 
-    init(capacity: Int) throws(PushGatewayError) {
+    init(capacity: Int, holds: (@Sendable (UInt64) -> Void)? = nil) throws(PushGatewayError) {
         let fd = shim_eventfd()
         guard fd >= 0 else { throw PushGatewayError("cannot create an eventfd: \(String(cString: strerror(errno)))") }
         wakeFD = fd
         self.capacity = capacity
+        self.holds = holds
+    }
+
+    /// Runs `body` under the lock of `entries`, timing the hold when `holds` is set: one
+    /// monotonic clock read after taking the lock and one before releasing it.
+    @inline(__always)
+    private func withEntries<Result>(_ body: (inout SubmissionInbox) -> sending Result) -> sending Result {
+        guard let holds else { return entries.withLock { body(&$0) } }
+        var hold: (start: UInt64, end: UInt64) = (0, 0)
+        let result = entries.withLock { inbox -> sending Result in
+            hold.start = Self.monotonicNanoseconds()
+            defer { hold.end = Self.monotonicNanoseconds() }
+            return body(&inbox)
+        }
+        holds(hold.end &- hold.start)
+        return result
+    }
+
+    private static func monotonicNanoseconds() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
     }
 
     deinit { close(wakeFD) }
 
     func add(_ wakeUp: WakeUp) -> SubmissionInbox.Admission {
-        let admission = entries.withLock { $0.add(wakeUp, capacity: capacity) }
+        let admission = withEntries { $0.add(wakeUp, capacity: capacity) }
         // One eventfd write per batch: a thread that has not emptied the inbox yet will
         // see the new entry anyway.
         if case .added(wasEmpty: true) = admission { shim_eventfd_signal(wakeFD) }
@@ -34,7 +66,7 @@ final class GatewayInbox: Sendable {
     func takeAll() -> [WakeUp] {
         shim_eventfd_drain(wakeFD)
         // Swap under the lock, copy and free outside it: submitters never wait for a batch.
-        let taken = entries.withLock { $0.takeAll() }
+        let taken = withEntries { $0.takeAll() }
         return taken.wakeUps
     }
 

@@ -40,10 +40,16 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
     ///   - clock: read for every interval and back-off decision (tests inject a
     ///     `ManualClock`; the loop looks at it every `tickInterval`). The request timeout
     ///     is real time: it guards real I/O.
-    public init(configuration: PushGatewayConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger()) throws(UsageError) {
+    ///   - submissionHolds: called after each hold of the submission inbox's lock, with its
+    ///     length in nanoseconds, on the thread that held it (the server's lock-hold
+    ///     histograms, `push_inbox`); nil: not timed.
+    public init(
+        configuration: PushGatewayConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger(),
+        submissionHolds: (@Sendable (UInt64) -> Void)? = nil
+    ) throws(UsageError) {
         try configuration.validate()
         do {
-            inbox = try GatewayInbox(capacity: configuration.maxQueuedDevices)
+            inbox = try GatewayInbox(capacity: configuration.maxQueuedDevices, holds: submissionHolds)
         } catch {
             throw UsageError(error.description)
         }

@@ -1,5 +1,6 @@
 import SignalingSupport
 import TestSupport
+import Synchronization
 import Testing
 @testable import SignalingPush
 
@@ -280,5 +281,18 @@ struct SubmissionInboxTests {
         #expect(inbox.add(wakeUp(device: "c"), capacity: 2) == .added(wasEmpty: true))
         #expect(inbox.close().count == 1)
         #expect(inbox.add(wakeUp(device: "d"), capacity: 2) == .closed)
+    }
+
+    @Test("the gateway's inbox reports each hold of its lock to its owner when asked: submissions and the batch taken")
+    func timedHolds() throws {
+        let holds = Mutex<[UInt64]>([])
+        let inbox = try GatewayInbox(capacity: 4) { nanoseconds in holds.withLock { $0.append(nanoseconds) } }
+        #expect(inbox.add(wakeUp(device: "a")) == .added(wasEmpty: true))
+        #expect(inbox.add(wakeUp(device: "a")) == .merged)
+        #expect(inbox.takeAll().map(\.deviceID) == ["a"])
+        #expect(holds.withLock { $0.count } == 3)
+        #expect(holds.withLock { $0.allSatisfy { $0 < 1_000_000_000 } }, "lengths, not instants")
+        let untimed = try GatewayInbox(capacity: 4)
+        #expect(untimed.add(wakeUp(device: "b")) == .added(wasEmpty: true))
     }
 }

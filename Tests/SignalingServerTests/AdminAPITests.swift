@@ -417,6 +417,53 @@ struct AdminAPITests {
         // Ten events written (5 messages, 5 receipts), each measured once.
         #expect(families["voipserver_push_latency_seconds"]?.samples.first { $0.name == "voipserver_push_latency_seconds_count" }?.value == 10)
     }
+    @Test("/metrics has a hold histogram and a longest hold for every shared lock, and the holds of the paths that ran grow")
+    func lockHoldFamily() throws {
+        let server = try adminServer(store: ModelEventStore())
+        func scrape() throws -> [String: PrometheusParser.Family] {
+            try PrometheusParser.parse(try http(server, "GET", "/metrics").text)
+        }
+        func holds(_ families: [String: PrometheusParser.Family], _ lock: String) -> Double? {
+            families["voipserver_lock_hold_seconds"]?.samples.first {
+                $0.name == "voipserver_lock_hold_seconds_count" && $0.labels == ["lock": lock]
+            }?.value
+        }
+        let before = try scrape()
+        // Handshakes (admission), messages with a store (routing, the writer's inbox, its
+        // release posted to a loop's inbox), ACKs and receipts, and a call (its id).
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        for index in 1...3 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK) }
+        for _ in 1...3 { try bob.ack(try bob.nextEvent().seq) }
+        for _ in 1...3 { _ = try alice.nextEvent() }  // receipts
+        #expect(try alice.request(9, .callInvite(callID: "c1", callee: "bob", offer: Array("v=0".utf8))).isOK)
+        let after = try scrape()
+
+        let family = try #require(after["voipserver_lock_hold_seconds"])
+        #expect(family.type == "histogram")
+        let labels = ["routing_shard", "loop_inbox", "loop_ownership", "loop_ownership_peer", "store_inbox", "deferred_reply_parts",
+                      "call_directory", "admission_bucket", "admission_per_address", "token_verifier", "tls_context", "log_throttle",
+                      "push_inbox"]
+        for lock in labels {
+            let buckets = family.samples.filter { $0.name == "voipserver_lock_hold_seconds_bucket" && $0.labels["lock"] == lock }
+            #expect(buckets.count == 20, "\(lock): 19 bounds and +Inf")
+            #expect(buckets.last?.labels["le"] == "+Inf")
+            #expect(buckets.last?.value == holds(after, lock), "\(lock)")
+            let longest = after["voipserver_lock_hold_max_seconds"]?.samples.first { $0.labels == ["lock": lock] }
+            #expect(longest != nil, "\(lock) has a longest hold")
+        }
+        #expect(Set(family.samples.compactMap { $0.labels["lock"] }) == Set(labels))
+        for lock in ["routing_shard", "loop_inbox", "loop_ownership", "store_inbox", "call_directory", "admission_bucket", "admission_per_address"] {
+            let grown = (holds(after, lock) ?? 0) - (holds(before, lock) ?? 0)
+            #expect(grown >= 1, "\(lock): \(grown) holds")
+        }
+        // The routing shards' holds are the older family's, in the same scrape.
+        let routing = after["voipserver_routing_lock_hold_seconds"]?.samples.first { $0.name == "voipserver_routing_lock_hold_seconds_count" }?.value
+        #expect(holds(after, "routing_shard") == routing)
+        let longestOwnership = after["voipserver_lock_hold_max_seconds"]?.samples.first { $0.labels == ["lock": "loop_ownership"] }?.value
+        #expect((longestOwnership ?? 0) > 0 && (longestOwnership ?? 1) < 1)
+    }
+
     @Test("/metrics counts refused handshakes by their CLOSE code, credentials refusals included")
     func refusedHandshakesByCode() throws {
         let key = try TokenKey(id: "k1", secret: Array("admin-metrics-secret-0123456789abcdef".utf8))

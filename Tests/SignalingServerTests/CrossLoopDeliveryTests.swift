@@ -29,6 +29,23 @@ struct CrossLoopDeliveryTests {
         return ids
     }
 
+    @Test("a loop going to sleep in epoll takes no lock: an idle loop holds its ownership once per callback (its ticks)")
+    func sleepTakesNoLock() throws {
+        let server = try TestServer(workers: 1)
+        let loop = try #require(server.server.eventLoops.first)
+        func observe() -> (holds: UInt64, ticks: Int) {
+            (loop.metrics.lockHolds.snapshot(.loopOwnership).count, loop.ticks.load(ordering: .acquiring))
+        }
+        let before = observe()
+        #expect(server.server.awaitTicks(20))
+        let after = observe()
+        let ticks = UInt64(after.ticks - before.ticks)
+        // Each tick is one callback, one hold; a hold taken before each sleep made it two.
+        // (Slack: the two counters are read a moment apart.)
+        #expect(after.holds - before.holds <= ticks + 2, "\(after.holds - before.holds) holds in \(ticks) ticks")
+        #expect(ticks >= 20)
+    }
+
     @Test("a loop writes events for idle connections of the other loop itself; nothing is lost or reordered")
     func directWrites() throws {
         let server = try TestServer(workers: 2)

@@ -1,3 +1,4 @@
+import Synchronization
 import Testing
 @testable import SignalingServer
 
@@ -42,5 +43,32 @@ struct LoopCountersTests {
         }
         #expect(counter.value == 8 * 5_000)
         #expect(mark.value == 79_999)
+    }
+
+    @Test("a timed hold lands in its own lock's histogram only, and lasts at least as long as the work under the lock")
+    func timedHolds() {
+        let holds = LockHolds()
+        holds.record(.storeInbox, nanoseconds: 100)
+        holds.record(.storeInbox, nanoseconds: 3_000)
+        #expect(holds.snapshot(.storeInbox).count == 2 && holds.snapshot(.storeInbox).maxNanoseconds == 3_000)
+        #expect(SharedLock.allCases.filter { $0 != .storeInbox }.allSatisfy { holds.snapshot($0).count == 0 })
+        #expect(holds.histogram(.routingShard).bounds == LatencyHistogram.routingLockHold().bounds)
+
+        // Off a loop the hold goes to the process's off-loop histograms (which other tests
+        // may add to as well: only growth is checked).
+        let before = LockHolds.offLoop.snapshot(.logThrottle).count
+        let mutex = Mutex(0)
+        let result = mutex.withLock(timing: .logThrottle) { value -> Int in
+            let start = LoopMetrics.now()
+            while LoopMetrics.now() &- start < 50_000 {}
+            value += 1
+            return value
+        }
+        #expect(result == 1)
+        let after = LockHolds.offLoop.snapshot(.logThrottle)
+        #expect(after.count >= before + 1)
+        #expect(after.maxNanoseconds >= 50_000, "the hold covers the work under the lock")
+        #expect(mutex.withLockIfAvailable(timing: .logThrottle) { $0 } == 1)
+        #expect(LockHolds.offLoop.snapshot(.logThrottle).count >= before + 2)
     }
 }

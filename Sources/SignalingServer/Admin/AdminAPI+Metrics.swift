@@ -94,6 +94,19 @@ extension AdminAPI {
             holds)
         out.family("voipserver_routing_lock_hold_max_seconds", .gauge, "The longest hold of the routing lock since start.")
         out.sample("voipserver_routing_lock_hold_max_seconds", [:], Double(holds.maxNanoseconds) / 1e9)
+        // Every lock more than one thread takes on a per-event or per-handshake path; the
+        // routing shards' holds are the same as above.
+        let lockHolds = SharedLock.allCases.map { lock in
+            (value: lock.label, snapshot: lock == .routingShard ? holds : LockHolds.snapshot(lock, of: loops))
+        }
+        out.histogram(
+            "voipserver_lock_hold_seconds",
+            "How long each hold of each shared lock lasted, by lock (every loop and other thread; 64 ns to 16.8 ms in powers of two).",
+            by: "lock", lockHolds)
+        out.family("voipserver_lock_hold_max_seconds", .gauge, "The longest hold of each shared lock since start.")
+        for (lock, snapshot) in lockHolds {
+            out.sample("voipserver_lock_hold_max_seconds", ["lock": lock], Double(snapshot.maxNanoseconds) / 1e9)
+        }
         out.family("voipserver_routing_shards", .gauge, "How many shards the routing state is split into (one per loop).")
         out.sample("voipserver_routing_shards", [:], context.switchboard.shardCount)
 

@@ -13,9 +13,10 @@ import Glibc
 /// four relaxed load/store pairs, no read-modify-write and no lock. That is only correct
 /// because writers never overlap: each histogram belongs to one event loop (whose state, and
 /// therefore this, is touched only while its `ownership` lock is held, by its own thread or
-/// a peer writing for it), to one loop's own thread (`LoopMetrics.routingLockHold`), or to
-/// a single writer thread (the store writer's commits), or is written only under a lock
-/// (`Switchboard`'s holds from threads that are not loops). Readers may see a bucket updated
+/// a peer writing for it), to one loop's own thread (`LoopMetrics.lockHolds`, the routing
+/// lock's among them), or to a single writer thread (the store writer's commits), or is
+/// written only under a lock (`Switchboard`'s holds from threads that are not loops,
+/// `LockHolds.offLoop`). Readers may see a bucket updated
 /// a moment before `sum` and `count`: a scrape is a snapshot, not a transaction.
 final class LatencyHistogram: Sendable {
     /// Upper bounds in nanoseconds, ascending; an implicit +Inf bucket follows.
@@ -112,10 +113,12 @@ struct HistogramSnapshot: Sendable {
 final class LoopMetrics: Sendable {
     /// Server-side push latency: event created → encoded into the write to its socket.
     let pushLatency = LatencyHistogram()
-    /// How long each hold of the routing lock (`Switchboard.withState`, `withDevices`) by
-    /// this loop's thread lasted. Written only by that thread (a peer that writes for this
-    /// loop records its holds in its own), so it needs no lock of its own.
-    let routingLockHold = LatencyHistogram.routingLockHold()
+    /// How long each hold of each shared lock (`SharedLock`) by this loop's thread lasted.
+    /// Written only by that thread (a peer that writes for this loop records its holds in
+    /// its own), so it needs no lock of its own.
+    let lockHolds = LockHolds()
+    /// The routing lock's (`Switchboard.withState`, `withDevices`) among them.
+    var routingLockHold: LatencyHistogram { lockHolds.histogram(.routingShard) }
     /// Events written, by frame type (indexed by raw value).
     private let eventsOut: [MetricCell] = (0..<256).map { _ in MetricCell() }
     /// Requests received, by frame type (indexed by raw value).

@@ -39,14 +39,25 @@ struct PrometheusText {
     /// `_bucket{le=...}` lines ending with `+Inf`, then `_sum` and `_count`.
     mutating func histogram(_ name: String, _ help: String, _ snapshot: HistogramSnapshot) {
         family(name, .histogram, help)
+        histogramSamples(name, [], snapshot)
+    }
+
+    /// A histogram family with one histogram per value of the label `key` (each with its
+    /// buckets, `_sum` and `_count`), in the order given.
+    mutating func histogram(_ name: String, _ help: String, by key: String, _ snapshots: [(value: String, snapshot: HistogramSnapshot)]) {
+        family(name, .histogram, help)
+        for (value, snapshot) in snapshots { histogramSamples(name, [(key: key, value: value)], snapshot) }
+    }
+
+    private mutating func histogramSamples(_ name: String, _ labels: [(key: String, value: String)], _ snapshot: HistogramSnapshot) {
         var cumulative: UInt64 = 0
         for (index, count) in snapshot.counts.enumerated() {
             cumulative &+= count
             let bound = index < snapshot.bounds.count ? Self.format(Double(snapshot.bounds[index]) / 1e9) : "+Inf"
-            sample(name + "_bucket", [(key: "le", value: bound)], String(cumulative))
+            sample(name + "_bucket", labels + [(key: "le", value: bound)], String(cumulative))
         }
-        sample(name + "_sum", [], Self.format(Double(snapshot.sumNanoseconds) / 1e9))
-        sample(name + "_count", [], String(snapshot.count))
+        sample(name + "_sum", labels, Self.format(Double(snapshot.sumNanoseconds) / 1e9))
+        sample(name + "_count", labels, String(snapshot.count))
     }
 
     static func format(_ value: Double) -> String {

@@ -273,10 +273,10 @@ extension EventLoop {
     /// libevent, which is not thread-safe here: whatever needs the event base (watching
     /// for writability, destroying a broken connection) is left to this loop.
     func writeFromPeer(_ ref: ConnectionRef) -> Bool {
-        let handled = ownership.withLockIfAvailable { ownership -> Bool in
+        let handled = ownership.withLockIfAvailable(timing: .loopOwnershipPeer) { ownership -> Bool in
             // A stopped loop or a closed connection: the events stay pending for a resume.
             guard ownership.running, table.isLive(ref.slot, generation: ref.generation) else { return true }
-            guard ownership.waiting else { return false }
+            guard asleep.load(ordering: .relaxed) else { return false }
             let state = table.state(ref.slot)
             // Bytes already wait for writability: the writable callback pumps the rest.
             guard state.pointee.outbound == nil else { return true }

@@ -7,6 +7,22 @@ import Synchronization
 import Glibc
 #endif
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"), in the order they may be taken:
+//
+// - `ownership`: held by the loop's own thread for each whole callback (going to sleep in
+//   epoll takes no lock: `asleep` is an atomic). Outermost: no lock is held when a loop
+//   takes its own.
+//   Another loop only ever *tries* it (`writeFromPeer`), while holding its own, and never
+//   waits for it: two loops writing for each other cannot deadlock.
+// - Under `ownership` a loop may take, one at a time and each for a moment: a routing
+//   shard (and under that only the store writer's inbox, the `CallDirectory`, a
+//   `DeferredReply`'s parts), any loop's `inbox`, the admission locks, the handshake
+//   holders (`ServerContext`), a `LogThrottle`.
+// - `inbox`: a leaf, taken by any thread to post and by the loop to take the batch; no
+//   other lock is ever taken under it.
+// Every hold of both is timed (`SharedLock.loopOwnership`, `.loopOwnershipPeer`,
+// `.loopInbox`).
+
 /// Work handed to a loop by other threads.
 enum LoopTask: Sendable {
     /// Events are pending for this connection's device: write them.
@@ -102,8 +118,21 @@ final class EventLoop: @unchecked Sendable {
     /// next socket the process opens, which would then receive the wake-up's 8 bytes.
     let wakeFD: Int32
     private let inbox = Mutex<[LoopTask]>([])
+    /// The buffer `runInbox` swaps into `inbox`, empty, with the capacity of an earlier
+    /// batch (loop thread only).
+    private var spareInbox: [LoopTask] = []
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(LoopOwnership())
+    /// The loop's thread is asleep in epoll (or about to be) and runs no callback. Only
+    /// then do peers write to its connections: a busy loop picks up a hand-off soon
+    /// anyway, and coalesces many events for one connection into one write.
+    ///
+    /// Set by the loop's own thread between callbacks, without `ownership` (so going to
+    /// sleep takes no lock), and cleared by `owned` under `ownership`; peers read it only
+    /// under `ownership`. So a peer that holds the lock never sees it set while a callback
+    /// runs (the clear happened before the callback's release of the lock); at worst it
+    /// has not seen a new sleep yet and posts the wake-up instead.
+    let asleep = Atomic<Bool>(false)
     /// Set when the loop has been told to drain; holds the time by which it must be done.
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
@@ -160,8 +189,8 @@ final class EventLoop: @unchecked Sendable {
     /// Runs one libevent callback of this loop with `ownership` held.
     @inline(__always)
     func owned(_ callback: () -> Void) {
-        ownership.withLock { ownership in
-            ownership.waiting = false
+        ownership.withLock(timing: .loopOwnership) { _ in
+            asleep.store(false, ordering: .relaxed)
             callback()
         }
         // Outside the lock: peers may write to our connections during the system call.
@@ -237,7 +266,7 @@ final class EventLoop: @unchecked Sendable {
             } else {
                 // Until a callback runs, this thread is asleep in epoll: peers write to its
                 // connections themselves rather than wake it (`writeFromPeer`).
-                ownership.withLock { $0.waiting = true }
+                fallAsleep()
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE) < 0 { return }
             }
             if activity != seen {
@@ -247,6 +276,13 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
+    /// The loop's thread is about to wait for events (epoll), or, for an embedded loop,
+    /// its callback is over: from now on peers may write for it (`asleep`).
+    @inline(__always)
+    func fallAsleep() {
+        asleep.store(true, ordering: .relaxed)
+    }
+
     /// Hands a task to this loop from any thread.
     func post(_ task: LoopTask) {
         post(contentsOf: CollectionOfOne(task))
@@ -254,7 +290,7 @@ final class EventLoop: @unchecked Sendable {
 
     func post(contentsOf tasks: some Collection<LoopTask>) {
         guard !tasks.isEmpty else { return }
-        let wasEmpty = inbox.withLock { inbox in
+        let wasEmpty = inbox.withLock(timing: .loopInbox) { inbox in
             let wasEmpty = inbox.isEmpty
             inbox.append(contentsOf: tasks)
             return wasEmpty
@@ -266,15 +302,22 @@ final class EventLoop: @unchecked Sendable {
 
     /// Tasks wait in the inbox: what an embedded loop's owner checks instead of an epoll
     /// wait on the eventfd (ConnectionIO.swift).
-    var hasPostedTasks: Bool { inbox.withLock { !$0.isEmpty } }
+    var hasPostedTasks: Bool { inbox.withLock(timing: .loopInbox) { !$0.isEmpty } }
 
     /// Runs the tasks handed over by other threads (an input of the seam, ConnectionIO.swift).
     func runInbox() {
         activity &+= 1
         shim_eventfd_drain(wakeFD)
-        let tasks = inbox.withLock { inbox in
-            defer { inbox.removeAll(keepingCapacity: true) }
-            return inbox
+        // The inbox's buffer is swapped for the spare one under the lock: nothing is
+        // allocated or freed while posters wait (copying the tasks out and emptying the
+        // inbox in place allocated a new buffer under the lock, the copy still sharing the
+        // old one). The spare is taken out first so that the inbox's is uniquely owned.
+        var tasks: [LoopTask] = []
+        swap(&tasks, &spareInbox)
+        inbox.withLock(timing: .loopInbox) { swap(&tasks, &$0) }
+        defer {
+            tasks.removeAll(keepingCapacity: true)
+            spareInbox = tasks
         }
         refreshTime()
         for task in tasks {
@@ -397,10 +440,6 @@ final class EventLoop: @unchecked Sendable {
 struct LoopOwnership {
     /// False once the loop has released its connections: peers must not touch them.
     var running = true
-    /// The loop's thread is asleep in epoll (or about to be) and runs no callback. Only
-    /// then do peers write to its connections: a busy loop picks up a hand-off soon
-    /// anyway, and coalesces many events for one connection into one write.
-    var waiting = false
 }
 
 /// A server that cannot start.

@@ -59,16 +59,16 @@ final class CallDirectory: Sendable {
 
     /// Claims `callID` for a new call; false if a live call has it.
     func claim(_ callID: String) -> Bool {
-        ids.withLock { $0.insert(callID).inserted }
+        ids.withLock(timing: .callDirectory) { $0.insert(callID).inserted }
     }
 
     /// The call ended (or was never set up).
     func release(_ callID: String) {
-        _ = ids.withLock { $0.remove(callID) }
+        _ = ids.withLock(timing: .callDirectory) { $0.remove(callID) }
     }
 
     /// Whether a live call has `callID`.
     func contains(_ callID: String) -> Bool {
-        ids.withLock { $0.contains(callID) }
+        ids.withLock(timing: .callDirectory) { $0.contains(callID) }
     }
 }

@@ -1,6 +1,11 @@
 import SignalingSupport
 import Synchronization
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `perAddress` and `bucket` are
+// leaves, each taken by any loop under its own `ownership` (per accept, close and HELLO),
+// never both at once and never under a routing shard; their holds are timed
+// (`SharedLock.admissionPerAddress`, `.admissionBucket`).
+
 /// Decides which new connections and handshakes the server takes on, shared by all loops:
 /// a cap on connections per IP address, and a token bucket pacing handshakes so that a
 /// reconnect storm cannot starve the devices that are already connected.
@@ -22,7 +27,7 @@ final class AdmissionControl: Sendable {
     /// a new handshake rate starts with a full bucket.
     func update(maxConnectionsPerAddress: Int, handshakeRate: Int, now: Instant) {
         maxPerAddress.store(Int32(clamping: maxConnectionsPerAddress), ordering: .relaxed)
-        bucket.withLock { bucket in
+        bucket.withLock(timing: .admissionBucket) { bucket in
             guard bucket.rate != Double(handshakeRate) else { return }
             bucket = TokenBucket(rate: Double(handshakeRate), burst: Double(handshakeRate), now: now)
         }
@@ -31,7 +36,7 @@ final class AdmissionControl: Sendable {
     /// Counts a new connection from `address` (a hash of its IP); false if over the cap,
     /// in which case nothing was counted.
     func admitConnection(from address: UInt32) -> Bool {
-        perAddress.withLock { counts in
+        perAddress.withLock(timing: .admissionPerAddress) { counts in
             let current = counts[address, default: 0]
             guard current < maxPerAddress.load(ordering: .relaxed) else { return false }
             counts[address] = current + 1
@@ -40,7 +45,7 @@ final class AdmissionControl: Sendable {
     }
 
     func releaseConnection(from address: UInt32) {
-        perAddress.withLock { counts in
+        perAddress.withLock(timing: .admissionPerAddress) { counts in
             guard let current = counts[address] else { return }
             counts[address] = current > 1 ? current - 1 : nil
         }
@@ -48,6 +53,6 @@ final class AdmissionControl: Sendable {
 
     /// Takes a handshake token; false means "tell the client to come back later".
     func admitHandshake(now: Instant) -> Bool {
-        bucket.withLock { $0.tryTake(now: now) }
+        bucket.withLock(timing: .admissionBucket) { $0.tryTake(now: now) }
     }
 }

@@ -5,6 +5,11 @@ import SignalingSupport
 import SignalingTLS
 import Synchronization
 
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `tokenVerifierHolder` and
+// `tlsContextHolder` are leaves held for the copy of one reference: every loop reads
+// them per handshake, the main thread swaps them on a reload. Never taken under another
+// lock but the reading loop's `ownership`; timed (`SharedLock.tokenVerifier`, `.tlsContext`).
+
 /// What every event loop of one server shares. Immutable, or internally synchronised.
 final class ServerContext: Sendable {
     let configuration: ServerConfiguration
@@ -49,8 +54,8 @@ final class ServerContext: Sendable {
     /// reload (SIGHUP) may replace it; each handshake reads it once, under a lock held
     /// only for the copy of the reference.
     var tokenVerifier: TokenVerifier? {
-        get { tokenVerifierHolder.withLock { $0 } }
-        set { tokenVerifierHolder.withLock { $0 = newValue } }
+        get { tokenVerifierHolder.withLock(timing: .tokenVerifier) { $0 } }
+        set { tokenVerifierHolder.withLock(timing: .tokenVerifier) { $0 = newValue } }
     }
     private let tokenVerifierHolder: Mutex<TokenVerifier?>
 
@@ -60,8 +65,8 @@ final class ServerContext: Sendable {
     /// a reference. Connections made from an older one keep it alive (OpenSSL counts its
     /// references), so a reload drops nobody.
     var tlsContext: TLSServerContext? {
-        get { tlsContextHolder.withLock { $0 } }
-        set { tlsContextHolder.withLock { $0 = newValue } }
+        get { tlsContextHolder.withLock(timing: .tlsContext) { $0 } }
+        set { tlsContextHolder.withLock(timing: .tlsContext) { $0 = newValue } }
     }
     private let tlsContextHolder: Mutex<TLSServerContext?>
 

@@ -66,10 +66,10 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
 
     /// Records an event the message queued in `shard`.
     func add(_ event: QueuedEvent, shard: Int) {
-        eventsByShard.withLock { $0.append(Part(shard: shard, event: event)) }
+        eventsByShard.withLock(timing: .deferredReplyParts) { $0.append(Part(shard: shard, event: event)) }
     }
 
-    var parts: [Part] { eventsByShard.withLock { $0 } }
+    var parts: [Part] { eventsByShard.withLock(timing: .deferredReplyParts) { $0 } }
 
     /// Decides the answer, unless it was decided already: true when this call decided it
     /// (the caller then answers the sender), false when the other side did first.
@@ -176,7 +176,9 @@ struct CommittedRelease: Sendable {
 /// refusal's cancellation, bodies read back, a release when no loop runs), and not at all
 /// after an ordinary commit (`CommittedRelease`).
 ///
-/// Lock order: a shard, then `inbox`. `progress` is never held with another lock.
+/// Lock order: a shard, then `inbox` (a leaf). `progress` is never held with another lock.
+/// A `DeferredReply`'s `eventsByShard` is a leaf taken under a shard lock or none. Holds of
+/// `inbox` and of the parts are timed (`SharedLock.storeInbox`, `.deferredReplyParts`).
 final class StoreWriter: @unchecked Sendable {
     private let store: any EventStore
     private let context: ServerContext
@@ -190,6 +192,16 @@ final class StoreWriter: @unchecked Sendable {
         var replies = FIFOQueue<DeferredReply>()
         /// Connections whose next events have their bodies in the store only.
         var bodyRequests: [BodyRequest] = []
+
+        /// Moves the settled deferred OKs at the head of `replies` to `kept`: the caller
+        /// drops them after releasing the lock, since each may be the last reference to
+        /// its message, whose memory would otherwise be freed while loops wait for the lock.
+        mutating func removeSettledReplies(into kept: inout [DeferredReply]) {
+            while let first = replies.first, first.isSettled {
+                kept.append(first)
+                replies.pop()
+            }
+        }
     }
     /// A connection's pump stopped at an event whose body is in the store only.
     struct BodyRequest {
@@ -311,7 +323,7 @@ final class StoreWriter: @unchecked Sendable {
     /// Returns true when the writer must be woken with `wake()` (the inbox was empty), which
     /// the caller does after releasing its lock.
     func enqueue(_ unit: CommitUnit) -> Bool {
-        inbox.withLock { inbox in
+        inbox.withLock(timing: .storeInbox) { inbox in
             let wasEmpty = inbox.units.isEmpty
             inbox.units.append(unit)
             if let reply = unit.reply, unit.answers { inbox.replies.push(reply) }
@@ -344,14 +356,17 @@ final class StoreWriter: @unchecked Sendable {
             // rather than grown by them, under the routing lock, one append at a time.
             var fresh: [CommitUnit] = []
             fresh.reserveCapacity(Self.inboxCapacity)
-            let (arrived, requested) = inbox.withLock { inbox in
+            var settled: [DeferredReply] = []
+            settled.reserveCapacity(Self.inboxCapacity)
+            let (arrived, requested) = inbox.withLock(timing: .storeInbox) { inbox in
                 swap(&fresh, &inbox.units)
                 defer { inbox.bodyRequests = [] }
                 // The OKs of the last commit are at the head by now: drop them here rather
                 // than keep their messages alive until loop 0's next tick.
-                while let first = inbox.replies.first, first.isSettled { inbox.replies.pop() }
+                inbox.removeSettledReplies(into: &settled)
                 return (fresh, inbox.bodyRequests)
             }
+            settled = []  // the messages' last references, if so: freed after the release
             if pending.isEmpty { pending = arrived } else { pending += arrived }
             bodyRequests += requested
             if !pending.isEmpty {
@@ -506,7 +521,7 @@ final class StoreWriter: @unchecked Sendable {
     /// Asks for the bodies of `device`'s events from `from` on, for `connection`'s pump
     /// (any loop thread). Served after everything queued before it is committed.
     func requestBodies(of device: DeviceRecord, for connection: ConnectionRef, from: UInt64) {
-        let wasIdle = inbox.withLock { inbox in
+        let wasIdle = inbox.withLock(timing: .storeInbox) { inbox in
             let wasIdle = inbox.units.isEmpty && inbox.bodyRequests.isEmpty
             inbox.bodyRequests.append(BodyRequest(device: device, connection: connection, from: from))
             return wasIdle
@@ -584,14 +599,16 @@ final class StoreWriter: @unchecked Sendable {
     /// `stallWarningInterval` until the commit returns. Costs one pass over the replies
     /// settled since the last tick.
     func superviseCommits(now: Instant) {
-        let overdue: [DeferredReply] = inbox.withLock { inbox in
+        var settled: [DeferredReply] = []
+        let overdue: [DeferredReply] = inbox.withLock(timing: .storeInbox) { inbox in
             var overdue: [DeferredReply] = []
             while let first = inbox.replies.first, first.isSettled || first.deadline <= now {
                 inbox.replies.pop()
-                if first.settle(.refused) { overdue.append(first) }
+                if first.settle(.refused) { overdue.append(first) } else { settled.append(first) }
             }
             return overdue
         }
+        settled = []  // freed after the release
         refuse(overdue, reason: "the store could not commit the message in time; nothing was accepted, retry later")
         // The writer drops refused units at its next pass, and with nothing else to retry
         // lets the next request try the store again: make that pass now, not after its

@@ -51,7 +51,7 @@ final class EmbeddedServer {
         }
         for loop in loops {
             loop.peers = loops
-            loop.ownership.withLock { $0.waiting = true }  // asleep until something happens
+            loop.fallAsleep()  // asleep until something happens
         }
         self.loops = loops
     }
@@ -183,7 +183,7 @@ final class EmbeddedServer {
     /// connections then writes them itself (`writeFromPeer`), and hands over the rest.
     private func asleepAfter(_ loop: EventLoop, _ body: () -> Void) {
         loop.owned(body)
-        loop.ownership.withLock { $0.waiting = true }
+        loop.fallAsleep()
     }
 }
 
