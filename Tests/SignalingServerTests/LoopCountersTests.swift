@@ -26,6 +26,31 @@ struct LoopCountersTests {
         #expect(LatencyHistogram.routingLockHold().snapshot().quantileNanoseconds(0.5) == nil)
     }
 
+    @Test("a snapshot taken while its writer records has a count equal to its buckets' sum (a scrape's +Inf bucket equals _count)")
+    func snapshotCountMatchesBuckets() async {
+        let histogram = LatencyHistogram.routingLockHold()
+        final class Flag: Sendable { let raised = Atomic<Bool>(false) }
+        let done = Flag()
+        let mismatches = await withTaskGroup(of: Int.self) { group in
+            group.addTask {
+                for step in 0..<2_000_000 { histogram.record(nanoseconds: UInt64(step & 1023)) }
+                done.raised.store(true, ordering: .releasing)
+                return 0
+            }
+            group.addTask {
+                var mismatches = 0
+                while !done.raised.load(ordering: .acquiring) {
+                    let snapshot = histogram.snapshot()
+                    if snapshot.count != snapshot.counts.reduce(0, &+) { mismatches += 1 }
+                }
+                return mismatches
+            }
+            return await group.reduce(0, +)
+        }
+        #expect(mismatches == 0)
+        #expect(histogram.snapshot().count == 2_000_000)
+    }
+
     @Test("threads that are not loops share one cell with atomic adds: nothing is lost; a high-water mark reads the largest")
     func stripedCounterOffLoop() async {
         let counter = StripedCounter(loops: 2)

@@ -17,7 +17,10 @@ import Glibc
 /// lock's among them), or to a single writer thread (the store writer's commits), or is
 /// written only under a lock (`Switchboard`'s holds from threads that are not loops,
 /// `LockHolds.offLoop`). Readers may see a bucket updated
-/// a moment before `sum` and `count`: a scrape is a snapshot, not a transaction.
+/// a moment before `sum`: a scrape is a snapshot, not a transaction. The count is not a
+/// cell of its own but the sum of the buckets read, so a scrape's `+Inf` bucket always
+/// equals its `_count` (read separately, a count updated after its bucket was read made
+/// them differ by one: a Prometheus client rejects that).
 final class LatencyHistogram: Sendable {
     /// Upper bounds in nanoseconds, ascending; an implicit +Inf bucket follows.
     let bounds: [UInt64]
@@ -26,7 +29,6 @@ final class LatencyHistogram: Sendable {
     private let log2FirstBound: Int?
     private let buckets: [MetricCell]
     private let sumNanoseconds = MetricCell()
-    private let total = MetricCell()
     private let largest = MetricCell()
 
     /// 5 µs to 10 s: server-side push latency lives in the first third (most pushes take
@@ -64,15 +66,15 @@ final class LatencyHistogram: Sendable {
         }
         buckets[index].add(1)
         sumNanoseconds.add(nanoseconds)
-        total.add(1)
         if nanoseconds > largest.value { largest.set(nanoseconds) }
     }
 
     /// Per-bucket counts (not cumulative; the last one is +Inf), the sum in nanoseconds,
     /// the count and the largest observation.
     func snapshot() -> HistogramSnapshot {
-        HistogramSnapshot(
-            bounds: bounds, counts: buckets.map(\.value), sumNanoseconds: sumNanoseconds.value, count: total.value,
+        let counts = buckets.map(\.value)
+        return HistogramSnapshot(
+            bounds: bounds, counts: counts, sumNanoseconds: sumNanoseconds.value, count: counts.reduce(0, &+),
             maxNanoseconds: largest.value)
     }
 }
