@@ -116,6 +116,11 @@ final class LoopMetrics: Sendable {
     /// this loop's thread lasted. Written only by that thread (a peer that writes for this
     /// loop records its holds in its own), so it needs no lock of its own.
     let routingLockHold = LatencyHistogram.routingLockHold()
+    /// Steps (`ShardStep`) this loop ran, each in a hold of a shard: with the shards owned
+    /// by the loops, all of them of its own shard (`Switchboard.run`).
+    let stepsRun = MetricCell()
+    /// Steps this loop handed to the owner of their shard's inbox (`EventLoop.handOn`).
+    let stepsPosted = MetricCell()
     /// Events written, by frame type (indexed by raw value).
     private let eventsOut: [MetricCell] = (0..<256).map { _ in MetricCell() }
     /// Requests received, by frame type (indexed by raw value).

@@ -276,7 +276,8 @@ extension EventLoop {
         let handled = ownership.withLockIfAvailable { ownership -> Bool in
             // A stopped loop or a closed connection: the events stay pending for a resume.
             guard ownership.running, table.isLive(ref.slot, generation: ref.generation) else { return true }
-            guard ownership.waiting else { return false }
+            // Tasks wait in the inbox (a reply among them, perhaps): they go first.
+            guard ownership.waiting, !inboxHasTasks.load(ordering: .acquiring) else { return false }
             let state = table.state(ref.slot)
             // Bytes already wait for writability: the writable callback pumps the rest.
             guard state.pointee.outbound == nil else { return true }

@@ -86,10 +86,7 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     func answer(_ outcome: Result<UInt64, RequestError>) -> LoopTask? {
         switch target {
         case .connection(let connection, let requestID):
-            switch outcome {
-            case .success(let time): return .reply(connection, .ok(requestID: requestID, serverTime: time))
-            case .failure(let error): return .reply(connection, .error(requestID: requestID, code: error.code, message: error.message))
-            }
+            return .reply(connection, Frame.answer(to: requestID, outcome))
         case .completion(let complete):
             complete(outcome)
             return nil
@@ -97,20 +94,29 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     }
 }
 
+/// Bodies the store writer read back for connections whose devices are in one shard
+/// (`LoopTask.restoreBodies`).
+struct BodiesReadBack: Sendable {
+    let shard: Int
+    let requests: [(StoreWriter.BodyRequest, [(seq: UInt64, body: [UInt8])])]
+}
+
 /// What a commit releases in the routing state, and the OKs that follow it: carried out by
-/// a loop (`LoopTask.released`), never by the store writer's thread, which then holds no
+/// the loops (`LoopTask.released`), never by the store writer's thread, which then holds no
 /// lock that a push needs. Every step is idempotent and order-insensitive (reservations
 /// and durability only move forwards), so two commits released by different loops may
-/// land in either order. A release may concern several shards: it is applied in one hold
-/// of each (`Switchboard.apply(_:wall:)`), one after the other, never two at once.
+/// land in either order. A release may concern several shards: each shard's part is
+/// applied by the loop that owns it, in one hold (`Switchboard.apply(_:shard:wall:)`), and
+/// each loop then sends the OKs of its own connections; so an OK follows the release of
+/// the shard its connection's loop owns (with connections on their user's home loop, the
+/// sender's), not necessarily that of the recipient's shard, which another loop applies
+/// meanwhile.
 struct CommittedRelease: Sendable {
     let units: [CommitUnit]
     /// The events of committed messages, now durable, each with its shard.
     let messages: [DeferredReply.Part]
     /// The OKs, sent after the release.
     let replies: [LoopTask]
-    /// The loop that carries it out: the first OK's (which is woken for it anyway), or 0.
-    let loop: UInt16
     /// The shards whose state the release changes, ascending (empty: only OKs go out).
     let shards: [Int]
 
@@ -118,7 +124,6 @@ struct CommittedRelease: Sendable {
         self.units = units
         self.messages = messages
         self.replies = replies
-        loop = replies.first?.loop ?? 0
         var touched = Set(messages.map(\.shard))
         for unit in units where !unit.durable.isEmpty || !unit.reservations.isEmpty { touched.insert(unit.shard) }
         shards = touched.sorted()
@@ -192,7 +197,7 @@ final class StoreWriter: @unchecked Sendable {
         var bodyRequests: [BodyRequest] = []
     }
     /// A connection's pump stopped at an event whose body is in the store only.
-    struct BodyRequest {
+    struct BodyRequest: Sendable {
         let device: DeviceRecord
         let connection: ConnectionRef
         let from: UInt64
@@ -448,17 +453,24 @@ final class StoreWriter: @unchecked Sendable {
         // Units that only record state (acknowledgements, most sessions and events) release
         // nothing: no need to take a shard lock for them.
         guard released.needsRoutingState else { return post(accepted) }
-        // The routing work is a loop's, not this thread's: a commit has just spent this
+        // The routing work is the loops', not this thread's: a commit has just spent this
         // thread's share of the CPU, so the scheduler is quick to preempt it, and preempted
         // while it held a shard lock it would make every push to that shard wait until it
-        // ran again. The loop that gets the first OK anyway does it, then sends the OKs: no
-        // extra wake-up, and releases stay before their OKs.
-        if Int(released.loop) < loops.count, !loops[Int(released.loop)].finished.load(ordering: .acquiring) {
-            LoopDispatch.post([.released(released)], to: loops)
-        } else {
-            // No loop runs any more (the server is stopping): nobody else takes the locks.
-            deliver(context.switchboard.apply(released, wall: context.clock.wallMilliseconds()))
-            post(accepted)
+        // ran again. Each shard's owner applies its part, and each loop then sends its
+        // OKs: one task per loop concerned, so no extra wake-up for a loop that gets OKs
+        // anyway, and each loop's release stays before its OKs.
+        let switchboard = context.switchboard
+        guard released.shards.allSatisfy({ switchboard.owner(of: $0, among: loops) != nil }) else {
+            // Shards not owned by the loops (no loop): nobody else takes the locks.
+            deliver(switchboard.apply(released, wall: context.clock.wallMilliseconds()))
+            return post(accepted)
+        }
+        let concerned = Set(released.shards.map { UInt16($0) }).union(accepted.map(\.loop))
+        for loop in concerned.sorted() where Int(loop) < loops.count {
+            guard !loops[Int(loop)].post(.released(released, loop: loop)) else { continue }
+            // That loop has stopped (the server is stopping): its shard's part is done here;
+            // its connections, and so their OKs, are gone.
+            deliver(switchboard.apply(released, shard: Int(loop), wall: context.clock.wallMilliseconds()))
         }
     }
 
@@ -531,13 +543,26 @@ final class StoreWriter: @unchecked Sendable {
                 context.logger.error("store_read_failed", ["error": "\(error)", "user": request.device.userID])
             }
         }
-        // One hold per shard concerned, one after the other.
+        // Requests that failed: their pumps ask again.
+        let loadedConnections = Set(loaded.map(\.0.connection))
+        post(requests.filter { !loadedConnections.contains($0.connection) }.map { .bodiesLoaded($0.connection) })
+        // One hold per shard concerned, by the loop that owns it (else here, one after the
+        // other).
         let byShard = Dictionary(grouping: loaded) { request, _ in context.switchboard.shard(of: request.device.userID) }
-        let lost = byShard.keys.sorted().flatMap { shard in
-            context.switchboard.withState(shard: shard, wall: context.clock.wallMilliseconds()) { board in
-                byShard[shard]!.flatMap { request, bodies in
-                    board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
-                }
+        for shard in byShard.keys.sorted() {
+            let part = BodiesReadBack(shard: shard, requests: byShard[shard]!)
+            if let owner = context.switchboard.owner(of: shard, among: loops), owner.post(.restoreBodies(part)) { continue }
+            restore(part)
+        }
+    }
+
+    /// Puts bodies read back into their events (one hold of their shard), then tells each
+    /// connection's loop to pump again. Run by the shard's owner loop (`LoopTask.restoreBodies`)
+    /// or, without one, by the writer.
+    func restore(_ part: BodiesReadBack) {
+        let lost = context.switchboard.withState(shard: part.shard, wall: context.clock.wallMilliseconds()) { board in
+            part.requests.flatMap { request, bodies in
+                board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
             }
         }
         for (device, seq) in lost {
@@ -546,7 +571,7 @@ final class StoreWriter: @unchecked Sendable {
                 "detail": "the store has no body for this event; it is skipped",
             ])
         }
-        post(requests.map { .bodiesLoaded($0.connection) })
+        post(part.requests.map { .bodiesLoaded($0.0.connection) })
     }
 
     /// The commit under way returned (committed or failed): it is no longer stalled.
@@ -568,11 +593,11 @@ final class StoreWriter: @unchecked Sendable {
         refuse(replies, reason: reason)
     }
 
-    /// Cancels the messages (settled as refused by the caller) and sends their errors.
+    /// Cancels the messages (settled as refused by the caller) and then sends their errors.
     private func refuse(_ replies: [DeferredReply], reason: String) {
         guard !replies.isEmpty else { return }
-        context.switchboard.cancel(replies, wall: context.clock.wallMilliseconds())
-        post(replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) })
+        let answers = replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) }
+        context.switchboard.cancel(replies, wall: context.clock.wallMilliseconds(), answers: answers, loops: loops)
     }
 
     // MARK: Loop 0
