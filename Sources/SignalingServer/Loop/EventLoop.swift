@@ -234,7 +234,7 @@ final class EventLoop: @unchecked Sendable {
         vs_event_base_free(base)  // the eventfd stays open until deinit (see `wakeFD`)
         shim_set_current_loop(nil)
         finished.store(true, ordering: .releasing)
-        runOrphanedTasks()
+        closeInbox()
     }
 
     /// When loop 0 next logs its statistics line (server seconds; 0 = not yet scheduled).
@@ -409,7 +409,7 @@ final class EventLoop: @unchecked Sendable {
     /// not be lost (steps, and this loop's shard's part of a release or a cancellation) on
     /// this thread, with holds of the shards like any thread that is not their owner. Other
     /// tasks concerned this loop's connections, which are gone.
-    private func runOrphanedTasks() {
+    func closeInbox() {
         let tasks = inbox.withLock { inbox in
             inbox.closed = true
             defer { inbox.tasks = [] }
