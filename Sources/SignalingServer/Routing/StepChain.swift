@@ -28,6 +28,10 @@ final class StepChain: Sendable {
     /// to it and records the message's events it queued (`DeferredReply.parts`), and the
     /// store writer answers an accepted message after the commit.
     let message: DeferredReply?
+    /// The operation expects its answer from a step (a message's hand-off, or a request
+    /// whose first hold did not answer): if no step gives one, the last step answers with
+    /// an internal error, so every request gets exactly one answer.
+    let awaitsAnswer: Bool
     /// The writer answers an accepted message (`message` with a running store writer);
     /// false: the step that accepts it answers.
     private let writerAnswers: Bool
@@ -47,21 +51,20 @@ final class StepChain: Sendable {
         }
     }
 
+    /// - Parameter awaitsAnswer: a step decides the answer (else the operation's first hold
+    ///   did, or nobody asked); true whenever `requester` is set.
     init(
         now: Instant, wall: UInt64, requester: Requester?, group: CommitGroup?, message: DeferredReply? = nil,
-        writerAnswers: Bool = false
+        awaitsAnswer: Bool = false, writerAnswers: Bool = false
     ) {
         self.now = now
         self.wall = wall
         self.requester = requester
+        self.awaitsAnswer = awaitsAnswer || requester != nil
         self.group = message ?? group
         self.message = message
         self.writerAnswers = message != nil && writerAnswers
     }
-
-    /// The operation expects its answer from a step (a request whose first hold did not
-    /// answer): if no step gives one, the last step answers with an internal error.
-    var awaitsAnswer: Bool { requester != nil || message != nil }
 
     /// `count` more steps were handed on.
     func expect(_ count: Int) {

@@ -13,32 +13,41 @@ import Glibc
 /// - A user's devices, queues, held messages, message ids, limits, push registrations and
 ///   the calls it is called in live in its shard only; a `DeviceRecord`, `QueuedEvent` or
 ///   `CallRecord` is reachable from one shard and touched only under that shard's lock.
+/// - Shard `i` is owned by loop `i` (one shard per loop, `shardCount`). The steps of an
+///   operation that spans users (a message and its recipient, a receipt and its sender, a
+///   call and its caller) run on the loop that owns their user's shard: each hold returns
+///   the `ShardStep`s other shards must run (plain values that name users, never
+///   records), and `run` runs those of the calling loop's own shard at once and posts the
+///   others to their owners' inboxes (`LoopTask.steps`), which run them and post onward
+///   what they hand on. So a loop takes another shard's lock only for the first hold of a
+///   request from a connection whose user lives on another loop (until connections live
+///   on their user's home loop), never for a step (checked in debug builds: `drive`).
+///   What the store writer does to the routing state per event (a commit's release, a
+///   refusal's cancellation, bodies read back) is posted to the owners the same way, one
+///   part per shard. The start-up load (once, before any connection), the admin API and
+///   a server that stops (a loop whose inbox is closed: `EventLoop.closeInbox`) still take
+///   shard locks directly: that is why the locks stay.
 /// - No thread ever holds two shard locks (checked at run time in debug builds:
-///   `RoutingShard.holder`). An operation that spans users (a message and
-///   its recipient, a receipt and its sender, a call and its caller) is a chain of holds:
-///   each hold returns the `ShardStep`s the next shards must run (plain values that name
-///   users, never records), and `run(_:)` takes them one hold at a time.
-/// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`); no
-///   lock is held when a shard lock is taken. The store writer's thread follows the same
-///   rule: what it does to the routing state (a refusal's cancellation, bodies read back, a
-///   release when no loop runs) is one hold per shard, one after the other.
+///   `RoutingShard.holder`), so they cannot deadlock.
+/// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`), and
+///   so may the `CallDirectory`'s; no other lock is held when a shard lock is taken. A
+///   loop's inbox lock is never held with a shard lock.
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
 /// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`). Every
-/// hold is timed: `LoopMetrics.routingLockHold`
+/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`, each hold
+/// a task of its owner's inbox). Every hold is timed: `LoopMetrics.routingLockHold`
 /// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
 /// (`voipserver_routing_lock_hold_seconds`).
 ///
 /// With a store, the durable changes each hold made are handed to the `StoreWriter`
 /// before the shard's lock is released (`CommitUnit`), so a shard's units reach the writer
 /// in the order its sequence numbers were assigned, and the writer commits in arrival
-/// order. A message that spans two shards is one unit per step plus an answering unit
-/// (`runMessage`): the writer commits them in one transaction and sends the OK after it;
-/// a refusal cancels the message in every shard it touched (`cancel`). What the writer
-/// does to the routing state (a commit's release, a refusal, bodies read back) and the
-/// start-up load are one hold per shard concerned, one after the other, like any step.
+/// order. An operation that spans shards is one unit per step plus a closing unit, sent by
+/// whichever loop runs its last step (`StepChain`, `finish`): the writer commits them in
+/// one transaction and, for a message, sends the OK after it; a refusal cancels the
+/// message in every shard it touched (`cancel`).
 final class Switchboard: Sendable {
     /// Shard `i` holds the users `ShardMap.shard(of:count:)` maps to `i`.
     private let shards: [RoutingShard]
@@ -179,7 +188,8 @@ final class Switchboard: Sendable {
         on loop: EventLoop? = nil, now: Instant, wall: UInt64, writerWake: WriterWake = .now
     ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
         let chain = StepChain(
-            now: now, wall: wall, requester: requester, group: nil, message: message, writerAnswers: writer != nil)
+            now: now, wall: wall, requester: requester, group: nil, message: message, awaitsAnswer: true,
+            writerAnswers: writer != nil)
         return run([handOff], chain: chain, on: loop, writerWake: writerWake)
     }
 

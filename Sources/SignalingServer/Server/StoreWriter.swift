@@ -10,10 +10,11 @@ import Glibc
 /// An OK that may only be sent once a message is committed, and what to undo if it
 /// cannot be.
 ///
-/// Two threads may answer it: the store writer once the message's commit returned (OK),
-/// and loop 0's deadline check (`StoreWriter.superviseCommits`) once its deadline passed
+/// Three threads may answer it: the store writer once the message's commit returned (OK),
+/// loop 0's deadline check (`StoreWriter.superviseCommits`) once its deadline passed
 /// (ERROR storeUnavailable), whatever the writer is doing, even waiting for a write that
-/// never returns. `settle` lets exactly one of them answer.
+/// never returns, and the loop that runs the step that refuses it (`StepChain.decide`).
+/// `settle` lets exactly one of them answer.
 final class DeferredReply: CommitGroup, @unchecked Sendable {
     /// Who is waiting for the answer.
     enum Target: Sendable {
@@ -175,11 +176,13 @@ struct CommittedRelease: Sendable {
 /// touched, and the writer drops or withdraws all of its units alike.
 ///
 /// Threading: `enqueue` is called by loops with a shard's lock held (that keeps each
-/// shard's units in sequence order), and without one for a message's answering unit;
-/// `superviseCommits` by loop 0; everything else runs on the writer's own thread, which
-/// takes a shard lock only while holding no lock of its own, one shard at a time (a
-/// refusal's cancellation, bodies read back, a release when no loop runs), and not at all
-/// after an ordinary commit (`CommittedRelease`).
+/// shard's units in sequence order), and without one for a group's closing unit (by the
+/// loop that ran the group's last step); `superviseCommits` by loop 0; everything else runs
+/// on the writer's own thread. What it does to the routing state goes to the loops that
+/// own the shards concerned, one part per shard (a commit's release, a refusal's
+/// cancellation, bodies read back: `LoopTask.released`, `.cancel`, `.restoreBodies`); only
+/// when no loop owns a shard (no loops) or its loop has stopped does the writer take that
+/// shard's lock itself, holding no lock of its own, one shard at a time.
 ///
 /// Lock order: a shard, then `inbox`. `progress` is never held with another lock.
 final class StoreWriter: @unchecked Sendable {
@@ -481,10 +484,20 @@ final class StoreWriter: @unchecked Sendable {
     /// a commit that kept a message's event for its recipient but not the sender's id claim
     /// would deliver the message twice when the sender, who got no OK, sends it again; one
     /// that kept an ACK but not the receipt it sent to another shard would lose the receipt.
-    /// The steps run one after the other without waiting, so the closing unit follows
-    /// within microseconds (and wakes the writer: the inbox is empty again); a fan-out in
-    /// chunks keeps its group open for all of its holds (about 160 for 10,000 devices, a few
-    /// ms), and later units wait behind it. Cost: one pass over the units.
+    /// The steps run on the loops that own their shards, each handing on to the next loop's
+    /// inbox, so the closing unit follows within the time of those hops (an inbox round
+    /// trip per shard, tens of microseconds; it wakes the writer if the inbox is empty
+    /// again); a fan-out in chunks keeps its group open for all of its holds (about 160 for
+    /// 10,000 devices, a few ms), and later units wait behind it.
+    ///
+    /// No deadlock, no starvation: the units of groups on different shards may interleave
+    /// in `pending` (a unit of group A from shard 1, one of group B from shard 0, A's
+    /// closing unit, B's), and a commit takes the prefix before the oldest open group's
+    /// first unit. Every group closes without the writer (a loop never waits for a commit
+    /// to run a step, and a step for a loop that has stopped runs on the thread that hands
+    /// it on), so the oldest open group closes in bounded time, and each closing unit is an
+    /// arrival that wakes the writer: every unit is committed at the latest once the groups
+    /// open before it have closed. Cost: one pass over the units.
     static func committable(_ pending: [CommitUnit]) -> Int {
         guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return pending.count }
         var closed = Set<ObjectIdentifier>()
