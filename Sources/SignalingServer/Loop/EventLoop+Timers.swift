@@ -136,6 +136,11 @@ extension EventLoop {
         let configuration = context.configuration
         // +1: `nowSeconds` is rounded down, so the drain never ends early.
         drainDeadline = nowSeconds + 1 + configuration.drainTimeout.wholeSecondsRoundedUp
+        // Connections the kernel has completed but this loop has not accepted yet would be
+        // reset when the listener closes, with no CLOSE: take them in first, so that they
+        // get theirs too.
+        if listenFD >= 0 { acceptConnections(tls: false) }
+        if tlsListenFD >= 0 { acceptConnections(tls: true) }
         stopListening()
         let frame = Close(
             code: .goingAway,

@@ -111,10 +111,11 @@ final class EventLoop: @unchecked Sendable {
     /// next socket the process opens, which would then receive the wake-up's 8 bytes.
     let wakeFD: Int32
     private let inbox = Mutex(Inbox())
-    /// The inbox holds tasks (set under its lock, read without it): each callback runs them
-    /// first (`owned`), and peers do not write to this loop's connections meanwhile
-    /// (`writeFromPeer`), so a reply posted here goes out before any event that what
-    /// caused it causes later for the same connection (OK of CALL_INVITE, CALL_RANG).
+    /// The inbox holds tasks (set under its lock, read without it): the loop sends the
+    /// replies among them before it writes any events of its connections (`flushDirty`,
+    /// `sendInboxReplies`), and peers do not write to its connections meanwhile
+    /// (`writeFromPeer`), so a reply posted here goes out before any event that what it
+    /// decided causes later for the same connection (the OK of CALL_INVITE, then CALL_RANG).
     let inboxHasTasks = Atomic<Bool>(false)
     /// Steps for other loops' shards handed on during the current callback, by destination
     /// loop (`handOn`): posted when the callback ends, one batch per loop (one inbox lock,
@@ -181,8 +182,6 @@ final class EventLoop: @unchecked Sendable {
     func owned(_ callback: () -> Void) {
         ownership.withLock { ownership in
             ownership.waiting = false
-            // What was posted before this callback began runs before it (see `inboxHasTasks`).
-            if inboxHasTasks.load(ordering: .acquiring) { runPostedTasks() }
             callback()
             if hasOutgoingSteps { postOutgoingSteps() }
         }
@@ -342,8 +341,7 @@ final class EventLoop: @unchecked Sendable {
         runPostedTasks()
     }
 
-    /// Takes the inbox's tasks and runs them (`runInbox`; first thing in a callback when
-    /// tasks wait, `owned`).
+    /// Takes the inbox's tasks and runs them (`runInbox`).
     private func runPostedTasks() {
         activity &+= 1
         let tasks = inbox.withLock { inbox in
@@ -433,6 +431,28 @@ final class EventLoop: @unchecked Sendable {
                 continue
             }
         }
+    }
+
+    /// Sends the replies waiting in the inbox now, ahead of its other tasks (which keep
+    /// their order and run when the loop next runs its inbox): called before the loop
+    /// writes events (`flushDirty`), possibly while it collects a connection's replies
+    /// (`consume`), so it runs nothing that could close a connection. Cost: one pass over
+    /// the inbox, only when it holds tasks.
+    func sendInboxReplies() {
+        let taken: [(ref: ConnectionRef, frame: Frame)] = inbox.withLock { inbox in
+            guard inbox.tasks.contains(where: { if case .reply = $0 { true } else { false } }) else { return [] }
+            var replies: [(ref: ConnectionRef, frame: Frame)] = []
+            inbox.tasks.removeAll { task in
+                guard case .reply(let ref, let frame) = task else { return false }
+                replies.append((ref, frame))
+                return true
+            }
+            if inbox.tasks.isEmpty { inboxHasTasks.store(false, ordering: .relaxed) }
+            return replies
+        }
+        guard !taken.isEmpty else { return }
+        postedReplies += taken
+        sendPostedReplies()
     }
 
     /// Writes the replies gathered from the inbox with one write per connection. The store
