@@ -51,6 +51,41 @@ struct ShardedStoreTests {
         #expect(StoreWriter.committable(pending) == pending.count)
     }
 
+    /// A unit of `group` with `changes` (nothing else), its last or not.
+    func unit(_ group: CommitGroup?, closes: Bool = false, shard: Int, _ changes: [StoreChange]) -> CommitUnit {
+        var unit = CommitUnit()
+        unit.group = group
+        unit.reply = group as? DeferredReply
+        unit.closesGroup = closes
+        unit.shard = shard
+        for change in changes { unit.add(change) }
+        return unit
+    }
+
+    func append(_ user: String, _ device: String, seq: UInt64) -> StoreChange {
+        .appendEvent(user: user, device: device, event: StoredEvent(seq: seq, type: 0x40, body: [], createdAt: 0))
+    }
+
+    @Test("a closed group whose steps interleave with an open one's is committed whole: its later units are pulled forward past independent units, or the commit stops before its first unit")
+    func straddlingGroupsStayWhole() {
+        let a = TwoShards.deferredReply("a", sender: "alice"), b = TwoShards.deferredReply("b", sender: "alice")
+        // a's copy to alice's phone, then b's (b still open), then a's event for bob, a's id, and a's closing unit.
+        var pending = [
+            unit(a, shard: 1, [append("alice", "phone", seq: 1)]),
+            unit(b, shard: 1, [append("alice", "phone", seq: 2)]),
+            unit(a, shard: 0, [append("bob", "d1", seq: 1)]),
+            unit(a, shard: 1, [.rememberMessageID(StoredMessageID(sender: "alice", messageID: "a", serverTime: 1, expiresAt: 2))]),
+            CommitUnit(closing: a),
+        ]
+        #expect(StoreWriter.commitOrder(pending) == [0, 2, 3, 4], "a was split, or waited for b")
+        // A later unit of a that must stay after b's (alice's phone acknowledged b's copy):
+        // a waits whole.
+        pending.insert(unit(a, shard: 1, [.acknowledge(user: "alice", device: "phone", through: 2)]), at: 4)
+        #expect(StoreWriter.commitOrder(pending) == [])
+        pending.append(CommitUnit(closing: b))
+        #expect(StoreWriter.commitOrder(pending) == Array(pending.indices))
+    }
+
     /// alice's laptop and phone and bob's device, connected and stored; a first message
     /// delivered, its copy and its receipts read, everything acknowledged and the
     /// acknowledgements committed, so that nothing else is on its way to the store (or to

@@ -396,11 +396,12 @@ final class StoreWriter: @unchecked Sendable {
                 return
             }
         }
-        let count = Self.committable(pending)
-        guard count > 0 else { return }  // the answering unit is on its way: it wakes the writer
+        let order = Self.commitOrder(pending)
+        guard !order.isEmpty else { return }  // the closing unit is on its way: it wakes the writer
+        let units = order.map { pending[$0] }
         var changes: [StoreChange] = []
-        changes.reserveCapacity(pending[..<count].reduce(0) { $0 + $1.changes.count })
-        for unit in pending[..<count] { changes.append(contentsOf: unit.changes) }
+        changes.reserveCapacity(units.reduce(0) { $0 + $1.changes.count })
+        for unit in units { changes.append(contentsOf: unit.changes) }
         let collected = changes.count
         // Nothing durable (answering units of messages whose steps changed nothing that
         // lasts): no write; the answers still follow everything that arrived before them.
@@ -427,8 +428,12 @@ final class StoreWriter: @unchecked Sendable {
             commits.increment()
             compactedChanges.add(collected - changes.count, ordering: .relaxed)
         }
-        let units = Array(pending[..<count])
-        pending.removeFirst(count)
+        if order.count == pending.count {
+            pending.removeAll(keepingCapacity: true)
+        } else {
+            let taken = Set(order)
+            pending = pending.indices.filter { !taken.contains($0) }.map { pending[$0] }
+        }
         // First every answer (each message's units are all in `units`, its answering one
         // last), then, with every message of the batch decided, the withdrawals.
         var accepted: [LoopTask] = []
@@ -477,37 +482,151 @@ final class StoreWriter: @unchecked Sendable {
         }
     }
 
-    /// How many of `pending`'s units (from the first) the next commit takes: all, except
-    /// that it stops before the first unit of a `CommitGroup` whose closing unit has not
-    /// arrived yet (the operation's later steps are running on other shards). So a group's
-    /// units are committed in one transaction, never some without the others: a crash after
-    /// a commit that kept a message's event for its recipient but not the sender's id claim
-    /// would deliver the message twice when the sender, who got no OK, sends it again; one
-    /// that kept an ACK but not the receipt it sent to another shard would lose the receipt.
-    /// The steps run on the loops that own their shards, each handing on to the next loop's
-    /// inbox, so the closing unit follows within the time of those hops (an inbox round
-    /// trip per shard, tens of microseconds; it wakes the writer if the inbox is empty
-    /// again); a fan-out in chunks keeps its group open for all of its holds (about 160 for
-    /// 10,000 devices, a few ms), and later units wait behind it.
+    /// Which of `pending`'s units the next commit takes (indices, ascending: the commit
+    /// keeps their order). A group's units (`CommitGroup`: an operation's steps on several
+    /// shards, then its closing unit) go into one transaction, never some without the
+    /// others: a crash after a commit that kept a message's event for its recipient but
+    /// not the sender's id would deliver the message twice when the sender, who got no OK,
+    /// sends it again; one that kept an ACK but not the receipt it sent to another shard
+    /// would lose the receipt. And units are committed in arrival order, which for the
+    /// units of one shard is the order its sequence numbers were assigned (a durable mark
+    /// "through seq" must not be committed before an earlier event of the same device).
     ///
-    /// No deadlock, no starvation: the units of groups on different shards may interleave
-    /// in `pending` (a unit of group A from shard 1, one of group B from shard 0, A's
-    /// closing unit, B's), and a commit takes the prefix before the oldest open group's
-    /// first unit. Every group closes without the writer (a loop never waits for a commit
-    /// to run a step, and a step for a loop that has stopped runs on the thread that hands
-    /// it on), so the oldest open group closes in bounded time, and each closing unit is an
-    /// arrival that wakes the writer: every unit is committed at the latest once the groups
-    /// open before it have closed. Cost: one pass over the units.
-    static func committable(_ pending: [CommitUnit]) -> Int {
-        guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return pending.count }
+    /// So the commit takes everything before the first unit of the oldest group whose
+    /// closing unit has not arrived (the cut: its steps are still running on other
+    /// loops). A group that is closed but has units on both sides of the cut (its steps
+    /// interleaved with the open group's: a unit of A from shard 0, the first unit of B,
+    /// A's unit from shard 1 and A's closing unit) would be split by that cut; its later
+    /// units are pulled forward into the commit, past the units that stay, when none of
+    /// them touches what a staying unit before it touches (`Footprint`: the same event,
+    /// device state of a device the other has events or state of, a message id, a user's
+    /// held messages), so no dependent pair changes order. If one cannot be pulled, the
+    /// cut moves back to that group's first unit, and so on.
+    ///
+    /// No deadlock, no starvation: every group closes without the writer (a loop never
+    /// waits for a commit to run a step, and a step for a loop that has stopped runs on the
+    /// thread that hands it on), so the oldest open group closes within its steps' hops
+    /// (an inbox round trip per shard; a fan-out in chunks keeps its group open for all of
+    /// its holds, about 160 for 10,000 devices, a few ms), and its closing unit is an
+    /// arrival that wakes the writer. A unit that stays waits until the groups open before
+    /// it have closed, and, if it belongs to a group that cannot be pulled forward (a
+    /// receipt to a device that a newer, still open message also queues to), until no
+    /// newer open group overlaps the hops of its group: under a load that keeps opening
+    /// such overlapping groups without a pause, that wait has no fixed bound.
+    /// Cost: one pass over the units; with groups across the cut, one more per move of the
+    /// cut, and the footprints of the units after it.
+    static func commitOrder(_ pending: [CommitUnit]) -> [Int] {
+        guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return Array(pending.indices) }
         var closed = Set<ObjectIdentifier>()
         for unit in pending where unit.closesGroup {
             if let group = unit.group { closed.insert(ObjectIdentifier(group)) }
         }
-        return pending.firstIndex { unit in
+        var cut = pending.firstIndex { unit in
             guard let group = unit.group, !unit.closesGroup else { return false }
             return !closed.contains(ObjectIdentifier(group))
         } ?? pending.count
+        while cut > 0 {
+            var firstIndex: [ObjectIdentifier: Int] = [:]
+            for index in 0..<cut {
+                if let group = pending[index].group, firstIndex[ObjectIdentifier(group)] == nil {
+                    firstIndex[ObjectIdentifier(group)] = index
+                }
+            }
+            let straddling = Set(pending[cut...].compactMap { $0.group.map(ObjectIdentifier.init) }.filter { firstIndex[$0] != nil })
+            guard !straddling.isEmpty else { break }
+            var staying = Footprint()
+            var pulled: [Int] = []
+            var blocked: [Int] = []
+            for index in cut..<pending.count {
+                let unit = pending[index]
+                let footprint = Footprint(unit)
+                if let group = unit.group.map(ObjectIdentifier.init), straddling.contains(group) {
+                    if staying.conflicts(with: footprint) { blocked.append(firstIndex[group]!) } else { pulled.append(index) }
+                } else {
+                    staying.add(footprint)
+                }
+            }
+            guard let earliest = blocked.min() else { return Array(0..<cut) + pulled }
+            cut = earliest
+        }
+        return Array(0..<cut)
+    }
+
+    /// How many units the next commit takes (`commitOrder`).
+    static func committable(_ pending: [CommitUnit]) -> Int { commitOrder(pending).count }
+
+    /// What a commit unit touches in the store, for deciding whether two units may be
+    /// committed in the other order (`commitOrder`). Appending or withdrawing one event
+    /// commutes with any change to another event of the same device (a device's highest
+    /// number only grows); device state (its session, acknowledgements, reservations,
+    /// push registrations, durable marks "through seq") does not commute with anything of
+    /// the same device.
+    struct Footprint {
+        struct Device: Hashable {
+            let user: String
+            let device: String
+        }
+        struct EventKey: Hashable {
+            let device: Device
+            let seq: UInt64
+        }
+        struct MessageKey: Hashable {
+            let sender: String
+            let messageID: String
+        }
+        var events = Set<EventKey>()
+        var eventDevices = Set<Device>()
+        var devices = Set<Device>()
+        var messageIDs = Set<MessageKey>()
+        var heldUsers = Set<String>()
+
+        init() {}
+
+        init(_ unit: CommitUnit) {
+            for change in unit.changes {
+                switch change {
+                case .appendEvent(let user, let device, let stored): addEvent(user, device, stored.seq)
+                case .withdrawEvent(let user, let device, let seq): addEvent(user, device, seq)
+                case .claimHeldEvent(let user, let device, let seq, _):
+                    addEvent(user, device, seq)
+                    heldUsers.insert(user)
+                case .upsertDevice(let user, let device, _, _), .acknowledge(let user, let device, _),
+                    .reserveSequence(let user, let device, _), .removeDevice(let user, let device),
+                    .registerPush(let user, let device, _), .removePush(let user, let device, _):
+                    devices.insert(Device(user: user, device: device))
+                case .holdForUser(let user, _), .releaseHeld(let user, _), .withdrawHeld(let user, _):
+                    heldUsers.insert(user)
+                case .rememberMessageID(let remembered):
+                    messageIDs.insert(MessageKey(sender: remembered.sender, messageID: remembered.messageID))
+                case .forgetMessageID(let sender, let messageID):
+                    messageIDs.insert(MessageKey(sender: sender, messageID: messageID))
+                }
+            }
+            for (device, _, _) in unit.durable { devices.insert(Device(user: device.userID, device: device.deviceID)) }
+            for (device, _) in unit.reservations { devices.insert(Device(user: device.userID, device: device.deviceID)) }
+        }
+
+        private mutating func addEvent(_ user: String, _ device: String, _ seq: UInt64) {
+            let device = Device(user: user, device: device)
+            events.insert(EventKey(device: device, seq: seq))
+            eventDevices.insert(device)
+        }
+
+        mutating func add(_ other: Footprint) {
+            events.formUnion(other.events)
+            eventDevices.formUnion(other.eventDevices)
+            devices.formUnion(other.devices)
+            messageIDs.formUnion(other.messageIDs)
+            heldUsers.formUnion(other.heldUsers)
+        }
+
+        /// Whether the two must keep their order.
+        func conflicts(with other: Footprint) -> Bool {
+            !events.isDisjoint(with: other.events) || !messageIDs.isDisjoint(with: other.messageIDs)
+                || !heldUsers.isDisjoint(with: other.heldUsers)
+                || !devices.isDisjoint(with: other.devices) || !devices.isDisjoint(with: other.eventDevices)
+                || !eventDevices.isDisjoint(with: other.devices)
+        }
     }
 
     /// What undoes the store changes of a message that was refused but committed: its
