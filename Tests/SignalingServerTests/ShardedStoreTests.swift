@@ -427,7 +427,7 @@ struct OwnerLoopSQLiteTests {
             #expect(kill(server.process.pid, SIGKILL) == 0)
             _ = server.process.waitForExit(timeoutSeconds: 10)
         }
-        let server = try ServerProcess(["--data-dir", data.path, "--workers", "2"])
+        let server = try ServerProcess(["--data-dir", data.path, "--workers", "2", "--admin-listen", "127.0.0.1:0"])
         for pair in pairs {
             let device = try TestClient(port: server.port)
             try device.hello(user: pair.recipient)  // a new session: every pending event
@@ -441,5 +441,11 @@ struct OwnerLoopSQLiteTests {
             #expect(expected.subtracting(received).isEmpty, "\(expected.subtracting(received).count) accepted messages lost")
             #expect(received.count == Set(received).count, "a message delivered twice")
         }
+        // The receipts of those acknowledgements went to the senders' shards as steps, each
+        // run by its owner loop.
+        let adminPort = try #require(ServiceDeploymentTests.adminPort(in: server.log))
+        let metrics = String(decoding: try HTTPRequest.send("GET", port: adminPort, "/metrics").body, as: UTF8.self)
+        let run = metrics.split(separator: "\n").first { $0.hasPrefix("voipserver_routing_steps_total{how=\"run\"} ") }
+        #expect(run.flatMap { Int($0.split(separator: " ").last!) }.map { $0 > 0 } == true, "\(run ?? "no steps metric")")
     }
 }

@@ -119,7 +119,7 @@ final class LoopMetrics: Sendable {
     /// Steps (`ShardStep`) this loop ran, each in a hold of a shard: with the shards owned
     /// by the loops, all of them of its own shard (`Switchboard.run`).
     let stepsRun = MetricCell()
-    /// Steps this loop handed to the owner of their shard's inbox (`EventLoop.handOn`).
+    /// Steps this loop posted to the inbox of their shard's owner (`EventLoop.postStep`).
     let stepsPosted = MetricCell()
     /// Events written, by frame type (indexed by raw value).
     private let eventsOut: [MetricCell] = (0..<256).map { _ in MetricCell() }

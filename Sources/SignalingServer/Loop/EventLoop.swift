@@ -118,7 +118,7 @@ final class EventLoop: @unchecked Sendable {
     /// decided causes later for the same connection (the OK of CALL_INVITE, then CALL_RANG).
     let inboxHasTasks = Atomic<Bool>(false)
     /// Steps for other loops' shards handed on during the current callback, by destination
-    /// loop (`handOn`): posted when the callback ends, one batch per loop (one inbox lock,
+    /// loop (`postStep`): posted when the callback ends, one batch per loop (one inbox lock,
     /// at most one eventfd write). Loop-thread state.
     private var outgoingSteps: [[PostedStep]] = []
     private var hasOutgoingSteps = false
@@ -307,7 +307,7 @@ final class EventLoop: @unchecked Sendable {
 
     /// Hands `posted` to the loop that owns shard `shard` (this one included: a fan-out's
     /// next chunk), at the end of the current callback (`Switchboard.run`). Loop thread only.
-    func handOn(_ posted: PostedStep, to shard: Int) {
+    func postStep(_ posted: PostedStep, toShard shard: Int) {
         if outgoingSteps.isEmpty { outgoingSteps = Array(repeating: [], count: peers.count) }
         outgoingSteps[shard].append(posted)
         hasOutgoingSteps = true

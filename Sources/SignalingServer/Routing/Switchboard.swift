@@ -147,7 +147,7 @@ final class Switchboard: Sendable {
     /// step for the loop's own shard runs at once, in a hold of its own (a fan-out's next
     /// chunk excepted: it goes to the back of the loop's own inbox, so other work runs
     /// between chunks); a step for another shard is posted to the loop that owns it
-    /// (`EventLoop.handOn`), which runs it and the steps it hands on in turn. Called by
+    /// (`EventLoop.postStep`), which runs it and the steps it hands on in turn. Called by
     /// any other thread (the admin API), or with one shard: every step runs here, one
     /// hold after the other.
     ///
@@ -235,7 +235,7 @@ final class Switchboard: Sendable {
             // (and this loop's connections) run between two chunks.
             guard case .continueFanOut = posted.step else { return here.push(posted) }
         }
-        loop.handOn(posted, to: owner)
+        loop.postStep(posted, toShard: owner)
     }
 
     /// What running steps decided.
