@@ -55,7 +55,10 @@ enum LoopTask: Sendable {
 /// with a try-lock, to write pending events to a connection of this loop directly
 /// (`writeFromPeer`), which spares a hand-off and a wake-up of this thread.
 /// libevent's event base is only ever called from the loop's own thread. Any thread may
-/// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. The class
+/// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. Loop `i`
+/// owns routing shard `i`: the inbox is also how the steps of operations across shards,
+/// and the store writer's work on that shard, reach it (`LoopTask.steps`, `.released`,
+/// `.cancel`, `.restoreBodies`; docs/ARCHITECTURE.md, "Routing shards"). The class
 /// is `@unchecked Sendable` so that it can be handed to its thread and to other loops.
 final class EventLoop: @unchecked Sendable {
     let index: UInt16
