@@ -19,9 +19,10 @@ import Glibc
 ///   the `ShardStep`s other shards must run (plain values that name users, never
 ///   records), and `run` runs those of the calling loop's own shard at once and posts the
 ///   others to their owners' inboxes (`LoopTask.steps`), which run them and post onward
-///   what they hand on. So a loop takes another shard's lock only for the first hold of a
-///   request from a connection whose user lives on another loop (until connections live
-///   on their user's home loop), never for a step (checked in debug builds: `drive`).
+///   what they hand on. So a loop takes another shard's lock only for what its own
+///   connections do when their user lives on another loop's shard (a handshake, a
+///   request's first hold, an ACK, a pump: until connections live on their user's home
+///   loop), never for a step (checked in debug builds: `drive`).
 ///   What the store writer does to the routing state per event (a commit's release, a
 ///   refusal's cancellation, bodies read back) is posted to the owners the same way, one
 ///   part per shard. The start-up load (once, before any connection), the admin API and
