@@ -51,6 +51,41 @@ struct ShardedStoreTests {
         #expect(StoreWriter.committable(pending) == pending.count)
     }
 
+    /// A unit of `group` with `changes` (nothing else), its last or not.
+    func unit(_ group: CommitGroup?, closes: Bool = false, shard: Int, _ changes: [StoreChange]) -> CommitUnit {
+        var unit = CommitUnit()
+        unit.group = group
+        unit.reply = group as? DeferredReply
+        unit.closesGroup = closes
+        unit.shard = shard
+        for change in changes { unit.add(change) }
+        return unit
+    }
+
+    func append(_ user: String, _ device: String, seq: UInt64) -> StoreChange {
+        .appendEvent(user: user, device: device, event: StoredEvent(seq: seq, type: 0x40, body: [], createdAt: 0))
+    }
+
+    @Test("a closed group whose steps interleave with an open one's is committed whole: its later units are pulled forward past independent units, or the commit stops before its first unit")
+    func straddlingGroupsStayWhole() {
+        let a = TwoShards.deferredReply("a", sender: "alice"), b = TwoShards.deferredReply("b", sender: "alice")
+        // a's copy to alice's phone, then b's (b still open), then a's event for bob, a's id, and a's closing unit.
+        var pending = [
+            unit(a, shard: 1, [append("alice", "phone", seq: 1)]),
+            unit(b, shard: 1, [append("alice", "phone", seq: 2)]),
+            unit(a, shard: 0, [append("bob", "d1", seq: 1)]),
+            unit(a, shard: 1, [.rememberMessageID(StoredMessageID(sender: "alice", messageID: "a", serverTime: 1, expiresAt: 2))]),
+            CommitUnit(closing: a),
+        ]
+        #expect(StoreWriter.commitOrder(pending) == [0, 2, 3, 4], "a was split, or waited for b")
+        // A later unit of a that must stay after b's (alice's phone acknowledged b's copy):
+        // a waits whole.
+        pending.insert(unit(a, shard: 1, [.acknowledge(user: "alice", device: "phone", through: 2)]), at: 4)
+        #expect(StoreWriter.commitOrder(pending) == [])
+        pending.append(CommitUnit(closing: b))
+        #expect(StoreWriter.commitOrder(pending) == Array(pending.indices))
+    }
+
     /// alice's laptop and phone and bob's device, connected and stored; a first message
     /// delivered, its copy and its receipts read, everything acknowledged and the
     /// acknowledgements committed, so that nothing else is on its way to the store (or to
@@ -332,5 +367,85 @@ struct ShardedSQLiteStoreTests {
         try alice.hello(user: "alice")
         #expect(try alice.request(3, Request.identifiedMessage("m2", to: "bob")).isOK)
         #expect(try bob.staysSilent(for: .milliseconds(50)), "a re-sent message delivered twice")
+    }
+}
+
+/// Steps on their shards' owner loops (each step posted to the loop that owns its user's
+/// shard), in the default configuration: many messages across shards in both directions,
+/// pipelined, from connections the kernel spread over both loops.
+@Suite("Steps on owner loops with the SQLite store (voipserver subprocess)", .serialized)
+struct OwnerLoopSQLiteTests {
+    @Test("voipserver --workers 2 with SQLite: many pipelined messages across shards, each OK only after its commit: a kill -9 loses none of them and repeats none")
+    func manyMessagesAcrossShardsSurviveACrash() throws {
+        let data = try TemporaryDirectory("voipserver-owner-loops")
+        func user(_ prefix: String, onShard shard: Int) -> String {
+            (0...).lazy.map { "\(prefix)\($0)" }.first { ShardMap.shard(of: $0, count: 2) == shard }!
+        }
+        // Two senders per shard, each writing to a recipient of the other shard.
+        let pairs = (0..<4).map { index in
+            (sender: user("sender\(index)-", onShard: index % 2), recipient: user("recipient\(index)-", onShard: 1 - index % 2))
+        }
+        let perSender = 500
+        var accepted: [String: Set<String>] = [:]  // by recipient
+        do {
+            let server = try ServerProcess(["--data-dir", data.path, "--workers", "2"])
+            // The recipients' devices exist (their events stay pending while they are away).
+            for pair in pairs {
+                let device = try TestClient(port: server.port)
+                try device.hello(user: pair.recipient)
+            }
+            let senders = try pairs.map { pair in
+                let client = try TestClient(port: server.port)
+                try client.hello(user: pair.sender)
+                return client
+            }
+            // Every sender keeps 32 requests in flight, all senders at once.
+            var sent = Array(repeating: 0, count: pairs.count)
+            var inFlight: [[UInt32: String]] = Array(repeating: [:], count: pairs.count)
+            var total = 0
+            while total < pairs.count * perSender / 2 {
+                for (index, client) in senders.enumerated() {
+                    while inFlight[index].count < 32 && sent[index] < perSender {
+                        let id = "\(pairs[index].sender)-m\(sent[index])"
+                        try client.send(.request(id: UInt32(sent[index]), .identifiedMessage(id, to: pairs[index].recipient)))
+                        inFlight[index][UInt32(sent[index])] = id
+                        sent[index] += 1
+                    }
+                    let reply = try client.expect(timeout: .seconds(10), "a reply") { frame -> Frame? in
+                        switch frame {
+                        case .ok, .error: return frame
+                        default: return nil
+                        }
+                    }
+                    guard case .ok(let requestID, _) = reply, let id = inFlight[index].removeValue(forKey: requestID) else {
+                        Issue.record("refused: \(reply)"); return
+                    }
+                    accepted[pairs[index].recipient, default: []].insert(id)
+                    total += 1
+                }
+            }
+            #expect(kill(server.process.pid, SIGKILL) == 0)
+            _ = server.process.waitForExit(timeoutSeconds: 10)
+        }
+        let server = try ServerProcess(["--data-dir", data.path, "--workers", "2", "--admin-listen", "127.0.0.1:0"])
+        for pair in pairs {
+            let device = try TestClient(port: server.port)
+            try device.hello(user: pair.recipient)  // a new session: every pending event
+            var received: [String] = []
+            while let (seq, event) = try? device.nextEvent(timeout: .milliseconds(300)) {
+                if case .message(let message) = event { received.append(message.messageID) }
+                try device.ack(seq)
+            }
+            let expected = accepted[pair.recipient] ?? []
+            #expect(expected.count > 0)
+            #expect(expected.subtracting(received).isEmpty, "\(expected.subtracting(received).count) accepted messages lost")
+            #expect(received.count == Set(received).count, "a message delivered twice")
+        }
+        // The receipts of those acknowledgements went to the senders' shards as steps, each
+        // run by its owner loop.
+        let adminPort = try #require(ServiceDeploymentTests.adminPort(in: server.log))
+        let metrics = String(decoding: try HTTPRequest.send("GET", port: adminPort, "/metrics").body, as: UTF8.self)
+        let run = metrics.split(separator: "\n").first { $0.hasPrefix("voipserver_routing_steps_total{how=\"run\"} ") }
+        #expect(run.flatMap { Int($0.split(separator: " ").last!) }.map { $0 > 0 } == true, "\(run ?? "no steps metric")")
     }
 }

@@ -109,6 +109,11 @@ extension AdminAPI {
         }
         out.family("voipserver_routing_shards", .gauge, "How many shards the routing state is split into (one per loop).")
         out.sample("voipserver_routing_shards", [:], context.switchboard.shardCount)
+        out.family(
+            "voipserver_routing_steps_total", .counter,
+            "Steps of operations across shards: run by their shard's owner loop, and posted to it by another loop.")
+        out.sample("voipserver_routing_steps_total", ["how": "run"], loops.reduce(0) { $0 + $1.metrics.stepsRun.value })
+        out.sample("voipserver_routing_steps_total", ["how": "posted"], loops.reduce(0) { $0 + $1.metrics.stepsPosted.value })
 
         out.family("voipserver_messages_total", .counter, "Messages by outcome.")
         out.sample("voipserver_messages_total", ["result": "accepted"], routing.messagesAccepted)

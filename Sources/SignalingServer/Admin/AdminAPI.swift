@@ -212,7 +212,8 @@ final class AdminAPI: AdminRequestHandler {
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
         // The user's calls end for their other parties in their shards.
-        LoopDispatch.post(LoopDispatch.tasks(for: context.switchboard.run(next, now: now, wall: wall).effects, context: context), to: loops)
+        let chain = StepChain(now: now, wall: wall, requester: nil, group: nil)
+        LoopDispatch.post(LoopDispatch.tasks(for: context.switchboard.run(next, chain: chain).effects, context: context), to: loops)
         switch outcome {
         case .success(let removed):
             context.logger.info("admin_user_forgotten", ["user": user, "devices": removed])

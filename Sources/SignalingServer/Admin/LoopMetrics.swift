@@ -121,6 +121,11 @@ final class LoopMetrics: Sendable {
     let lockHolds = LockHolds()
     /// The routing lock's (`Switchboard.withState`, `withDevices`) among them.
     var routingLockHold: LatencyHistogram { lockHolds.histogram(.routingShard) }
+    /// Steps (`ShardStep`) this loop ran, each in a hold of a shard: with the shards owned
+    /// by the loops, all of them of its own shard (`Switchboard.run`).
+    let stepsRun = MetricCell()
+    /// Steps this loop posted to the inbox of their shard's owner (`EventLoop.postStep`).
+    let stepsPosted = MetricCell()
     /// Events written, by frame type (indexed by raw value).
     private let eventsOut: [MetricCell] = (0..<256).map { _ in MetricCell() }
     /// Requests received, by frame type (indexed by raw value).

@@ -15,6 +15,7 @@ extension EventLoop {
         // Read once per callback: a reload swaps it for the connections accepted after it.
         let tlsContext = tls ? context.tlsContext : nil
         let listener = tls ? tlsListenFD : listenFD
+        guard listener >= 0 else { return }  // stopped (a drain) since libevent reported it
         for _ in 0..<256 {
             var addressHash: UInt64 = 0
             let fd = shim_accept(listener, &addressHash)

@@ -231,9 +231,8 @@ extension EventLoop {
         if case .success(let grant) = outcome {
             // Receipts of what the resume point acknowledged, for senders of other shards
             // (committed with the resume's acknowledgement).
-            effects += context.switchboard.run(
-                grant.next, now: now, wall: wall, writerWake: .afterCallback(of: self), committedWith: receipts
-            ).effects
+            let chain = StepChain(now: now, wall: wall, requester: nil, group: receipts)
+            effects += context.switchboard.run(grant.next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects
         }
         switch outcome {
         case .failure(let violation):
@@ -276,9 +275,8 @@ extension EventLoop {
         apply(effects)
         if !next.isEmpty {
             // Receipts for senders of other shards, committed with the acknowledgement.
-            apply(context.switchboard.run(
-                next, now: context.clock.now(), wall: wall, writerWake: .afterCallback(of: self), committedWith: receipts
-            ).effects)
+            let chain = StepChain(now: context.clock.now(), wall: wall, requester: nil, group: receipts)
+            apply(context.switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
         }
         if let violation { protocolViolation(slot, violation) }
     }
@@ -346,23 +344,29 @@ extension EventLoop {
             }
             return (outcome, board.takeEffects())
         }
+        // A step run by another loop (the owner of its shard) answers through this loop's
+        // inbox (`StepChain.requester`).
+        let requester = StepChain.Requester(connection: ref, requestID: id)
         if case .messageSend = request, let handOff = stepOutcome?.next.first {
             let (stepReply, stepEffects) = context.switchboard.runMessage(
-                handOff, deferring: deferredHandOff, now: now, wall: wall, writerWake: .afterCallback(of: self))
+                handOff, deferring: deferredHandOff, requester: requester, on: self, now: now, wall: wall,
+                writerWake: .afterCallback(of: self))
             effects += stepEffects
-            // nil: the store writer answers once everything is committed.
+            // nil: the store writer answers once everything is committed, or a step of
+            // another loop answers.
             if stepReply == nil { stepOutcome = nil } else { stepOutcome?.reply = stepReply }
         } else if let next = stepOutcome?.next, !next.isEmpty {
-            let (stepReply, stepEffects) = context.switchboard.run(next, now: now, wall: wall, writerWake: .afterCallback(of: self))
+            let answered = stepOutcome?.reply != nil
+            let chain = StepChain(now: now, wall: wall, requester: answered ? nil : requester, group: nil)
+            let (stepReply, stepEffects) = context.switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self))
             effects += stepEffects
-            if stepOutcome?.reply == nil { stepOutcome?.reply = stepReply }
+            if !answered {
+                // nil: a step of another loop answers.
+                if stepReply == nil { stepOutcome = nil } else { stepOutcome?.reply = stepReply }
+            }
         }
         let reply: Frame? = stepOutcome.map { outcome in
-            switch outcome.reply {
-            case .success(let time): .ok(requestID: id, serverTime: time)
-            case .failure(let error): .error(requestID: id, code: error.code, message: error.message)
-            case nil: .error(requestID: id, code: .internalError, message: "the request was not answered")
-            }
+            Frame.answer(to: id, outcome.reply ?? .failure(RequestError(.internalError, "the request was not answered")))
         }
         // The reply goes out before any event the request caused for this same connection
         // (those are written when the dirty list is flushed, after this callback).

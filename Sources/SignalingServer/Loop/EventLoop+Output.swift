@@ -179,6 +179,9 @@ extension EventLoop {
     /// Writes pending events to every connection marked since the last flush (except
     /// `excluded`, which stays marked).
     func flushDirty(excluding excluded: UInt32? = nil) {
+        // Replies posted before these events were decided go first: what the events answer
+        // must not overtake them (see `inboxHasTasks`).
+        if inboxHasTasks.load(ordering: .acquiring) { sendInboxReplies() }
         var kept: (slot: UInt32, generation: UInt32)?
         while !dirtySlots.isEmpty {
             // Walk the marks while pumps mark more in the other (empty) buffer. Should a
@@ -276,7 +279,8 @@ extension EventLoop {
         let handled = ownership.withLockIfAvailable(timing: .loopOwnershipPeer) { ownership -> Bool in
             // A stopped loop or a closed connection: the events stay pending for a resume.
             guard ownership.running, table.isLive(ref.slot, generation: ref.generation) else { return true }
-            guard asleep.load(ordering: .relaxed) else { return false }
+            // Tasks wait in the inbox (a reply among them, perhaps): they go first.
+            guard asleep.load(ordering: .relaxed), !inboxHasTasks.load(ordering: .acquiring) else { return false }
             let state = table.state(ref.slot)
             // Bytes already wait for writability: the writable callback pumps the rest.
             guard state.pointee.outbound == nil else { return true }

@@ -31,26 +31,17 @@ extension EventLoop {
             if key & Self.stallCheckKeyBit != 0 { visitStallCheck(key) } else { visitIdleDeadline(key) }
         }
 
+        // The routing core's deadlines (ring timeouts, call grace, session expiry): each
+        // shard's are run by the loop that owns it, a bounded number per hold; with the
+        // shards not owned by the loops (one shard), loop 0 runs them all.
+        let switchboard = context.switchboard
+        let ownShard = switchboard.owner(of: Int(index), among: peers) === self
+        for shard in ownShard ? [Int(index)] : index == 0 ? Array(0..<switchboard.shardCount) : [] {
+            expire(shard: shard)
+        }
         if index == 0 {
-            // One loop runs the routing core's deadlines (ring timeouts, call grace,
-            // session expiry) for the whole server, shard by shard, a bounded number per
-            // hold of a shard's lock.
-            let instant = context.clock.now()
-            for shard in 0..<context.switchboard.shardCount {
-                var moreDue = true
-                while moreDue {
-                    let wall = context.clock.wallMilliseconds()
-                    let (pass, effects) = context.switchboard.withState(shard: shard, wall: wall) { board in
-                        (board.expire(now: instant), board.takeEffects())
-                    }
-                    moreDue = pass.moreDue
-                    apply(effects)
-                    // Call endings for the other party, in its shard.
-                    apply(context.switchboard.run(pass.next, now: instant, wall: wall).effects)
-                }
-            }
             // The store's deadlines too: the writer thread may be stuck in a write.
-            context.switchboard.writer?.superviseCommits(now: instant)
+            context.switchboard.writer?.superviseCommits(now: context.clock.now())
             logStatisticsIfDue(now)
         }
         flushDirty()
@@ -58,6 +49,24 @@ extension EventLoop {
             vs_event_base_loopbreak(base)
         }
         ticks.add(1, ordering: .releasing)
+    }
+
+    /// Runs shard `shard`'s due deadlines, `SwitchboardState.expiryBudget` per hold, until
+    /// none is left; what they hand on to other shards (a call's ending for its other
+    /// party) goes to those shards' owners as steps.
+    private func expire(shard: Int) {
+        let instant = context.clock.now()
+        var moreDue = true
+        while moreDue {
+            let wall = context.clock.wallMilliseconds()
+            let (pass, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board in
+                (board.expire(now: instant), board.takeEffects())
+            }
+            moreDue = pass.moreDue
+            apply(effects)
+            let chain = StepChain(now: instant, wall: wall, requester: nil, group: nil)
+            apply(context.switchboard.run(pass.next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
+        }
     }
 
     /// One `stats` line every `statsInterval` (loop 0 only), so operators see the load in
@@ -127,6 +136,11 @@ extension EventLoop {
         let configuration = context.configuration
         // +1: `nowSeconds` is rounded down, so the drain never ends early.
         drainDeadline = nowSeconds + 1 + configuration.drainTimeout.wholeSecondsRoundedUp
+        // Connections the kernel has completed but this loop has not accepted yet would be
+        // reset when the listener closes, with no CLOSE: take them in first, so that they
+        // get theirs too.
+        if listenFD >= 0 { acceptConnections(tls: false) }
+        if tlsListenFD >= 0 { acceptConnections(tls: true) }
         stopListening()
         let frame = Close(
             code: .goingAway,

@@ -38,8 +38,15 @@ enum LoopTask: Sendable {
     case bodiesLoaded(ConnectionRef)
     /// Server shutdown: stop accepting, tell every client to go away, exit when done.
     case drain
-    /// A commit returned: release what it made durable, then send its OKs.
-    case released(CommittedRelease)
+    /// A commit returned: release what it made durable in this loop's shard, then send
+    /// its OKs to this loop's connections (each loop concerned gets the same release).
+    case released(CommittedRelease, loop: UInt16)
+    /// Steps of operations that span shards, for this loop's shard (`Switchboard.run`).
+    case steps([PostedStep], loop: UInt16)
+    /// This loop's shard's part of cancelling messages the store refused.
+    case cancel(MessageCancellation)
+    /// Bodies the store writer read back, for events of this loop's shard.
+    case restoreBodies(BodiesReadBack)
 
     /// The loop that runs it.
     var loop: UInt16 {
@@ -47,7 +54,9 @@ enum LoopTask: Sendable {
         case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
             return ref.loop
         case .drain: return 0
-        case .released(let release): return release.loop
+        case .released(_, let loop), .steps(_, let loop): return loop
+        case .cancel(let part): return UInt16(part.shard)
+        case .restoreBodies(let part): return UInt16(part.shard)
         }
     }
 }
@@ -62,7 +71,10 @@ enum LoopTask: Sendable {
 /// with a try-lock, to write pending events to a connection of this loop directly
 /// (`writeFromPeer`), which spares a hand-off and a wake-up of this thread.
 /// libevent's event base is only ever called from the loop's own thread. Any thread may
-/// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. The class
+/// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. Loop `i`
+/// owns routing shard `i`: the inbox is also how the steps of operations across shards,
+/// and the store writer's work on that shard, reach it (`LoopTask.steps`, `.released`,
+/// `.cancel`, `.restoreBodies`; docs/ARCHITECTURE.md, "Routing shards"). The class
 /// is `@unchecked Sendable` so that it can be handed to its thread and to other loops.
 final class EventLoop: @unchecked Sendable {
     let index: UInt16
@@ -117,10 +129,21 @@ final class EventLoop: @unchecked Sendable {
     /// writer's last release), and a descriptor closed under them would be reused by the
     /// next socket the process opens, which would then receive the wake-up's 8 bytes.
     let wakeFD: Int32
-    private let inbox = Mutex<[LoopTask]>([])
-    /// The buffer `runInbox` swaps into `inbox`, empty, with the capacity of an earlier
-    /// batch (loop thread only).
+    private let inbox = Mutex(Inbox())
+    /// The buffer `runPostedTasks` swaps into `inbox`, empty, with the capacity of an
+    /// earlier batch (loop thread only).
     private var spareInbox: [LoopTask] = []
+    /// The inbox holds tasks (set under its lock, read without it): the loop sends the
+    /// replies among them before it writes any events of its connections (`flushDirty`,
+    /// `sendInboxReplies`), and peers do not write to its connections meanwhile
+    /// (`writeFromPeer`), so a reply posted here goes out before any event that what it
+    /// decided causes later for the same connection (the OK of CALL_INVITE, then CALL_RANG).
+    let inboxHasTasks = Atomic<Bool>(false)
+    /// Steps for other loops' shards handed on during the current callback, by destination
+    /// loop (`postStep`): posted when the callback ends, one batch per loop (one inbox lock,
+    /// at most one eventfd write). Loop-thread state.
+    private var outgoingSteps: [[PostedStep]] = []
+    private var hasOutgoingSteps = false
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(LoopOwnership())
     /// The loop's thread is asleep in epoll (or about to be) and runs no callback. Only
@@ -192,6 +215,7 @@ final class EventLoop: @unchecked Sendable {
         ownership.withLock(timing: .loopOwnership) { _ in
             asleep.store(false, ordering: .relaxed)
             callback()
+            if hasOutgoingSteps { postOutgoingSteps() }
         }
         // Outside the lock: peers may write to our connections during the system call.
         if writerWakePending {
@@ -220,7 +244,7 @@ final class EventLoop: @unchecked Sendable {
         }
         wakeEvent = vs_event_new(base, wakeFD, persistRead, { _, _, arg in
             let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
-            loop.owned { loop.runInbox() }
+            loop.owned { loop.drainWakeUps() }
         }, unmanagedSelf)
         tickEvent = vs_event_new(base, -1, Int16(VS_EV_PERSIST), { _, _, arg in
             let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
@@ -241,6 +265,7 @@ final class EventLoop: @unchecked Sendable {
         vs_event_base_free(base)  // the eventfd stays open until deinit (see `wakeFD`)
         shim_set_current_loop(nil)
         finished.store(true, ordering: .releasing)
+        closeInbox()
     }
 
     /// When loop 0 next logs its statistics line (server seconds; 0 = not yet scheduled).
@@ -283,38 +308,91 @@ final class EventLoop: @unchecked Sendable {
         asleep.store(true, ordering: .relaxed)
     }
 
-    /// Hands a task to this loop from any thread.
-    func post(_ task: LoopTask) {
+    /// Tasks handed to the loop, first in, first out.
+    private struct Inbox {
+        var tasks: [LoopTask] = []
+        /// The loop has stopped (`run` returned): it takes no more tasks.
+        var closed = false
+    }
+
+    /// Hands a task to this loop from any thread. Returns false when the loop has stopped
+    /// and takes no tasks any more: work that must not be lost (steps, a shard's part of a
+    /// release or a cancellation) is then done by the caller (`Switchboard.runOrphaned`).
+    @discardableResult
+    func post(_ task: LoopTask) -> Bool {
         post(contentsOf: CollectionOfOne(task))
     }
 
-    func post(contentsOf tasks: some Collection<LoopTask>) {
-        guard !tasks.isEmpty else { return }
-        let wasEmpty = inbox.withLock(timing: .loopInbox) { inbox in
-            let wasEmpty = inbox.isEmpty
-            inbox.append(contentsOf: tasks)
+    @discardableResult
+    func post(contentsOf tasks: some Collection<LoopTask>) -> Bool {
+        guard !tasks.isEmpty else { return true }
+        let wasEmpty = inbox.withLock(timing: .loopInbox) { inbox -> Bool? in
+            guard !inbox.closed else { return nil }
+            let wasEmpty = inbox.tasks.isEmpty
+            inbox.tasks.append(contentsOf: tasks)
+            inboxHasTasks.store(true, ordering: .releasing)
             return wasEmpty
         }
+        guard let wasEmpty else { return false }
         // One eventfd write per batch: a loop that has not drained its inbox yet will see
         // the new tasks anyway.
         if wasEmpty { shim_eventfd_signal(wakeFD) }
+        return true
     }
 
     /// Tasks wait in the inbox: what an embedded loop's owner checks instead of an epoll
     /// wait on the eventfd (ConnectionIO.swift).
-    var hasPostedTasks: Bool { inbox.withLock(timing: .loopInbox) { !$0.isEmpty } }
+    var hasPostedTasks: Bool { inbox.withLock(timing: .loopInbox) { !$0.tasks.isEmpty } }
+
+    /// Hands `posted` to the loop that owns shard `shard` (this one included: a fan-out's
+    /// next chunk), at the end of the current callback (`Switchboard.run`). Loop thread only.
+    func postStep(_ posted: PostedStep, toShard shard: Int) {
+        if outgoingSteps.isEmpty { outgoingSteps = Array(repeating: [], count: peers.count) }
+        outgoingSteps[shard].append(posted)
+        hasOutgoingSteps = true
+        metrics.stepsPosted.add(1)
+    }
+
+    /// Posts the steps handed on during the callback, one batch per loop. A loop that has
+    /// stopped takes none: this thread runs them (`Switchboard.runOrphaned`).
+    private func postOutgoingSteps() {
+        hasOutgoingSteps = false
+        for destination in outgoingSteps.indices where !outgoingSteps[destination].isEmpty {
+            let steps = outgoingSteps[destination]
+            outgoingSteps[destination].removeAll(keepingCapacity: true)
+            if peers[destination].post(.steps(steps, loop: UInt16(destination))) { continue }
+            let (replies, effects) = context.switchboard.runOrphaned(steps)
+            LoopDispatch.post(replies, to: peers)
+            apply(effects)
+            flushDirty()
+        }
+    }
+
+    /// The wake-up eventfd fired: runs the inbox.
+    private func drainWakeUps() {
+        shim_eventfd_drain(wakeFD)
+        runPostedTasks()
+    }
 
     /// Runs the tasks handed over by other threads (an input of the seam, ConnectionIO.swift).
     func runInbox() {
-        activity &+= 1
         shim_eventfd_drain(wakeFD)
+        runPostedTasks()
+    }
+
+    /// Takes the inbox's tasks and runs them (`runInbox`).
+    private func runPostedTasks() {
+        activity &+= 1
         // The inbox's buffer is swapped for the spare one under the lock: nothing is
         // allocated or freed while posters wait (copying the tasks out and emptying the
         // inbox in place allocated a new buffer under the lock, the copy still sharing the
         // old one). The spare is taken out first so that the inbox's is uniquely owned.
         var tasks: [LoopTask] = []
         swap(&tasks, &spareInbox)
-        inbox.withLock(timing: .loopInbox) { swap(&tasks, &$0) }
+        inbox.withLock(timing: .loopInbox) { inbox in
+            swap(&tasks, &inbox.tasks)
+            inboxHasTasks.store(false, ordering: .relaxed)
+        }
         defer {
             tasks.removeAll(keepingCapacity: true)
             spareInbox = tasks
@@ -340,10 +418,19 @@ final class EventLoop: @unchecked Sendable {
             case .drain:
                 sendPostedReplies()
                 beginDrain()
-            case .released(let release):
-                apply(context.switchboard.apply(release, wall: context.clock.wallMilliseconds()))
-                var remoteReplies: [LoopTask] = []
+            case .released(let release, _):
+                apply(context.switchboard.apply(
+                    release, shard: Int(index), wall: context.clock.wallMilliseconds(), writerWake: .afterCallback(of: self)))
                 for reply in release.replies {
+                    if case .reply(let ref, let frame) = reply, ref.loop == index { postedReplies.append((ref, frame)) }
+                }
+            case .steps(let steps, _):
+                let (replies, effects) = context.switchboard.runPosted(steps, on: self)
+                // The answers leave before the effects are carried out: an event a peer
+                // writes for those effects cannot then cause an event for the requesting
+                // connection that its loop writes before the answer (see `inboxHasTasks`).
+                var remoteReplies: [LoopTask] = []
+                for reply in replies {
                     if case .reply(let ref, let frame) = reply, ref.loop == index {
                         postedReplies.append((ref, frame))
                     } else {
@@ -351,10 +438,67 @@ final class EventLoop: @unchecked Sendable {
                     }
                 }
                 LoopDispatch.post(remoteReplies, to: peers)
+                apply(effects)
+            case .cancel(let part):
+                context.switchboard.cancel(part, loops: peers, writerWake: .afterCallback(of: self))
+            case .restoreBodies(let part):
+                context.switchboard.writer?.restore(part)
             }
         }
         sendPostedReplies()
         flushDirty()
+    }
+
+    /// After `run` has returned: closes the inbox and does the work posted to it that must
+    /// not be lost (steps, and this loop's shard's part of a release or a cancellation) on
+    /// this thread, with holds of the shards like any thread that is not their owner. Other
+    /// tasks concerned this loop's connections, which are gone.
+    func closeInbox() {
+        let tasks = inbox.withLock { inbox in
+            inbox.closed = true
+            defer { inbox.tasks = [] }
+            return inbox.tasks
+        }
+        let switchboard = context.switchboard
+        let wall = context.clock.wallMilliseconds()
+        for task in tasks {
+            switch task {
+            case .steps(let steps, _):
+                let (replies, effects) = switchboard.runOrphaned(steps)
+                LoopDispatch.post(replies + LoopDispatch.tasks(for: effects, context: context), to: peers)
+            case .released(let release, _):
+                let effects = switchboard.apply(release, shard: Int(index), wall: wall)
+                LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: peers)
+            case .cancel(let part):
+                switchboard.cancel(part, loops: peers)
+            case .restoreBodies(let part):
+                switchboard.writer?.restore(part)
+            case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain:
+                continue
+            }
+        }
+    }
+
+    /// Sends the replies waiting in the inbox now, ahead of its other tasks (which keep
+    /// their order and run when the loop next runs its inbox): called before the loop
+    /// writes events (`flushDirty`), possibly while it collects a connection's replies
+    /// (`consume`), so it runs nothing that could close a connection. Cost: one pass over
+    /// the inbox, only when it holds tasks.
+    func sendInboxReplies() {
+        let taken: [(ref: ConnectionRef, frame: Frame)] = inbox.withLock { inbox in
+            guard inbox.tasks.contains(where: { if case .reply = $0 { true } else { false } }) else { return [] }
+            var replies: [(ref: ConnectionRef, frame: Frame)] = []
+            inbox.tasks.removeAll { task in
+                guard case .reply(let ref, let frame) = task else { return false }
+                replies.append((ref, frame))
+                return true
+            }
+            if inbox.tasks.isEmpty { inboxHasTasks.store(false, ordering: .relaxed) }
+            return replies
+        }
+        guard !taken.isEmpty else { return }
+        postedReplies += taken
+        sendPostedReplies()
     }
 
     /// Writes the replies gathered from the inbox with one write per connection. The store

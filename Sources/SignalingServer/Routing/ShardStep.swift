@@ -5,11 +5,17 @@ import SignalingSupport
 /// users (docs/ARCHITECTURE.md, "Routing shards").
 ///
 /// A step is a plain value: it names users, devices and calls by their ids and carries
-/// what the next shard needs, never a reference into a shard, so it could cross a loop's
-/// inbox or, with shards on several nodes, a network. A shard runs a step for a user it
-/// holds at once, in the same hold (`SwitchboardState.handOn`); a step for another
-/// shard's user is returned, and `Switchboard.run` takes it to that shard in a hold of its
-/// own.
+/// what the next shard needs, never a reference into a shard, so it crosses a loop's
+/// inbox (`LoopTask.steps`, with its operation's `StepChain`) and could, with shards on
+/// several nodes, cross a network. A shard runs a step for a user it holds at once, in the
+/// same hold (`SwitchboardState.handOn`); a step for another shard's user is returned, and
+/// `Switchboard.run` posts it to the loop that owns that shard, which runs it in a hold of
+/// its own.
+///
+/// Order: two steps one hold hands the same shard run in the order handed on (one FIFO
+/// inbox per loop, each loop's posts in order). Steps of one operation that reach a
+/// shard from different shards have no order between them; `toCaller` numbers its
+/// notices for that reason.
 enum ShardStep: Sendable, Equatable {
     /// A message its sender's shard admitted (no duplicate, within the sender's rate, its
     /// copies queued to the sender's other devices, awaiting this decision): for the

@@ -13,32 +13,42 @@ import Glibc
 /// - A user's devices, queues, held messages, message ids, limits, push registrations and
 ///   the calls it is called in live in its shard only; a `DeviceRecord`, `QueuedEvent` or
 ///   `CallRecord` is reachable from one shard and touched only under that shard's lock.
+/// - Shard `i` is owned by loop `i` (one shard per loop, `shardCount`). The steps of an
+///   operation that spans users (a message and its recipient, a receipt and its sender, a
+///   call and its caller) run on the loop that owns their user's shard: each hold returns
+///   the `ShardStep`s other shards must run (plain values that name users, never
+///   records), and `run` runs those of the calling loop's own shard at once and posts the
+///   others to their owners' inboxes (`LoopTask.steps`), which run them and post onward
+///   what they hand on. So a loop takes another shard's lock only for what its own
+///   connections do when their user lives on another loop's shard (a handshake, a
+///   request's first hold, an ACK, a pump: until connections live on their user's home
+///   loop), never for a step (checked in debug builds: `drive`).
+///   What the store writer does to the routing state per event (a commit's release, a
+///   refusal's cancellation, bodies read back) is posted to the owners the same way, one
+///   part per shard. The start-up load (once, before any connection), the admin API and
+///   a server that stops (a loop whose inbox is closed: `EventLoop.closeInbox`) still take
+///   shard locks directly: that is why the locks stay.
 /// - No thread ever holds two shard locks (checked at run time in debug builds:
-///   `RoutingShard.holder`). An operation that spans users (a message and
-///   its recipient, a receipt and its sender, a call and its caller) is a chain of holds:
-///   each hold returns the `ShardStep`s the next shards must run (plain values that name
-///   users, never records), and `run(_:)` takes them one hold at a time.
-/// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`); no
-///   lock is held when a shard lock is taken. The store writer's thread follows the same
-///   rule: what it does to the routing state (a refusal's cancellation, bodies read back, a
-///   release when no loop runs) is one hold per shard, one after the other.
+///   `RoutingShard.holder`), so they cannot deadlock.
+/// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`), and
+///   so may the `CallDirectory`'s; no other lock is held when a shard lock is taken. A
+///   loop's inbox lock is never held with a shard lock.
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
 /// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`). Every
-/// hold is timed: `LoopMetrics.routingLockHold`
+/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`, each hold
+/// a task of its owner's inbox). Every hold is timed: `LoopMetrics.routingLockHold`
 /// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
 /// (`voipserver_routing_lock_hold_seconds`).
 ///
 /// With a store, the durable changes each hold made are handed to the `StoreWriter`
 /// before the shard's lock is released (`CommitUnit`), so a shard's units reach the writer
 /// in the order its sequence numbers were assigned, and the writer commits in arrival
-/// order. A message that spans two shards is one unit per step plus an answering unit
-/// (`runMessage`): the writer commits them in one transaction and sends the OK after it;
-/// a refusal cancels the message in every shard it touched (`cancel`). What the writer
-/// does to the routing state (a commit's release, a refusal, bodies read back) and the
-/// start-up load are one hold per shard concerned, one after the other, like any step.
+/// order. An operation that spans shards is one unit per step plus a closing unit, sent by
+/// whichever loop runs its last step (`StepChain`, `finish`): the writer commits them in
+/// one transaction and, for a message, sends the OK after it; a refusal cancels the
+/// message in every shard it touched (`cancel`).
 final class Switchboard: Sendable {
     /// Shard `i` holds the users `ShardMap.shard(of:count:)` maps to `i`.
     private let shards: [RoutingShard]
@@ -132,46 +142,153 @@ final class Switchboard: Sendable {
     }
 
     /// Runs the steps an operation handed on (`ShardStep`), each in a hold of its user's
-    /// shard, and those they hand on in turn, until none is left: never two shards at once.
-    /// Returns the answer a step gave the request (for one whose first hold did not
-    /// answer), and what the loops must do. Steps run in the order they were handed on
-    /// (first in, first out), so two steps an operation hands the same shard run in order.
+    /// shard, and those they hand on in turn: never two shards at once.
     ///
-    /// `group`: with a store, the group the operation's first hold started
-    /// (`SwitchboardState.group(for:)`): every step's unit joins it, and it is closed after
-    /// the last, so the writer commits them all together.
+    /// Called by a loop (`loop`) while its shards are owned by the loops (`postsSteps`): a
+    /// step for the loop's own shard runs at once, in a hold of its own (a fan-out's next
+    /// chunk excepted: it goes to the back of the loop's own inbox, so other work runs
+    /// between chunks); a step for another shard is posted to the loop that owns it
+    /// (`EventLoop.postStep`), which runs it and the steps it hands on in turn. Called by
+    /// any other thread (the admin API), or with one shard: every step runs here, one
+    /// hold after the other.
+    ///
+    /// Order: steps run first in, first out, and the steps one loop posts to another
+    /// arrive in the order they were handed on (one FIFO inbox per loop, each loop's posts
+    /// in order): so two steps an operation hands the same shard run in the order they
+    /// were handed on, as when one thread ran them all. (Steps of one operation for the
+    /// same shard that come from different shards have no order; what relies on one
+    /// numbers them: `ShardStep.toCaller`.)
+    ///
+    /// `chain` says where a step's answer goes and which commit group the steps' units
+    /// join; the last step to run closes the group (`finish`). Returns the answer if a
+    /// step that ran here decided it (nil: posted, or the store writer answers), and what
+    /// the calling loop must do.
     func run(
-        _ steps: [ShardStep], now: Instant, wall: UInt64, writerWake: WriterWake = .now,
-        committedWith group: CommitGroup? = nil
+        _ steps: [ShardStep], chain: StepChain, on loop: EventLoop? = nil, writerWake: WriterWake = .now
     ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
-        let outcome = run(steps, group: group, message: nil, now: now, wall: wall, writerWake: writerWake)
-        if let group { close(group, writerWake) }
-        return outcome
+        chain.expect(steps.count)
+        guard !steps.isEmpty else { return (finish(chain, writerWake), []) }
+        var here = FIFOQueue<PostedStep>()
+        for step in steps { route(PostedStep(step: step, chain: chain), from: loop, into: &here) }
+        let ran = drive(&here, on: loop, writerWake: writerWake)
+        return (ran.answers.first?.reply, ran.effects)
     }
 
     /// Runs the steps of a message to another shard's user (`MessageAcceptance.handOff`)
-    /// as `run(_:now:wall:writerWake:)` does. With a store, `message` is its deferred OK,
+    /// as `run(_:chain:on:writerWake:)` does. With a store, `message` is its deferred OK,
     /// tied already to the sender's first hold (`deferReply(_:answers: false)`): every hold
     /// of the steps ties its commit unit to it too (a fan-out in chunks each of its holds:
     /// `FanOut.committedWith`; a hold that only helps another message's fan-out ties its
     /// unit to that message), and records the message's event it queued; then the
     /// message's answering unit goes to the writer, which commits all of them together
-    /// and then answers. Returns the reply to send now: nil when the writer
-    /// answers (the message was accepted), else the refusal.
+    /// and then answers. Returns the reply to send now: nil when the writer answers (the
+    /// message was accepted) or when a step of another loop answers (`requester`), else
+    /// the refusal.
     func runMessage(
-        _ handOff: ShardStep, deferring message: DeferredReply?, now: Instant, wall: UInt64,
-        writerWake: WriterWake = .now
+        _ handOff: ShardStep, deferring message: DeferredReply?, requester: StepChain.Requester? = nil,
+        on loop: EventLoop? = nil, now: Instant, wall: UInt64, writerWake: WriterWake = .now
     ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
-        let (decided, effects) = run([handOff], group: message, message: message, now: now, wall: wall, writerWake: writerWake)
-        let reply = decided ?? .failure(RequestError(.internalError, "the message was not answered"))
-        guard let message, writer != nil else { return (reply, effects) }
-        // Refused by a step, which answers: the steps withdrew what they had queued, so the
-        // writer commits their units as they are (their sequence reservations too), and
-        // must not wait for an answer to them.
-        if case .failure = reply { _ = message.settle(.declined) }
-        close(message, writerWake)
-        if case .failure = reply { return (reply, effects) }
-        return (nil, effects)
+        let chain = StepChain(
+            now: now, wall: wall, requester: requester, group: nil, message: message, awaitsAnswer: true,
+            writerAnswers: writer != nil)
+        return run([handOff], chain: chain, on: loop, writerWake: writerWake)
+    }
+
+    /// Runs steps other loops posted to `loop` (`LoopTask.steps`), all of them for its own
+    /// shard, and those they hand on (`run`). Returns the answers they decided, as tasks
+    /// for the requesting connections' loops, and what `loop` must do.
+    func runPosted(_ steps: [PostedStep], on loop: EventLoop) -> (replies: [LoopTask], effects: [SwitchboardEffect]) {
+        var here = FIFOQueue<PostedStep>()
+        for step in steps { here.push(step) }
+        let ran = drive(&here, on: loop, writerWake: .afterCallback(of: loop))
+        return (ran.answers.compactMap { $0.chain.requester?.reply($0.reply) }, ran.effects)
+    }
+
+    /// Runs steps posted to a loop that had stopped (its inbox closed: a server that
+    /// stops) on the calling thread, with holds of their shards like any thread that is
+    /// not their owner, so that nothing handed on is lost and every request is answered.
+    func runOrphaned(_ steps: [PostedStep]) -> (replies: [LoopTask], effects: [SwitchboardEffect]) {
+        var here = FIFOQueue<PostedStep>()
+        for step in steps { here.push(step) }
+        let ran = drive(&here, on: nil, writerWake: .now)
+        return (ran.answers.compactMap { $0.chain.requester?.reply($0.reply) }, ran.effects)
+    }
+
+    /// Whether `loop`'s shards are owned by the loops, one each (shard `i` by loop `i`):
+    /// then steps go to their owners. With one shard there is nothing to hand over.
+    @inline(__always)
+    private func postsSteps(from loop: EventLoop) -> Bool {
+        shards.count > 1 && loop.peers.count == shards.count
+    }
+
+    /// The loop that owns shard `index`: loop `index` of a server's loops, one per shard
+    /// (nil: no loops, as for a switchboard without a server).
+    func owner(of index: Int, among loops: [EventLoop]) -> EventLoop? {
+        loops.count == shards.count ? loops[index] : nil
+    }
+
+    /// Queues `posted` to run here, or hands it to the loop that owns its shard.
+    private func route(_ posted: PostedStep, from loop: EventLoop?, into here: inout FIFOQueue<PostedStep>) {
+        guard let loop, postsSteps(from: loop) else { return here.push(posted) }
+        let owner = shard(of: posted.step.user)
+        if owner == Int(loop.index) {
+            // A fan-out's next chunk is a task of its own: what other loops posted meanwhile
+            // (and this loop's connections) run between two chunks.
+            guard case .continueFanOut = posted.step else { return here.push(posted) }
+        }
+        loop.postStep(posted, toShard: owner)
+    }
+
+    /// What running steps decided.
+    private struct StepsRan {
+        /// Answers to send, with the chain whose requester gets each.
+        var answers: [(chain: StepChain, reply: Result<UInt64, RequestError>)] = []
+        var effects: [SwitchboardEffect] = []
+    }
+
+    /// Runs `here` first in, first out, one hold each, routing what each step hands on.
+    private func drive(_ here: inout FIFOQueue<PostedStep>, on loop: EventLoop?, writerWake: WriterWake) -> StepsRan {
+        var ran = StepsRan()
+        while let posted = here.pop() {
+            let chain = posted.chain
+            #if DEBUG
+            // Shards owned by loops: a loop runs steps of its own shard only.
+            if let loop, postsSteps(from: loop) {
+                assert(shard(of: posted.step.user) == Int(loop.index), "loop \(loop.index) ran a step of another shard")
+            }
+            #endif
+            let (outcome, effects) = withState(of: posted.step.user, wall: chain.wall, writerWake: writerWake) { board in
+                // Tied before the step runs: a fan-out it starts keeps the message for its
+                // later holds, and a hold that helps another message's fan-out ties its unit
+                // to that message instead (`FanOut.committedWith`).
+                let journalsMessage = chain.message != nil && board.journaling
+                if let message = chain.message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
+                let outcome = board.handle(posted.step, now: chain.now)
+                if let message = chain.message, journalsMessage, let queued = outcome.queued {
+                    board.recordPart(queued, of: message)
+                } else if let group = chain.group, !journalsMessage {
+                    board.join(group)
+                }
+                return (outcome, board.takeEffects())
+            }
+            loop?.metrics.stepsRun.add(1)
+            ran.effects += effects
+            if let reply = outcome.reply, let answer = chain.decide(reply) { ran.answers.append((chain, answer)) }
+            chain.expect(outcome.next.count)
+            for next in outcome.next { route(PostedStep(step: next, chain: chain), from: loop, into: &here) }
+            if chain.stepRan(), let answer = finish(chain, writerWake) { ran.answers.append((chain, answer)) }
+        }
+        return ran
+    }
+
+    /// The last step of `chain` has run (on whichever loop): an operation that awaited an
+    /// answer and got none gets an internal error (returned, to send), and its group is
+    /// closed: the writer may commit the units of all its steps (and answer a message).
+    private func finish(_ chain: StepChain, _ writerWake: WriterWake) -> Result<UInt64, RequestError>? {
+        var answer: Result<UInt64, RequestError>?
+        if chain.awaitsAnswer { answer = chain.decide(.failure(RequestError(.internalError, "the request was not answered"))) }
+        if let group = chain.group { close(group, writerWake) }
+        return answer
     }
 
     /// Hands the writer the unit that closes `group` (after every unit of it).
@@ -180,60 +297,51 @@ final class Switchboard: Sendable {
         if writer.enqueue(CommitUnit(closing: group)) { wake(writer, writerWake) }
     }
 
-    private func run(
-        _ steps: [ShardStep], group: CommitGroup?, message: DeferredReply?, now: Instant, wall: UInt64,
-        writerWake: WriterWake
-    ) -> (reply: Result<UInt64, RequestError>?, effects: [SwitchboardEffect]) {
-        guard !steps.isEmpty else { return (nil, []) }
-        var pending = FIFOQueue<ShardStep>()
-        for step in steps { pending.push(step) }
-        var reply: Result<UInt64, RequestError>?
-        var effects: [SwitchboardEffect] = []
-        while let step = pending.pop() {
-            let (outcome, stepEffects) = withState(of: step.user, wall: wall, writerWake: writerWake) { board in
-                // Tied before the step runs: a fan-out it starts keeps the message for its
-                // later holds, and a hold that helps another message's fan-out ties its unit
-                // to that message instead (`FanOut.committedWith`).
-                let journalsMessage = message != nil && board.journaling
-                if let message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
-                let outcome = board.handle(step, now: now)
-                if let message, journalsMessage, let queued = outcome.queued {
-                    board.recordPart(queued, of: message)
-                } else if let group, !journalsMessage {
-                    board.join(group)
-                }
-                return (outcome, board.takeEffects())
-            }
-            if reply == nil { reply = outcome.reply }
-            effects += stepEffects
-            for next in outcome.next { pending.push(next) }
-        }
-        return (reply, effects)
-    }
-
     /// A commit's release (`CommittedRelease`): one hold of each shard it concerns, one
     /// after the other. Returns what the loops must do.
     func apply(_ release: CommittedRelease, wall: UInt64) -> [SwitchboardEffect] {
         release.shards.flatMap { index in withState(shard: index, wall: wall) { release.apply(to: &$0) } }
     }
 
+    /// The part of a commit's release that concerns shard `index` (its owner's, when
+    /// shards are owned by loops). Returns what the loops must do.
+    func apply(_ release: CommittedRelease, shard index: Int, wall: UInt64, writerWake: WriterWake = .now) -> [SwitchboardEffect] {
+        guard release.shards.contains(index) else { return [] }
+        return withState(shard: index, wall: wall, writerWake: writerWake) { release.apply(to: &$0) }
+    }
+
     /// Cancels messages refused after all (the store timeout, a server that stops while
     /// the store fails) in every shard each touched: its events there, and the sender's id
-    /// in the sender's shard. One hold per shard concerned, one after the other.
-    func cancel(_ messages: [DeferredReply], wall: UInt64) {
-        var byShard: [Int: [(message: DeferredReply, events: [QueuedEvent])]] = [:]
+    /// in the sender's shard; then sends `answers` (their errors), so that no copy of a
+    /// message is written after its sender was told it is refused. One hold per shard
+    /// concerned: on the shard's owner loop when the loops own the shards (each part
+    /// posted, `LoopTask.cancel`; the loop that runs the last part sends the answers),
+    /// else here, one after the other.
+    func cancel(_ messages: [DeferredReply], wall: UInt64, answers: [LoopTask], loops: [EventLoop]) {
+        var byShard: [Int: [MessageCancellation.Message]] = [:]
         for message in messages {
             var events: [Int: [QueuedEvent]] = [shard(of: message.sender): []]
             for part in message.parts { events[part.shard, default: []].append(part.event) }
-            for (index, shardEvents) in events { byShard[index, default: []].append((message, shardEvents)) }
+            for (index, shardEvents) in events { byShard[index, default: []].append(.init(reply: message, events: shardEvents)) }
         }
+        let remaining = ShardPartsLeft(byShard.count, then: answers)
         for index in byShard.keys.sorted() {
-            withState(shard: index, wall: wall) { board in
-                for (message, events) in byShard[index]! {
-                    board.cancelMessage(events, sender: message.sender, messageID: message.messageID)
-                }
+            let part = MessageCancellation(shard: index, messages: byShard[index]!, wall: wall, left: remaining)
+            if let owner = owner(of: index, among: loops), owner.post(.cancel(part)) { continue }
+            cancel(part, loops: loops)
+        }
+        if byShard.isEmpty { LoopDispatch.post(answers, to: loops) }
+    }
+
+    /// Runs one shard's part of a cancellation (`cancel(_:wall:answers:loops:)`) in a hold
+    /// of that shard; the last part sends the answers.
+    func cancel(_ part: MessageCancellation, loops: [EventLoop], writerWake: WriterWake = .now) {
+        withState(shard: part.shard, wall: part.wall, writerWake: writerWake) { board in
+            for message in part.messages {
+                board.cancelMessage(message.events, sender: message.reply.sender, messageID: message.reply.messageID)
             }
         }
+        if let answers = part.left.partDone() { LoopDispatch.post(answers, to: loops) }
     }
 
     /// Rebuilds what a store kept, one hold per shard, each with its own users' part of
@@ -319,6 +427,39 @@ final class Switchboard: Sendable {
     /// Every shard's counters added up (one short hold of each).
     var counters: SwitchboardCounters {
         shards.reduce(SwitchboardCounters()) { sum, shard in sum + shard.state.withLock { $0.counters } }
+    }
+}
+
+/// One shard's part of cancelling messages the store refused (`Switchboard.cancel`).
+struct MessageCancellation: Sendable {
+    struct Message: Sendable {
+        let reply: DeferredReply
+        /// The message's events in this shard (none: only the sender's id is here).
+        let events: [QueuedEvent]
+    }
+
+    let shard: Int
+    let messages: [Message]
+    let wall: UInt64
+    /// Shared by the parts of one cancellation: the last to run sends the answers.
+    let left: ShardPartsLeft
+}
+
+/// How many shards' parts of a piece of work are still to run, and what to send once none
+/// is left (the answers that must follow all of them). Parts run on different loops in
+/// any order, so the count is atomic.
+final class ShardPartsLeft: Sendable {
+    private let count: Atomic<Int>
+    private let then: [LoopTask]
+
+    init(_ parts: Int, then: [LoopTask]) {
+        count = Atomic(parts)
+        self.then = then
+    }
+
+    /// One part has run: what to send now if it was the last, else nil.
+    func partDone() -> [LoopTask]? {
+        count.wrappingSubtract(1, ordering: .acquiringAndReleasing).newValue == 0 ? then : nil
     }
 }
 

@@ -10,10 +10,11 @@ import Glibc
 /// An OK that may only be sent once a message is committed, and what to undo if it
 /// cannot be.
 ///
-/// Two threads may answer it: the store writer once the message's commit returned (OK),
-/// and loop 0's deadline check (`StoreWriter.superviseCommits`) once its deadline passed
+/// Three threads may answer it: the store writer once the message's commit returned (OK),
+/// loop 0's deadline check (`StoreWriter.superviseCommits`) once its deadline passed
 /// (ERROR storeUnavailable), whatever the writer is doing, even waiting for a write that
-/// never returns. `settle` lets exactly one of them answer.
+/// never returns, and the loop that runs the step that refuses it (`StepChain.decide`).
+/// `settle` lets exactly one of them answer.
 final class DeferredReply: CommitGroup, @unchecked Sendable {
     /// Who is waiting for the answer.
     enum Target: Sendable {
@@ -86,10 +87,7 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     func answer(_ outcome: Result<UInt64, RequestError>) -> LoopTask? {
         switch target {
         case .connection(let connection, let requestID):
-            switch outcome {
-            case .success(let time): return .reply(connection, .ok(requestID: requestID, serverTime: time))
-            case .failure(let error): return .reply(connection, .error(requestID: requestID, code: error.code, message: error.message))
-            }
+            return .reply(connection, Frame.answer(to: requestID, outcome))
         case .completion(let complete):
             complete(outcome)
             return nil
@@ -97,20 +95,29 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     }
 }
 
+/// Bodies the store writer read back for connections whose devices are in one shard
+/// (`LoopTask.restoreBodies`).
+struct BodiesReadBack: Sendable {
+    let shard: Int
+    let requests: [(StoreWriter.BodyRequest, [(seq: UInt64, body: [UInt8])])]
+}
+
 /// What a commit releases in the routing state, and the OKs that follow it: carried out by
-/// a loop (`LoopTask.released`), never by the store writer's thread, which then holds no
+/// the loops (`LoopTask.released`), never by the store writer's thread, which then holds no
 /// lock that a push needs. Every step is idempotent and order-insensitive (reservations
 /// and durability only move forwards), so two commits released by different loops may
-/// land in either order. A release may concern several shards: it is applied in one hold
-/// of each (`Switchboard.apply(_:wall:)`), one after the other, never two at once.
+/// land in either order. A release may concern several shards: each shard's part is
+/// applied by the loop that owns it, in one hold (`Switchboard.apply(_:shard:wall:)`), and
+/// each loop then sends the OKs of its own connections; so an OK follows the release of
+/// the shard its connection's loop owns (with connections on their user's home loop, the
+/// sender's), not necessarily that of the recipient's shard, which another loop applies
+/// meanwhile.
 struct CommittedRelease: Sendable {
     let units: [CommitUnit]
     /// The events of committed messages, now durable, each with its shard.
     let messages: [DeferredReply.Part]
     /// The OKs, sent after the release.
     let replies: [LoopTask]
-    /// The loop that carries it out: the first OK's (which is woken for it anyway), or 0.
-    let loop: UInt16
     /// The shards whose state the release changes, ascending (empty: only OKs go out).
     let shards: [Int]
 
@@ -118,7 +125,6 @@ struct CommittedRelease: Sendable {
         self.units = units
         self.messages = messages
         self.replies = replies
-        loop = replies.first?.loop ?? 0
         var touched = Set(messages.map(\.shard))
         for unit in units where !unit.durable.isEmpty || !unit.reservations.isEmpty { touched.insert(unit.shard) }
         shards = touched.sorted()
@@ -170,11 +176,13 @@ struct CommittedRelease: Sendable {
 /// touched, and the writer drops or withdraws all of its units alike.
 ///
 /// Threading: `enqueue` is called by loops with a shard's lock held (that keeps each
-/// shard's units in sequence order), and without one for a message's answering unit;
-/// `superviseCommits` by loop 0; everything else runs on the writer's own thread, which
-/// takes a shard lock only while holding no lock of its own, one shard at a time (a
-/// refusal's cancellation, bodies read back, a release when no loop runs), and not at all
-/// after an ordinary commit (`CommittedRelease`).
+/// shard's units in sequence order), and without one for a group's closing unit (by the
+/// loop that ran the group's last step); `superviseCommits` by loop 0; everything else runs
+/// on the writer's own thread. What it does to the routing state goes to the loops that
+/// own the shards concerned, one part per shard (a commit's release, a refusal's
+/// cancellation, bodies read back: `LoopTask.released`, `.cancel`, `.restoreBodies`); only
+/// when no loop owns a shard (no loops) or its loop has stopped does the writer take that
+/// shard's lock itself, holding no lock of its own, one shard at a time.
 ///
 /// Lock order: a shard, then `inbox` (a leaf). `progress` is never held with another lock.
 /// A `DeferredReply`'s `eventsByShard` is a leaf taken under a shard lock or none. Holds of
@@ -204,7 +212,7 @@ final class StoreWriter: @unchecked Sendable {
         }
     }
     /// A connection's pump stopped at an event whose body is in the store only.
-    struct BodyRequest {
+    struct BodyRequest: Sendable {
         let device: DeviceRecord
         let connection: ConnectionRef
         let from: UInt64
@@ -403,11 +411,12 @@ final class StoreWriter: @unchecked Sendable {
                 return
             }
         }
-        let count = Self.committable(pending)
-        guard count > 0 else { return }  // the answering unit is on its way: it wakes the writer
+        let order = Self.commitOrder(pending)
+        guard !order.isEmpty else { return }  // the closing unit is on its way: it wakes the writer
+        let units = order.map { pending[$0] }
         var changes: [StoreChange] = []
-        changes.reserveCapacity(pending[..<count].reduce(0) { $0 + $1.changes.count })
-        for unit in pending[..<count] { changes.append(contentsOf: unit.changes) }
+        changes.reserveCapacity(units.reduce(0) { $0 + $1.changes.count })
+        for unit in units { changes.append(contentsOf: unit.changes) }
         let collected = changes.count
         // Nothing durable (answering units of messages whose steps changed nothing that
         // lasts): no write; the answers still follow everything that arrived before them.
@@ -434,8 +443,12 @@ final class StoreWriter: @unchecked Sendable {
             commits.increment()
             compactedChanges.add(collected - changes.count, ordering: .relaxed)
         }
-        let units = Array(pending[..<count])
-        pending.removeFirst(count)
+        if order.count == pending.count {
+            pending.removeAll(keepingCapacity: true)
+        } else {
+            let taken = Set(order)
+            pending = pending.indices.filter { !taken.contains($0) }.map { pending[$0] }
+        }
         // First every answer (each message's units are all in `units`, its answering one
         // last), then, with every message of the batch decided, the withdrawals.
         var accepted: [LoopTask] = []
@@ -463,41 +476,172 @@ final class StoreWriter: @unchecked Sendable {
         // Units that only record state (acknowledgements, most sessions and events) release
         // nothing: no need to take a shard lock for them.
         guard released.needsRoutingState else { return post(accepted) }
-        // The routing work is a loop's, not this thread's: a commit has just spent this
+        // The routing work is the loops', not this thread's: a commit has just spent this
         // thread's share of the CPU, so the scheduler is quick to preempt it, and preempted
         // while it held a shard lock it would make every push to that shard wait until it
-        // ran again. The loop that gets the first OK anyway does it, then sends the OKs: no
-        // extra wake-up, and releases stay before their OKs.
-        if Int(released.loop) < loops.count, !loops[Int(released.loop)].finished.load(ordering: .acquiring) {
-            LoopDispatch.post([.released(released)], to: loops)
-        } else {
-            // No loop runs any more (the server is stopping): nobody else takes the locks.
-            deliver(context.switchboard.apply(released, wall: context.clock.wallMilliseconds()))
-            post(accepted)
+        // ran again. Each shard's owner applies its part, and each loop then sends its
+        // OKs: one task per loop concerned, so no extra wake-up for a loop that gets OKs
+        // anyway, and each loop's release stays before its OKs.
+        let switchboard = context.switchboard
+        guard released.shards.allSatisfy({ switchboard.owner(of: $0, among: loops) != nil }) else {
+            // Shards not owned by the loops (no loop): nobody else takes the locks.
+            deliver(switchboard.apply(released, wall: context.clock.wallMilliseconds()))
+            return post(accepted)
+        }
+        let concerned = Set(released.shards.map { UInt16($0) }).union(accepted.map(\.loop))
+        for loop in concerned.sorted() where Int(loop) < loops.count {
+            guard !loops[Int(loop)].post(.released(released, loop: loop)) else { continue }
+            // That loop has stopped (the server is stopping): its shard's part is done here;
+            // its connections, and so their OKs, are gone.
+            deliver(switchboard.apply(released, shard: Int(loop), wall: context.clock.wallMilliseconds()))
         }
     }
 
-    /// How many of `pending`'s units (from the first) the next commit takes: all, except
-    /// that it stops before the first unit of a `CommitGroup` whose closing unit has not
-    /// arrived yet (the operation's later steps are running on other shards). So a group's
-    /// units are committed in one transaction, never some without the others: a crash after
-    /// a commit that kept a message's event for its recipient but not the sender's id claim
-    /// would deliver the message twice when the sender, who got no OK, sends it again; one
-    /// that kept an ACK but not the receipt it sent to another shard would lose the receipt.
-    /// The steps run one after the other without waiting, so the closing unit follows
-    /// within microseconds (and wakes the writer: the inbox is empty again); a fan-out in
-    /// chunks keeps its group open for all of its holds (about 160 for 10,000 devices, a few
-    /// ms), and later units wait behind it. Cost: one pass over the units.
-    static func committable(_ pending: [CommitUnit]) -> Int {
-        guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return pending.count }
+    /// Which of `pending`'s units the next commit takes (indices, ascending: the commit
+    /// keeps their order). A group's units (`CommitGroup`: an operation's steps on several
+    /// shards, then its closing unit) go into one transaction, never some without the
+    /// others: a crash after a commit that kept a message's event for its recipient but
+    /// not the sender's id would deliver the message twice when the sender, who got no OK,
+    /// sends it again; one that kept an ACK but not the receipt it sent to another shard
+    /// would lose the receipt. And units are committed in arrival order, which for the
+    /// units of one shard is the order its sequence numbers were assigned (a durable mark
+    /// "through seq" must not be committed before an earlier event of the same device).
+    ///
+    /// So the commit takes everything before the first unit of the oldest group whose
+    /// closing unit has not arrived (the cut: its steps are still running on other
+    /// loops). A group that is closed but has units on both sides of the cut (its steps
+    /// interleaved with the open group's: a unit of A from shard 0, the first unit of B,
+    /// A's unit from shard 1 and A's closing unit) would be split by that cut; its later
+    /// units are pulled forward into the commit, past the units that stay, when none of
+    /// them touches what a staying unit before it touches (`Footprint`: the same event,
+    /// device state of a device the other has events or state of, a message id, a user's
+    /// held messages), so no dependent pair changes order. If one cannot be pulled, the
+    /// cut moves back to that group's first unit, and so on.
+    ///
+    /// No deadlock, no starvation: every group closes without the writer (a loop never
+    /// waits for a commit to run a step, and a step for a loop that has stopped runs on the
+    /// thread that hands it on), so the oldest open group closes within its steps' hops
+    /// (an inbox round trip per shard; a fan-out in chunks keeps its group open for all of
+    /// its holds, about 160 for 10,000 devices, a few ms), and its closing unit is an
+    /// arrival that wakes the writer. A unit that stays waits until the groups open before
+    /// it have closed, and, if it belongs to a group that cannot be pulled forward (a
+    /// receipt to a device that a newer, still open message also queues to), until no
+    /// newer open group overlaps the hops of its group: under a load that keeps opening
+    /// such overlapping groups without a pause, that wait has no fixed bound.
+    /// Cost: one pass over the units; with groups across the cut, one more per move of the
+    /// cut, and the footprints of the units after it.
+    static func commitOrder(_ pending: [CommitUnit]) -> [Int] {
+        guard pending.contains(where: { $0.group != nil && !$0.closesGroup }) else { return Array(pending.indices) }
         var closed = Set<ObjectIdentifier>()
         for unit in pending where unit.closesGroup {
             if let group = unit.group { closed.insert(ObjectIdentifier(group)) }
         }
-        return pending.firstIndex { unit in
+        var cut = pending.firstIndex { unit in
             guard let group = unit.group, !unit.closesGroup else { return false }
             return !closed.contains(ObjectIdentifier(group))
         } ?? pending.count
+        while cut > 0 {
+            var firstIndex: [ObjectIdentifier: Int] = [:]
+            for index in 0..<cut {
+                if let group = pending[index].group, firstIndex[ObjectIdentifier(group)] == nil {
+                    firstIndex[ObjectIdentifier(group)] = index
+                }
+            }
+            let straddling = Set(pending[cut...].compactMap { $0.group.map(ObjectIdentifier.init) }.filter { firstIndex[$0] != nil })
+            guard !straddling.isEmpty else { break }
+            var staying = Footprint()
+            var pulled: [Int] = []
+            var blocked: [Int] = []
+            for index in cut..<pending.count {
+                let unit = pending[index]
+                let footprint = Footprint(unit)
+                if let group = unit.group.map(ObjectIdentifier.init), straddling.contains(group) {
+                    if staying.conflicts(with: footprint) { blocked.append(firstIndex[group]!) } else { pulled.append(index) }
+                } else {
+                    staying.add(footprint)
+                }
+            }
+            guard let earliest = blocked.min() else { return Array(0..<cut) + pulled }
+            cut = earliest
+        }
+        return Array(0..<cut)
+    }
+
+    /// How many units the next commit takes (`commitOrder`).
+    static func committable(_ pending: [CommitUnit]) -> Int { commitOrder(pending).count }
+
+    /// What a commit unit touches in the store, for deciding whether two units may be
+    /// committed in the other order (`commitOrder`). Appending or withdrawing one event
+    /// commutes with any change to another event of the same device (a device's highest
+    /// number only grows); device state (its session, acknowledgements, reservations,
+    /// push registrations, durable marks "through seq") does not commute with anything of
+    /// the same device.
+    struct Footprint {
+        struct Device: Hashable {
+            let user: String
+            let device: String
+        }
+        struct EventKey: Hashable {
+            let device: Device
+            let seq: UInt64
+        }
+        struct MessageKey: Hashable {
+            let sender: String
+            let messageID: String
+        }
+        var events = Set<EventKey>()
+        var eventDevices = Set<Device>()
+        var devices = Set<Device>()
+        var messageIDs = Set<MessageKey>()
+        var heldUsers = Set<String>()
+
+        init() {}
+
+        init(_ unit: CommitUnit) {
+            for change in unit.changes {
+                switch change {
+                case .appendEvent(let user, let device, let stored): addEvent(user, device, stored.seq)
+                case .withdrawEvent(let user, let device, let seq): addEvent(user, device, seq)
+                case .claimHeldEvent(let user, let device, let seq, _):
+                    addEvent(user, device, seq)
+                    heldUsers.insert(user)
+                case .upsertDevice(let user, let device, _, _), .acknowledge(let user, let device, _),
+                    .reserveSequence(let user, let device, _), .removeDevice(let user, let device),
+                    .registerPush(let user, let device, _), .removePush(let user, let device, _):
+                    devices.insert(Device(user: user, device: device))
+                case .holdForUser(let user, _), .releaseHeld(let user, _), .withdrawHeld(let user, _):
+                    heldUsers.insert(user)
+                case .rememberMessageID(let remembered):
+                    messageIDs.insert(MessageKey(sender: remembered.sender, messageID: remembered.messageID))
+                case .forgetMessageID(let sender, let messageID):
+                    messageIDs.insert(MessageKey(sender: sender, messageID: messageID))
+                }
+            }
+            for (device, _, _) in unit.durable { devices.insert(Device(user: device.userID, device: device.deviceID)) }
+            for (device, _) in unit.reservations { devices.insert(Device(user: device.userID, device: device.deviceID)) }
+        }
+
+        private mutating func addEvent(_ user: String, _ device: String, _ seq: UInt64) {
+            let device = Device(user: user, device: device)
+            events.insert(EventKey(device: device, seq: seq))
+            eventDevices.insert(device)
+        }
+
+        mutating func add(_ other: Footprint) {
+            events.formUnion(other.events)
+            eventDevices.formUnion(other.eventDevices)
+            devices.formUnion(other.devices)
+            messageIDs.formUnion(other.messageIDs)
+            heldUsers.formUnion(other.heldUsers)
+        }
+
+        /// Whether the two must keep their order.
+        func conflicts(with other: Footprint) -> Bool {
+            !events.isDisjoint(with: other.events) || !messageIDs.isDisjoint(with: other.messageIDs)
+                || !heldUsers.isDisjoint(with: other.heldUsers)
+                || !devices.isDisjoint(with: other.devices) || !devices.isDisjoint(with: other.eventDevices)
+                || !eventDevices.isDisjoint(with: other.devices)
+        }
     }
 
     /// What undoes the store changes of a message that was refused but committed: its
@@ -546,13 +690,26 @@ final class StoreWriter: @unchecked Sendable {
                 context.logger.error("store_read_failed", ["error": "\(error)", "user": request.device.userID])
             }
         }
-        // One hold per shard concerned, one after the other.
+        // Requests that failed: their pumps ask again.
+        let loadedConnections = Set(loaded.map(\.0.connection))
+        post(requests.filter { !loadedConnections.contains($0.connection) }.map { .bodiesLoaded($0.connection) })
+        // One hold per shard concerned, by the loop that owns it (else here, one after the
+        // other).
         let byShard = Dictionary(grouping: loaded) { request, _ in context.switchboard.shard(of: request.device.userID) }
-        let lost = byShard.keys.sorted().flatMap { shard in
-            context.switchboard.withState(shard: shard, wall: context.clock.wallMilliseconds()) { board in
-                byShard[shard]!.flatMap { request, bodies in
-                    board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
-                }
+        for shard in byShard.keys.sorted() {
+            let part = BodiesReadBack(shard: shard, requests: byShard[shard]!)
+            if let owner = context.switchboard.owner(of: shard, among: loops), owner.post(.restoreBodies(part)) { continue }
+            restore(part)
+        }
+    }
+
+    /// Puts bodies read back into their events (one hold of their shard), then tells each
+    /// connection's loop to pump again. Run by the shard's owner loop (`LoopTask.restoreBodies`)
+    /// or, without one, by the writer.
+    func restore(_ part: BodiesReadBack) {
+        let lost = context.switchboard.withState(shard: part.shard, wall: context.clock.wallMilliseconds()) { board in
+            part.requests.flatMap { request, bodies in
+                board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
             }
         }
         for (device, seq) in lost {
@@ -561,7 +718,7 @@ final class StoreWriter: @unchecked Sendable {
                 "detail": "the store has no body for this event; it is skipped",
             ])
         }
-        post(requests.map { .bodiesLoaded($0.connection) })
+        post(part.requests.map { .bodiesLoaded($0.0.connection) })
     }
 
     /// The commit under way returned (committed or failed): it is no longer stalled.
@@ -583,11 +740,11 @@ final class StoreWriter: @unchecked Sendable {
         refuse(replies, reason: reason)
     }
 
-    /// Cancels the messages (settled as refused by the caller) and sends their errors.
+    /// Cancels the messages (settled as refused by the caller) and then sends their errors.
     private func refuse(_ replies: [DeferredReply], reason: String) {
         guard !replies.isEmpty else { return }
-        context.switchboard.cancel(replies, wall: context.clock.wallMilliseconds())
-        post(replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) })
+        let answers = replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) }
+        context.switchboard.cancel(replies, wall: context.clock.wallMilliseconds(), answers: answers, loops: loops)
     }
 
     // MARK: Loop 0

@@ -106,7 +106,7 @@ final class EmbeddedServer {
 
     // MARK: Time
 
-    /// Moves the clock, then runs every loop's tick (loop 0's runs the routing core's
+    /// Moves the clock, then runs every loop's tick (each runs its own shard's routing
     /// deadlines) and whatever the ticks caused.
     func advance(by duration: Duration) {
         clock.advance(by: duration)
