@@ -4,6 +4,11 @@ import SignalingProtocol
 enum ConnectionPhase: UInt8 {
     /// Accepted; no HELLO yet. Closed if none arrives within the handshake timeout.
     case awaitingHello
+    /// HELLO verified on a loop that is not its user's home loop: nothing more is read or
+    /// handled here, and when the current callback ends the connection leaves for its home
+    /// loop (`EventLoop.handOver`), which registers the device. No `DeviceRecord` refers
+    /// to it, so nothing in the routing state can wake or close it meanwhile.
+    case handingOver
     /// HELLO accepted and bound to a device; events flow; the idle timeout applies.
     case established
     /// CLOSE written and our side shut down; input is read and discarded until the peer

@@ -128,14 +128,20 @@ extension EventLoop {
         // +1: `nowSeconds` is rounded down, so the drain never ends early.
         drainDeadline = nowSeconds + 1 + configuration.drainTimeout.wholeSecondsRoundedUp
         stopListening()
-        let frame = Close(
-            code: .goingAway,
-            retryAfterMs: UInt32(clamping: configuration.drainRetryAfter.milliseconds),
-            retryJitterMs: UInt32(clamping: configuration.drainJitter.milliseconds),
-            message: "server shutting down; reconnect after the advised delay")
+        let frame = drainClose
         for slot in table.liveSlots() {
             closeConnection(slot, with: frame)
         }
         if table.liveCount == 0 { vs_event_base_loopbreak(base) }
+    }
+
+    /// The CLOSE every device gets when the server drains.
+    var drainClose: Close {
+        let configuration = context.configuration
+        return Close(
+            code: .goingAway,
+            retryAfterMs: UInt32(clamping: configuration.drainRetryAfter.milliseconds),
+            retryJitterMs: UInt32(clamping: configuration.drainJitter.milliseconds),
+            message: "server shutting down; reconnect after the advised delay")
     }
 }

@@ -12,6 +12,9 @@ enum LoopTask: Sendable {
     /// Events are pending for this connection's device: write them.
     case wake(ConnectionRef)
     /// Close this connection with this frame (another connection took over its device).
+    /// A takeover by a device's new connection never comes here: both connections live on
+    /// their user's home loop, which closes the old one itself (`apply`). This carries the
+    /// takeovers of servers whose loops own no shard, and the admin API's closes.
     case close(ConnectionRef, Close)
     /// Send this reply (an OK deferred until the store committed a message, or its ERROR).
     case reply(ConnectionRef, Frame)
@@ -24,6 +27,10 @@ enum LoopTask: Sendable {
     case drain
     /// A commit returned: release what it made durable, then send its OKs.
     case released(CommittedRelease)
+    /// A connection whose HELLO another loop verified comes to live here, its user's home
+    /// loop: register its device and handle what it sent after the HELLO
+    /// (EventLoop+HandOver.swift). Posted only by `post(adopting:)`.
+    case adopt(MovingConnection)
 
     /// The loop that runs it.
     var loop: UInt16 {
@@ -32,13 +39,15 @@ enum LoopTask: Sendable {
             return ref.loop
         case .drain: return 0
         case .released(let release): return release.loop
+        case .adopt(let moving): return moving.home
         }
     }
 }
 
 /// One libevent `event_base` running on its own thread, memcached-style: it accepts on its
 /// own SO_REUSEPORT listening sockets (plain, TLS, or both), and owns every connection it
-/// accepted until that connection closes.
+/// accepted until that connection closes or, once its HELLO is verified, moves to its
+/// user's home loop (EventLoop+HandOver.swift), which owns it from then on.
 ///
 /// Concurrency: the loop's state (connection table, buffers, deadlines) is touched only
 /// while `ownership` is held. The loop's own thread holds it for each libevent callback
@@ -64,6 +73,9 @@ final class EventLoop: @unchecked Sendable {
     /// Device addresses from PROXY headers, by slot, from the header to the HELLO, for the
     /// handshake's log lines (EventLoop+Proxy.swift); empty without `--proxy-protocol`.
     var proxiedPeers: [UInt32: (generation: UInt32, address: PeerAddress)] = [:]
+    /// Connections whose HELLO this loop verified for a user of another loop's shard:
+    /// they leave for that loop when the current callback ends (`handOverDeparting`).
+    var departing: [Departure] = []
     /// Linger deadlines of closing connections.
     var closingDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: UInt32)>()
     /// Connections whose device has new events to write once the current callback is done
@@ -101,7 +113,7 @@ final class EventLoop: @unchecked Sendable {
     /// writer's last release), and a descriptor closed under them would be reused by the
     /// next socket the process opens, which would then receive the wake-up's 8 bytes.
     let wakeFD: Int32
-    private let inbox = Mutex<[LoopTask]>([])
+    private let inbox = Mutex(LoopInbox())
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(LoopOwnership())
     /// Set when the loop has been told to drain; holds the time by which it must be done.
@@ -163,6 +175,9 @@ final class EventLoop: @unchecked Sendable {
         ownership.withLock { ownership in
             ownership.waiting = false
             callback()
+            // After the callback's reads: a plain socket's peeked bytes are taken by now,
+            // and nothing below the read touches the connection any more.
+            if !departing.isEmpty { handOverDeparting() }
         }
         // Outside the lock: peers may write to our connections during the system call.
         if writerWakePending {
@@ -203,6 +218,9 @@ final class EventLoop: @unchecked Sendable {
         runUntilBroken()
 
         ownership.withLock { ownership in
+            // Connections handed over after the loop stopped: they still get their CLOSE.
+            refreshTime()
+            for moving in closeInbox() { adopt(moving, closingWith: drainClose) }
             ownership.running = false  // peers stop writing here
             for slot in table.liveSlots() { destroy(slot) }
             table.deallocate()
@@ -255,8 +273,8 @@ final class EventLoop: @unchecked Sendable {
     func post(contentsOf tasks: some Collection<LoopTask>) {
         guard !tasks.isEmpty else { return }
         let wasEmpty = inbox.withLock { inbox in
-            let wasEmpty = inbox.isEmpty
-            inbox.append(contentsOf: tasks)
+            let wasEmpty = inbox.tasks.isEmpty
+            inbox.tasks.append(contentsOf: tasks)
             return wasEmpty
         }
         // One eventfd write per batch: a loop that has not drained its inbox yet will see
@@ -266,15 +284,37 @@ final class EventLoop: @unchecked Sendable {
 
     /// Tasks wait in the inbox: what an embedded loop's owner checks instead of an epoll
     /// wait on the eventfd (ConnectionIO.swift).
-    var hasPostedTasks: Bool { inbox.withLock { !$0.isEmpty } }
+    var hasPostedTasks: Bool { inbox.withLock { !$0.tasks.isEmpty } }
+
+    /// Hands a connection to this loop, its user's home loop (`LoopTask.adopt`). False when
+    /// the loop has stopped and will run no more tasks: the caller keeps the connection.
+    func post(adopting moving: MovingConnection) -> Bool {
+        let wasEmpty = inbox.withLock { inbox -> Bool? in
+            guard inbox.open else { return nil }
+            defer { inbox.tasks.append(.adopt(moving)) }
+            return inbox.tasks.isEmpty
+        }
+        guard let wasEmpty else { return false }
+        if wasEmpty { shim_eventfd_signal(wakeFD) }
+        return true
+    }
+
+    /// The loop has stopped: it takes no more connections (`post(adopting:)` fails from
+    /// now on). Returns the connections handed over that it had not run yet.
+    func closeInbox() -> [MovingConnection] {
+        inbox.withLock { inbox in
+            inbox.open = false
+            return inbox.tasks.compactMap { if case .adopt(let moving) = $0 { moving } else { nil } }
+        }
+    }
 
     /// Runs the tasks handed over by other threads (an input of the seam, ConnectionIO.swift).
     func runInbox() {
         activity &+= 1
         shim_eventfd_drain(wakeFD)
         let tasks = inbox.withLock { inbox in
-            defer { inbox.removeAll(keepingCapacity: true) }
-            return inbox
+            defer { inbox.tasks.removeAll(keepingCapacity: true) }
+            return inbox.tasks
         }
         refreshTime()
         for task in tasks {
@@ -308,6 +348,8 @@ final class EventLoop: @unchecked Sendable {
                     }
                 }
                 LoopDispatch.post(remoteReplies, to: peers)
+            case .adopt(let moving):
+                adopt(moving)
             }
         }
         sendPostedReplies()
@@ -373,6 +415,8 @@ final class EventLoop: @unchecked Sendable {
                 if ref.loop == index { markDirty(ref.slot, generation: ref.generation) } else { remoteWakes[ref.loop, default: []].append(ref) }
             case .close(let ref, let frame):
                 context.counters.takeovers.increment()
+                // A takeover (the device connected again) is always local on a server:
+                // both connections are on the user's home loop. The post covers the rest.
                 if ref.loop == index {
                     if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
                 } else {
@@ -391,6 +435,14 @@ final class EventLoop: @unchecked Sendable {
         }
         for (loop, tasks) in remote { peers[Int(loop)].post(contentsOf: tasks) }
     }
+}
+
+/// Tasks handed to a loop (`EventLoop.post`), and whether it still runs them.
+struct LoopInbox {
+    var tasks: [LoopTask] = []
+    /// False once the loop has stopped: a connection handed over then would never be run
+    /// (`EventLoop.post(adopting:)` refuses it, and the sender closes it itself).
+    var open = true
 }
 
 /// What `EventLoop.ownership` guards besides the loop's state itself.

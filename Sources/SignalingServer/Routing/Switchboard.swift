@@ -60,6 +60,22 @@ final class Switchboard: Sendable {
         max(1, workers)
     }
 
+    /// The loop that owns shard `shard` among `loopCount` event loops: the one place that
+    /// says which loop is a user's **home loop** (docs/ARCHITECTURE.md, "Where a
+    /// connection lives"). Shard `i` is owned by loop `i` when there are as many shards as
+    /// loops, which a server always has (`shardCount(workers:)`); with `--workers 1` the one
+    /// loop owns the one shard and nothing ever moves. With any other count (a
+    /// `Switchboard` built apart from its loops) no loop owns a shard: nil, and a
+    /// connection stays on the loop that accepted it.
+    static func ownerLoop(ofShard shard: Int, shardCount: Int, loopCount: Int) -> Int? {
+        shardCount == loopCount && (0..<loopCount).contains(shard) ? shard : nil
+    }
+
+    /// The home loop of `userID`'s connections (see `ownerLoop(ofShard:shardCount:loopCount:)`).
+    func homeLoop(of userID: String, loopCount: Int) -> Int? {
+        Self.ownerLoop(ofShard: shard(of: userID), shardCount: shards.count, loopCount: loopCount)
+    }
+
     init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool, shardCount: Int = 1) {
         let ledger = MemoryLedger()
         self.ledger = ledger

@@ -43,7 +43,7 @@ final class EmbeddedServer {
             configuration: configuration, clock: clock, logger: .silent, journaling: false, pushGateway: nil,
             tokenVerifier: try Authentication.verifier(for: configuration))
         self.context = context
-        let transports = (0..<workers).map { _ in EmbeddedTransport() }
+        let transports = (0..<workers).map { EmbeddedTransport(loop: $0) }
         self.transports = transports
         var loops: [EventLoop] = []
         for (index, transport) in transports.enumerated() {
@@ -191,7 +191,9 @@ final class EmbeddedServer {
 /// read, and what the loop wrote that the client has not read. The client side of a socket
 /// pair, without the socket.
 final class EmbeddedSocket {
-    let loop: Int
+    /// The loop the connection lives on: the one that accepted it, then its user's home
+    /// loop once its HELLO is verified (`EmbeddedTransport.takeOver`).
+    var loop: Int
     var slot: UInt32 = 0
     let receiveWindow: Int
     /// Bytes from the client, not yet read by the loop.
@@ -221,7 +223,13 @@ final class EmbeddedSocket {
 /// An embedded loop's transport: its connections' sockets by slot (the `ConnectionIO` of
 /// the seam, see ConnectionIO.swift).
 final class EmbeddedTransport: ConnectionIO {
+    /// The loop this is the transport of.
+    let loop: Int
     var sockets: [UInt32: EmbeddedSocket] = [:]
+
+    init(loop: Int) {
+        self.loop = loop
+    }
 
     func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> IOResult {
         guard let socket = sockets[slot], !socket.closedByClient else { return .failed(errno: EPIPE) }
@@ -245,6 +253,17 @@ final class EmbeddedTransport: ConnectionIO {
         socket.endOfStream = true
         socket.released = true
     }
+
+    func handOver(_ slot: UInt32) -> AnyObject {
+        sockets.removeValue(forKey: slot)!
+    }
+
+    func takeOver(_ connection: AnyObject, in slot: UInt32) {
+        let socket = connection as! EmbeddedSocket
+        socket.loop = loop
+        socket.slot = slot
+        sockets[slot] = socket
+    }
 }
 
 /// A client of an `EmbeddedServer`: the same protocol steps as `TestClient`
@@ -267,7 +286,7 @@ final class EmbeddedClient: ProtocolClient {
         close()
     }
 
-    /// The loop the connection landed on.
+    /// The loop the connection lives on (after the HELLO: its user's home loop).
     var loop: Int { socket.loop }
 
     func sendRaw(_ bytes: [UInt8]) throws {
