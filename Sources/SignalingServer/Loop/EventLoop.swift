@@ -14,7 +14,8 @@ enum LoopTask: Sendable {
     /// Close this connection with this frame (another connection took over its device).
     /// A takeover by a device's new connection never comes here: both connections live on
     /// their user's home loop, which closes the old one itself (`apply`). This carries the
-    /// takeovers of servers whose loops own no shard, and the admin API's closes.
+    /// takeovers of servers whose loops own no shard, and the admin API's closes (a
+    /// revoked session, a forgotten user).
     case close(ConnectionRef, Close)
     /// Send this reply (an OK deferred until the store committed a message, or its ERROR).
     case reply(ConnectionRef, Frame)
