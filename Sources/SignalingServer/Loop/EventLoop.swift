@@ -272,15 +272,24 @@ final class EventLoop: @unchecked Sendable {
     }
 
     func post(contentsOf tasks: some Collection<LoopTask>) {
-        guard !tasks.isEmpty else { return }
-        let wasEmpty = inbox.withLock { inbox in
+        _ = enqueue(tasks, unlessStopped: false)
+    }
+
+    /// Appends `tasks` to the inbox, unless `unlessStopped` and the loop has stopped
+    /// (then false: nothing was posted).
+    private func enqueue(_ tasks: some Collection<LoopTask>, unlessStopped: Bool) -> Bool {
+        guard !tasks.isEmpty else { return true }
+        let wasEmpty = inbox.withLock { inbox -> Bool? in
+            guard inbox.open || !unlessStopped else { return nil }
             let wasEmpty = inbox.tasks.isEmpty
             inbox.tasks.append(contentsOf: tasks)
             return wasEmpty
         }
+        guard let wasEmpty else { return false }
         // One eventfd write per batch: a loop that has not drained its inbox yet will see
         // the new tasks anyway.
         if wasEmpty { shim_eventfd_signal(wakeFD) }
+        return true
     }
 
     /// Tasks wait in the inbox: what an embedded loop's owner checks instead of an epoll
@@ -290,14 +299,7 @@ final class EventLoop: @unchecked Sendable {
     /// Hands a connection to this loop, its user's home loop (`LoopTask.adopt`). False when
     /// the loop has stopped and will run no more tasks: the caller keeps the connection.
     func post(adopting moving: MovingConnection) -> Bool {
-        let wasEmpty = inbox.withLock { inbox -> Bool? in
-            guard inbox.open else { return nil }
-            defer { inbox.tasks.append(.adopt(moving)) }
-            return inbox.tasks.isEmpty
-        }
-        guard let wasEmpty else { return false }
-        if wasEmpty { shim_eventfd_signal(wakeFD) }
-        return true
+        enqueue(CollectionOfOne(.adopt(moving)), unlessStopped: true)
     }
 
     /// The loop has stopped: it takes no more connections (`post(adopting:)` fails from
