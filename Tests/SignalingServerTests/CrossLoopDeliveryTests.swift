@@ -87,15 +87,17 @@ struct CrossLoopDeliveryTests {
     }
 }
 
-/// The same two paths on embedded loops, where the test places each connection on its loop
-/// and knows which path each write takes.
+/// The same two paths on embedded loops, where each connection lives on its user's home
+/// loop and the test knows which path each write takes.
 @Suite("Cross-loop delivery (embedded loops)")
 struct EmbeddedCrossLoopDeliveryTests {
     @Test("an event for a sleeping loop's connection is written by the routing loop itself; a fan-out to more of its connections is handed over; each device gets each event once, in order")
     func directAndHandedOver() throws {
         let server = try EmbeddedServer(workers: 2)
-        let (alice, _) = try server.connect(user: "alice", loop: 0)
-        let (bob, _) = try server.connect(user: "bob", loop: 1)
+        // Each on its user's home loop (alice's shard is loop 1's, bob's and carol's loop 0's).
+        let (alice, _) = try server.connect(user: "alice", loop: 1)
+        let (bob, _) = try server.connect(user: "bob", loop: 0)
+        #expect(alice.loop == 1 && bob.loop == 0)
         #expect(try alice.request(1, LargeMessages.request(1, to: "bob", size: 5)).isOK)
         #expect(server.statistics.crossLoopWrites == 1, "loop 0 did not write bob's event itself")
         #expect(try bob.nextEvent().seq == 1)
@@ -103,7 +105,7 @@ struct EmbeddedCrossLoopDeliveryTests {
 
         var devices: [EmbeddedClient] = []
         for index in 0...EventLoop.peerWriteLimit {
-            devices.append(try server.connect(user: "carol", device: "d\(index)", loop: 1).0)
+            devices.append(try server.connect(user: "carol", device: "d\(index)", loop: 0).0)
         }
         for index in 2...3 { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "carol", size: 5)).isOK) }
         #expect(server.statistics.crossLoopWrites == 1, "the fan-out was not handed over to loop 1")

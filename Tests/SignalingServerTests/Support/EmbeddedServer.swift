@@ -28,7 +28,8 @@ final class EmbeddedServer {
     let loops: [EventLoop]
     private let transports: [EmbeddedTransport]
     /// The loop the next connection lands on (connections go round the loops, as the
-    /// kernel spreads them over SO_REUSEPORT sockets, so cross-loop paths are exercised).
+    /// kernel spreads them over SO_REUSEPORT sockets, so the move to the user's home loop
+    /// after the HELLO is exercised).
     private var nextLoop = 0
 
     init(
@@ -75,7 +76,8 @@ final class EmbeddedServer {
 
     // MARK: Connections
 
-    /// A new connection, accepted by loop `loop` (default: the next in turn). `receiveWindow`
+    /// A new connection, accepted by loop `loop` (default: the next in turn; after its HELLO
+    /// it lives on its user's home loop, `EmbeddedClient.loop`). `receiveWindow`
     /// bounds the bytes it holds unread (the socket buffers of a real connection): past
     /// that, the server's writes come up short and the rest waits in its `outbound`.
     func client(loop: Int? = nil, receiveWindow: Int = .max) throws -> EmbeddedClient {
