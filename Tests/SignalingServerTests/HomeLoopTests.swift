@@ -152,7 +152,8 @@ struct HomeLoopEndToEndTests {
                 messageID: "m\(index)", recipient: next, contentType: "text/plain", body: [1]))).isOK)
         }
         for (index, client) in clients.enumerated() {
-            #expect(try client.nextMessageIDs(1, acknowledging: true) == ["m\((index + users.count - 1) % users.count)"])
+            // Not acknowledged: a receipt would come between a device and its message.
+            #expect(try client.nextMessageIDs(1, acknowledging: false) == ["m\((index + users.count - 1) % users.count)"])
         }
         #expect(server.server.statistics.openConnections == 24)
     }
@@ -182,7 +183,8 @@ struct HomeLoopEndToEndTests {
         #expect(server.server.openConnectionsPerLoop == [1, number])
         let moved = devices.last!
         try moved.send(.ping)
-        #expect(try moved.next() == .pong)
+        // Its own message's receipt may come first (alice acknowledged it): kept for later.
+        try moved.expect("PONG") { $0 == .pong ? () : nil }
         #expect(try receiver.request(1, .messageSend(OutgoingMessage(
             messageID: "back", recipient: TwoShards.user("t\(number)x", onShard: 1), contentType: "text/plain", body: [2]))).isOK)
         // Its own message's receipt first (alice acknowledged it), then alice's message.
