@@ -441,7 +441,7 @@ struct AdminAPITests {
 
         let family = try #require(after["voipserver_lock_hold_seconds"])
         #expect(family.type == "histogram")
-        let labels = ["routing_shard", "loop_inbox", "loop_ownership", "loop_ownership_peer", "store_inbox", "deferred_reply_parts",
+        let labels = ["routing_shard", "loop_inbox", "loop_ownership", "store_inbox", "deferred_reply_parts",
                       "call_directory", "admission_bucket", "admission_per_address", "token_verifier", "tls_context", "log_throttle",
                       "push_inbox"]
         for lock in labels {

@@ -5,9 +5,9 @@ import Testing
 import Glibc
 #endif
 
-/// Two loops: events routed on one loop to a connection of the other are written either
-/// by the routing loop itself (the other one asleep) or by their own loop (handed over).
-/// Whichever path each write takes, every device must get its events once, in order.
+/// Two loops: a device lives on its user's home loop, and an event for another shard's
+/// device crosses loops as a step (the owner's inbox), never as a write by the sending
+/// loop: every device must get its events once, in order, written by its own loop.
 @Suite("Cross-loop delivery")
 struct CrossLoopDeliveryTests {
     func message(_ id: String, to recipient: String, bytes: Int = 5) -> Request {
@@ -46,8 +46,8 @@ struct CrossLoopDeliveryTests {
         #expect(ticks >= 20)
     }
 
-    @Test("a loop writes events for idle connections of the other loop itself; nothing is lost or reordered")
-    func directWrites() throws {
+    @Test("events for devices of the other loop's shard cross as steps and are written by their own loop; nothing is lost or reordered")
+    func stepsAcrossLoops() throws {
         let server = try TestServer(workers: 2)
         let (alice, _) = try server.connect(user: "alice")
         // At least 16 receivers, and until some are on the other loop than alice.
@@ -67,16 +67,16 @@ struct CrossLoopDeliveryTests {
         for (index, receiver) in receivers.enumerated() {
             #expect(try receive(3, on: receiver) == (0..<3).map { "m\($0)-\(index)" })
         }
-        #expect(server.server.statistics.crossLoopWrites > 0)
+        let loops = server.server.eventLoops
+        #expect(loops.contains { $0.metrics.stepsPosted.value > 0 }, "no event crossed loops")
     }
 
     @Test("devices that stop reading get every event, in order, once they read again")
     func backpressure() throws {
         let server = try TestServer(workers: 2) { $0.maxQueuedBytes = 8 << 20 }
         let (alice, _) = try server.connect(user: "alice")
-        // The kernel spreads connections over the loops at random: connect until both
-        // hold some (with all on alice's loop nothing would cross, and the test would
-        // prove nothing about cross-loop writes).
+        // Each receiver lives on its user's home loop: connect until both loops hold some
+        // (with all on alice's loop nothing would cross loops).
         var receivers: [TestClient] = []
         while receivers.count < 6 || server.server.openConnectionsPerLoop.contains(0) {
             try #require(receivers.count < 40, "the kernel put \(receivers.count + 1) connections on one loop")
@@ -100,30 +100,34 @@ struct CrossLoopDeliveryTests {
         }
         let statistics = server.server.statistics
         #expect(statistics.slowConsumerCloses == 0)
-        #expect(statistics.crossLoopWrites > 0)
     }
 }
 
-/// The same two paths on embedded loops, where the test places each connection on its loop
-/// and knows which path each write takes.
+/// The same on embedded loops, where the test knows which loop does what.
 @Suite("Cross-loop delivery (embedded loops)")
 struct EmbeddedCrossLoopDeliveryTests {
-    @Test("an event for a sleeping loop's connection is written by the routing loop itself; a fan-out to more of its connections is handed over; each device gets each event once, in order")
-    func directAndHandedOver() throws {
+    @Test("a message to another shard's device is a step on that shard's loop, which writes the event; a fan-out to many devices there too; each device gets each event once, in order")
+    func stepsThenOwnWrites() throws {
         let server = try EmbeddedServer(workers: 2)
-        let (alice, _) = try server.connect(user: "alice", loop: 0)
-        let (bob, _) = try server.connect(user: "bob", loop: 1)
+        // Each on its user's home loop (alice's shard is loop 1's, bob's and carol's loop 0's).
+        let (alice, _) = try server.connect(user: "alice", loop: 1)
+        let (bob, _) = try server.connect(user: "bob", loop: 0)
+        #expect(alice.loop == 1 && bob.loop == 0)
+        let posted = { server.loops.map { $0.metrics.stepsPosted.value } }
+        let ran = { server.loops.map { $0.metrics.stepsRun.value } }
+        let (postedBefore, ranBefore) = (posted(), ran())
         #expect(try alice.request(1, LargeMessages.request(1, to: "bob", size: 5)).isOK)
-        #expect(server.statistics.crossLoopWrites == 1, "loop 0 did not write bob's event itself")
+        #expect(posted()[1] > postedBefore[1], "loop 1 did not hand the message to bob's loop")
+        #expect(ran()[0] > ranBefore[0], "loop 0 did not run the step")
         #expect(try bob.nextEvent().seq == 1)
         #expect(bob.staysSilent)
 
         var devices: [EmbeddedClient] = []
-        for index in 0...EventLoop.peerWriteLimit {
+        for index in 0..<12 {
             devices.append(try server.connect(user: "carol", device: "d\(index)", loop: 1).0)
         }
+        #expect(devices.allSatisfy { $0.loop == 0 })
         for index in 2...3 { #expect(try alice.request(UInt32(index), LargeMessages.request(index, to: "carol", size: 5)).isOK) }
-        #expect(server.statistics.crossLoopWrites == 1, "the fan-out was not handed over to loop 1")
         for device in devices {
             for expected in UInt64(1)...2 {
                 let (seq, event) = try device.nextEvent()

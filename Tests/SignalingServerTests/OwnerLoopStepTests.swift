@@ -126,34 +126,38 @@ struct OwnerLoopStepTests {
         guard case .callEnded("c1", .noAnswer, _, _) = try callee.nextEvent().event else { Issue.record("callee not told"); return }
     }
 
-    @Test("a reply waiting in a loop's inbox goes out before an event another loop routes to the same connection, which that loop would otherwise write itself")
+    @Test("a reply waiting in a loop's inbox goes out before an event the loop then writes to the same connection")
     func replyBeforeRoutedEvent() throws {
         let server = try EmbeddedServer()
-        // One shard for both users: bob's message is one hold, on loop 0, which then wakes
-        // alice's connection on loop 1, asleep: a peer writes to it directly
-        // (`writeFromPeer`) unless its inbox holds tasks.
+        // One shard for both users: both live on loop 0, and bob's message is one hold
+        // there, which queues alice's event.
         let alice = user("alice", onShard: 0), bob = user("bob", onShard: 0)
         let (recipient, _) = try server.connect(user: alice, loop: 1)
         let (sender, _) = try server.connect(user: bob, loop: 0)
+        #expect(recipient.loop == 0)
         // As a step of another loop answers a request of alice's connection.
-        let ref = server.loops[1].ownership.withLock { _ in server.loops[1].reference(recipient.socket.slot) }
-        server.loops[1].post(.reply(ref, .ok(requestID: 99, serverTime: 1)))
+        let ref = server.loops[0].ownership.withLock { _ in server.loops[0].reference(recipient.socket.slot) }
+        server.loops[0].post(.reply(ref, .ok(requestID: 99, serverTime: 1)))
         #expect(try sender.request(1, .identifiedMessage("m1", to: alice)).isOK)
         guard case .ok(99, _)? = try recipient.next() else { Issue.record("the event overtook the reply"); return }
         guard case .event(_, .message)? = try recipient.next() else { Issue.record("no message"); return }
     }
 
-    @Test("steps for a loop that has stopped (its inbox closed) are run by the loop that hands them on: the message is answered and delivered")
+    @Test("steps for a loop that has stopped (its inbox closed) are run by the loop that hands them on: the message is answered and queued for its recipient")
     func stoppedOwner() throws {
         let server = try EmbeddedServer()
         let alice = user("alice", onShard: 0), bob = user("bob", onShard: 1)
         let (sender, _) = try server.connect(user: alice, loop: 0)
+        // Bob's device is known and away: a stopped loop has no connections.
         let (recipient, _) = try server.connect(user: bob, loop: 0)
+        #expect(recipient.loop == 1)
+        recipient.close()
+        server.runUntilQuiet()
         server.loops[1].closeInbox()
         let before = stepsRun(server)
         #expect(try sender.request(1, .identifiedMessage("m1", to: bob)).isOK)
         #expect(stepsRun(server) == before, "no loop ran the steps as their owner")
-        guard case .message(let message) = try recipient.nextEvent().event else { Issue.record("not delivered"); return }
-        #expect(message.messageID == "m1")
+        let pending = server.context.switchboard.withState(of: bob, wall: 0) { $0.counters.pendingEvents }
+        #expect(pending == 1, "the message was not queued for bob's device")
     }
 }

@@ -427,16 +427,18 @@ struct ShardEndToEndTests {
     let alice = TwoShards.user("alice", onShard: 0)
     let bob = TwoShards.user("bob", onShard: 1)
 
-    @Test("a call to a user whose devices are on both loops, from the other shard: all ring, the first accept wins, a caller that vanishes is reported")
+    @Test("a call to a user whose devices were accepted on both loops, from the other shard: all ring, the first accept wins, a caller that vanishes is reported")
     func calleeOnTwoLoops() throws {
         let server = try TestServer(workers: 2)
         #expect(server.server.routingShards == 2)
-        // Bob's devices first, until both loops hold some (the kernel picks the loop).
+        // Bob's devices first, until both loops accepted some (the kernel picks the loop):
+        // those accepted on loop 0 moved to bob's home loop, loop 1.
         var devices: [TestClient] = []
-        while devices.count < 2 || server.server.openConnectionsPerLoop.contains(0) {
+        while devices.count < 2 || server.server.connectionsMovedPerLoop[0] == 0 {
             try #require(devices.count < 40, "the kernel put \(devices.count + 1) connections on one loop")
             devices.append(try server.connect(user: bob, device: "d\(devices.count)").0)
         }
+        #expect(server.server.openConnectionsPerLoop == [0, devices.count])
         var caller: TestClient? = try server.connect(user: alice).0
         #expect(try caller!.request(1, .callInvite(callID: "c1", callee: bob, offer: [1])).isOK)
         for device in devices {

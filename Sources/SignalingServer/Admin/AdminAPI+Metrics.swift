@@ -47,6 +47,10 @@ extension AdminAPI {
             out.family("voipserver_tls_certificate_expiry_timestamp_seconds", .gauge, "When the certificate new TLS connections get expires (Unix time): alert well before it.")
             out.sample("voipserver_tls_certificate_expiry_timestamp_seconds", [:], expiry)
         }
+        out.family("voipserver_connections_moved_total", .counter, "Connections a loop accepted and handed over, once their HELLO was verified, to their user's home loop (the loop that owns the user's routing shard), by the loop that accepted them.")
+        for (index, loop) in loops.enumerated() {
+            out.sample("voipserver_connections_moved_total", ["loop": String(index)], loop.metrics.connectionsMoved.value)
+        }
         out.family("voipserver_connections_refused_total", .counter, "Connections refused before any handshake, by reason.")
         out.sample("voipserver_connections_refused_total", ["reason": "per_address_limit"], counters.connectionsRefusedPerAddress.value)
         out.family("voipserver_connection_closes_total", .counter, "Connections the server closed, by reason (takeovers: another connection of the device).")

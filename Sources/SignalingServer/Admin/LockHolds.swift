@@ -15,9 +15,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
     case loopInbox
     /// An `EventLoop`'s `ownership`, held by its own thread for a whole callback.
     case loopOwnership
-    /// An `EventLoop`'s `ownership`, try-locked by another loop to write for it
-    /// (`writeFromPeer`).
-    case loopOwnershipPeer
     /// The `StoreWriter`'s inbox: every hold of a shard with a store enqueues a unit.
     case storeInbox
     /// A message's `DeferredReply` parts (a message across shards, with a store).
@@ -45,7 +42,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .routingShard: "routing_shard"
         case .loopInbox: "loop_inbox"
         case .loopOwnership: "loop_ownership"
-        case .loopOwnershipPeer: "loop_ownership_peer"
         case .storeInbox: "store_inbox"
         case .deferredReplyParts: "deferred_reply_parts"
         case .callDirectory: "call_directory"
@@ -139,21 +135,6 @@ extension Mutex where Value: ~Copyable {
             return body(&value)
         }
         LockHolds.record(lock, from: hold.start, to: hold.end)
-        return result
-    }
-
-    /// `withLockIfAvailable`, timed like `withLock(timing:_:)` when the lock was taken.
-    @inline(__always)
-    borrowing func withLockIfAvailable<Result>(
-        timing lock: SharedLock, _ body: (inout sending Value) -> sending Result
-    ) -> sending Result? {
-        var hold: (start: UInt64, end: UInt64) = (0, 0)
-        let result = withLockIfAvailable { value -> sending Result in
-            hold.start = LoopMetrics.now()
-            defer { hold.end = LoopMetrics.now() }
-            return body(&value)
-        }
-        if hold.end != 0 { LockHolds.record(lock, from: hold.start, to: hold.end) }
         return result
     }
 }

@@ -134,6 +134,9 @@ final class LoopMetrics: Sendable {
     private let refusedHandshakes: [MetricCell] = CloseCode.allCases.map { _ in MetricCell() }
     /// Failed TLS handshakes, by reason (index in `TLSHandshakeFailure.allCases`).
     private let failedTLSHandshakes: [MetricCell] = TLSHandshakeFailure.allCases.map { _ in MetricCell() }
+    /// Connections this loop accepted and, their HELLO verified, handed over to their
+    /// user's home loop (EventLoop+HandOver.swift).
+    let connectionsMoved = MetricCell()
 
     /// The current time on the monotonic clock that `QueuedEvent.createdNanos` uses.
     @inline(__always)

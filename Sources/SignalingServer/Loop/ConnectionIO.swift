@@ -10,9 +10,12 @@ import SignalingSupport
 // became writable), `tick()` (the clock moved), `runInbox()` (work handed over by other
 // loops, the store writer, the admin API). Below it, the socket layer: libevent, recv and
 // send, TLS, PROXY headers, accept. What the logic asks of a connection's socket goes
-// through the four operations of `ConnectionIO`; everything else it does (wake another
+// through the operations of `ConnectionIO`; everything else it does (wake another
 // connection, close a connection, queue store work) stays in loop state or in the
-// switchboard and reaches the socket layer only through those four.
+// switchboard and reaches the socket layer only through those. A connection that moves to
+// its user's home loop (EventLoop+HandOver.swift) leaves one loop's transport
+// (`handOver`) and joins the other's (`takeOver`), as a socket leaves one event base for
+// another.
 //
 // A real loop has no `ConnectionIO` (`EventLoop.embeddedIO` is nil) and calls the socket
 // code directly: the branch costs one predictable test per write, no indirect call. The
@@ -37,4 +40,9 @@ protocol ConnectionIO: AnyObject {
     func finishWriting(_ slot: UInt32)
     /// The slot is released; the transport forgets the connection (a real socket closes).
     func release(_ slot: UInt32)
+    /// The connection of `slot` moves to another loop: the transport forgets it without
+    /// ending it, and returns it for the other loop's transport (`takeOver`).
+    func handOver(_ slot: UInt32) -> AnyObject
+    /// A connection another loop's transport handed over now lives in `slot` of this one.
+    func takeOver(_ connection: AnyObject, in slot: UInt32)
 }

@@ -4,6 +4,11 @@ import SignalingProtocol
 enum ConnectionPhase: UInt8 {
     /// Accepted; no HELLO yet. Closed if none arrives within the handshake timeout.
     case awaitingHello
+    /// HELLO verified on a loop that is not its user's home loop: nothing more is read or
+    /// handled here, and when the current callback ends the connection leaves for its home
+    /// loop (`EventLoop.handOver`), which registers the device. No `DeviceRecord` refers
+    /// to it, so nothing in the routing state can wake or close it meanwhile.
+    case handingOver
     /// HELLO accepted and bound to a device; events flow; the idle timeout applies.
     case established
     /// CLOSE written and our side shut down; input is read and discarded until the peer
@@ -45,8 +50,7 @@ struct ConnectionFlags: OptionSet {
 /// connection is idle (`inbound` and `outbound` exist only while bytes are in flight).
 /// 64 bytes: keep it so (a test checks).
 ///
-/// Touched only while its event loop's `ownership` lock is held: by that loop's thread,
-/// or by another loop writing events to it while the owner sleeps (`writeFromPeer`).
+/// Touched only by its event loop's thread, while it holds its `ownership` lock.
 struct ConnectionState {
     var fd: Int32 = -1
     /// Incremented each time the slot is reused; part of `ConnectionRef`.

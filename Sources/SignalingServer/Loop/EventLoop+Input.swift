@@ -51,7 +51,8 @@ extension EventLoop {
                 received(slot, UnsafeRawBufferPointer(rebasing: readBuffer[..<count]))
                 // A connection destroyed meanwhile took its socket and the bytes with it.
                 guard table.isLive(slot, generation: generation), takePeeked(count, from: slot) else { return }
-                if state.pointee.phase == .free || count < readBuffer.count { return }
+                // A connection handing over stops reading at once: the rest is its home loop's.
+                if state.pointee.phase == .free || state.pointee.phase == .handingOver || count < readBuffer.count { return }
                 if state.pointee.flags.contains(.readPaused) { return }
             case .wouldBlock:
                 return
@@ -185,6 +186,9 @@ extension EventLoop {
 
     // MARK: Handshake
 
+    /// The first half of a handshake: what needs no routing shard (admission, keep-alive,
+    /// the token's HMAC, the costly part) runs on the loop that accepted the connection;
+    /// the second half (`register`) on the user's home loop, where the connection lives.
     private func handshake(_ slot: UInt32, _ hello: Hello) {
         let configuration = context.configuration
         let now = context.clock.now()
@@ -220,6 +224,24 @@ extension EventLoop {
                 return
             }
         }
+        let verified = VerifiedHello(hello: hello, keepAliveSeconds: interval, idleTimeoutSeconds: idleTimeout)
+        // Before the hold that registers the device, so that until then no `DeviceRecord`
+        // refers to the connection and nothing can wake or close it while it moves.
+        if let home = context.switchboard.homeLoop(of: hello.userID, loopCount: peers.count), home != Int(index) {
+            beginHandOver(slot, verified, to: UInt16(home))
+            return
+        }
+        register(slot, verified)
+    }
+
+    /// The second half of a handshake, on the user's home loop: binds the connection to its
+    /// device in the user's shard (a resume, or a takeover of the device's older
+    /// connection, which lives on this loop too) and answers WELCOME, or closes it.
+    func register(_ slot: UInt32, _ verified: VerifiedHello) {
+        let configuration = context.configuration
+        let hello = verified.hello
+        let (interval, idleTimeout) = (verified.keepAliveSeconds, verified.idleTimeoutSeconds)
+        let now = context.clock.now()
         let ref = reference(slot)
         let wall = context.clock.wallMilliseconds()
         var (outcome, receipts, effects) = context.switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
@@ -239,6 +261,11 @@ extension EventLoop {
             apply(effects)
             protocolViolation(slot, violation)
         case .success(let grant):
+            // Checked in debug builds: an established connection lives on its user's home
+            // loop (EventLoop+HandOver.swift), so its device's holds are the owner's.
+            assert(
+                context.switchboard.homeLoop(of: hello.userID, loopCount: peers.count).map { $0 == Int(index) } ?? true,
+                "a device was registered on loop \(index), not on its user's home loop")
             let state = table.state(slot)
             state.pointee.phase = .established
             state.pointee.device = grant.record

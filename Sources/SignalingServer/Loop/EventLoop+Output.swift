@@ -263,55 +263,6 @@ extension EventLoop {
         return (count, batch.waitsForBody == nil && (count == Self.pumpBatch || full))
     }
 
-    // MARK: Writes by other loops
-
-    /// Called on another loop's thread, which routed new events to `ref`'s device: writes
-    /// them to the socket at once if this loop is asleep in epoll. That spares the
-    /// hand-off (an eventfd write and a wake-up of this loop's thread, which on a virtual
-    /// machine costs as much as the rest of the push). Returns false when the caller must
-    /// post the wake-up instead: this loop is awake (it will see the hand-off soon, and
-    /// coalesce it with others), or the write did not go as planned.
-    ///
-    /// Runs under `ownership`, so never alongside this loop's callbacks, and never calls
-    /// libevent, which is not thread-safe here: whatever needs the event base (watching
-    /// for writability, destroying a broken connection) is left to this loop.
-    func writeFromPeer(_ ref: ConnectionRef) -> Bool {
-        let handled = ownership.withLockIfAvailable(timing: .loopOwnershipPeer) { ownership -> Bool in
-            // A stopped loop or a closed connection: the events stay pending for a resume.
-            guard ownership.running, table.isLive(ref.slot, generation: ref.generation) else { return true }
-            // Tasks wait in the inbox (a reply among them, perhaps): they go first.
-            guard asleep.load(ordering: .relaxed), !inboxHasTasks.load(ordering: .acquiring) else { return false }
-            let state = table.state(ref.slot)
-            // Bytes already wait for writability: the writable callback pumps the rest.
-            guard state.pointee.outbound == nil else { return true }
-            let before = state.pointee.sentSeq
-            guard let batch = encodeNextBatch(ref.slot) else { return true }
-            let result = scratch.withUnsafeBytes { transmit($0, to: ref.slot) }
-            if result == .transferred(scratch.count) {
-                context.counters.crossLoopWrites.increment()
-                return !batch.mayHaveMore  // more to come: the owner pumps the rest
-            }
-            if result == .wouldBlock && state.pointee.flags.contains(.tls) {
-                // OpenSSL may hold part of these bytes in a record it could not send yet:
-                // the retry must offer the same bytes again, so they are kept, not re-made.
-                keepUnwritten(scratch, written: 0, in: ref.slot, at: context.seconds(at: context.clock.now()))
-                post(.watchWritable(ref))
-                return true
-            }
-            guard case .transferred(let written) = result, written > 0 else {
-                // Socket full or broken: nothing went out, so the owner writes it again
-                // (and queues it, or destroys the connection, as `writeScratch` does).
-                state.pointee.sentSeq = before
-                return false
-            }
-            keepUnwritten(scratch, written: written, in: ref.slot, at: context.seconds(at: context.clock.now()))
-            context.counters.crossLoopWrites.increment()
-            post(.watchWritable(ref))
-            return true
-        }
-        return handled ?? false
-    }
-
     /// Bytes the socket did not take (from this loop or a peer) wait in `outbound`: watch
     /// for writability, and make sure a client that stops reading is noticed.
     func watchWritable(_ slot: UInt32) {

@@ -62,7 +62,7 @@ extension EventLoop {
             if what & VS_EV_WRITE != 0 { flushOutbound(slot) }
             // Lingering input is discarded unread, records and all.
             if what & VS_EV_READ != 0, state.pointee.phase == .closing { readAvailable(slot) }
-        case .free:
+        case .free, .handingOver:
             break
         }
     }

@@ -83,7 +83,6 @@ extension EventLoop {
             "handshakes": stats.handshakesCompleted, "throttled": stats.handshakesThrottled,
             "idle_timeouts": stats.idleTimeouts, "protocol_errors": stats.protocolErrors,
             "events_queued": stats.eventsQueued, "events_written": stats.eventsWritten,
-            "cross_loop_writes": stats.crossLoopWrites,
             "events_dropped": stats.eventsDropped, "messages": stats.messagesAccepted, "event_bytes": stats.eventBytes,
             "refused_sender_quota": stats.refusedSenderQuota, "refused_rate": stats.refusedRate,
             "refused_capacity": stats.refusedCapacity, "slow_consumers": stats.slowConsumerCloses,
@@ -142,14 +141,20 @@ extension EventLoop {
         if listenFD >= 0 { acceptConnections(tls: false) }
         if tlsListenFD >= 0 { acceptConnections(tls: true) }
         stopListening()
-        let frame = Close(
-            code: .goingAway,
-            retryAfterMs: UInt32(clamping: configuration.drainRetryAfter.milliseconds),
-            retryJitterMs: UInt32(clamping: configuration.drainJitter.milliseconds),
-            message: "server shutting down; reconnect after the advised delay")
+        let frame = drainClose
         for slot in table.liveSlots() {
             closeConnection(slot, with: frame)
         }
         if table.liveCount == 0 { vs_event_base_loopbreak(base) }
+    }
+
+    /// The CLOSE every device gets when the server drains.
+    var drainClose: Close {
+        let configuration = context.configuration
+        return Close(
+            code: .goingAway,
+            retryAfterMs: UInt32(clamping: configuration.drainRetryAfter.milliseconds),
+            retryJitterMs: UInt32(clamping: configuration.drainJitter.milliseconds),
+            message: "server shutting down; reconnect after the advised delay")
     }
 }

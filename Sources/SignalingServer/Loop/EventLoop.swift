@@ -9,25 +9,27 @@ import Glibc
 
 // Locks of this file (docs/ARCHITECTURE.md, "Locks"), in the order they may be taken:
 //
-// - `ownership`: held by the loop's own thread for each whole callback (going to sleep in
-//   epoll takes no lock: `asleep` is an atomic). Outermost: no lock is held when a loop
-//   takes its own.
-//   Another loop only ever *tries* it (`writeFromPeer`), while holding its own, and never
-//   waits for it: two loops writing for each other cannot deadlock.
+// - `ownership`: held by the loop's own thread for each whole callback. Outermost: no lock
+//   is held when a loop takes its own. No other loop takes it: each connection lives on
+//   its user's home loop, which owns the user's shard, so no loop writes to another's
+//   connections (tests and the admin API's counts read under it, rarely).
 // - Under `ownership` a loop may take, one at a time and each for a moment: a routing
 //   shard (and under that only the store writer's inbox, the `CallDirectory`, a
 //   `DeferredReply`'s parts), any loop's `inbox`, the admission locks, the handshake
 //   holders (`ServerContext`), a `LogThrottle`.
 // - `inbox`: a leaf, taken by any thread to post and by the loop to take the batch; no
 //   other lock is ever taken under it.
-// Every hold of both is timed (`SharedLock.loopOwnership`, `.loopOwnershipPeer`,
-// `.loopInbox`).
+// Every hold of both is timed (`SharedLock.loopOwnership`, `.loopInbox`).
 
 /// Work handed to a loop by other threads.
 enum LoopTask: Sendable {
     /// Events are pending for this connection's device: write them.
     case wake(ConnectionRef)
     /// Close this connection with this frame (another connection took over its device).
+    /// A takeover by a device's new connection never comes here: both connections live on
+    /// their user's home loop, which closes the old one itself (`apply`). This carries the
+    /// takeovers of servers whose loops own no shard, and the admin API's closes (a
+    /// revoked session, a forgotten user).
     case close(ConnectionRef, Close)
     /// Send this reply (an OK deferred until the store committed a message, or its ERROR).
     case reply(ConnectionRef, Frame)
@@ -47,6 +49,10 @@ enum LoopTask: Sendable {
     case cancel(MessageCancellation)
     /// Bodies the store writer read back, for events of this loop's shard.
     case restoreBodies(BodiesReadBack)
+    /// A connection whose HELLO another loop verified comes to live here, its user's home
+    /// loop: register its device and handle what it sent after the HELLO
+    /// (EventLoop+HandOver.swift). Posted only by `post(adopting:)`.
+    case adopt(MovingConnection)
 
     /// The loop that runs it.
     var loop: UInt16 {
@@ -57,19 +63,19 @@ enum LoopTask: Sendable {
         case .released(_, let loop), .steps(_, let loop): return loop
         case .cancel(let part): return UInt16(part.shard)
         case .restoreBodies(let part): return UInt16(part.shard)
+        case .adopt(let moving): return moving.home
         }
     }
 }
 
 /// One libevent `event_base` running on its own thread, memcached-style: it accepts on its
 /// own SO_REUSEPORT listening sockets (plain, TLS, or both), and owns every connection it
-/// accepted until that connection closes.
+/// accepted until that connection closes or, once its HELLO is verified, moves to its
+/// user's home loop (EventLoop+HandOver.swift), which owns it from then on.
 ///
 /// Concurrency: the loop's state (connection table, buffers, deadlines) is touched only
 /// while `ownership` is held. The loop's own thread holds it for each libevent callback
-/// and releases it while it waits in epoll. While it waits, another loop may take it, only
-/// with a try-lock, to write pending events to a connection of this loop directly
-/// (`writeFromPeer`), which spares a hand-off and a wake-up of this thread.
+/// and releases it while it waits in epoll; no other loop takes it (see the locks above).
 /// libevent's event base is only ever called from the loop's own thread. Any thread may
 /// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. Loop `i`
 /// owns routing shard `i`: the inbox is also how the steps of operations across shards,
@@ -92,6 +98,9 @@ final class EventLoop: @unchecked Sendable {
     /// Device addresses from PROXY headers, by slot, from the header to the HELLO, for the
     /// handshake's log lines (EventLoop+Proxy.swift); empty without `--proxy-protocol`.
     var proxiedPeers: [UInt32: (generation: UInt32, address: PeerAddress)] = [:]
+    /// Connections whose HELLO this loop verified for a user of another loop's shard:
+    /// they leave for that loop when the current callback ends (`handOverDeparting`).
+    var departing: [Departure] = []
     /// Linger deadlines of closing connections.
     var closingDeadlines = FIFOQueue<(slot: UInt32, generation: UInt32, deadline: UInt32)>()
     /// Connections whose device has new events to write once the current callback is done
@@ -135,8 +144,7 @@ final class EventLoop: @unchecked Sendable {
     private var spareInbox: [LoopTask] = []
     /// The inbox holds tasks (set under its lock, read without it): the loop sends the
     /// replies among them before it writes any events of its connections (`flushDirty`,
-    /// `sendInboxReplies`), and peers do not write to its connections meanwhile
-    /// (`writeFromPeer`), so a reply posted here goes out before any event that what it
+    /// `sendInboxReplies`), so a reply posted here goes out before any event that what it
     /// decided causes later for the same connection (the OK of CALL_INVITE, then CALL_RANG).
     let inboxHasTasks = Atomic<Bool>(false)
     /// Steps for other loops' shards handed on during the current callback, by destination
@@ -145,17 +153,7 @@ final class EventLoop: @unchecked Sendable {
     private var outgoingSteps: [[PostedStep]] = []
     private var hasOutgoingSteps = false
     /// Held while the loop's state is used (see the type's comment).
-    let ownership = Mutex(LoopOwnership())
-    /// The loop's thread is asleep in epoll (or about to be) and runs no callback. Only
-    /// then do peers write to its connections: a busy loop picks up a hand-off soon
-    /// anyway, and coalesces many events for one connection into one write.
-    ///
-    /// Set by the loop's own thread between callbacks, without `ownership` (so going to
-    /// sleep takes no lock), and cleared by `owned` under `ownership`; peers read it only
-    /// under `ownership`. So a peer that holds the lock never sees it set while a callback
-    /// runs (the clear happened before the callback's release of the lock); at worst it
-    /// has not seen a new sleep yet and posts the wake-up instead.
-    let asleep = Atomic<Bool>(false)
+    let ownership = Mutex(())
     /// Set when the loop has been told to drain; holds the time by which it must be done.
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
@@ -213,11 +211,13 @@ final class EventLoop: @unchecked Sendable {
     @inline(__always)
     func owned(_ callback: () -> Void) {
         ownership.withLock(timing: .loopOwnership) { _ in
-            asleep.store(false, ordering: .relaxed)
             callback()
             if hasOutgoingSteps { postOutgoingSteps() }
+            // After the callback's reads: a plain socket's peeked bytes are taken by now,
+            // and nothing below the read touches the connection any more.
+            if !departing.isEmpty { handOverDeparting() }
         }
-        // Outside the lock: peers may write to our connections during the system call.
+        // Outside the lock (a system call).
         if writerWakePending {
             writerWakePending = false
             context.switchboard.writer?.wake()
@@ -255,8 +255,11 @@ final class EventLoop: @unchecked Sendable {
 
         runUntilBroken()
 
-        ownership.withLock { ownership in
-            ownership.running = false  // peers stop writing here
+        ownership.withLock { _ in
+            // What was posted and not run: connections handed over still get their CLOSE,
+            // steps and shard work are done here (`closeInbox`).
+            refreshTime()
+            closeInbox()
             for slot in table.liveSlots() { destroy(slot) }
             table.deallocate()
         }
@@ -265,7 +268,6 @@ final class EventLoop: @unchecked Sendable {
         vs_event_base_free(base)  // the eventfd stays open until deinit (see `wakeFD`)
         shim_set_current_loop(nil)
         finished.store(true, ordering: .releasing)
-        closeInbox()
     }
 
     /// When loop 0 next logs its statistics line (server seconds; 0 = not yet scheduled).
@@ -289,9 +291,6 @@ final class EventLoop: @unchecked Sendable {
             if window > .zero && clock.now() - lastActivity < window {
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE | VS_EVLOOP_NONBLOCK) < 0 { return }
             } else {
-                // Until a callback runs, this thread is asleep in epoll: peers write to its
-                // connections themselves rather than wake it (`writeFromPeer`).
-                fallAsleep()
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE) < 0 { return }
             }
             if activity != seen {
@@ -299,13 +298,6 @@ final class EventLoop: @unchecked Sendable {
                 lastActivity = clock.now()
             }
         }
-    }
-
-    /// The loop's thread is about to wait for events (epoll), or, for an embedded loop,
-    /// its callback is over: from now on peers may write for it (`asleep`).
-    @inline(__always)
-    func fallAsleep() {
-        asleep.store(true, ordering: .relaxed)
     }
 
     /// Tasks handed to the loop, first in, first out.
@@ -374,6 +366,12 @@ final class EventLoop: @unchecked Sendable {
         runPostedTasks()
     }
 
+    /// Hands a connection to this loop, its user's home loop (`LoopTask.adopt`). False when
+    /// the loop has stopped and will run no more tasks: the caller keeps the connection.
+    func post(adopting moving: MovingConnection) -> Bool {
+        post(.adopt(moving))
+    }
+
     /// Runs the tasks handed over by other threads (an input of the seam, ConnectionIO.swift).
     func runInbox() {
         shim_eventfd_drain(wakeFD)
@@ -426,9 +424,9 @@ final class EventLoop: @unchecked Sendable {
                 }
             case .steps(let steps, _):
                 let (replies, effects) = context.switchboard.runPosted(steps, on: self)
-                // The answers leave before the effects are carried out: an event a peer
-                // writes for those effects cannot then cause an event for the requesting
-                // connection that its loop writes before the answer (see `inboxHasTasks`).
+                // The answers leave before the effects are carried out: what those effects
+                // cause later for the requesting connection cannot overtake its answer
+                // (see `inboxHasTasks`).
                 var remoteReplies: [LoopTask] = []
                 for reply in replies {
                     if case .reply(let ref, let frame) = reply, ref.loop == index {
@@ -443,18 +441,22 @@ final class EventLoop: @unchecked Sendable {
                 context.switchboard.cancel(part, loops: peers, writerWake: .afterCallback(of: self))
             case .restoreBodies(let part):
                 context.switchboard.writer?.restore(part)
+            case .adopt(let moving):
+                adopt(moving)
             }
         }
         sendPostedReplies()
         flushDirty()
     }
 
-    /// After `run` has returned: closes the inbox and does the work posted to it that must
-    /// not be lost (steps, and this loop's shard's part of a release or a cancellation) on
-    /// this thread, with holds of the shards like any thread that is not their owner. Other
-    /// tasks concerned this loop's connections, which are gone.
+    /// When `run` stops (under `ownership`, before the loop's connections are released):
+    /// closes the inbox, so that `post` fails from now on and the poster does the work
+    /// itself, and does the work posted to it that must not be lost on this thread: steps,
+    /// and this loop's shard's part of a release or a cancellation, with holds of the shards
+    /// like any thread that is not their owner; a connection handed over gets its CLOSE
+    /// (goingAway) here. Other tasks concerned this loop's connections, which are closing.
     func closeInbox() {
-        let tasks = inbox.withLock { inbox in
+        let tasks = inbox.withLock(timing: .loopInbox) { inbox in
             inbox.closed = true
             defer { inbox.tasks = [] }
             return inbox.tasks
@@ -473,6 +475,8 @@ final class EventLoop: @unchecked Sendable {
                 switchboard.cancel(part, loops: peers)
             case .restoreBodies(let part):
                 switchboard.writer?.restore(part)
+            case .adopt(let moving):
+                adopt(moving, closingWith: drainClose)
             case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain:
                 continue
             }
@@ -543,23 +547,21 @@ final class EventLoop: @unchecked Sendable {
         ConnectionRef(loop: index, slot: slot, generation: table.state(slot).pointee.generation)
     }
 
-    /// Most remote wakes for one loop that this loop writes itself (`writeFromPeer`). A
-    /// larger batch (a fan-out) is handed over, so that both loops write in parallel.
-    static let peerWriteLimit = 8
-
-    /// Carries out what the switchboard asked for: local wakes are coalesced; a few remote
-    /// ones are written directly when their loop is idle, the rest are posted to their
-    /// loops in one batch per loop.
+    /// Carries out what the switchboard asked for: local wakes are coalesced; a wake or a
+    /// close for another loop's connection (possible only when the loops do not own the
+    /// shards: a `Switchboard` built apart from its loops) is posted to that loop, one
+    /// batch per loop. No loop ever writes to another's connections.
     func apply(_ effects: [SwitchboardEffect]) {
         guard !effects.isEmpty else { return }
         var remote: [UInt16: [LoopTask]] = [:]
-        var remoteWakes: [UInt16: [ConnectionRef]] = [:]
         for effect in effects {
             switch effect {
             case .wake(let ref):
-                if ref.loop == index { markDirty(ref.slot, generation: ref.generation) } else { remoteWakes[ref.loop, default: []].append(ref) }
+                if ref.loop == index { markDirty(ref.slot, generation: ref.generation) } else { remote[ref.loop, default: []].append(.wake(ref)) }
             case .close(let ref, let frame):
                 context.counters.takeovers.increment()
+                // A takeover (the device connected again) is always local on a server:
+                // both connections are on the user's home loop. The post covers the rest.
                 if ref.loop == index {
                     if table.isLive(ref.slot, generation: ref.generation) { closeConnection(ref.slot, with: frame) }
                 } else {
@@ -569,21 +571,8 @@ final class EventLoop: @unchecked Sendable {
                 context.requestWakeUp(effect)
             }
         }
-        for (loop, refs) in remoteWakes {
-            let peer = peers[Int(loop)]
-            let direct = refs.count <= Self.peerWriteLimit
-            for ref in refs where !(direct && peer.writeFromPeer(ref)) {
-                remote[loop, default: []].append(.wake(ref))
-            }
-        }
         for (loop, tasks) in remote { peers[Int(loop)].post(contentsOf: tasks) }
     }
-}
-
-/// What `EventLoop.ownership` guards besides the loop's state itself.
-struct LoopOwnership {
-    /// False once the loop has released its connections: peers must not touch them.
-    var running = true
 }
 
 /// A server that cannot start.

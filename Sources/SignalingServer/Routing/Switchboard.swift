@@ -70,6 +70,22 @@ final class Switchboard: Sendable {
         max(1, workers)
     }
 
+    /// The loop that owns shard `shard` among `loopCount` event loops: the one place that
+    /// says which loop is a user's **home loop** (docs/ARCHITECTURE.md, "Where a
+    /// connection lives"). Shard `i` is owned by loop `i` when there are as many shards as
+    /// loops, which a server always has (`shardCount(workers:)`); with `--workers 1` the one
+    /// loop owns the one shard and nothing ever moves. With any other count (a
+    /// `Switchboard` built apart from its loops) no loop owns a shard: nil, and a
+    /// connection stays on the loop that accepted it.
+    static func ownerLoop(ofShard shard: Int, shardCount: Int, loopCount: Int) -> Int? {
+        shardCount == loopCount && (0..<loopCount).contains(shard) ? shard : nil
+    }
+
+    /// The home loop of `userID`'s connections (see `ownerLoop(ofShard:shardCount:loopCount:)`).
+    func homeLoop(of userID: String, loopCount: Int) -> Int? {
+        Self.ownerLoop(ofShard: shard(of: userID), shardCount: shards.count, loopCount: loopCount)
+    }
+
     init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool, shardCount: Int = 1) {
         let ledger = MemoryLedger()
         self.ledger = ledger
@@ -218,19 +234,20 @@ final class Switchboard: Sendable {
     /// then steps go to their owners. With one shard there is nothing to hand over.
     @inline(__always)
     private func postsSteps(from loop: EventLoop) -> Bool {
-        shards.count > 1 && loop.peers.count == shards.count
+        shards.count > 1 && Self.ownerLoop(ofShard: 0, shardCount: shards.count, loopCount: loop.peers.count) != nil
     }
 
-    /// The loop that owns shard `index`: loop `index` of a server's loops, one per shard
-    /// (nil: no loops, as for a switchboard without a server).
+    /// The loop that owns shard `index` among a server's loops (`ownerLoop(ofShard:...)`;
+    /// nil: no loops, as for a switchboard without a server).
     func owner(of index: Int, among loops: [EventLoop]) -> EventLoop? {
-        loops.count == shards.count ? loops[index] : nil
+        Self.ownerLoop(ofShard: index, shardCount: shards.count, loopCount: loops.count).map { loops[$0] }
     }
 
     /// Queues `posted` to run here, or hands it to the loop that owns its shard.
     private func route(_ posted: PostedStep, from loop: EventLoop?, into here: inout FIFOQueue<PostedStep>) {
         guard let loop, postsSteps(from: loop) else { return here.push(posted) }
-        let owner = shard(of: posted.step.user)
+        // `postsSteps`: every shard has an owner loop.
+        let owner = Self.ownerLoop(ofShard: shard(of: posted.step.user), shardCount: shards.count, loopCount: loop.peers.count)!
         if owner == Int(loop.index) {
             // A fan-out's next chunk is a task of its own: what other loops posted meanwhile
             // (and this loop's connections) run between two chunks.

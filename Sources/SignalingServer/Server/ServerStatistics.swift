@@ -24,9 +24,6 @@ public struct ServerStatistics: Sendable, Equatable {
     public var takeovers = 0
     /// Event frames written to sockets (re-sends included).
     public var eventsWritten = 0
-    /// Writes of events made by the loop that routed them, straight to an idle
-    /// connection owned by another loop (no hand-off to that loop's thread).
-    public var crossLoopWrites = 0
     public var requestsHandled = 0
     /// From the routing core.
     public var eventsQueued = 0
@@ -79,7 +76,6 @@ final class StatisticsCounters: Sendable {
     let largestOutbound: StripedCounter
     let takeovers: StripedCounter
     let eventsWritten: StripedCounter
-    let crossLoopWrites: StripedCounter
     let requestsHandled: StripedCounter
     /// Of the connection counters above, those on the TLS listener; and TLS handshakes by result.
     let openTLSConnections: StripedCounter
@@ -105,7 +101,6 @@ final class StatisticsCounters: Sendable {
         largestOutbound = counter(.maximum)
         takeovers = counter()
         eventsWritten = counter()
-        crossLoopWrites = counter()
         requestsHandled = counter()
         openTLSConnections = counter()
         establishedTLSConnections = counter()
@@ -130,7 +125,6 @@ final class StatisticsCounters: Sendable {
             largestOutbound: largestOutbound.value,
             takeovers: takeovers.value,
             eventsWritten: eventsWritten.value,
-            crossLoopWrites: crossLoopWrites.value,
             requestsHandled: requestsHandled.value,
             eventsQueued: routing.eventsQueued,
             eventsDropped: routing.eventsDropped,

@@ -619,6 +619,13 @@ public final class SignalingServer: Sendable {
         state.withLock { $0.loops }.map { $0.openConnections.load(ordering: .relaxed) }
     }
 
+    /// The connections each loop accepted and handed over to their user's home loop once
+    /// their HELLO was verified, loop 0 first (docs/ARCHITECTURE.md, "Where a connection
+    /// lives"). For tests and tools.
+    public var connectionsMovedPerLoop: [UInt64] {
+        state.withLock { $0.loops }.map { $0.metrics.connectionsMoved.value }
+    }
+
     /// Entries in the loops' idle-timeout wheels, stale ones included (for tests: the
     /// wheel keeps at most one per connection slot).
     var idleWheelEntries: Int {

@@ -28,7 +28,8 @@ final class EmbeddedServer {
     let loops: [EventLoop]
     private let transports: [EmbeddedTransport]
     /// The loop the next connection lands on (connections go round the loops, as the
-    /// kernel spreads them over SO_REUSEPORT sockets, so cross-loop paths are exercised).
+    /// kernel spreads them over SO_REUSEPORT sockets, so the move to the user's home loop
+    /// after the HELLO is exercised).
     private var nextLoop = 0
 
     init(
@@ -43,16 +44,13 @@ final class EmbeddedServer {
             configuration: configuration, clock: clock, logger: .silent, journaling: false, pushGateway: nil,
             tokenVerifier: try Authentication.verifier(for: configuration))
         self.context = context
-        let transports = (0..<workers).map { _ in EmbeddedTransport() }
+        let transports = (0..<workers).map { EmbeddedTransport(loop: $0) }
         self.transports = transports
         var loops: [EventLoop] = []
         for (index, transport) in transports.enumerated() {
             loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: -1, embeddedIO: transport))
         }
-        for loop in loops {
-            loop.peers = loops
-            loop.fallAsleep()  // asleep until something happens
-        }
+        for loop in loops { loop.peers = loops }
         self.loops = loops
     }
 
@@ -75,7 +73,8 @@ final class EmbeddedServer {
 
     // MARK: Connections
 
-    /// A new connection, accepted by loop `loop` (default: the next in turn). `receiveWindow`
+    /// A new connection, accepted by loop `loop` (default: the next in turn; after its HELLO
+    /// it lives on its user's home loop, `EmbeddedClient.loop`). `receiveWindow`
     /// bounds the bytes it holds unread (the socket buffers of a real connection): past
     /// that, the server's writes come up short and the rest waits in its `outbound`.
     func client(loop: Int? = nil, receiveWindow: Int = .max) throws -> EmbeddedClient {
@@ -110,7 +109,7 @@ final class EmbeddedServer {
     /// deadlines) and whatever the ticks caused.
     func advance(by duration: Duration) {
         clock.advance(by: duration)
-        for loop in loops { asleepAfter(loop) { loop.tick() } }
+        for loop in loops { runCallback(loop) { loop.tick() } }
         runUntilQuiet()
     }
 
@@ -128,7 +127,7 @@ final class EmbeddedServer {
             progress = false
             for (index, loop) in loops.enumerated() {
                 if loop.hasPostedTasks {
-                    asleepAfter(loop) { loop.runInbox() }
+                    runCallback(loop) { loop.runInbox() }
                     progress = true
                 }
                 for socket in transports[index].sockets.values.sorted(by: { $0.slot < $1.slot }) {
@@ -170,7 +169,7 @@ final class EmbeddedServer {
     /// the time is read once, and the events it made for other connections are written
     /// at its end.
     private func callback(of loop: EventLoop, _ body: () -> Void) {
-        asleepAfter(loop) {
+        runCallback(loop) {
             loop.activity &+= 1
             loop.refreshTime()
             body()
@@ -178,12 +177,9 @@ final class EmbeddedServer {
         }
     }
 
-    /// Runs `body` as one callback of `loop`, after which the loop is asleep again, as a
-    /// real loop with nothing to do waits in epoll: a peer that routes a few events to its
-    /// connections then writes them itself (`writeFromPeer`), and hands over the rest.
-    private func asleepAfter(_ loop: EventLoop, _ body: () -> Void) {
+    /// Runs `body` as one callback of `loop`, as a real loop runs each libevent callback.
+    private func runCallback(_ loop: EventLoop, _ body: () -> Void) {
         loop.owned(body)
-        loop.fallAsleep()
     }
 }
 
@@ -191,7 +187,9 @@ final class EmbeddedServer {
 /// read, and what the loop wrote that the client has not read. The client side of a socket
 /// pair, without the socket.
 final class EmbeddedSocket {
-    let loop: Int
+    /// The loop the connection lives on: the one that accepted it, then its user's home
+    /// loop once its HELLO is verified (`EmbeddedTransport.takeOver`).
+    var loop: Int
     var slot: UInt32 = 0
     let receiveWindow: Int
     /// Bytes from the client, not yet read by the loop.
@@ -221,7 +219,13 @@ final class EmbeddedSocket {
 /// An embedded loop's transport: its connections' sockets by slot (the `ConnectionIO` of
 /// the seam, see ConnectionIO.swift).
 final class EmbeddedTransport: ConnectionIO {
+    /// The loop this is the transport of.
+    let loop: Int
     var sockets: [UInt32: EmbeddedSocket] = [:]
+
+    init(loop: Int) {
+        self.loop = loop
+    }
 
     func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> IOResult {
         guard let socket = sockets[slot], !socket.closedByClient else { return .failed(errno: EPIPE) }
@@ -245,6 +249,17 @@ final class EmbeddedTransport: ConnectionIO {
         socket.endOfStream = true
         socket.released = true
     }
+
+    func handOver(_ slot: UInt32) -> AnyObject {
+        sockets.removeValue(forKey: slot)!
+    }
+
+    func takeOver(_ connection: AnyObject, in slot: UInt32) {
+        let socket = connection as! EmbeddedSocket
+        socket.loop = loop
+        socket.slot = slot
+        sockets[slot] = socket
+    }
 }
 
 /// A client of an `EmbeddedServer`: the same protocol steps as `TestClient`
@@ -267,7 +282,7 @@ final class EmbeddedClient: ProtocolClient {
         close()
     }
 
-    /// The loop the connection landed on.
+    /// The loop the connection lives on (after the HELLO: its user's home loop).
     var loop: Int { socket.loop }
 
     func sendRaw(_ bytes: [UInt8]) throws {
