@@ -50,12 +50,16 @@ struct EventQueue {
         lastSeq = max(lastSeq, seq)
     }
 
-    /// Drops every event numbered ≤ `seq`, handing each to `body` first.
-    mutating func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
-        while Int(head) < entries.count && entries[Int(head)].seq <= seq {
+    /// Drops the events numbered ≤ `seq`, the oldest first, at most `limit` of them,
+    /// handing each to `body` first. Cost: the events dropped (and now and then a move of
+    /// what is left to the front of the buffer, amortised over the events dropped).
+    mutating func removeThrough(_ seq: UInt64, limit: Int = .max, _ body: (UInt64, QueuedEvent) -> Void) {
+        var removed = 0
+        while removed < limit && Int(head) < entries.count && entries[Int(head)].seq <= seq {
             let entry = entries[Int(head)]
             body(entry.seq, entry.event)
             head += 1
+            removed += 1
         }
         if Int(head) == entries.count {
             entries = []  // release the buffer entirely: idle devices hold no memory
