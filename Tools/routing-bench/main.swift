@@ -8,7 +8,7 @@
 //   swift build -c release --product routing-bench && .build/release/routing-bench [MESSAGES]
 //
 // MESSAGES: fan-out messages per case (default 50); the ACK cases run MESSAGES / 5 ACKs
-// (at least 3).
+// (at least 3), and so do the cases of the last table (holds not chunked).
 import Foundation
 import SignalingServer
 
@@ -43,4 +43,15 @@ for journaling in [false, true] {
                 + String(format: "%9.1f  %15.1f  %15.1f  %25.1f", figures.holdsPerAck, Double(figures.longestHold) / 1000,
                     figures.meanLongestHold / 1000, figures.nanosecondsPerEvent))
     }
+}
+
+// The holds that grow with an input and are not chunked (docs/ARCHITECTURE.md, "Bounded
+// holds"): 1,000 devices of one user, 10,000 messages held for a user with no device.
+print()
+print("operation                                    size     longest hold µs  mean longest µs")
+for figure in HoldSurvey.run(devices: 1_000, held: 10_000, rounds: max(3, messages / 5)) {
+    print(
+        figure.operation.padding(toLength: 45, withPad: " ", startingAt: 0)
+            + String(figure.size).padding(toLength: 9, withPad: " ", startingAt: 0)
+            + String(format: "%15.1f  %15.1f", Double(figure.longestHold) / 1000, figure.meanLongestHold / 1000))
 }
