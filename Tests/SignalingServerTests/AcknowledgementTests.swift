@@ -102,18 +102,28 @@ struct AcknowledgementTests {
         #expect(shards.states[1].counters.pendingEvents == 0)
     }
 
-    @Test("receipts for a sender on the acknowledging device's own shard are delivered in the hold that takes each chunk out, exactly once")
+    @Test("receipts for a sender on the acknowledging device's own shard are delivered in the hold that takes each event out, exactly once, and each copy counts against the hold's chunk: a sender with three devices gets a quarter chunk of receipts a hold")
     func chunkedWithinOneShard() throws {
         var shards = TwoShards()
         let tablet = try shards.attach(carol, "tablet", slot: 1, at: 1)
+        let others = try (0..<2).map { try shards.attach(carol, "d\($0)", slot: UInt32(10 + $0), at: 1) }
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
-        let count = 2 * Self.chunk + 1
+        let count = Self.chunk + 1
         send(&shards, count, from: tablet)
+        for device in others { _ = shards.states[1].ack(device, connection: device.connection!, through: device.lastSeq) }
+        // Each event costs one, and its receipt one per sender device: 4.
+        let perHold = Self.chunk / 4
         var pending = shards.states[1].ack(phone, connection: phone.connection!, through: phone.lastSeq).next
-        #expect(Self.receipts(tablet).count == Self.chunk, "the first chunk's receipts, in its hold")
-        #expect(pending.count == 1)
-        _ = runChain(&shards, &pending, device: phone)
-        #expect(Self.receipts(tablet) == (1...count).map { "m\($0)" })
+        #expect(Self.receipts(tablet).count == perHold, "the first hold's receipts")
+        #expect(phone.queue.count == count - perHold)
+        while !pending.isEmpty {
+            let step = pending.removeFirst()
+            let before = (phone.queue.count, Self.receipts(tablet).count)
+            pending += shards.states[1].handle(step, now: TwoShards.at(3)).next
+            #expect(before.0 - phone.queue.count <= perHold, "one hold took \(before.0 - phone.queue.count) events out")
+            #expect(Self.receipts(tablet).count - before.1 == before.0 - phone.queue.count, "a receipt per event, in the same hold")
+        }
+        for device in [tablet] + others { #expect(Self.receipts(device) == (1...count).map { "m\($0)" }) }
     }
 
     @Test("while an ACK is taken out in chunks, everything through it counts as acknowledged: a duplicate or lower ACK does nothing, the pump writes only what came after, and each receipt still goes out once")

@@ -78,10 +78,11 @@ struct Acknowledgements {
 }
 
 extension SwitchboardState {
-    /// How many events one hold of a shard takes out of a device's queue for an
-    /// acknowledgement. Taking one out costs about 0.1 µs, plus its receipt: one step for a
-    /// sender on another shard, or, for a sender on the same shard, a MESSAGE_DELIVERED to
-    /// each of its devices (about 0.2 µs each). An ACK of 4,000 events with receipts held the
+    /// How much one hold of a shard does for an acknowledgement: events taken out of the
+    /// device's queue, plus the MESSAGE_DELIVERED copies their receipts queue to senders of
+    /// the same shard (`takeAcknowledgedChunk`). Taking an event out costs about 0.1 µs,
+    /// plus its receipt: one step for a sender on another shard, or a copy to each device of
+    /// a sender on the same shard (about 0.2 µs each). An ACK of 4,000 events with receipts held the
     /// shard for 262 µs-1 ms in one hold (docs/LOAD-TESTING.md, "Fan-out holds"); 128 keep a
     /// hold near the fan-out's chunk, while the extra hold and step per chunk (a lock round
     /// and a dictionary lookup) stay under 1 % of the chunk's work.
@@ -145,31 +146,43 @@ extension SwitchboardState {
         if let inProgress = acknowledgements.of(device) { acknowledgements.remove(inProgress) }
     }
 
-    /// Drops the oldest of `device`'s events through `seq`, at most `ackChunk` of them, and
-    /// makes their receipts: delivered here to a sender this shard holds, returned as steps
-    /// for the others.
+    /// Drops the oldest of `device`'s events through `seq` and makes their receipts:
+    /// delivered here to a sender this shard holds (as `handOn` would, counting the copies),
+    /// returned as steps for the others. Stops after `ackChunk` units of work, an event
+    /// and each MESSAGE_DELIVERED copy a receipt queues here counting one: a sender of the
+    /// same shard with 1,000 devices made a chunk of 128 receipts 128,000 copies in one
+    /// hold. At least one event goes per hold, so a hold is at most a chunk, or one receipt
+    /// (the sender's devices).
     private mutating func takeAcknowledgedChunk(of device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
-        var receipts: [DeliveryReceipt] = []
         let shareQueue = ShareQueue.device(ObjectIdentifier(device))
         let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
         var removedMessages: [QueuedEvent] = []
-        device.removeThrough(seq, limit: configuration.ackChunk) { _, event in
-            if sharesTracked && event.receipt != nil { removedMessages.append(event) }
-            counters.pendingEvents -= 1
-            // A sender's own devices get its messages too (multi-device sync): only the
-            // recipient's acknowledgements are deliveries.
-            // A copy still awaiting its decision was never written: a client acknowledging
-            // it acknowledged blindly, and its sender must not hear of a delivery before OK.
-            if let receipt = event.receipt, !event.isCancelled, !event.awaitsDecision, receipt.recipient == device.userID {
-                receipts.append(receipt)
+        var next: [ShardStep] = []
+        var work = 0
+        while work < configuration.ackChunk && device.ackedSeq < seq {
+            var receipt: DeliveryReceipt?
+            device.removeThrough(seq, limit: 1) { _, event in
+                if sharesTracked && event.receipt != nil { removedMessages.append(event) }
+                counters.pendingEvents -= 1
+                // A sender's own devices get its messages too (multi-device sync): only the
+                // recipient's acknowledgements are deliveries.
+                // A copy still awaiting its decision was never written: a client acknowledging
+                // it acknowledged blindly, and its sender must not hear of a delivery before OK.
+                if let made = event.receipt, !event.isCancelled, !event.awaitsDecision, made.recipient == device.userID {
+                    receipt = made
+                }
+            }
+            work += 1
+            // Delivered after the removal: a note to oneself puts its receipt in this queue.
+            guard let receipt else { continue }
+            if shardMap.owns(receipt.sender) {
+                work += deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
+            } else {
+                next.append(.receipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall))
             }
         }
         if sharesTracked {
             trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
-        }
-        var next: [ShardStep] = []
-        for receipt in receipts {
-            next += handOn(.receipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)).next
         }
         return next
     }

@@ -704,8 +704,10 @@ struct SwitchboardState {
         journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
     }
 
-    /// MESSAGE_DELIVERED to every device of the message's sender.
-    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) {
+    /// MESSAGE_DELIVERED to every device of the message's sender; returns how many devices
+    /// that is.
+    @discardableResult
+    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) -> Int {
         // Not counted in the memory ledger: a receipt is small and made for every
         // delivery (a fan-out makes thousands a second), and what a device can hold of
         // them is bounded by --max-pending.
@@ -714,7 +716,12 @@ struct SwitchboardState {
                 messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: recipientDevice,
                 serverTime: serverTime),
             createdAt: currentWall)
-        for senderDevice in devices(of: receipt.sender) { enqueue(delivered, to: senderDevice) }
+        var count = 0
+        for senderDevice in devices(of: receipt.sender) {
+            enqueue(delivered, to: senderDevice)
+            count += 1
+        }
+        return count
     }
 
     /// Whether the callee's `device` takes part in `call` (rung, or answered it).
