@@ -26,7 +26,8 @@ import Glibc
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
 /// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`). Every
+/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`; an ACK:
+/// 128 events a hold, `Acknowledgement`; docs/ARCHITECTURE.md, "Bounded holds"). Every
 /// hold is timed: `LoopMetrics.routingLockHold`
 /// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
 /// (`voipserver_routing_lock_hold_seconds`).
