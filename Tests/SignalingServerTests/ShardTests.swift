@@ -325,6 +325,22 @@ struct ShardStepTests {
         #expect(shards.states[0].counters.pendingEvents == pendingBefore)
     }
 
+    @Test("a sender with many devices, one forgotten before the refusal (the settle step checks them against one set): only the others' copies are withdrawn, each once")
+    func copiesOfManyDevicesOneForgotten() throws {
+        var shards = TwoShards { $0.maxPendingEvents = 1 }
+        let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
+        let others = try (0..<8).map { try shards.attach(alice, "d\($0)", slot: UInt32(10 + $0), at: 1) }
+        let bobDevice = try shards.attach(bob, slot: 3, at: 1)
+        _ = shards.states[1].enqueue(QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice)  // bob is full
+        let pendingBefore = shards.states[0].counters.pendingEvents
+        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+        #expect(shards.states[0].counters.pendingEvents == pendingBefore + others.count, "a copy on each other device")
+        shards.states[0].removeDevice(others[3])
+        #expect(TwoShards.code(shards.run([try #require(first.handOff)], at: 2)) == .recipientBacklogFull)
+        #expect(shards.states[0].counters.pendingEvents == pendingBefore)
+        for (index, device) in others.enumerated() where index != 3 { #expect(device.queue.isEmpty, "a copy left on \(device.deviceID)") }
+    }
+
     @Test("a call to another shard's user with two devices: both ring, the first accept wins, the other hears answeredElsewhere")
     func firstAcceptWins() throws {
         var shards = TwoShards()

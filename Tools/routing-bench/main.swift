@@ -1,9 +1,14 @@
 // How long a message to a user with many devices holds the recipient's routing shard:
 // the fan-out in one hold (as before chunks) against chunks of `fanOutChunk` devices, for
 // 1,000 and 10,000 devices, without a store and with one (every hold building its commit
-// unit; release build; docs/LOAD-TESTING.md, "Fan-out holds").
+// unit; release build; docs/LOAD-TESTING.md, "Fan-out holds"). Then how long one ACK of
+// 4,000 messages from a sender on another shard holds the shards: in one hold (as before
+// chunks) against chunks of `ackChunk` events (docs/LOAD-TESTING.md, "ACK holds").
 //
 //   swift build -c release --product routing-bench && .build/release/routing-bench [MESSAGES]
+//
+// MESSAGES: fan-out messages per case (default 50); the ACK cases run MESSAGES / 5 ACKs
+// (at least 3), and so do the cases of the last table (holds not chunked).
 import Foundation
 import SignalingServer
 
@@ -22,4 +27,31 @@ for journaling in [false, true] {
                         figures.meanLongestHold / 1000, figures.nanosecondsPerDevice))
         }
     }
+}
+
+let acks = max(3, messages / 5)
+print()
+print("store   events   chunk       holds/ACK  longest hold µs  mean longest µs  ns per event (all holds)")
+for journaling in [false, true] {
+    for chunk in [Int.max, AckBenchmark.defaultChunk] {
+        let figures = AckBenchmark.run(events: 4_000, chunk: chunk, rounds: acks, journaling: journaling)
+        let chunkText = chunk == Int.max ? "one hold" : String(chunk)
+        print(
+            (journaling ? "yes" : "no").padding(toLength: 8, withPad: " ", startingAt: 0)
+                + String(figures.events).padding(toLength: 9, withPad: " ", startingAt: 0)
+                + chunkText.padding(toLength: 12, withPad: " ", startingAt: 0)
+                + String(format: "%9.1f  %15.1f  %15.1f  %25.1f", figures.holdsPerAck, Double(figures.longestHold) / 1000,
+                    figures.meanLongestHold / 1000, figures.nanosecondsPerEvent))
+    }
+}
+
+// The holds that grow with an input and are not chunked (docs/ARCHITECTURE.md, "Bounded
+// holds"): 1,000 devices of one user, 10,000 messages held for a user with no device.
+print()
+print("operation                                    size     longest hold µs  mean longest µs")
+for figure in HoldSurvey.run(devices: 1_000, held: 10_000, rounds: max(3, messages / 5)) {
+    print(
+        figure.operation.padding(toLength: 45, withPad: " ", startingAt: 0)
+            + String(figure.size).padding(toLength: 9, withPad: " ", startingAt: 0)
+            + String(format: "%15.1f  %15.1f", Double(figure.longestHold) / 1000, figure.meanLongestHold / 1000))
 }

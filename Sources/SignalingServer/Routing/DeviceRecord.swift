@@ -132,9 +132,10 @@ final class DeviceRecord: @unchecked Sendable {
         }
     }
 
-    /// Drops every event numbered ≤ `seq` (acknowledged), handing each to `body` first.
-    func removeThrough(_ seq: UInt64, _ body: (UInt64, QueuedEvent) -> Void) {
-        queue.removeThrough(seq, body)
+    /// Drops the events numbered ≤ `seq` (acknowledged), the oldest first, at most `limit`
+    /// of them, handing each to `body` first.
+    func removeThrough(_ seq: UInt64, limit: Int = .max, _ body: (UInt64, QueuedEvent) -> Void) {
+        queue.removeThrough(seq, limit: limit, body)
     }
 
     /// Everything ≤ this has been acknowledged by the device.

@@ -42,52 +42,87 @@ public enum FanOutBenchmark {
         }
         let sender = attach("sender", "d", slot: 0)
         let recipients = (0..<devices).map { attach("fan", "d\($0)", slot: $0 + 1) }
-        var longest: UInt64 = 0, sumOfLongest: UInt64 = 0, total: UInt64 = 0, holds = 0
+        var holds = HoldTimes()
         for number in 0..<messages {
             let message = OutgoingMessage(messageID: "m\(number)", recipient: "fan", contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
-            var messageLongest: UInt64 = 0
-            func timed<T>(_ body: () -> T) -> T {
-                let start = LoopMetrics.now()
-                let result = body()
-                let elapsed = LoopMetrics.now() &- start
-                messageLongest = max(messageLongest, elapsed)
-                total &+= elapsed
-                holds += 1
-                return result
-            }
-            var pending = timed {
+            holds.startOperation()
+            let handOff = holds.timed {
                 switchboard.withState(of: "sender", wall: 0) { board -> [ShardStep] in
                     let acceptance = try! board.send(message, from: sender, now: now).get()
                     _ = board.takeEffects()
                     return acceptance.handOff.map { [$0] } ?? []
                 }
             }
-            while !pending.isEmpty {
-                let step = pending.removeFirst()
-                pending += timed {
-                    switchboard.withState(of: step.user, wall: 0) { board -> [ShardStep] in
-                        let next = board.handle(step, now: now).next
-                        _ = board.takeEffects()
-                        return next
-                    }
-                }
-            }
-            longest = max(longest, messageLongest)
-            sumOfLongest += messageLongest
-            switchboard.withState(of: "fan", wall: 0) { board in
+            holds.run(handOff, on: switchboard, now: now)
+            let receipts = switchboard.withState(of: "fan", wall: 0) { board -> [ShardStep] in
+                var next: [ShardStep] = []
                 for (index, device) in recipients.enumerated() {
-                    _ = board.ack(device, connection: connection(index + 1), through: device.lastSeq)
+                    next += board.ack(device, connection: connection(index + 1), through: device.lastSeq).next
                 }
                 _ = board.takeEffects()
+                return next
             }
-            switchboard.withState(of: "sender", wall: 0) { board in
-                _ = board.ack(sender, connection: connection(0), through: sender.lastSeq)
+            _ = switchboard.run(receipts, chain: StepChain(now: now, wall: 0, requester: nil, group: nil))
+            let rest = switchboard.withState(of: "sender", wall: 0) { board -> [ShardStep] in
+                let next = board.ack(sender, connection: connection(0), through: sender.lastSeq).next
                 _ = board.takeEffects()
+                return next
             }
+            // An acknowledgement in chunks.
+            _ = switchboard.run(rest, chain: StepChain(now: now, wall: 0, requester: nil, group: nil))
         }
         return Figures(
-            devices: devices, chunk: chunk, messages: messages, holdsPerMessage: Double(holds) / Double(messages),
-            longestHold: longest, meanLongestHold: Double(sumOfLongest) / Double(messages),
-            nanosecondsPerDevice: Double(total) / Double(messages) / Double(devices))
+            devices: devices, chunk: chunk, messages: messages, holdsPerMessage: Double(holds.count) / Double(messages),
+            longestHold: holds.longest, meanLongestHold: holds.meanLongest,
+            nanosecondsPerDevice: Double(holds.total) / Double(messages) / Double(devices))
+    }
+}
+
+/// The holds of a benchmark's operations, each timed as a whole (the lock round included):
+/// the longest of all, the mean of each operation's longest, and their total.
+struct HoldTimes {
+    private(set) var count = 0
+    private(set) var total: UInt64 = 0
+    private(set) var longest: UInt64 = 0
+    private var sumOfLongest: UInt64 = 0
+    private var operations = 0
+    private var operationLongest: UInt64 = 0
+
+    /// The mean over operations of each one's longest hold (ns).
+    var meanLongest: Double { operations == 0 ? 0 : Double(sumOfLongest + operationLongest) / Double(operations) }
+
+    /// The holds from here on belong to the next operation.
+    mutating func startOperation() {
+        sumOfLongest += operationLongest
+        operationLongest = 0
+        operations += 1
+    }
+
+    mutating func timed<T>(_ body: () -> T) -> T {
+        let start = LoopMetrics.now()
+        let result = body()
+        let elapsed = LoopMetrics.now() &- start
+        operationLongest = max(operationLongest, elapsed)
+        longest = max(longest, elapsed)
+        total &+= elapsed
+        count += 1
+        return result
+    }
+
+    /// Runs `steps` and those they hand on, one timed hold each, in the order
+    /// `Switchboard.run` takes them (first in, first out).
+    mutating func run(_ steps: [ShardStep], on switchboard: Switchboard, now: Instant) {
+        var pending = FIFOQueue<ShardStep>()
+        for step in steps { pending.push(step) }
+        while let step = pending.pop() {
+            let next = timed {
+                switchboard.withState(of: step.user, wall: 0) { board -> [ShardStep] in
+                    let next = board.handle(step, now: now).next
+                    _ = board.takeEffects()
+                    return next
+                }
+            }
+            for step in next { pending.push(step) }
+        }
     }
 }

@@ -24,6 +24,9 @@ enum ShardStep: Sendable, Equatable {
     /// The next chunk of a fan-out to a recipient with more devices than one hold takes
     /// (`FanOut`), run on the recipient's shard; the step that finds it finished answers.
     case continueFanOut(recipient: String, id: UInt64)
+    /// The next chunk of an acknowledgement that covers more events than one hold takes
+    /// (`Acknowledgement`), run on the shard of the acknowledging device's user.
+    case continueAcknowledgement(user: String, id: UInt64)
     /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
     /// shard, which releases its copies and remembers its id, or cancels them and frees it.
     case settleMessage(DeliveredMessage, accepted: Bool)
@@ -50,6 +53,7 @@ enum ShardStep: Sendable, Equatable {
         case .deliverMessage(let message): message.recipient
         case .settleMessage(let message, _): message.sender
         case .continueFanOut(let recipient, _): recipient
+        case .continueAcknowledgement(let user, _): user
         case .receipt(let receipt, _, _): receipt.sender
         case .invite(let invitation): invitation.callee
         case .callerRequest(_, _, let callee, _): callee
@@ -141,6 +145,8 @@ extension SwitchboardState {
             return deliverMessage(message, now: now!)
         case .continueFanOut(let recipient, let id):
             return continueFanOut(recipient, id: id, now: now!)
+        case .continueAcknowledgement(let user, let id):
+            return continueAcknowledgement(user, id: id)
         case .settleMessage(let message, let accepted):
             settleMessage(message, accepted: accepted, now: now!)
             return StepOutcome(reply: nil)
@@ -161,12 +167,22 @@ extension SwitchboardState {
 }
 
 extension ShardStep {
+    /// Whether the step is the next chunk of work split into bounded holds (a fan-out's
+    /// devices, an ACK's events): its owner runs it as a task of its own, not right after
+    /// the chunk before it.
+    var isNextChunk: Bool {
+        switch self {
+        case .continueFanOut, .continueAcknowledgement: true
+        default: false
+        }
+    }
+
     /// Whether the step sets a deadline (a held message's expiry, a message id's window,
     /// a ring timeout), so needs the current time.
     var needsClock: Bool {
         switch self {
         case .deliverMessage, .continueFanOut, .settleMessage, .invite: true
-        case .receipt, .callerRequest, .callerVanished, .toCaller: false
+        case .receipt, .continueAcknowledgement, .callerRequest, .callerVanished, .toCaller: false
         }
     }
 }

@@ -37,8 +37,9 @@ import Glibc
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
 /// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`, each hold
-/// a task of its owner's inbox). Every hold is timed: `LoopMetrics.routingLockHold`
+/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`; an ACK:
+/// 128 events a hold, `Acknowledgement`; each chunk a task of its owner's inbox;
+/// docs/ARCHITECTURE.md, "Bounded holds"). Every hold is timed: `LoopMetrics.routingLockHold`
 /// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
 /// (`voipserver_routing_lock_hold_seconds`).
 ///
@@ -249,9 +250,9 @@ final class Switchboard: Sendable {
         // `postsSteps`: every shard has an owner loop.
         let owner = Self.ownerLoop(ofShard: shard(of: posted.step.user), shardCount: shards.count, loopCount: loop.peers.count)!
         if owner == Int(loop.index) {
-            // A fan-out's next chunk is a task of its own: what other loops posted meanwhile
-            // (and this loop's connections) run between two chunks.
-            guard case .continueFanOut = posted.step else { return here.push(posted) }
+            // The next chunk of a fan-out or an ACK is a task of its own: what other loops
+            // posted meanwhile (and this loop's connections) run between two chunks.
+            guard posted.step.isNextChunk else { return here.push(posted) }
         }
         loop.postStep(posted, toShard: owner)
     }

@@ -28,6 +28,9 @@ struct SwitchboardConfiguration: Sendable {
     /// Devices per hold of a fan-out (`SwitchboardState.fanOutChunk`; a benchmark sets
     /// `Int.max` to measure a fan-out in one hold, as it was before chunks).
     var fanOutChunk = SwitchboardState.fanOutChunk
+    /// Events per hold of an acknowledgement (`SwitchboardState.ackChunk`; a benchmark
+    /// sets `Int.max` to measure an ACK in one hold, as it was before chunks).
+    var ackChunk = SwitchboardState.ackChunk
 }
 
 /// Something the event loops must do after the switchboard changed state.
@@ -188,6 +191,9 @@ struct SwitchboardState {
     /// each takes its answer; `nextFanOutID` numbers them.
     var fanOuts: [UInt64: FanOut] = [:]
     var nextFanOutID: UInt64 = 0
+    /// Acknowledgements taking their events out in chunks (`Acknowledgement`), from the
+    /// hold that received each until its last chunk.
+    var acknowledgements = Acknowledgements()
     /// Each device's push registrations (at most one per kind, a handful of bytes each);
     /// a device with none has no entry.
     var pushRegistrations: [ObjectIdentifier: [PushRegistration]] = [:]
@@ -355,6 +361,7 @@ struct SwitchboardState {
 
     mutating func removeDevice(_ device: DeviceRecord) {
         activities[device.userID]?.fanOut?.forget(device)  // before `next` is cleared
+        forgetAcknowledgement(of: device)
         if users[device.userID] === device {
             users[device.userID] = device.next
         } else {
@@ -394,11 +401,11 @@ struct SwitchboardState {
                     "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.lastSeq))"))
             }
             receipts = acknowledge(known, through: resume.lastReceivedSeq)
-            sentSeq = max(known.ackedSeq, resume.lastReceivedSeq)
+            sentSeq = max(acknowledgedSeq(of: known), resume.lastReceivedSeq)
             resumed = true
         } else if let known = device {
             known.sessionID = SessionID.random(using: &random)
-            sentSeq = known.ackedSeq
+            sentSeq = acknowledgedSeq(of: known)
         } else {
             let created = DeviceRecord(userID: userID, deviceID: deviceID, sessionID: SessionID.random(using: &random))
             addDevice(created)
@@ -431,7 +438,7 @@ struct SwitchboardState {
             ringIfCalled(record, activity)
         }
         return .success(AttachGrant(
-            record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: record.ackedSeq, sentSeq: sentSeq,
+            record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: acknowledgedSeq(of: record), sentSeq: sentSeq,
             lastSeq: record.lastSeq, needsPump: needsPump, next: receipts))
     }
 
@@ -481,7 +488,7 @@ struct SwitchboardState {
             callerGraceChecks.push((call, graceDeadline))
         }
         if evictsBodies {
-            device.queue.forEach(after: device.ackedSeq) { _, event in
+            device.queue.forEach(after: acknowledgedSeq(of: device)) { _, event in
                 evictIfUnwanted(event)
                 return true
             }
@@ -643,8 +650,9 @@ struct SwitchboardState {
     /// decision wakes the connection). Returns nil when the connection no longer speaks for the device (it was
     /// taken over), else the new write position.
     ///
-    /// Touches only the device record (a class), never the state itself: the `Switchboard`
-    /// runs it under its lock without the bookkeeping of a state change.
+    /// Changes only the device record (a class), never the state itself (it reads the
+    /// acknowledgement in progress, `acknowledgedSeq(of:)`): the `Switchboard` runs it under
+    /// its lock without the bookkeeping of a state change.
     func nextBatch(
         for device: DeviceRecord, connection: ConnectionRef, after sentSeq: UInt64, limit: Int,
         _ body: (UInt64, QueuedEvent) -> Bool
@@ -652,7 +660,7 @@ struct SwitchboardState {
         assertOwns(device)
         guard device.connection == connection else { return nil }
         device.wakePending = false
-        var position = max(sentSeq, device.ackedSeq)
+        var position = max(sentSeq, acknowledgedSeq(of: device))
         let writable = device.writableSeq
         var handed = 0
         var full = false
@@ -681,49 +689,6 @@ struct SwitchboardState {
         return (full || waitsForBody != nil ? position : max(position, writable), waitsForBody)
     }
 
-    /// A cumulative ACK from the device's live connection: a violation, or the receipts
-    /// for senders on other shards (steps to run there).
-    mutating func ack(
-        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64
-    ) -> (violation: ProtocolViolation?, next: [ShardStep]) {
-        assertOwns(device)
-        guard device.connection == connection else { return (nil, []) }  // a late ACK from an evicted connection
-        guard seq <= device.lastSeq else {
-            return (ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))"), [])
-        }
-        return (nil, acknowledge(device, through: seq))
-    }
-
-    /// Drops `device`'s events through `seq` and makes their receipts: delivered here to a
-    /// sender this shard holds, returned as steps for the others.
-    private mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
-        guard seq > device.ackedSeq else { return [] }
-        var receipts: [DeliveryReceipt] = []
-        let shareQueue = ShareQueue.device(ObjectIdentifier(device))
-        let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
-        var removedMessages: [QueuedEvent] = []
-        device.removeThrough(seq) { _, event in
-            if sharesTracked && event.receipt != nil { removedMessages.append(event) }
-            counters.pendingEvents -= 1
-            // A sender's own devices get its messages too (multi-device sync): only the
-            // recipient's acknowledgements are deliveries.
-            // A copy still awaiting its decision was never written: a client acknowledging
-            // it acknowledged blindly, and its sender must not hear of a delivery before OK.
-            if let receipt = event.receipt, !event.isCancelled, !event.awaitsDecision, receipt.recipient == device.userID {
-                receipts.append(receipt)
-            }
-        }
-        if sharesTracked {
-            trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
-        }
-        journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
-        var next: [ShardStep] = []
-        for receipt in receipts {
-            next += handOn(.receipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)).next
-        }
-        return next
-    }
-
     /// Takes `event`, numbered `seq`, out of `device`'s queue (a device this shard still
     /// knows), if it is still there (an event refused after it was queued): its number
     /// becomes a hole, which counts as acknowledged, and its room is free again.
@@ -739,8 +704,10 @@ struct SwitchboardState {
         journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
     }
 
-    /// MESSAGE_DELIVERED to every device of the message's sender.
-    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) {
+    /// MESSAGE_DELIVERED to every device of the message's sender; returns how many devices
+    /// that is.
+    @discardableResult
+    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) -> Int {
         // Not counted in the memory ledger: a receipt is small and made for every
         // delivery (a fan-out makes thousands a second), and what a device can hold of
         // them is bounded by --max-pending.
@@ -749,7 +716,12 @@ struct SwitchboardState {
                 messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: recipientDevice,
                 serverTime: serverTime),
             createdAt: currentWall)
-        for senderDevice in devices(of: receipt.sender) { enqueue(delivered, to: senderDevice) }
+        var count = 0
+        for senderDevice in devices(of: receipt.sender) {
+            enqueue(delivered, to: senderDevice)
+            count += 1
+        }
+        return count
     }
 
     /// Whether the callee's `device` takes part in `call` (rung, or answered it).

@@ -1,0 +1,175 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// The holds whose work grows with an input that is not chunked (docs/LOAD-TESTING.md,
+/// "Bounded holds"), each timed on the real `Switchboard` (two shards, its locks, its
+/// steps) without sockets: what `Tools/routing-bench` prints after the fan-out and ACK
+/// cases. Public for that executable only; the server never calls it.
+public enum HoldSurvey {
+    public struct Figure: Sendable {
+        /// What was timed, and how big its input was.
+        public let operation: String
+        public let size: Int
+        /// The longest hold of the operation over every round, and the mean of each
+        /// round's longest (ns).
+        public let longestHold: UInt64
+        public let meanLongestHold: Double
+    }
+
+    /// Every case, `rounds` times each, with `devices` devices where a case grows with a
+    /// user's devices and `held` messages for the case that grows with those.
+    public static func run(devices: Int, held: Int, rounds: Int) -> [Figure] {
+        [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds),
+         claimingHeld(held, rounds: rounds)].flatMap { $0 }
+    }
+
+    /// A bench of two shards; `user(prefix, shard)` names a user on `shard`.
+    private struct Bench {
+        let switchboard: Switchboard
+        let now = Instant(nanoseconds: 1_000_000_000)
+        private var slot: UInt32 = 0
+
+        init() {
+            var configuration = SwitchboardConfiguration()
+            configuration.maxPendingEvents = 1_000_000
+            configuration.maxPendingPerSender = 1_000_000
+            switchboard = Switchboard(configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: false, shardCount: 2)
+        }
+
+        func user(_ prefix: String, onShard index: Int) -> String {
+            (0...).lazy.map { "\(prefix)\($0)" }.first { switchboard.shard(of: $0) == index }!
+        }
+
+        mutating func attach(_ user: String, _ device: String) -> DeviceRecord {
+            slot += 1
+            let connection = ConnectionRef(loop: 0, slot: slot, generation: 1)
+            return switchboard.withState(of: user, wall: 0) { board in
+                let grant = try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now).get()
+                _ = board.takeEffects()
+                return grant.record
+            }
+        }
+
+        /// Every device of `devices` acknowledges all it has (not timed).
+        func acknowledgeAll(_ devices: [DeviceRecord]) {
+            var untimed = HoldTimes()
+            for device in devices {
+                let next = switchboard.withState(of: device.userID, wall: 0) { board -> [ShardStep] in
+                    let next = board.ack(device, connection: device.connection!, through: device.lastSeq).next
+                    _ = board.takeEffects()
+                    return next
+                }
+                untimed.run(next, on: switchboard, now: now)
+            }
+        }
+    }
+
+    /// A user with `devices` devices besides the sending one sends to a user of the other
+    /// shard: the sender's first hold queues the synced copies, its settle step releases
+    /// them; then the recipient's acknowledgement sends a receipt to every sender device.
+    static func syncedCopies(devices: Int, rounds: Int) -> [Figure] {
+        var bench = Bench()
+        let sender = bench.user("many", onShard: 0), recipient = bench.user("one", onShard: 1)
+        let sending = bench.attach(sender, "sending")
+        let others = (0..<devices).map { bench.attach(sender, "d\($0)") }
+        let recipientDevice = bench.attach(recipient, "d")
+        var first = HoldTimes(), settle = HoldTimes(), receipt = HoldTimes()
+        for round in 0..<rounds {
+            let message = OutgoingMessage(messageID: "m\(round)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
+            first.startOperation()
+            let handOff = first.timed {
+                bench.switchboard.withState(of: sender, wall: 0) { board -> ShardStep in
+                    let acceptance = try! board.send(message, from: sending, now: bench.now).get()
+                    _ = board.takeEffects()
+                    return acceptance.handOff!
+                }
+            }
+            // The recipient's step (not timed), then the sender's settle step.
+            let settleSteps = bench.switchboard.withState(of: recipient, wall: 0) { board -> [ShardStep] in
+                let next = board.handle(handOff, now: bench.now).next
+                _ = board.takeEffects()
+                return next
+            }
+            settle.startOperation()
+            settle.run(settleSteps, on: bench.switchboard, now: bench.now)
+            let receipts = bench.switchboard.withState(of: recipient, wall: 0) { board -> [ShardStep] in
+                let next = board.ack(recipientDevice, connection: recipientDevice.connection!, through: recipientDevice.lastSeq).next
+                _ = board.takeEffects()
+                return next
+            }
+            receipt.startOperation()
+            receipt.run(receipts, on: bench.switchboard, now: bench.now)
+            bench.acknowledgeAll(others + [sending])
+        }
+        return [
+            Figure(operation: "synced copies: sender's first hold", size: devices, longestHold: first.longest, meanLongestHold: first.meanLongest),
+            Figure(operation: "synced copies: settle step", size: devices, longestHold: settle.longest, meanLongestHold: settle.meanLongest),
+            Figure(operation: "receipt to every sender device", size: devices, longestHold: receipt.longest, meanLongestHold: receipt.meanLongest),
+        ]
+    }
+
+    /// A call to a user with `devices` connected devices on the other shard: the callee's
+    /// step rings them all; the first accept tells the others answeredElsewhere.
+    static func ringing(devices: Int, rounds: Int) -> [Figure] {
+        var bench = Bench()
+        let caller = bench.user("caller", onShard: 0), callee = bench.user("callee", onShard: 1)
+        let callingDevice = bench.attach(caller, "d")
+        let calleeDevices = (0..<devices).map { bench.attach(callee, "d\($0)") }
+        var ring = HoldTimes(), accept = HoldTimes()
+        for round in 0..<rounds {
+            let callID = "c\(round)"
+            let invite = bench.switchboard.withState(of: caller, wall: 0) { board -> [ShardStep] in
+                let outcome = board.invite(callID: callID, callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now)
+                _ = board.takeEffects()
+                return outcome.next
+            }
+            ring.startOperation()
+            ring.run(invite, on: bench.switchboard, now: bench.now)
+            accept.startOperation()
+            let answered = accept.timed {
+                bench.switchboard.withState(of: callee, wall: 0) { board -> [ShardStep] in
+                    let outcome = board.accept(callID: callID, answer: [4], from: calleeDevices[0])
+                    _ = board.takeEffects()
+                    return outcome.next
+                }
+            }
+            var untimed = HoldTimes()
+            untimed.run(answered, on: bench.switchboard, now: bench.now)
+            let hungUp = bench.switchboard.withState(of: callee, wall: 0) { board -> [ShardStep] in
+                let outcome = board.hangUp(callID: callID, from: calleeDevices[0])
+                _ = board.takeEffects()
+                return outcome.next
+            }
+            untimed.run(hungUp, on: bench.switchboard, now: bench.now)
+            bench.acknowledgeAll(calleeDevices + [callingDevice])
+        }
+        return [
+            Figure(operation: "ringing a callee's devices", size: devices, longestHold: ring.longest, meanLongestHold: ring.meanLongest),
+            Figure(operation: "accept: answeredElsewhere to the others", size: devices, longestHold: accept.longest, meanLongestHold: accept.meanLongest),
+        ]
+    }
+
+    /// `held` messages wait for a user with no device; its first device's handshake
+    /// queues them all.
+    static func claimingHeld(_ held: Int, rounds: Int) -> [Figure] {
+        var claim = HoldTimes()
+        for round in 0..<rounds {
+            var bench = Bench()
+            let sender = bench.user("sender", onShard: 0), recipient = bench.user("new", onShard: 1)
+            let sending = bench.attach(sender, "d")
+            var untimed = HoldTimes()
+            for number in 0..<held {
+                let message = OutgoingMessage(messageID: "r\(round)m\(number)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
+                let handOff = bench.switchboard.withState(of: sender, wall: 0) { board -> [ShardStep] in
+                    let acceptance = try! board.send(message, from: sending, now: bench.now).get()
+                    _ = board.takeEffects()
+                    return acceptance.handOff.map { [$0] } ?? []
+                }
+                untimed.run(handOff, on: bench.switchboard, now: bench.now)
+            }
+            claim.startOperation()
+            _ = claim.timed { bench.attach(recipient, "first") }
+        }
+        return [Figure(operation: "first device claiming held messages", size: held, longestHold: claim.longest, meanLongestHold: claim.meanLongest)]
+    }
+}

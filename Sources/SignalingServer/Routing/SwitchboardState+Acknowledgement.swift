@@ -1,0 +1,189 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// An acknowledgement (an ACK, or a resume point) that covers more of a device's events
+/// than one hold of its shard takes out (`SwitchboardState.ackChunk`): the events go in
+/// holds of their own, a chunk each, the oldest first, driven by a
+/// `ShardStep.continueAcknowledgement` (docs/ARCHITECTURE.md, "Routing shards").
+///
+/// What the device sees is as if the whole acknowledgement were taken in one hold: from the
+/// hold that receives it, everything through `through` counts as acknowledged
+/// (`SwitchboardState.acknowledgedSeq(of:)`: WELCOME's `ackedSeq`, where a pump starts, which
+/// later ACK is a duplicate), though its events leave the queue a chunk a hold. Each chunk
+/// makes the receipts of the messages it takes out (delivered in that hold to a sender of
+/// the shard, steps for the others), so every event makes its receipt exactly once,
+/// whichever hold takes it.
+///
+/// A device has at most one in progress: a higher ACK or resume point meanwhile raises its
+/// `through` (after taking a chunk in its own hold), a lower or equal one changes nothing.
+/// A disconnect or a takeover meanwhile changes nothing either (the device did acknowledge);
+/// a device forgotten meanwhile ends it (`removeDevice`).
+///
+/// With a store, the hold that receives the acknowledgement journals all of it
+/// (`StoreChange.acknowledge` through `through`), and every later hold of the chain hands
+/// its changes (the receipts' events) in as units of the same `CommitGroup`
+/// (`SwitchboardState.group(for:)`, closed by `Switchboard.run` after the last step): the
+/// writer commits the acknowledgement and every receipt it made in one transaction. So at
+/// every commit the store holds all of it or none of it: a crash before that commit sends
+/// the events again, as it would have for an acknowledgement taken in one hold (the client
+/// drops them by number), and one after it sends none of them and loses no receipt.
+///
+/// Guarded by the lock of the device's shard, like the record it points to.
+final class Acknowledgement: @unchecked Sendable {
+    /// Names the acknowledgement in its shard (`SwitchboardState.acknowledgements`) and in
+    /// its steps.
+    let id: UInt64
+    let device: DeviceRecord
+    /// Everything ≤ this is acknowledged (the highest ACK or resume point since it started).
+    var through: UInt64
+
+    init(id: UInt64, device: DeviceRecord, through: UInt64) {
+        self.id = id
+        self.device = device
+        self.through = through
+    }
+}
+
+/// The acknowledgements in progress in one shard, by id (for their steps) and by device
+/// (for the device's next ACK, its pump, its removal). Empty on the usual path (an ACK
+/// of a batch or two): one emptiness check then.
+struct Acknowledgements {
+    private(set) var byID: [UInt64: Acknowledgement] = [:]
+    private var byDevice: [ObjectIdentifier: Acknowledgement] = [:]
+    private var lastID: UInt64 = 0
+
+    var isEmpty: Bool { byID.isEmpty }
+
+    subscript(id: UInt64) -> Acknowledgement? { byID[id] }
+
+    func of(_ device: DeviceRecord) -> Acknowledgement? {
+        byDevice.isEmpty ? nil : byDevice[ObjectIdentifier(device)]
+    }
+
+    /// Starts one for `device`, which has none.
+    mutating func start(_ device: DeviceRecord, through: UInt64) -> Acknowledgement {
+        lastID += 1
+        let started = Acknowledgement(id: lastID, device: device, through: through)
+        byID[started.id] = started
+        byDevice[ObjectIdentifier(device)] = started
+        return started
+    }
+
+    mutating func remove(_ acknowledgement: Acknowledgement) {
+        byID[acknowledgement.id] = nil
+        if byDevice[ObjectIdentifier(acknowledgement.device)] === acknowledgement {
+            byDevice[ObjectIdentifier(acknowledgement.device)] = nil
+        }
+    }
+}
+
+extension SwitchboardState {
+    /// How much one hold of a shard does for an acknowledgement: events taken out of the
+    /// device's queue, plus the MESSAGE_DELIVERED copies their receipts queue to senders of
+    /// the same shard (`takeAcknowledgedChunk`). Taking an event out costs about 0.1 µs,
+    /// plus its receipt: one step for a sender on another shard, or a copy to each device of
+    /// a sender on the same shard (about 0.2 µs each). An ACK of 4,000 events with receipts held the
+    /// shard for 262 µs-1 ms in one hold (docs/LOAD-TESTING.md, "Fan-out holds"); 128 keep a
+    /// hold near the fan-out's chunk, while the extra hold and step per chunk (a lock round
+    /// and a dictionary lookup) stay under 1 % of the chunk's work.
+    static let ackChunk = 128
+
+    /// A cumulative ACK from the device's live connection: a violation, or what it hands on
+    /// (receipts for senders on other shards, the rest of a long acknowledgement).
+    mutating func ack(
+        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64
+    ) -> (violation: ProtocolViolation?, next: [ShardStep]) {
+        assertOwns(device)
+        guard device.connection == connection else { return (nil, []) }  // a late ACK from an evicted connection
+        guard seq <= device.lastSeq else {
+            return (ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))"), [])
+        }
+        return (nil, acknowledge(device, through: seq))
+    }
+
+    /// Everything ≤ this is acknowledged by `device`: the events before its oldest queued
+    /// one, or further, while an acknowledgement is still taking its events out in chunks.
+    func acknowledgedSeq(of device: DeviceRecord) -> UInt64 {
+        guard let inProgress = acknowledgements.of(device) else { return device.ackedSeq }
+        return max(device.ackedSeq, inProgress.through)
+    }
+
+    /// `device` acknowledged everything through `seq`: takes out the first chunk of its
+    /// events and, when more are left, hands on the step that takes the rest (or, with one
+    /// in progress already, lets that one go on to `seq`). Returns the steps to run next:
+    /// the chunk's receipts for senders on other shards, then the continuation.
+    mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
+        let inProgress = acknowledgements.of(device)
+        guard seq > max(device.ackedSeq, inProgress?.through ?? 0) else { return [] }
+        journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
+        var next = takeAcknowledgedChunk(of: device, through: seq)
+        if let inProgress {
+            inProgress.through = seq  // its next hold goes on to here
+        } else if device.ackedSeq < seq {
+            let started = acknowledgements.start(device, through: seq)
+            next.append(.continueAcknowledgement(user: device.userID, id: started.id))
+        }
+        return next
+    }
+
+    /// The next chunk of acknowledgement `id`, and the step for the one after, if any.
+    /// Nothing when the device was forgotten meanwhile.
+    mutating func continueAcknowledgement(_ user: String, id: UInt64) -> StepOutcome {
+        guard let acknowledgement = acknowledgements[id] else { return StepOutcome(reply: nil) }
+        let device = acknowledgement.device
+        var next = takeAcknowledgedChunk(of: device, through: acknowledgement.through)
+        if device.ackedSeq < acknowledgement.through {
+            next.append(.continueAcknowledgement(user: user, id: id))
+        } else {
+            acknowledgements.remove(acknowledgement)
+        }
+        return StepOutcome(reply: nil, next: next)
+    }
+
+    /// `device` is being forgotten: its acknowledgement in progress, if any, ends (its queue
+    /// is counted out with it).
+    mutating func forgetAcknowledgement(of device: DeviceRecord) {
+        if let inProgress = acknowledgements.of(device) { acknowledgements.remove(inProgress) }
+    }
+
+    /// Drops the oldest of `device`'s events through `seq` and makes their receipts:
+    /// delivered here to a sender this shard holds (as `handOn` would, counting the copies),
+    /// returned as steps for the others. Stops after `ackChunk` units of work, an event
+    /// and each MESSAGE_DELIVERED copy a receipt queues here counting one: a sender of the
+    /// same shard with 1,000 devices made a chunk of 128 receipts 128,000 copies in one
+    /// hold. At least one event goes per hold, so a hold is at most a chunk, or one receipt
+    /// (the sender's devices).
+    private mutating func takeAcknowledgedChunk(of device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
+        let shareQueue = ShareQueue.device(ObjectIdentifier(device))
+        let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
+        var removedMessages: [QueuedEvent] = []
+        var next: [ShardStep] = []
+        var work = 0
+        while work < configuration.ackChunk && device.ackedSeq < seq {
+            var receipt: DeliveryReceipt?
+            device.removeThrough(seq, limit: 1) { _, event in
+                if sharesTracked && event.receipt != nil { removedMessages.append(event) }
+                counters.pendingEvents -= 1
+                // A sender's own devices get its messages too (multi-device sync): only the
+                // recipient's acknowledgements are deliveries.
+                // A copy still awaiting its decision was never written: a client acknowledging
+                // it acknowledged blindly, and its sender must not hear of a delivery before OK.
+                if let made = event.receipt, !event.isCancelled, !event.awaitsDecision, made.recipient == device.userID {
+                    receipt = made
+                }
+            }
+            work += 1
+            // Delivered after the removal: a note to oneself puts its receipt in this queue.
+            guard let receipt else { continue }
+            if shardMap.owns(receipt.sender) {
+                work += deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
+            } else {
+                next.append(.receipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall))
+            }
+        }
+        if sharesTracked {
+            trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
+        }
+        return next
+    }
+}
