@@ -152,6 +152,10 @@ final class EventLoop: @unchecked Sendable {
     /// at most one eventfd write). Loop-thread state.
     private var outgoingSteps: [[PostedStep]] = []
     private var hasOutgoingSteps = false
+    /// This loop runs steps of another loop's shard, whose owner has stopped
+    /// (`postOutgoingSteps`): the one time a loop takes another shard's lock (see
+    /// `Switchboard.assertOwnedByCaller`). Loop-thread state.
+    var runsForeignWork = false
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(())
     /// Set when the loop has been told to drain; holds the time by which it must be done.
@@ -353,7 +357,9 @@ final class EventLoop: @unchecked Sendable {
             let steps = outgoingSteps[destination]
             outgoingSteps[destination].removeAll(keepingCapacity: true)
             if peers[destination].post(.steps(steps, loop: UInt16(destination))) { continue }
+            runsForeignWork = true
             let (replies, effects) = context.switchboard.runOrphaned(steps)
+            runsForeignWork = false
             LoopDispatch.post(replies, to: peers)
             apply(effects)
             flushDirty()

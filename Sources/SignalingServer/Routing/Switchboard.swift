@@ -141,6 +141,7 @@ final class Switchboard: Sendable {
         var hold: (start: UInt64, end: UInt64) = (0, 0)
         let shard = shards[index]
         assertHoldsNoShard()
+        assertOwnedByCaller(index)
         let result = try shard.state.withLock { state in
             shard.enterHold()
             defer { shard.leaveHold() }
@@ -391,8 +392,10 @@ final class Switchboard: Sendable {
         of userID: String, _ body: (borrowing SwitchboardState) throws -> sending Result
     ) rethrows -> sending Result {
         var hold: (start: UInt64, end: UInt64) = (0, 0)
-        let shard = shards[shard(of: userID)]
+        let index = shard(of: userID)
+        let shard = shards[index]
         assertHoldsNoShard()
+        assertOwnedByCaller(index)
         let result = try shard.state.withLock { state in
             shard.enterHold()
             defer { shard.leaveHold() }
@@ -411,6 +414,23 @@ final class Switchboard: Sendable {
         #if DEBUG
         let thread = RoutingShard.currentThread
         assert(!shards.contains { $0.holder.load(ordering: .relaxed) == thread }, "a thread took a second routing shard's lock")
+        #endif
+    }
+
+    /// Debug builds: a loop thread takes its own shard's lock only, the rule that makes each
+    /// shard its owner loop's (like swift-nio's `NIOLoopBound`): its connections live on
+    /// their user's home loop, and steps for other shards go to their owners. The one
+    /// exception is work a stopped loop can no longer take (`EventLoop.runsForeignWork`:
+    /// steps whose owner's inbox is closed, run by the loop that handed them on). Threads
+    /// that are not loops (the admin API, the store writer, start-up) may take any shard,
+    /// one at a time.
+    @inline(__always)
+    private func assertOwnedByCaller(_ index: Int) {
+        #if DEBUG
+        EventLoop.onCurrentThread { loop in
+            guard !loop.runsForeignWork, postsSteps(from: loop) else { return }
+            assert(index == Int(loop.index), "loop \(loop.index) took routing shard \(index)'s lock: shard \(index) is loop \(index)'s")
+        }
         #endif
     }
 
