@@ -29,7 +29,7 @@ public enum ServerOptions {
             OptionSpec("tls-proxy-protocol", help: "Every connection to the TLS listener starts with a PROXY protocol v2 header, before the TLS handshake (a TCP load balancer in front: haproxy send-proxy-v2)."),
             OptionSpec("config", value: "FILE", help: "Read options from FILE: one 'name = value' per line; '#' starts a comment at a line's start or after whitespace; values may be quoted."),
             OptionSpec("listen-backlog", value: "N", default: "net.core.somaxconn, or 4096", help: "Completed connections each loop's socket queues before accepting them (the kernel caps it at net.core.somaxconn)."),
-            OptionSpec("workers", value: "N", default: "one per core", help: "Event-loop threads."),
+            OptionSpec("workers", value: "N", default: "one per core but one, at least 1", help: "Event-loop threads."),
             OptionSpec("keepalive", value: "SECONDS", default: "600", help: "Keep-alive interval handed to devices; never below 600."),
             OptionSpec("max-keepalive", value: "SECONDS", default: "3600", help: "Longest keep-alive granted to a device that asks for more."),
             OptionSpec("ring-timeout", value: "SECONDS", default: "60", help: "How long an unanswered call rings (then: missed call)."),
