@@ -86,6 +86,36 @@ struct ShardedStoreTests {
         #expect(StoreWriter.commitOrder(pending) == Array(pending.indices))
     }
 
+    @Test("a closed group held back by an open one commits once the groups opened before its last unit have closed: groups opened after it, however many and however they overlap each other, do not hold it back")
+    func heldBackGroupWaitsForOlderGroupsOnly() {
+        let a = TwoShards.deferredReply("a", sender: "alice"), b = TwoShards.deferredReply("b", sender: "alice")
+        // a's unit, b's first unit (b open), a's acknowledgement that must stay after b's
+        // event (it cannot be pulled past it), a closed.
+        var pending = [
+            unit(a, shard: 1, [append("alice", "phone", seq: 1)]),
+            unit(b, shard: 1, [append("alice", "phone", seq: 2)]),
+            unit(a, shard: 1, [.acknowledge(user: "alice", device: "phone", through: 2)]),
+            CommitUnit(closing: a),
+        ]
+        #expect(StoreWriter.commitOrder(pending) == [], "a must wait for b")
+        let aAndB = pending.count + 2  // with b's last unit and b's closing unit
+        // Newer groups keep opening, each touching the same device and each still open
+        // when the next starts, while b finishes.
+        var seq: UInt64 = 3
+        for round in 0..<50 {
+            let newer = TwoShards.deferredReply("n\(round)", sender: "alice")
+            pending.append(unit(newer, shard: 1, [append("alice", "phone", seq: seq)]))
+            seq += 1
+            if round == 0 {
+                pending.insert(unit(b, shard: 0, [append("bob", "d1", seq: 1)]), at: 4)
+                pending.insert(CommitUnit(closing: b), at: 5)
+            }
+        }
+        // Every newer group started after a's and b's last units: a and b commit whole,
+        // the commit stops at the first newer group's first unit.
+        #expect(StoreWriter.commitOrder(pending) == Array(0..<aAndB))
+    }
+
     /// alice's laptop and phone and bob's device, connected and stored; a first message
     /// delivered, its copy and its receipts read, everything acknowledged and the
     /// acknowledgements committed, so that nothing else is on its way to the store (or to

@@ -525,9 +525,13 @@ final class StoreWriter: @unchecked Sendable {
     /// its holds, about 160 for 10,000 devices, a few ms), and its closing unit is an
     /// arrival that wakes the writer. A unit that stays waits until the groups open before
     /// it have closed, and, if it belongs to a group that cannot be pulled forward (a
-    /// receipt to a device that a newer, still open message also queues to), until no
-    /// newer open group overlaps the hops of its group: under a load that keeps opening
-    /// such overlapping groups without a pause, that wait has no fixed bound.
+    /// receipt to a device that a newer, still open message also queues to), until the
+    /// groups opened before that group's last unit have closed: groups opened later start
+    /// after all of its units and cannot hold it back (`ShardedStoreTests`,
+    /// "a closed group held back by an open one..."). What has no fixed bound is a chain:
+    /// if the group it waits for is itself held back the same way by the next, and so on,
+    /// each interleaved with the next on the same device, they all wait as long as the
+    /// chain goes on.
     /// Cost: one pass over the units; with groups across the cut, one more per move of the
     /// cut, and the footprints of the units after it.
     static func commitOrder(_ pending: [CommitUnit]) -> [Int] {
