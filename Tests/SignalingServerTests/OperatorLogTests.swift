@@ -42,6 +42,23 @@ struct OperatorLogTests {
         #expect(log.lines("auth_failed").count == 2)
     }
 
+    @Test("a request refused by a limit on another loop's shard (the recipient's backlog) is logged at warn, with its sender, by the sender's loop")
+    func refusalDecidedOnAnotherLoop() throws {
+        let log = LogFile()
+        let server = try TestServer(workers: 2, logger: log.logger) {
+            $0.maxPendingEvents = 1
+            $0.maxPendingPerSender = 1
+        }
+        let alice = TwoShards.user("alice", onShard: 0), bob = TwoShards.user("bob", onShard: 1)
+        let (sender, _) = try server.connect(user: alice)
+        let (receiver, _) = try server.connect(user: bob)  // never acknowledges
+        #expect(try sender.request(1, .identifiedMessage("m1", to: bob)).isOK)
+        #expect(try sender.request(2, .identifiedMessage("m2", to: bob)).errorCode == .recipientBacklogFull)
+        let lines = log.lines("request_refused")
+        #expect(lines.count == 1 && lines.first.map { $0.contains("level=warn") && $0.contains("user=\(alice)") } == true, "\(lines)")
+        _ = receiver
+    }
+
     @Test("a peer dropped by TCP_USER_TIMEOUT (ETIMEDOUT) is logged at warn")
     func deadPeer() throws {
         let server = try ServerProcess(["--tcp-user-timeout", "1", "--store", "memory"])

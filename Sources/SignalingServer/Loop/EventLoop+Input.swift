@@ -398,11 +398,8 @@ extension EventLoop {
         // The reply goes out before any event the request caused for this same connection
         // (those are written when the dirty list is flushed, after this callback).
         if let reply {
+            logIfRefusedByLimit(reply, on: slot)
             send(reply, to: slot)
-            if case .error(_, let code, let message) = reply,
-               [.recipientBacklogFull, .senderQuotaExceeded, .rateLimited, .capacityExceeded].contains(code) {
-                logRefusal(code, message, sender: device, on: ref)
-            }
         }
         apply(effects)
     }
@@ -411,10 +408,17 @@ extension EventLoop {
     /// that never acknowledges, a sender flooding someone, a server at its memory budget),
     /// but a flood of them must not flood the log: one warn line per second, with the count
     /// of lines left out.
-    private func logRefusal(_ code: ErrorCode, _ message: String, sender: DeviceRecord, on ref: ConnectionRef) {
-        guard let suppressed = context.refusalLog.admit(now: context.clock.now()) else { return }
+    /// Whichever loop decided it: the requesting connection's loop logs a refusal it
+    /// sends, the ones other loops' steps decided (a recipient's backlog, on the
+    /// recipient's shard) included.
+    func logIfRefusedByLimit(_ reply: Frame, on slot: UInt32) {
+        guard case .error(_, let code, let message) = reply,
+              [.recipientBacklogFull, .senderQuotaExceeded, .rateLimited, .capacityExceeded].contains(code),
+              let sender = table.state(slot).pointee.device,
+              let suppressed = context.refusalLog.admit(now: context.clock.now())
+        else { return }
         context.logger.warning("request_refused", [
-            "conn": ref, "user": sender.userID, "device": sender.deviceID, "code": code.rawValue, "detail": message,
+            "conn": reference(slot), "user": sender.userID, "device": sender.deviceID, "code": code.rawValue, "detail": message,
             "suppressed": suppressed,
         ])
     }

@@ -529,6 +529,7 @@ final class EventLoop: @unchecked Sendable {
                 endReplies()
                 beginReplies(to: ref.slot)
             }
+            logIfRefusedByLimit(frame, on: ref.slot)
             send(frame, to: ref.slot)
         }
         endReplies()
