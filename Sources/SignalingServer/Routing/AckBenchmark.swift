@@ -30,12 +30,7 @@ public enum AckBenchmark {
     /// sender's device then acknowledges its receipts (not timed). `journaling`: as with a
     /// store (every hold builds its commit unit; no writer takes them).
     public static func run(events: Int, chunk: Int, rounds: Int, journaling: Bool = false) -> Figures {
-        var configuration = SwitchboardConfiguration()
-        configuration.ackChunk = chunk
-        configuration.maxPendingEvents = 1_000_000
-        configuration.maxPendingPerSender = 1_000_000
-        let switchboard = Switchboard(
-            configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: journaling, shardCount: 2)
+        let switchboard = Switchboard.forBenchmark(journaling: journaling, shardCount: 2) { $0.ackChunk = chunk }
         let now = Instant(nanoseconds: 1_000_000_000)
         // Two users on different shards (`ShardMap` is a stable hash).
         let sender = "sender"

@@ -28,11 +28,7 @@ public enum FanOutBenchmark {
     /// `journaling`: as with a store (every hold builds its commit unit: the store changes
     /// of the copies; no writer takes them, so no commit is timed).
     public static func run(devices: Int, chunk: Int, messages: Int, journaling: Bool = false) -> Figures {
-        var configuration = SwitchboardConfiguration()
-        configuration.fanOutChunk = chunk
-        configuration.maxPendingEvents = 1_000_000
-        configuration.maxPendingPerSender = 1_000_000
-        let switchboard = Switchboard(configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: journaling)
+        let switchboard = Switchboard.forBenchmark(journaling: journaling) { $0.fanOutChunk = chunk }
         let now = Instant(nanoseconds: 1_000_000_000)
         func connection(_ slot: Int) -> ConnectionRef { ConnectionRef(loop: 0, slot: UInt32(slot), generation: 1) }
         func attach(_ user: String, _ device: String, slot: Int) -> DeviceRecord {
@@ -75,6 +71,20 @@ public enum FanOutBenchmark {
             devices: devices, chunk: chunk, messages: messages, holdsPerMessage: Double(holds.count) / Double(messages),
             longestHold: holds.longest, meanLongestHold: holds.meanLongest,
             nanosecondsPerDevice: Double(holds.total) / Double(messages) / Double(devices))
+    }
+}
+
+extension Switchboard {
+    /// A switchboard for the routing benchmarks: queues and sender shares large enough
+    /// that no benchmark operation is refused for room, `configure` for the rest.
+    static func forBenchmark(
+        journaling: Bool, shardCount: Int = 1, _ configure: (inout SwitchboardConfiguration) -> Void = { _ in }
+    ) -> Switchboard {
+        var configuration = SwitchboardConfiguration()
+        configuration.maxPendingEvents = 1_000_000
+        configuration.maxPendingPerSender = 1_000_000
+        configure(&configuration)
+        return Switchboard(configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: journaling, shardCount: shardCount)
     }
 }
 

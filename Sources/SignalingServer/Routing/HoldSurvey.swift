@@ -30,10 +30,7 @@ public enum HoldSurvey {
         private var slot: UInt32 = 0
 
         init() {
-            var configuration = SwitchboardConfiguration()
-            configuration.maxPendingEvents = 1_000_000
-            configuration.maxPendingPerSender = 1_000_000
-            switchboard = Switchboard(configuration: configuration, epoch: Instant(nanoseconds: 1), journaling: false, shardCount: 2)
+            switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2)
         }
 
         func user(_ prefix: String, onShard index: Int) -> String {
