@@ -186,8 +186,7 @@ extension EventLoop {
         endReplies()
         guard table.isLive(slot, generation: generation), state.pointee.phase == .established else { return }
         // What OpenSSL decrypted already is announced by no readiness event.
-        if state.pointee.flags.contains(.tls), table.isLive(slot, generation: generation),
-           state.pointee.phase == .established, !state.pointee.flags.contains(.readPaused) {
+        if state.pointee.flags.contains(.tls), !state.pointee.flags.contains(.readPaused) {
             readAgainSoon(slot)
         }
     }

@@ -261,11 +261,6 @@ extension EventLoop {
             apply(effects)
             protocolViolation(slot, violation)
         case .success(let grant):
-            // Checked in debug builds: an established connection lives on its user's home
-            // loop (EventLoop+HandOver.swift), so its device's holds are the owner's.
-            assert(
-                context.switchboard.homeLoop(of: hello.userID, loopCount: peers.count).map { $0 == Int(index) } ?? true,
-                "a device was registered on loop \(index), not on its user's home loop")
             let state = table.state(slot)
             state.pointee.phase = .established
             state.pointee.device = grant.record

@@ -139,7 +139,7 @@ final class EventLoop: @unchecked Sendable {
     /// next socket the process opens, which would then receive the wake-up's 8 bytes.
     let wakeFD: Int32
     private let inbox = Mutex(Inbox())
-    /// The buffer `runPostedTasks` swaps into `inbox`, empty, with the capacity of an
+    /// The buffer `runInbox` swaps into `inbox`, empty, with the capacity of an
     /// earlier batch (loop thread only).
     private var spareInbox: [LoopTask] = []
     /// The inbox holds tasks (set under its lock, read without it): the loop sends the
@@ -248,7 +248,7 @@ final class EventLoop: @unchecked Sendable {
         }
         wakeEvent = vs_event_new(base, wakeFD, persistRead, { _, _, arg in
             let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
-            loop.owned { loop.drainWakeUps() }
+            loop.owned { loop.runInbox() }
         }, unmanagedSelf)
         tickEvent = vs_event_new(base, -1, Int16(VS_EV_PERSIST), { _, _, arg in
             let loop = Unmanaged<EventLoop>.fromOpaque(arg!).takeUnretainedValue()
@@ -340,11 +340,12 @@ final class EventLoop: @unchecked Sendable {
     /// wait on the eventfd (ConnectionIO.swift).
     var hasPostedTasks: Bool { inbox.withLock(timing: .loopInbox) { !$0.tasks.isEmpty } }
 
-    /// Hands `posted` to the loop that owns shard `shard` (this one included: a fan-out's
-    /// next chunk), at the end of the current callback (`Switchboard.run`). Loop thread only.
-    func postStep(_ posted: PostedStep, toShard shard: Int) {
+    /// Hands `posted` to loop `destination`, the owner of its shard (this one included: a
+    /// fan-out's or an ACK's next chunk), at the end of the current callback
+    /// (`Switchboard.run`). Loop thread only.
+    func postStep(_ posted: PostedStep, toLoop destination: Int) {
         if outgoingSteps.isEmpty { outgoingSteps = Array(repeating: [], count: peers.count) }
-        outgoingSteps[shard].append(posted)
+        outgoingSteps[destination].append(posted)
         hasOutgoingSteps = true
         metrics.stepsPosted.add(1)
     }
@@ -366,27 +367,17 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
-    /// The wake-up eventfd fired: runs the inbox.
-    private func drainWakeUps() {
-        shim_eventfd_drain(wakeFD)
-        runPostedTasks()
-    }
-
     /// Hands a connection to this loop, its user's home loop (`LoopTask.adopt`). False when
     /// the loop has stopped and will run no more tasks: the caller keeps the connection.
     func post(adopting moving: MovingConnection) -> Bool {
         post(.adopt(moving))
     }
 
-    /// Runs the tasks handed over by other threads (an input of the seam, ConnectionIO.swift).
+    /// Runs the tasks handed over by other threads (the wake-up eventfd fired; an input of
+    /// the seam, ConnectionIO.swift).
     func runInbox() {
-        shim_eventfd_drain(wakeFD)
-        runPostedTasks()
-    }
-
-    /// Takes the inbox's tasks and runs them (`runInbox`).
-    private func runPostedTasks() {
         activity &+= 1
+        shim_eventfd_drain(wakeFD)
         // The inbox's buffer is swapped for the spare one under the lock: nothing is
         // allocated or freed while posters wait (copying the tasks out and emptying the
         // inbox in place allocated a new buffer under the lock, the copy still sharing the

@@ -19,10 +19,9 @@ import Glibc
 ///   the `ShardStep`s other shards must run (plain values that name users, never
 ///   records), and `run` runs those of the calling loop's own shard at once and posts the
 ///   others to their owners' inboxes (`LoopTask.steps`), which run them and post onward
-///   what they hand on. So a loop takes another shard's lock only for what its own
-///   connections do when their user lives on another loop's shard (a handshake, a
-///   request's first hold, an ACK, a pump: until connections live on their user's home
-///   loop), never for a step (checked in debug builds: `drive`).
+///   what they hand on. With each connection on its user's home loop (`homeLoop`), a
+///   loop thread takes no shard's lock but its own (checked in debug builds:
+///   `assertOwnedByCaller`), except for steps whose owner has stopped.
 ///   What the store writer does to the routing state per event (a commit's release, a
 ///   refusal's cancellation, bodies read back) is posted to the owners the same way, one
 ///   part per shard. The start-up load (once, before any connection), the admin API and
@@ -216,19 +215,24 @@ final class Switchboard: Sendable {
     /// shard, and those they hand on (`run`). Returns the answers they decided, as tasks
     /// for the requesting connections' loops, and what `loop` must do.
     func runPosted(_ steps: [PostedStep], on loop: EventLoop) -> (replies: [LoopTask], effects: [SwitchboardEffect]) {
-        var here = FIFOQueue<PostedStep>()
-        for step in steps { here.push(step) }
-        let ran = drive(&here, on: loop, writerWake: .afterCallback(of: loop))
-        return (ran.answers.compactMap { $0.chain.requester?.reply($0.reply) }, ran.effects)
+        runQueued(steps, on: loop, writerWake: .afterCallback(of: loop))
     }
 
     /// Runs steps posted to a loop that had stopped (its inbox closed: a server that
     /// stops) on the calling thread, with holds of their shards like any thread that is
     /// not their owner, so that nothing handed on is lost and every request is answered.
     func runOrphaned(_ steps: [PostedStep]) -> (replies: [LoopTask], effects: [SwitchboardEffect]) {
+        runQueued(steps, on: nil, writerWake: .now)
+    }
+
+    /// Runs steps taken from an inbox in their order (`drive`), with the answers they
+    /// decided as tasks for the requesting connections' loops.
+    private func runQueued(
+        _ steps: [PostedStep], on loop: EventLoop?, writerWake: WriterWake
+    ) -> (replies: [LoopTask], effects: [SwitchboardEffect]) {
         var here = FIFOQueue<PostedStep>()
         for step in steps { here.push(step) }
-        let ran = drive(&here, on: nil, writerWake: .now)
+        let ran = drive(&here, on: loop, writerWake: writerWake)
         return (ran.answers.compactMap { $0.chain.requester?.reply($0.reply) }, ran.effects)
     }
 
@@ -255,7 +259,7 @@ final class Switchboard: Sendable {
             // posted meanwhile (and this loop's connections) run between two chunks.
             guard posted.step.isNextChunk else { return here.push(posted) }
         }
-        loop.postStep(posted, toShard: owner)
+        loop.postStep(posted, toLoop: owner)
     }
 
     /// What running steps decided.
@@ -270,12 +274,7 @@ final class Switchboard: Sendable {
         var ran = StepsRan()
         while let posted = here.pop() {
             let chain = posted.chain
-            #if DEBUG
-            // Shards owned by loops: a loop runs steps of its own shard only.
-            if let loop, postsSteps(from: loop) {
-                assert(shard(of: posted.step.user) == Int(loop.index), "loop \(loop.index) ran a step of another shard")
-            }
-            #endif
+            // A loop runs steps of its own shard only: `withState` checks it in debug builds.
             let (outcome, effects) = withState(of: posted.step.user, wall: chain.wall, writerWake: writerWake) { board in
                 // Tied before the step runs: a fan-out it starts keeps the message for its
                 // later holds, and a hold that helps another message's fan-out ties its unit
@@ -319,7 +318,7 @@ final class Switchboard: Sendable {
     /// A commit's release (`CommittedRelease`): one hold of each shard it concerns, one
     /// after the other. Returns what the loops must do.
     func apply(_ release: CommittedRelease, wall: UInt64) -> [SwitchboardEffect] {
-        release.shards.flatMap { index in withState(shard: index, wall: wall) { release.apply(to: &$0) } }
+        release.shards.flatMap { apply(release, shard: $0, wall: wall) }
     }
 
     /// The part of a commit's release that concerns shard `index` (its owner's, when
