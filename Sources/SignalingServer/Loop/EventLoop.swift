@@ -486,7 +486,7 @@ final class EventLoop: @unchecked Sendable {
     /// (`consume`), so it runs nothing that could close a connection. Cost: one pass over
     /// the inbox, only when it holds tasks.
     func sendInboxReplies() {
-        let taken: [(ref: ConnectionRef, frame: Frame)] = inbox.withLock { inbox in
+        let taken: [(ref: ConnectionRef, frame: Frame)] = inbox.withLock(timing: .loopInbox) { inbox in
             guard inbox.tasks.contains(where: { if case .reply = $0 { true } else { false } }) else { return [] }
             var replies: [(ref: ConnectionRef, frame: Frame)] = []
             inbox.tasks.removeAll { task in
