@@ -38,14 +38,7 @@ struct FanOutCommitGroupTests {
         var units: [CommitUnit] = []
         var steps: [(step: ShardStep, message: DeferredReply)] = []
         for (id, device, shard) in [("m1", laptop, 0), ("m2", bobDevice, 1)] {
-            let outgoing = OutgoingMessage(messageID: id, recipient: fan, contentType: "text/plain", body: Array(id.utf8))
-            guard case .success(let acceptance) = shards.states[shard].send(outgoing, from: device, now: TwoShards.at(2)),
-                let handOff = acceptance.handOff
-            else {
-                Issue.record("\(id) was not handed on to fan's shard"); return
-            }
-            let message = TwoShards.deferredReply(id, sender: device.userID)
-            _ = shards.states[shard].deferReply(of: acceptance) { message }
+            let (handOff, message) = try shards.sendDeferred(id, to: fan, from: device)
             if let unit = shards.states[shard].takeCommitUnit() { units.append(unit) }
             steps.append((handOff, message))
         }
@@ -95,14 +88,7 @@ struct FanOutCommitGroupTests {
         var shards = TwoShards(journaling: true)
         let sender = try shards.attach(bob, "d1", slot: 1, at: 1)
         let devices = try (0..<(2 * Self.chunk + 10)).map { try shards.attach(fan, "d\($0)", slot: UInt32(100 + $0), at: 1) }
-        let outgoing = OutgoingMessage(messageID: "m1", recipient: fan, contentType: "text/plain", body: Array("m1".utf8))
-        guard case .success(let acceptance) = shards.states[1].send(outgoing, from: sender, now: TwoShards.at(2)),
-            let handOff = acceptance.handOff
-        else {
-            Issue.record("not handed on"); return
-        }
-        let m1 = TwoShards.deferredReply("m1", sender: bob)
-        _ = shards.states[1].deferReply(of: acceptance) { m1 }
+        let (handOff, m1) = try shards.sendDeferred("m1", to: fan, from: sender)
         var steps = [handOff]
         func runOne() {
             let step = steps.removeFirst()
@@ -123,7 +109,7 @@ struct FanOutCommitGroupTests {
         while !steps.isEmpty { runOne() }
         for device in devices { #expect(FanOutTests.writable(shards.states[0], device).isEmpty, "a refused copy is writable") }
         #expect(shards.states[1].activities[bob]?.recentMessageIDs["m1"] == nil, "the refused message's id is remembered")
-        guard case .success(let retry) = shards.states[1].send(outgoing, from: sender, now: TwoShards.at(3)) else {
+        guard case .success(let retry) = shards.states[1].send(TwoShards.message("m1", to: fan), from: sender, now: TwoShards.at(3)) else {
             Issue.record("the retry was refused"); return
         }
         #expect(retry.handOff != nil, "the retry was taken for a duplicate")

@@ -38,6 +38,24 @@ struct TwoShards {
         DeferredReply(target: .completion { _ in }, serverTime: 1, sender: sender, messageID: id, deadline: at(100))
     }
 
+    /// Message `id` to `recipient`, its id as its body.
+    static func message(_ id: String, to recipient: String) -> OutgoingMessage {
+        OutgoingMessage(messageID: id, recipient: recipient, contentType: "text/plain", body: Array(id.utf8))
+    }
+
+    /// Message `id` from `device` to `recipient`, a user of the other shard, sent at 2 s as
+    /// a store's server sends it: the sender's shard admits it and ties its deferred OK to
+    /// that hold (`deferReply(of:)`). Returns the hand-off to the recipient's shard and the
+    /// deferred OK; throws (recording why) when the message was not handed on.
+    mutating func sendDeferred(_ id: String, to recipient: String, from device: DeviceRecord) throws -> (handOff: ShardStep, reply: DeferredReply) {
+        let shard = ShardMap.shard(of: device.userID, count: 2)
+        let acceptance = try #require(try? states[shard].send(Self.message(id, to: recipient), from: device, now: Self.at(2)).get(), "\(id) was refused")
+        let handOff = try #require(acceptance.handOff, "\(id) was not handed on to \(recipient)'s shard")
+        let reply = Self.deferredReply(id, sender: device.userID)
+        _ = states[shard].deferReply(of: acceptance) { reply }
+        return (handOff, reply)
+    }
+
     /// Runs `body` on the shard holding `user`, then every step it handed on.
     mutating func on<Result>(
         _ user: String, at seconds: Double, _ body: (inout SwitchboardState) -> (Result, [ShardStep])

@@ -171,14 +171,7 @@ struct ShardedStoreTests {
         let sender = TwoShards.user("sender", onShard: 1), recipient = TwoShards.user("recipient", onShard: 0)
         let from = try shards.attach(sender, "d1", slot: 1, at: 1)
         let to = try shards.attach(recipient, "d1", slot: 2, at: 1)
-        let outgoing = OutgoingMessage(messageID: "m1", recipient: recipient, contentType: "text/plain", body: Array("m1".utf8))
-        guard case .success(let acceptance) = shards.states[1].send(outgoing, from: from, now: TwoShards.at(2)),
-            let handOff = acceptance.handOff
-        else {
-            Issue.record("m1 was not handed on to the recipient's shard"); return
-        }
-        let m1 = TwoShards.deferredReply("m1", sender: sender)
-        _ = shards.states[1].deferReply(of: acceptance) { m1 }
+        let (handOff, m1) = try shards.sendDeferred("m1", to: recipient, from: from)
         // The writer refuses it (`Switchboard.cancel`: settle, then one hold per shard of
         // its parts) before the recipient's step has run: nothing of it there to cancel yet.
         #expect(m1.settle(.refused))
