@@ -4,19 +4,31 @@
 public struct ByteReader {
     @usableFromInline let base: UnsafeRawBufferPointer
     @usableFromInline var offset: Int
-    /// The frame being read, for error messages.
-    @usableFromInline let context: FrameType
+    /// The frame being read, for error messages (nil: `label` names what is read).
+    @usableFromInline let context: FrameType?
+    /// What is read when it is not a frame (a cluster relay packet), for error messages.
+    @usableFromInline let label: StaticString
 
     public init(_ base: UnsafeRawBufferPointer, context: FrameType) {
         self.base = base
         self.offset = 0
         self.context = context
+        self.label = ""
+    }
+
+    /// A reader of something other than a protocol frame, named `label` in its errors.
+    public init(_ base: UnsafeRawBufferPointer, label: StaticString) {
+        self.base = base
+        self.offset = 0
+        self.context = nil
+        self.label = label
     }
 
     public var remaining: Int { base.count - offset }
 
     @usableFromInline func truncated(_ what: String) -> ProtocolViolation {
-        ProtocolViolation(.malformedFrame, "\(context) frame truncated in \(what)")
+        if let context { return ProtocolViolation(.malformedFrame, "\(context) frame truncated in \(what)") }
+        return ProtocolViolation(.malformedFrame, "\(label) truncated in \(what)")
     }
 
     @inlinable public mutating func u8(_ what: String) throws(ProtocolViolation) -> UInt8 {
