@@ -202,6 +202,27 @@ struct RelayedConnectionTests {
         #expect(bed.home.server.connectionsMovedPerLoop.reduce(0, +) >= 1)
     }
 
+    @Test("the per-address cap counts the address the front reports: one over it gets CLOSE tooManyConnections")
+    func perAddressCap() throws {
+        let bed = try RelayTestBed { $0.maxConnectionsPerAddress = 1 }
+        let (first, _) = try bed.connectRelayed(user: "alice")
+        let second = bed.front.open(peer: "203.0.113.7:40001")  // same address, another port
+        #expect(try second.expectClose().code == .tooManyConnections)
+        let other = bed.front.open(peer: "[2001:db8::7]:40000")
+        #expect(try !other.hello(user: "bob").resumed)
+        try first.send(.ping)
+        #expect(try first.next() == .pong)
+    }
+
+    @Test("a drain sends every relayed device CLOSE goingAway, then finish")
+    func drain() throws {
+        let bed = try RelayTestBed()
+        let (device, _) = try bed.connectRelayed(user: "alice")
+        bed.home.server.beginShutdown()
+        #expect(try device.expectClose().code == .goingAway)
+        #expect(try device.awaitEnding() == .finish)
+    }
+
     @Test("the relay's metrics count relayed connections and frames both ways")
     func metrics() throws {
         let bed = try RelayTestBed()
