@@ -53,18 +53,7 @@ struct RelayedConnectionTests {
         let (alice, _) = try bed.connectRelayed(user: "alice")
         let (bob, _) = try bed.home.connect(user: "bob")
 
-        #expect(try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer)).isOK)
-        let (inviteSeq, incoming) = try bob.nextEvent()
-        guard case .callIncoming("c1", "alice", "d1", offer, _) = incoming else { Issue.record("got \(incoming)"); return }
-        try bob.ack(inviteSeq)
-        #expect(try bob.request(1, .callRinging(callID: "c1")).isOK)
-        #expect(try alice.nextEvent().event == .callRang(callID: "c1", device: "d1"))
-        #expect(try bob.request(2, .callAccept(callID: "c1", answer: answer)).isOK)
-        #expect(try alice.nextEvent().event == .callAccepted(callID: "c1", device: "d1", answer: answer))
-        #expect(try alice.request(2, .callHangup(callID: "c1")).isOK)
-        guard case .callEnded("c1", .hungUp, "alice", _) = try bob.nextEvent().event else {
-            Issue.record("bob did not learn of the hang-up"); return
-        }
+        _ = try playFullCall(from: alice, to: bob, offer: offer, answer: answer)
     }
 
     @Test("a socket connection of a device replaces its relayed one (CLOSE replaced, then finish), and the reverse")
