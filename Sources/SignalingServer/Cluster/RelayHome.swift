@@ -14,7 +14,8 @@ import Glibc
 // - `RelayDirectory.state`: a leaf, taken by the link's thread once per relay frame and by
 //   a loop under its `ownership` when it opens, drains, hands over or releases a relayed
 //   connection, each for a dictionary operation. No lock is taken under it: the wake-ups it
-//   decides are posted (a loop's `inbox` lock) after it is released.
+//   decides are posted (a loop's `inbox` lock) after it is released. Timed
+//   (`SharedLock.relayDirectory`).
 // - `RelayHome.presence`, `RelayHome.loops`: leaves held for a copy.
 
 /// A relayed connection's name on the home: the front's node id and the front's id for it
@@ -86,7 +87,7 @@ final class RelayDirectory: Sendable {
     /// Queues a front's input (the link's thread). An `.open` creates the entry on the next
     /// loop round (`loopCount` loops).
     func deliver(_ input: RelayInput, for key: RelayKey, loopCount: Int) -> Delivery {
-        state.withLock { state in
+        state.withLock(timing: .relayDirectory) { state in
             if case .open = input {
                 guard state.entries[key] == nil else { return .duplicateOpen }
                 let loop = UInt16(state.nextLoop % max(1, loopCount))
@@ -106,7 +107,7 @@ final class RelayDirectory: Sendable {
     /// Queues `.closed` for every connection of `front` (nil: of every front). Returns the
     /// wake-ups to post.
     func closeAll(of front: String?) -> [(RelayKey, UInt16)] {
-        state.withLock { state in
+        state.withLock(timing: .relayDirectory) { state in
             let keys = front.map { front in (state.byFront[front] ?? []).map { RelayKey(front: front, connection: $0) } }
                 ?? Array(state.entries.keys)
             var wakes: [(RelayKey, UInt16)] = []
@@ -126,7 +127,7 @@ final class RelayDirectory: Sendable {
     /// The inputs waiting for `key`, for `loop`, if that loop has the connection (or is to
     /// open it); nil otherwise.
     func take(_ key: RelayKey, loop: UInt16) -> (place: Place, inputs: [RelayInput])? {
-        state.withLock { state in
+        state.withLock(timing: .relayDirectory) { state in
             guard var entry = state.entries[key], entry.loop == loop, entry.place != .moving else { return nil }
             entry.wakePosted = false
             let inputs = entry.inputs
@@ -139,12 +140,12 @@ final class RelayDirectory: Sendable {
     /// Puts back inputs a loop took and did not handle (the connection began to move),
     /// ahead of anything queued since.
     func putBack(_ inputs: ArraySlice<RelayInput>, for key: RelayKey) {
-        state.withLock { state in state.entries[key]?.inputs.insert(contentsOf: inputs, at: 0) }
+        state.withLock(timing: .relayDirectory) { state in state.entries[key]?.inputs.insert(contentsOf: inputs, at: 0) }
     }
 
     /// The connection opened in `slot` of `loop`.
     func opened(_ key: RelayKey, loop: UInt16, slot: UInt32) {
-        state.withLock { state in
+        state.withLock(timing: .relayDirectory) { state in
             state.entries[key]?.loop = loop
             state.entries[key]?.place = .open(slot: slot)
         }
@@ -152,7 +153,7 @@ final class RelayDirectory: Sendable {
 
     /// The connection leaves its loop (`ConnectionIO.handOver`).
     func leaving(_ key: RelayKey) {
-        state.withLock { state in
+        state.withLock(timing: .relayDirectory) { state in
             state.entries[key]?.place = .moving
             state.entries[key]?.wakePosted = false
         }
@@ -161,7 +162,7 @@ final class RelayDirectory: Sendable {
     /// The connection lives in `slot` of `loop` now (`ConnectionIO.takeOver`). True when
     /// inputs wait: the loop must wake itself for them.
     func arrived(_ key: RelayKey, loop: UInt16, slot: UInt32) -> Bool {
-        state.withLock { state in
+        state.withLock(timing: .relayDirectory) { state in
             guard var entry = state.entries[key] else { return false }
             entry.loop = loop
             entry.place = .open(slot: slot)
@@ -174,7 +175,7 @@ final class RelayDirectory: Sendable {
 
     /// Forgets the connection (released, or never opened).
     func remove(_ key: RelayKey) {
-        state.withLock { state in
+        state.withLock(timing: .relayDirectory) { state in
             guard state.entries.removeValue(forKey: key) != nil else { return }
             state.byFront[key.front]?.remove(key.connection)
             if state.byFront[key.front]?.isEmpty == true { state.byFront[key.front] = nil }
@@ -182,9 +183,9 @@ final class RelayDirectory: Sendable {
     }
 
     /// The fronts that have connections here.
-    var fronts: [String] { state.withLock { Array($0.byFront.keys) } }
+    var fronts: [String] { state.withLock(timing: .relayDirectory) { Array($0.byFront.keys) } }
 
-    var count: Int { state.withLock { $0.entries.count } }
+    var count: Int { state.withLock(timing: .relayDirectory) { $0.entries.count } }
 }
 
 /// The home's end of the relay: takes the link's events (`SignalingServer.receive`, on the
@@ -244,8 +245,8 @@ final class RelayHome: Sendable {
             return
         }
         context.counters.relayFramesReceived.increment(by: packet.frames.count)
-        let loopCount = loops.withLock { $0.count }
-        guard loopCount > 0 else { return }
+        let loops = self.loops.withLock { $0 }
+        guard !loops.isEmpty else { return }
         for frame in packet.frames {
             let key = RelayKey(front: packet.from, connection: frame.connection)
             let input: RelayInput
@@ -255,14 +256,14 @@ final class RelayHome: Sendable {
             case .closed: input = .closed
             case .reset:
                 // The front starts over: it has forgotten every connection it relayed here.
-                wake(directory.closeAll(of: packet.from))
+                wake(directory.closeAll(of: packet.from), on: loops)
                 continue
             case .finish, .release:
                 logBadPacket("a home's frame (\(frame.kind)) sent to the home", from: packet.from)
                 continue
             }
-            switch directory.deliver(input, for: key, loopCount: loopCount) {
-            case .wake(let loop): wake([(key, loop)])
+            switch directory.deliver(input, for: key, loopCount: loops.count) {
+            case .wake(let loop): wake([(key, loop)], on: loops)
             case .queued: break
             case .unknown:
                 // Routine after a `.reset`, a lost link or a close of ours that crossed
@@ -274,9 +275,9 @@ final class RelayHome: Sendable {
         }
     }
 
-    private func wake(_ wakes: [(RelayKey, UInt16)]) {
+    private func wake(_ wakes: [(RelayKey, UInt16)], on loops: [EventLoop]? = nil) {
         guard !wakes.isEmpty else { return }
-        let loops = self.loops.withLock { $0 }
+        let loops = loops ?? self.loops.withLock { $0 }
         for (key, loop) in wakes where Int(loop) < loops.count { loops[Int(loop)].post(.relay(key, loop: loop)) }
     }
 
