@@ -212,6 +212,19 @@ struct RelayedConnectionTests {
         #expect(try device.awaitEnding() == .finish)
     }
 
+    @Test("what one loop callback writes to several relayed devices of a front leaves in one packet")
+    func onePacketPerCallback() throws {
+        let bed = try RelayTestBed()
+        let (alice, _) = try bed.home.connect(user: "alice")
+        let devices = try ["phone", "tablet", "laptop"].map { try bed.connectRelayed(user: "bob", device: $0).0 }
+        let before = bed.front.packetsReceived
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        for device in devices {
+            guard case .message = try device.nextEvent().event else { Issue.record("expected the message"); return }
+        }
+        #expect(bed.front.packetsReceived - before == 1)
+    }
+
     @Test("the relay's metrics count relayed connections and frames both ways")
     func metrics() throws {
         let bed = try RelayTestBed()

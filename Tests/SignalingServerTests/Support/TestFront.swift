@@ -53,6 +53,7 @@ final class TestFront: Sendable {
     let link: LocalNodeLink
     let home: String
     private let received = Mutex<[UInt64: Received]>([:])
+    private let packets = Atomic<Int>(0)
     private let nextConnection = Atomic<UInt64>(1)
 
     init(bus: LocalNodeBus, home: String) {
@@ -63,6 +64,7 @@ final class TestFront: Sendable {
 
     private func receive(_ event: NodeLinkEvent) {
         guard case .packet(let bytes) = event, let packet = try? RelayPacket(decoding: bytes) else { return }
+        packets.add(1, ordering: .relaxed)
         received.withLock { received in
             for frame in packet.frames {
                 switch frame {
@@ -103,6 +105,9 @@ final class TestFront: Sendable {
             return (entry.bytes, entry.ending)
         }
     }
+
+    /// Packets received from the home so far.
+    var packetsReceived: Int { packets.load(ordering: .relaxed) }
 
     func ending(of connection: UInt64) -> Ending? { received.withLock { $0[connection]?.ending } }
 
