@@ -52,10 +52,11 @@ final class MovingConnection: @unchecked Sendable {
     let home: UInt16
     let fd: Int32
     let tls: TLSConnection?
-    /// An embedded loop's connection (`ConnectionIO.handOver`); nil for a socket.
+    /// An embedded loop's connection, or a relayed connection's (`ConnectionIO.handOver`);
+    /// nil for a socket.
     let transport: AnyObject?
-    /// `tls`, `relayed`, `countsTowardAddress`, `wantsWrite`: what the connection's state says about
-    /// its socket and its accounting, not about the old loop.
+    /// `tls`, `relayed`, `countsTowardAddress`, `wantsWrite`: what the connection's state
+    /// says about its transport and its accounting, not about the old loop.
     let flags: ConnectionFlags
     let addressHash: UInt32
     let lastActivity: UInt32
