@@ -107,10 +107,15 @@ struct RelayedConnectionTests {
         try bed.home.waitFor("bob's relayed connection to close") { $0.establishedConnections == 1 && $0.relayedConnections == 0 }
         #expect(bob.ending == .release || bob.ending == nil)  // the front forgot it already; no CLOSE is written
         #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        try expectKeptForResume(bed, session: welcome.sessionID)
+    }
+
+    /// Bob connects again over a socket, resuming `session`, and gets m1: it was kept for him.
+    private func expectKeptForResume(_ bed: RelayTestBed, session: SessionID) throws {
         let socket = try bed.home.client()
-        #expect(try socket.hello(user: "bob", resume: ResumePoint(sessionID: welcome.sessionID, lastReceivedSeq: 0)).resumed)
+        #expect(try socket.hello(user: "bob", resume: ResumePoint(sessionID: session, lastReceivedSeq: 0)).resumed)
         let (_, event) = try socket.nextEvent()
-        guard case .message(let delivered) = event else { Issue.record("expected the stored message, got \(event)"); return }
+        guard case .message(let delivered) = event else { Issue.record("expected the kept message, got \(event)"); return }
         #expect(delivered.messageID == "m1")
     }
 
@@ -135,6 +140,47 @@ struct RelayedConnectionTests {
             bed.bus.cut(bed.homeLink)
             bed.bus.restore(bed.homeLink)
         }
+    }
+
+    @Test("a front that no longer listens (packets to it undeliverable) loses its devices; what was sent stays pending")
+    func undeliverableFront() throws {
+        let bed = try RelayTestBed()
+        let (alice, _) = try bed.home.connect(user: "alice")
+        let (bob, welcome) = try bed.connectRelayed(user: "bob")
+        try bed.home.waitFor("bob's relayed connection") { $0.establishedConnections == 2 }
+        bed.front.link.stopListening(as: bed.front.link.nodeID)
+        // The event for bob goes to a front nobody listens as: bob is offline from then on.
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        try bed.home.waitFor("bob's relayed connection to close") { $0.relayedConnections == 0 && $0.establishedConnections == 1 }
+        #expect(bob.ending == nil)
+        try expectKeptForResume(bed, session: welcome.sessionID)
+    }
+
+    @Test("random relay packets never crash the home nor hurt a connection they do not name")
+    func randomPackets() throws {
+        let bed = try RelayTestBed()
+        let (alice, _) = try bed.connectRelayed(user: "alice")
+        let (bob, _) = try bed.home.connect(user: "bob")
+        var random = SystemRandomNumberGenerator()
+        for round in 0..<300 {
+            let connection = UInt64.random(in: 1_000...1_010, using: &random)
+            let bytes = (0..<Int.random(in: 0...40, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
+            switch round % 5 {
+            case 0: bed.front.send([.open(connection: connection, peer: "198.51.100.\(round % 200):1", tls: false)])
+            case 1: bed.front.send([.data(connection: connection, bytes: bytes)])
+            case 2: bed.front.send([.closed(connection: connection), .release(connection: connection)])
+            case 3: bed.front.link.send(bytes, to: bed.homeLink.nodeID)  // not a packet at all
+            default:
+                var packet = RelayPacket(from: bed.front.link.nodeID, frames: [.data(connection: connection, bytes: bytes)]).encoded()
+                packet[Int.random(in: 0..<packet.count, using: &random)] ^= 0xFF
+                bed.front.link.send(packet, to: bed.homeLink.nodeID)
+            }
+        }
+        #expect(try alice.request(1, message("m1", to: "bob")).isOK)
+        let (seq, _) = try bob.nextEvent()
+        try bob.ack(seq)
+        guard case .messageDelivered("m1", "bob", _, _) = try alice.nextEvent().event else { Issue.record("no receipt"); return }
+        #expect(alice.ending == nil)
     }
 
     @Test("a malformed packet is dropped; the other relayed and socket connections keep working")
