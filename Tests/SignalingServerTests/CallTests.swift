@@ -2,6 +2,29 @@ import SignalingProtocol
 @testable import SignalingServer
 import Testing
 
+/// Alice (device d1) calls bob (call c1): invite, ringing, accept, hang-up by alice, each
+/// step checked on the other side as it happens. Returns the invite's server time.
+func playFullCall(from alice: some ProtocolClient, to bob: some ProtocolClient, offer: [UInt8], answer: [UInt8]) throws -> UInt64 {
+    #expect(try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer)).isOK)
+    let (inviteSeq, incoming) = try bob.nextEvent()
+    guard case .callIncoming("c1", "alice", "d1", offer, let serverTime) = incoming else {
+        throw TestClient.Failure("expected the call's invite, got \(incoming)")
+    }
+    try bob.ack(inviteSeq)
+
+    #expect(try bob.request(1, .callRinging(callID: "c1")).isOK)
+    #expect(try alice.nextEvent().event == .callRang(callID: "c1", device: "d1"))
+
+    #expect(try bob.request(2, .callAccept(callID: "c1", answer: answer)).isOK)
+    #expect(try alice.nextEvent().event == .callAccepted(callID: "c1", device: "d1", answer: answer))
+
+    #expect(try alice.request(2, .callHangup(callID: "c1")).isOK)
+    guard case .callEnded("c1", .hungUp, "alice", _) = try bob.nextEvent().event else {
+        throw TestClient.Failure("bob did not learn of the hang-up")
+    }
+    return serverTime
+}
+
 @Suite("Calls over real sockets")
 struct CallTests {
     let offer = Array("v=0 offer".utf8)
@@ -12,23 +35,8 @@ struct CallTests {
         let server = try TestServer()
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
-
-        #expect(try alice.request(1, .callInvite(callID: "c1", callee: "bob", offer: offer)).isOK)
-        let (inviteSeq, incoming) = try bob.nextEvent()
-        #expect(incoming == .callIncoming(callID: "c1", caller: "alice", callerDevice: "d1", offer: offer, serverTime: server.clock.wallMilliseconds()))
-        try bob.ack(inviteSeq)
-
-        #expect(try bob.request(1, .callRinging(callID: "c1")).isOK)
-        #expect(try alice.nextEvent().event == .callRang(callID: "c1", device: "d1"))
-
-        #expect(try bob.request(2, .callAccept(callID: "c1", answer: answer)).isOK)
-        #expect(try alice.nextEvent().event == .callAccepted(callID: "c1", device: "d1", answer: answer))
-
-        #expect(try alice.request(2, .callHangup(callID: "c1")).isOK)
-        guard case .callEnded("c1", .hungUp, "alice", _) = try bob.nextEvent().event else {
-            Issue.record("bob did not learn of the hang-up")
-            return
-        }
+        let ringingSince = try playFullCall(from: alice, to: bob, offer: offer, answer: answer)
+        #expect(ringingSince == server.clock.wallMilliseconds())
         // The call is gone: hanging up again is an error.
         #expect(try bob.request(3, .callHangup(callID: "c1")).errorCode == .unknownCall)
     }

@@ -51,6 +51,11 @@ extension AdminAPI {
         for (index, loop) in loops.enumerated() {
             out.sample("voipserver_connections_moved_total", ["loop": String(index)], loop.metrics.connectionsMoved.value)
         }
+        out.family("voipserver_relayed_connections", .gauge, "Relayed connections open here as a cluster's routing node: devices whose sockets a front node holds (of the connections above).")
+        out.sample("voipserver_relayed_connections", [:], counters.relayedConnections.value)
+        out.family("voipserver_relay_frames_total", .counter, "Relay frames (open, data, closed, finish, release, reset) exchanged with front nodes, by direction.")
+        out.sample("voipserver_relay_frames_total", ["direction": "received"], counters.relayFramesReceived.value)
+        out.sample("voipserver_relay_frames_total", ["direction": "sent"], counters.relayFramesSent.value)
         out.family("voipserver_connections_refused_total", .counter, "Connections refused before any handshake, by reason.")
         out.sample("voipserver_connections_refused_total", ["reason": "per_address_limit"], counters.connectionsRefusedPerAddress.value)
         out.family("voipserver_connection_closes_total", .counter, "Connections the server closed, by reason (takeovers: another connection of the device).")

@@ -35,6 +35,9 @@ enum SharedLock: Int, CaseIterable, Sendable {
     /// device by push, and the gateway's thread taking the batch. Timed by SignalingPush
     /// through `PushGateway.init(submissionHolds:)`.
     case pushInbox
+    /// `RelayDirectory.state`, on a cluster's routing node: each relay frame from a front
+    /// (the link's thread), each drain, move and release of a relayed connection (loops).
+    case relayDirectory
 
     /// The `lock` label.
     var label: String {
@@ -51,6 +54,7 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .tlsContext: "tls_context"
         case .logThrottle: "log_throttle"
         case .pushInbox: "push_inbox"
+        case .relayDirectory: "relay_directory"
         }
     }
 }

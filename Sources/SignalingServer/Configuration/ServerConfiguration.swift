@@ -119,6 +119,11 @@ public struct ServerConfiguration: Sendable {
     /// `pushGateway` holds the running signing material for them. Empty at start, where
     /// such a file is an error.
     public var refusedPushCredentials: [RefusedCredential] = []
+    /// As the routing node of a cluster (`SignalingServer.enableRelay`): how often it asks
+    /// the node link whether the fronts it has relayed connections from are still alive
+    /// (a front killed with -9 is gone after its presence TTL). Nil: the lease TTL
+    /// (`storage.redisLeaseTTL`). Kept on the server clock (loop 0's tick).
+    public var relayPresenceInterval: Duration?
     /// How often a `stats` line is logged (zero: never).
     public var statsInterval: Duration = .seconds(60)
     /// Minimum log level.

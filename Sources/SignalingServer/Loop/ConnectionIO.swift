@@ -19,6 +19,9 @@ import SignalingSupport
 //
 // A real loop has no `ConnectionIO` (`EventLoop.embeddedIO` is nil) and calls the socket
 // code directly: the branch costs one predictable test per write, no indirect call. The
+// one exception is a relayed connection on a cluster's routing node (flag `relayed`,
+// EventLoop+Relay.swift): its transport is the loop's `RelayIO`, which a front's node link
+// carries to the device's socket (`EventLoop.transport(of:)` picks per connection). The
 // tests' embedded loops (Tests/SignalingServerTests/Support/EmbeddedServer.swift) put one
 // in: their connections are byte buffers, their time a `ManualClock`, their inboxes run
 // when the test says, on the test's thread, with no socket, no epoll wait and no thread.

@@ -43,6 +43,10 @@ struct ConnectionFlags: OptionSet {
     /// table's side table (`ConnectionTable.tls`). Plain connections pay one branch on
     /// this bit, nothing else.
     static let tls = ConnectionFlags(rawValue: 1 << 6)
+    /// A relayed connection (docs/ARCHITECTURE.md, "Relayed connections"): a front node
+    /// holds the device's socket and relays its bytes; this slot has no descriptor (fd -1)
+    /// and its transport is the loop's `RelayIO`.
+    static let relayed = ConnectionFlags(rawValue: 1 << 7)
 }
 
 /// One connection's state in its event loop's connection table. A plain struct in a

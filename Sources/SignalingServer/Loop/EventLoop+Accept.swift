@@ -114,8 +114,8 @@ extension EventLoop {
     func assignEvent(_ slot: UInt32, writable: Bool) {
         let state = table.state(slot)
         defer { if writable { state.pointee.flags.insert(.wantsWrite) } else { state.pointee.flags.remove(.wantsWrite) } }
-        if let embeddedIO {
-            embeddedIO.watch(slot, readable: !state.pointee.flags.contains(.readPaused), writable: writable)
+        if let transport = transport(of: slot) {
+            transport.watch(slot, readable: !state.pointee.flags.contains(.readPaused), writable: writable)
             return
         }
         let event = table.event(slot)

@@ -52,10 +52,11 @@ final class MovingConnection: @unchecked Sendable {
     let home: UInt16
     let fd: Int32
     let tls: TLSConnection?
-    /// An embedded loop's connection (`ConnectionIO.handOver`); nil for a socket.
+    /// An embedded loop's connection, or a relayed connection's (`ConnectionIO.handOver`);
+    /// nil for a socket.
     let transport: AnyObject?
-    /// `tls`, `countsTowardAddress`, `wantsWrite`: what the connection's state says about
-    /// its socket and its accounting, not about the old loop.
+    /// `tls`, `relayed`, `countsTowardAddress`, `wantsWrite`: what the connection's state
+    /// says about its transport and its accounting, not about the old loop.
     let flags: ConnectionFlags
     let addressHash: UInt32
     let lastActivity: UInt32
@@ -74,7 +75,7 @@ final class MovingConnection: @unchecked Sendable {
         fd = state.fd
         self.tls = tls
         self.transport = transport
-        flags = state.flags.intersection([.tls, .countsTowardAddress, .wantsWrite])
+        flags = state.flags.intersection([.tls, .relayed, .countsTowardAddress, .wantsWrite])
         addressHash = state.addressHash
         lastActivity = state.lastActivity
         inbound = state.inbound
@@ -138,7 +139,7 @@ extension EventLoop {
         let moving = MovingConnection(
             home: departure.home, state: state.pointee,
             tls: state.pointee.flags.contains(.tls) ? table.takeTLS(slot) : nil,
-            transport: embeddedIO?.handOver(slot), proxiedPeer: departure.proxiedPeer, hello: departure.hello)
+            transport: transport(of: slot)?.handOver(slot), proxiedPeer: departure.proxiedPeer, hello: departure.hello)
         openConnections.decrement()
         table.release(slot)
         return moving
@@ -165,7 +166,7 @@ extension EventLoop {
         state.pointee.outboundOffset = moving.outboundOffset
         state.pointee.writeProgressSecond = moving.writeProgressSecond
         if let tls = moving.tls { table.setTLS(tls, for: slot) }
-        if let transport = moving.transport { embeddedIO?.takeOver(transport, in: slot) }
+        if let moved = moving.transport { transport(of: slot)?.takeOver(moved, in: slot) }
         openConnections.increment()
         if let peer = moving.proxiedPeer { proxiedPeers[slot] = (generation, peer) }
         defer { forgetProxiedPeer(slot, generation: generation) }
@@ -199,7 +200,11 @@ extension EventLoop {
             tls.free()
             context.counters.openTLSConnections.decrement()
         }
-        if moving.transport == nil { Glibc.close(moving.fd) }
+        if moving.flags.contains(.relayed), let transport = moving.transport {
+            relayIO?.abandon(transport)
+        } else if moving.transport == nil {
+            Glibc.close(moving.fd)
+        }
         if moving.flags.contains(.countsTowardAddress) { context.admission.releaseConnection(from: moving.addressHash) }
         context.counters.openConnections.decrement()
     }

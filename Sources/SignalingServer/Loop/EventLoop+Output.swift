@@ -68,7 +68,7 @@ extension EventLoop {
     func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> IOResult {
         let state = table.state(slot)
         guard state.pointee.flags.contains(.tls) else {
-            if let embeddedIO { return embeddedIO.transmit(bytes, to: slot) }
+            if let transport = transport(of: slot) { return transport.transmit(bytes, to: slot) }
             return SocketCalls.send(state.pointee.fd, bytes, flags: Int32(MSG_DONTWAIT))
         }
         return transmitTLS(bytes, to: slot)
@@ -384,7 +384,7 @@ extension EventLoop {
     /// then the TCP FIN.
     func finishWriting(_ slot: UInt32) {
         let state = table.state(slot)
-        if let embeddedIO { return embeddedIO.finishWriting(slot) }
+        if let transport = transport(of: slot) { return transport.finishWriting(slot) }
         if state.pointee.flags.contains(.tls) { table.tls(slot)?.shutdown() }
         shutdown(state.pointee.fd, Int32(SHUT_WR))
     }
@@ -404,7 +404,7 @@ extension EventLoop {
             table.takeTLS(slot)?.free()
             context.counters.openTLSConnections.decrement()
         }
-        if let embeddedIO { embeddedIO.release(slot) } else { close(state.pointee.fd) }
+        if let transport = transport(of: slot) { transport.release(slot) } else { close(state.pointee.fd) }
         if state.pointee.flags.contains(.countsTowardAddress) { context.admission.releaseConnection(from: state.pointee.addressHash) }
         context.counters.openConnections.decrement()
         openConnections.decrement()

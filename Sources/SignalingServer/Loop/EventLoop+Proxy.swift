@@ -55,6 +55,9 @@ extension EventLoop {
         if let proxied = proxiedPeers[slot], proxied.generation == state.pointee.generation {
             return proxied.address.description
         }
+        if state.pointee.flags.contains(.relayed), let relayed = relayIO?.connection(in: slot) {
+            return "\(relayed.peer) via \(relayed.key.front)"
+        }
         return PeerAddress.ofPeer(socket: state.pointee.fd)
     }
 

@@ -43,6 +43,7 @@ extension EventLoop {
             // The store's deadlines too: the writer thread may be stuck in a write.
             context.switchboard.writer?.superviseCommits(now: context.clock.now())
             logStatisticsIfDue(now)
+            relayIO?.home.checkPresenceIfDue(now: nowInstant)
         }
         flushDirty()
         if let deadline = drainDeadline, table.liveCount == 0 || now >= deadline {

@@ -53,6 +53,9 @@ enum LoopTask: Sendable {
     /// loop: register its device and handle what it sent after the HELLO
     /// (EventLoop+HandOver.swift). Posted only by `post(adopting:)`.
     case adopt(MovingConnection)
+    /// Inputs from a front wait in the mailbox of this relayed connection
+    /// (`RelayDirectory`): handle them if this loop has it (EventLoop+Relay.swift).
+    case relay(RelayKey, loop: UInt16)
 
     /// The loop that runs it.
     var loop: UInt16 {
@@ -60,7 +63,7 @@ enum LoopTask: Sendable {
         case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
             return ref.loop
         case .drain: return 0
-        case .released(_, let loop), .steps(_, let loop): return loop
+        case .released(_, let loop), .steps(_, let loop), .relay(_, let loop): return loop
         case .cancel(let part): return UInt16(part.shard)
         case .restoreBodies(let part): return UInt16(part.shard)
         case .adopt(let moving): return moving.home
@@ -171,6 +174,9 @@ final class EventLoop: @unchecked Sendable {
     /// The transport of an embedded loop, whose connections are not sockets (tests); nil
     /// for a real loop, which calls the socket code directly (ConnectionIO.swift).
     let embeddedIO: (any ConnectionIO)?
+    /// The transport of this loop's relayed connections (`ConnectionFlags.relayed`), when
+    /// the server is the routing node of a cluster (`SignalingServer.enableRelay`).
+    let relayIO: RelayIO?
 
     static let readBufferSize = 64 * 1024
     static let lingerSeconds: UInt32 = 2
@@ -179,7 +185,7 @@ final class EventLoop: @unchecked Sendable {
     ///   it is never `run`; its owner calls the inputs (ConnectionIO.swift) itself.
     init(
         index: UInt16, context: ServerContext, listenFD: Int32, tlsListenFD: Int32 = -1,
-        embeddedIO: (any ConnectionIO)? = nil
+        embeddedIO: (any ConnectionIO)? = nil, relay: RelayHome? = nil
     ) throws(ServerError) {
         guard let base = vs_event_base_new() else { throw ServerError("cannot create an event base") }
         let wakeFD = shim_eventfd()
@@ -195,6 +201,7 @@ final class EventLoop: @unchecked Sendable {
         self.table = ConnectionTable(holdsTLS: tlsListenFD >= 0)
         self.wakeFD = wakeFD
         self.embeddedIO = embeddedIO
+        self.relayIO = relay.map { RelayIO(home: $0, loop: index) }
         self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
         self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
@@ -217,9 +224,15 @@ final class EventLoop: @unchecked Sendable {
         ownership.withLock(timing: .loopOwnership) { _ in
             callback()
             if hasOutgoingSteps { postOutgoingSteps() }
+            // A relayed connection's frames leave before it may move to another loop,
+            // whose frames for it must follow them.
+            if relayIO?.hasOutgoing == true { relayIO!.flush() }
             // After the callback's reads: a plain socket's peeked bytes are taken by now,
             // and nothing below the read touches the connection any more.
-            if !departing.isEmpty { handOverDeparting() }
+            if !departing.isEmpty {
+                handOverDeparting()
+                if relayIO?.hasOutgoing == true { relayIO!.flush() }
+            }
         }
         // Outside the lock (a system call).
         if writerWakePending {
@@ -265,6 +278,7 @@ final class EventLoop: @unchecked Sendable {
             refreshTime()
             closeInbox()
             for slot in table.liveSlots() { destroy(slot) }
+            relayIO?.flush()
             table.deallocate()
         }
         stopListening()
@@ -440,6 +454,8 @@ final class EventLoop: @unchecked Sendable {
                 context.switchboard.writer?.restore(part)
             case .adopt(let moving):
                 adopt(moving)
+            case .relay(let key, _):
+                runRelayInputs(key)
             }
         }
         sendPostedReplies()
@@ -474,7 +490,7 @@ final class EventLoop: @unchecked Sendable {
                 switchboard.writer?.restore(part)
             case .adopt(let moving):
                 adopt(moving, closingWith: drainClose)
-            case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain:
+            case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain, .relay:
                 continue
             }
         }

@@ -56,6 +56,11 @@ public struct ServerStatistics: Sendable, Equatable {
     public var tlsHandshakesFull = 0
     public var tlsHandshakesResumed = 0
     public var tlsHandshakesFailed = 0
+    /// Relayed connections open on this node as the routing node of a cluster (a front
+    /// holds their sockets), and the relay frames received from fronts and sent to them.
+    public var relayedConnections = 0
+    public var relayFramesReceived = 0
+    public var relayFramesSent = 0
 }
 
 /// The loops' counters, per loop: each event loop's thread writes its own cells (no
@@ -84,6 +89,9 @@ final class StatisticsCounters: Sendable {
     let tlsHandshakesFull: StripedCounter
     let tlsHandshakesResumed: StripedCounter
     let tlsHandshakesFailed: StripedCounter
+    let relayedConnections: StripedCounter
+    let relayFramesReceived: StripedCounter
+    let relayFramesSent: StripedCounter
 
     /// - Parameter loops: the number of event loops (`ServerConfiguration.workers`).
     init(loops: Int) {
@@ -108,6 +116,9 @@ final class StatisticsCounters: Sendable {
         tlsHandshakesFull = counter()
         tlsHandshakesResumed = counter()
         tlsHandshakesFailed = counter()
+        relayedConnections = counter()
+        relayFramesReceived = counter()
+        relayFramesSent = counter()
     }
 
     func snapshot(_ routing: SwitchboardCounters, eventBytes: Int) -> ServerStatistics {
@@ -144,7 +155,10 @@ final class StatisticsCounters: Sendable {
             acceptedTLSConnections: acceptedTLSConnections.value,
             tlsHandshakesFull: tlsHandshakesFull.value,
             tlsHandshakesResumed: tlsHandshakesResumed.value,
-            tlsHandshakesFailed: tlsHandshakesFailed.value)
+            tlsHandshakesFailed: tlsHandshakesFailed.value,
+            relayedConnections: relayedConnections.value,
+            relayFramesReceived: relayFramesReceived.value,
+            relayFramesSent: relayFramesSent.value)
     }
 }
 

@@ -35,6 +35,9 @@ public final class SignalingServer: Sendable {
     /// The session-ticket key drawn at start, for a TLS listener whose key lives nowhere
     /// else (`TicketKeySource.perProcess`): every reload reuses it, so tickets survive.
     private let drawnTicketKey: [UInt8]
+    /// The routing node's end of relayed connections (`enableRelay`; nil: none). Set before
+    /// `start`; a leaf lock held for the copy of a reference.
+    private let relayHome = Mutex<RelayHome?>(nil)
 
     private struct RunState: ~Copyable {
         var loops: [EventLoop] = []
@@ -142,6 +145,7 @@ public final class SignalingServer: Sendable {
                 throw ServerError("push gateway: \(error)")
             }
         }
+        let relay = relayHome.withLock { $0 }
         var loops: [EventLoop] = []
         var port = configuration.plainListener ? configuration.port : 0
         var tlsPort = configuration.tls?.port ?? 0
@@ -180,7 +184,7 @@ public final class SignalingServer: Sendable {
                 if tlsFD >= 0 { tlsPort = UInt16(shim_local_port(tlsFD)) }
             }
             do {
-                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd, tlsListenFD: tlsFD))
+                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd, tlsListenFD: tlsFD, relay: relay))
             } catch {
                 for descriptor in [fd, tlsFD] where descriptor >= 0 { close(descriptor) }
                 for loop in loops { loop.stopListening() }
@@ -188,6 +192,7 @@ public final class SignalingServer: Sendable {
             }
         }
         for loop in loops { loop.peers = loops }
+        relay?.attach(loops)
         if let writer {
             writer.loops = loops
             writer.start()
@@ -551,6 +556,25 @@ public final class SignalingServer: Sendable {
         writer?.fence()
         context.logger.error("lease_lost", ["reason": reason, "detail": "refusing sends and closing every device; stepping down to standby"])
         beginShutdown()
+    }
+
+    /// Makes this server serve relayed connections (docs/CLUSTER.md, "Relayed connections
+    /// (home side)"): devices whose sockets a front node holds, whose bytes arrive over
+    /// `link` (`receive`) and whose answers go back over it to the front that relayed them.
+    /// The protocol runs over them as over a socket of this server's. Call before `start()`;
+    /// the caller starts the link and hands this server its events (`receive`).
+    public func enableRelay(over link: any NodeLink) {
+        relayHome.withLock { $0 = RelayHome(link: link, context: context) }
+    }
+
+    /// An event of the node link given to `enableRelay`, on the link's thread, while this
+    /// server routes. Never blocks: packets are decoded and their frames posted to the loops
+    /// that have their connections. A packet that cannot be decoded is logged (a line a
+    /// second at most) and dropped. The link's `.down` closes every relayed connection; a
+    /// front's `.reset`, or its `.undeliverable` or `.gone`, closes that front's (their
+    /// devices are offline: events are kept, push wake-ups sent).
+    public func receive(_ event: NodeLinkEvent) {
+        relayHome.withLock { $0 }?.receive(event)
     }
 
     /// Drains and stops: every client gets CLOSE goingAway with the configured reconnect

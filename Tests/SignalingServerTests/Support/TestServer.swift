@@ -16,9 +16,11 @@ final class TestServer {
     ///     second `TestServer` to model a restart.
     ///   - logger: where the server logs (tests that check log lines pass one that writes
     ///     to a file).
+    ///   - relay: the node link over which the server, as a cluster's routing node, serves
+    ///     relayed connections (`SignalingServer.enableRelay`; the test starts the link).
     init(
         workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
-        logger: Logger = .silent, _ configure: (inout ServerConfiguration) -> Void = { _ in }
+        logger: Logger = .silent, relay: (any NodeLink)? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }
     ) throws {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
@@ -28,6 +30,7 @@ final class TestServer {
         configure(&configuration)
         self.clock = clock
         server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
+        if let relay { server.enableRelay(over: relay) }
         try server.start()
     }
 
