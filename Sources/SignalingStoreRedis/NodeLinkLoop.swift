@@ -63,7 +63,12 @@ final class NodeLinkLoop: @unchecked Sendable {
         var handle: OpaquePointer?
         var isConnected = false
         let openedAt: Instant
-        var expected = FIFOQueue<(reply: Expected, sentAt: Instant)>()
+        var expected = FIFOQueue<Expected>()
+        /// Since when the connection has owed a reply without answering any: set when a
+        /// command is queued on a connection that owed nothing, and at every reply. A
+        /// deep queue of PUBLISHes is not a failure as long as Redis keeps answering; a
+        /// Redis that stops answering is one, whatever the depth.
+        var waitingSince: Instant?
         /// Setup replies still to come before the connection is ready.
         var setupPending = 0
         var isReady: Bool { isConnected && setupPending == 0 }
@@ -117,8 +122,13 @@ final class NodeLinkLoop: @unchecked Sendable {
 
     private var nextPresenceRefresh = Instant(nanoseconds: 0)
     private var nextProbe = Instant(nanoseconds: 0)
-    /// When the probe in flight was published (nil: none in flight).
-    private var probeSentAt: Instant?
+    /// A probe was published and not heard back yet.
+    private var probeInFlight = false
+    /// When Redis answered the probe's PUBLISH (so the message was in our subscriber's
+    /// output buffer): the subscriber must hear it, or anything, within the reply timeout.
+    private var probeAnsweredAt: Instant?
+    /// The last time the subscriber connection got anything (a message or a reply).
+    private var subscriberHeardAt = Instant(nanoseconds: 0)
     /// The end of the wait for the presence key's DEL at a stop.
     private var stopDeadline: Instant?
 
@@ -155,8 +165,9 @@ final class NodeLinkLoop: @unchecked Sendable {
             Unmanaged<NodeLinkLoop>.fromOpaque(argument!).takeUnretainedValue().connect()
         }, unmanagedSelf)
         vs_event_add(wakeEvent, -1)
-        // Every timeout is checked to within a quarter of the reply timeout.
-        vs_event_add(tickEvent, max(1_000, (settings.replyTimeout / 4).microseconds))
+        // Every timeout is checked, and the presence key refreshed, to within a quarter of
+        // the shorter of the reply timeout and the refresh interval.
+        vs_event_add(tickEvent, max(1_000, (min(settings.replyTimeout, settings.presenceTTL / 3) / 4).microseconds))
         connect()
 
         vs_event_base_dispatch(base)
@@ -239,9 +250,7 @@ final class NodeLinkLoop: @unchecked Sendable {
         guard phase == .connecting, subscriber?.isReady == true, publisher?.isReady == true else { return }
         phase = .up
         backoff = Self.initialBackoff
-        if failedAttempts > 0 || counters.outages.load(ordering: .relaxed) > 0 {
-            logger.info("node_link_up", ["node": settings.nodeID, "redis": settings.endpoint.redacted])
-        }
+        logger.info("node_link_up", ["node": settings.nodeID, "redis": settings.endpoint.redacted, "failed_attempts": failedAttempts])
         failedAttempts = 0
         let now = clock.now()
         refreshPresence(now: now)
@@ -274,10 +283,11 @@ final class NodeLinkLoop: @unchecked Sendable {
         failure = nil
         let wasUp = phase == .up
         phase = .waiting
-        probeSentAt = nil
         let delay = Duration.microseconds(Int64(Double(backoff.microseconds) * Double.random(in: 0.5...1.0)))
         backoff = min(backoff * 2, Self.maximumBackoff)
         failedAttempts += 1
+        probeInFlight = false
+        probeAnsweredAt = nil
         if wasUp {
             counters.outages.add(1, ordering: .relaxed)
             logger.warning("node_link_down", ["node": settings.nodeID, "reason": reason, "retry_ms": delay.milliseconds])
@@ -318,16 +328,23 @@ final class NodeLinkLoop: @unchecked Sendable {
             return
         }
         counters.commandsSent.add(1, ordering: .relaxed)
-        for reply in replies { connection.expected.push((reply, now)) }
+        if connection.expected.isEmpty { connection.waitingSince = now }
+        for reply in replies { connection.expected.push(reply) }
     }
 
     /// hiredis: a reply, or (on the subscriber) a message.
     private func received(_ reply: OpaquePointer, on connection: Connection) {
-        if connection.role == .subscriber, deliverMessage(reply) { return }
-        guard let expected = connection.expected.pop()?.reply else {
+        if connection.role == .subscriber {
+            // Messages queued before a confirmation are progress too.
+            subscriberHeardAt = clock.now()
+            if connection.waitingSince != nil { connection.waitingSince = subscriberHeardAt }
+            if deliverMessage(reply) { return }
+        }
+        guard let expected = connection.expected.pop() else {
             fail("Redis at \(settings.endpoint.address) sent a reply nobody asked for: \(RedisReply(copying: reply))")
             return
         }
+        connection.waitingSince = connection.expected.isEmpty ? nil : clock.now()
         answer(expected, with: RedisReply(copying: reply), on: connection)
     }
 
@@ -340,8 +357,9 @@ final class NodeLinkLoop: @unchecked Sendable {
         else { return false }
         let channel = Self.bytes(channelReply)
         if channel.elementsEqual(probeChannel) {
-            probeSentAt = nil
-            nextProbe = clock.now() + settings.replyTimeout
+            probeInFlight = false
+            probeAnsweredAt = nil
+            nextProbe = subscriberHeardAt + settings.replyTimeout
             return true
         }
         guard channel.elementsEqual(ownChannel) || listening.contains(Array(channel)) else { return true }
@@ -397,6 +415,7 @@ final class NodeLinkLoop: @unchecked Sendable {
                 fail("Redis at \(address): nobody hears this node's probe channel (the subscription was lost): \(reply)")
                 return
             }
+            if probeInFlight { probeAnsweredAt = clock.now() }  // unless the subscriber heard it first
         case .presenceRefresh:
             if case .error(let message) = reply { fail("Redis at \(address) refused the presence key: \(message)") }
         case .presenceCheck(let node):
@@ -482,19 +501,19 @@ final class NodeLinkLoop: @unchecked Sendable {
                     fail("Redis at \(settings.endpoint.address) (\(connection.role) connection): not connected within \(timeout)")
                     return
                 }
-                if let oldest = connection.expected.first, now - oldest.sentAt > timeout {
+                if let waitingSince = connection.waitingSince, now - waitingSince > timeout {
                     fail("Redis at \(settings.endpoint.address) (\(connection.role) connection): no reply within \(timeout)")
                     return
                 }
             }
-            if let sent = probeSentAt, now - sent > timeout {
+            if let answered = probeAnsweredAt, now - max(answered, subscriberHeardAt) > timeout {
                 fail("Redis at \(settings.endpoint.address): this node's probe was not heard back within \(timeout)")
                 return
             }
             guard phase == .up, let publisher else { return }
             if now >= nextPresenceRefresh { refreshPresence(now: now) }
-            if probeSentAt == nil, now >= nextProbe {
-                probeSentAt = now
+            if !probeInFlight, now >= nextProbe {
+                probeInFlight = true
                 var probe = RedisCommand("PUBLISH")
                 probe.append(probeChannel)
                 probe.append("probe")
