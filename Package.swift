@@ -132,6 +132,11 @@ let package = Package(
             dependencies: ["SignalingStoreSQLite", "SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
             path: "Tools/store-bench"
         ),
+        // Packets per second through the Redis node link, their cost in Redis commands and
+        // bytes, and the round trip (release build; docs/CLUSTER.md).
+        .executableTarget(
+            name: "link-bench", dependencies: ["SignalingStoreRedis", "SignalingStore", "SignalingSupport"], path: "Tools/link-bench"
+        ),
         // 10,000 wake-ups through the APNs provider to the local HTTP/2 mock over one
         // connection: requests/s, latency, CPU per wake-up (release build; docs/PUSH.md).
         .executableTarget(
