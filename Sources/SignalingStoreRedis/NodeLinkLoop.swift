@@ -82,6 +82,9 @@ final class NodeLinkLoop: @unchecked Sendable {
 
     static let initialBackoff = Duration.milliseconds(100)
     static let maximumBackoff = Duration.seconds(5)
+    /// Bytes of commands hiredis may hold unwritten (Redis reading slower than the node
+    /// publishes) before the link gives up and says `down`, rather than grow without bound.
+    static let maximumUnwritten = 64 << 20
 
     let settings: Settings
     let inbox: NodeLinkInbox
@@ -283,6 +286,10 @@ final class NodeLinkLoop: @unchecked Sendable {
         failure = nil
         let wasUp = phase == .up
         phase = .waiting
+        // Packets sent before the node hears `down` are dropped now, not published after
+        // the next `up`.
+        takeInbox()
+        guard phase == .waiting else { return }  // the inbox held a stop
         let delay = Duration.microseconds(Int64(Double(backoff.microseconds) * Double.random(in: 0.5...1.0)))
         backoff = min(backoff * 2, Self.maximumBackoff)
         failedAttempts += 1
@@ -474,6 +481,9 @@ final class NodeLinkLoop: @unchecked Sendable {
                     send(RedisCommand("EXISTS", RedisNodeLink.presenceKey(of: node)), on: publisher, at: now, expecting: .presenceCheck(node: node))
                 }
             }
+        }
+        if phase == .up, let handle = publisher?.handle, vs_redis_async_unwritten(handle) > Self.maximumUnwritten {
+            fail("Redis at \(settings.endpoint.address) reads slower than this node publishes: more than \(Self.maximumUnwritten >> 20) MiB waiting")
         }
         if let deletingPresence = taken.stop, phase != .stopping { beginStop(deletingPresence: deletingPresence, now: now) }
     }
