@@ -120,7 +120,8 @@ final class NodeLinkLoop: @unchecked Sendable {
     /// Nodes reported `.undeliverable`, with the last `publishSequence` written before the
     /// report: a later 0 for a packet written no later than that is the same news (the
     /// node reacts to the report after it, so it covers that packet) and is not repeated.
-    /// Cleared for a node when a packet reaches it. At most one entry per unreachable name.
+    /// Cleared for a node when a packet reaches it; at most one entry per unreachable name,
+    /// and forgotten whole past 1,024 (a repeated report is harmless).
     private var undeliverableReported: [String: Int] = [:]
 
     private var nextPresenceRefresh = Instant(nanoseconds: 0)
@@ -412,6 +413,7 @@ final class NodeLinkLoop: @unchecked Sendable {
             if receivers == 0 {
                 counters.undeliverable.add(1, ordering: .relaxed)
                 if let reported = undeliverableReported[node], sequence <= reported { return }
+                if undeliverableReported.count >= 1_024 { undeliverableReported.removeAll() }
                 undeliverableReported[node] = publishSequence
                 deliver(.undeliverable(node: node))
             } else if !undeliverableReported.isEmpty {
