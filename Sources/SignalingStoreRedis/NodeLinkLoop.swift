@@ -187,6 +187,7 @@ final class NodeLinkLoop: @unchecked Sendable {
     private func connect() {
         guard phase == .waiting, let base else { return }
         phase = .connecting
+        counters.connectAttempts.add(1, ordering: .relaxed)
         let now = clock.now()
         let endpoint = settings.endpoint
         guard let subscriber = open(.subscriber, base: base, now: now) else { return }

@@ -59,6 +59,8 @@ public final class RedisNodeLink: NodeLink, Sendable {
         public var undeliverable = 0
         /// `.down` events.
         public var outages = 0
+        /// Connects tried (the first included): with the back-off, a handful per outage.
+        public var connectAttempts = 0
     }
 
     /// - Parameters:
@@ -199,12 +201,14 @@ final class NodeLinkCounters: Sendable {
     let packetsDropped = Atomic<Int>(0)
     let undeliverable = Atomic<Int>(0)
     let outages = Atomic<Int>(0)
+    let connectAttempts = Atomic<Int>(0)
 
     func snapshot() -> RedisNodeLink.Statistics {
         RedisNodeLink.Statistics(
             commandsSent: commandsSent.load(ordering: .relaxed), packetsOut: packetsOut.load(ordering: .relaxed),
             bytesPublished: bytesPublished.load(ordering: .relaxed), packetsIn: packetsIn.load(ordering: .relaxed),
             bytesReceived: bytesReceived.load(ordering: .relaxed), packetsDropped: packetsDropped.load(ordering: .relaxed),
-            undeliverable: undeliverable.load(ordering: .relaxed), outages: outages.load(ordering: .relaxed))
+            undeliverable: undeliverable.load(ordering: .relaxed), outages: outages.load(ordering: .relaxed),
+            connectAttempts: connectAttempts.load(ordering: .relaxed))
     }
 }

@@ -169,6 +169,23 @@ struct RedisNodeLinkTests {
         #expect(sender.statistics().outages == 1)
     }
 
+    @Test("while Redis is away the link tries again with back-off: a handful of connects in 1.5 s, not one per tick")
+    func reconnectBacksOff() throws {
+        let redis = try RedisServer(settings: [])
+        let (link, events) = try Self.upLink(redis.url())
+        defer { link.stop() }
+        redis.kill()
+        #expect(events.wait { $0.downs == 1 })
+        let attempts = link.statistics().connectAttempts
+        let clock = SystemClock()
+        clock.sleep(until: clock.now() + .milliseconds(1_500))  // how long Redis stays away
+        // 100 ms doubling, each jittered to 50-100 %: 4 to 5 tries in 1.5 s.
+        let tries = link.statistics().connectAttempts - attempts
+        #expect((2...7).contains(tries), "\(tries) connects in 1.5 s")
+        try redis.start()
+        #expect(events.wait(within: 20) { $0.ups == 2 })
+    }
+
     @Test("a Redis that stops answering (SIGSTOP) is noticed within the reply timeout: down, and up once it answers again")
     func redisStopsAnswering() throws {
         let redis = try RedisServer(settings: [])
