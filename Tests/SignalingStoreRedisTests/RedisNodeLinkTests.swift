@@ -113,7 +113,7 @@ struct RedisNodeLinkTests {
         // Short TTLs (the test outlasts them), long reply timeouts (a loaded machine never
         // takes a link down).
         let (live, _) = try Self.upLink(redis.url(), presenceTTL: .milliseconds(600), replyTimeout: .seconds(2))
-        let (killed, _) = try Self.upLink(redis.url(), presenceTTL: .seconds(1), replyTimeout: .seconds(2))
+        let (killed, _) = try Self.upLink(redis.url(), presenceTTL: .seconds(2), replyTimeout: .seconds(2))
         let (stopped, _) = try Self.upLink(redis.url())
         defer { observer.stop(); live.stop() }
 
