@@ -245,6 +245,24 @@ struct RedisNodeLinkTests {
         #expect(received.wait { $0.packets.last == [9] })
     }
 
+    @Test("on a Redis with a password both connections authenticate; with a wrong one the link never comes up and keeps trying")
+    func password() throws {
+        let redis = try RedisServer(settings: ["--requirepass", "s3cret"])
+        let (sender, _) = try Self.upLink("redis://:s3cret@127.0.0.1:\(redis.port)/4")
+        let (receiver, received) = try Self.upLink("redis://:s3cret@127.0.0.1:\(redis.port)/4")
+        defer { sender.stop(); receiver.stop() }
+        sender.send([1], to: receiver.nodeID)
+        #expect(received.wait { $0.packets == [[1]] })
+
+        let refused = try RedisNodeLink(
+            endpoint: try RedisEndpoint(url: "redis://:wrong@127.0.0.1:\(redis.port)/4"), presenceTTL: .seconds(8), logger: .silent)
+        let events = LinkEvents()
+        refused.start(events.record)
+        defer { refused.stop() }
+        #expect(events.wait { _ in refused.statistics().connectAttempts >= 2 }, "refused, then tried again after the back-off")
+        #expect(events.snapshot.total == 0, "never up, so never down either: \(events.snapshot.others)")
+    }
+
     @Test("a new database that holds only the nodes' presence keys and the lease counts as empty: the store makes it its own")
     func presenceKeysDoNotMakeADatabaseForeign() throws {
         let redis = try RedisServer()
