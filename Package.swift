@@ -25,7 +25,8 @@ let package = Package(
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         // OpenSSL 3 (TLS, HMAC, random bytes). Debian: libssl-dev.
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
-        // hiredis (the Redis store's client, synchronous API). Debian: libhiredis-dev.
+        // hiredis (the Redis store's client, synchronous API; the node link's, asynchronous on
+        // libevent through hiredis's adapter). Debian: libhiredis-dev.
         .systemLibrary(name: "CHiredis", pkgConfig: "hiredis", providers: [.apt(["libhiredis-dev"])]),
         // libcurl with HTTP/2 (nghttp2): the APNs and FCM providers' client. Debian:
         // libcurl4-openssl-dev.
@@ -36,7 +37,7 @@ let package = Package(
         // system includes.
         .target(name: "CLibeventShims", dependencies: ["CLibevent"]),
         .target(name: "COpenSSLShims", dependencies: ["COpenSSL"]),
-        .target(name: "CHiredisShims", dependencies: ["CHiredis"]),
+        .target(name: "CHiredisShims", dependencies: ["CHiredis", "CLibevent"]),
         .target(name: "CCurlShims", dependencies: ["CCurl"]),
         // Small C helpers for Linux APIs whose macros or structs Swift cannot import.
         .target(name: "CLinuxShims"),
@@ -59,8 +60,12 @@ let package = Package(
         // The default store: SQLite in WAL mode, one transaction per group commit.
         .target(name: "SignalingStoreSQLite", dependencies: ["SignalingStore", "CSQLite", "CLinuxShims", "SignalingSupport"]),
         // The store in Redis (--store redis://...): per-user keys laid out for Redis Cluster,
-        // one Lua script per batch.
-        .target(name: "SignalingStoreRedis", dependencies: ["SignalingStore", "SignalingProtocol", "SignalingSupport", "CHiredisShims"]),
+        // one Lua script per batch; and the nodes' link over Redis pub/sub (RedisNodeLink), on
+        // a libevent loop of its own.
+        .target(
+            name: "SignalingStoreRedis",
+            dependencies: ["SignalingStore", "SignalingProtocol", "SignalingSupport", "CHiredisShims", "CLibeventShims", "CLinuxShims"]
+        ),
 
         // ---- Server -----------------------------------------------------------------------
         // Push wake-ups: its own libevent loop sends them to APNs and FCM over HTTP/2
@@ -126,6 +131,11 @@ let package = Package(
             name: "store-bench",
             dependencies: ["SignalingStoreSQLite", "SignalingStoreRedis", "SignalingStore", "SignalingProtocol", "SignalingSupport"],
             path: "Tools/store-bench"
+        ),
+        // Packets per second through the Redis node link, their cost in Redis commands and
+        // bytes, and the round trip (release build; docs/CLUSTER.md).
+        .executableTarget(
+            name: "link-bench", dependencies: ["SignalingStoreRedis", "SignalingStore", "SignalingSupport"], path: "Tools/link-bench"
         ),
         // 10,000 wake-ups through the APNs provider to the local HTTP/2 mock over one
         // connection: requests/s, latency, CPU per wake-up (release build; docs/PUSH.md).

@@ -1,4 +1,5 @@
 #include "CHiredisShims.h"
+#include "command_argv.h"
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,17 +36,27 @@ vs_redis *vs_redis_connect(const char *host, int port, int timeout_ms, char *err
 
 void vs_redis_free(vs_redis *redis) { redisFree((redisContext *)redis); }
 
-int vs_redis_append(vs_redis *redis, const uint8_t *data, const size_t *lengths, int argc) {
-    const char *stack[16];
-    const char **argv = argc <= 16 ? stack : malloc(sizeof(char *) * (size_t)argc);
-    if (argv == NULL) return 0;
+const char **vs_redis_argv(const uint8_t *data, const size_t *lengths, int argc, const char **stack) {
+    const char **argv = argc <= VS_REDIS_ARGV_STACK ? stack : malloc(sizeof(char *) * (size_t)argc);
+    if (argv == NULL) return NULL;
     size_t offset = 0;
     for (int index = 0; index < argc; index++) {
         argv[index] = (const char *)data + offset;
         offset += lengths[index];
     }
+    return argv;
+}
+
+void vs_redis_argv_free(const char **argv, const char **stack) {
+    if (argv != stack) free((void *)argv);
+}
+
+int vs_redis_append(vs_redis *redis, const uint8_t *data, const size_t *lengths, int argc) {
+    const char *stack[VS_REDIS_ARGV_STACK];
+    const char **argv = vs_redis_argv(data, lengths, argc, stack);
+    if (argv == NULL) return 0;
     int result = redisAppendCommandArgv((redisContext *)redis, argc, argv, lengths);
-    if (argv != stack) free(argv);
+    vs_redis_argv_free(argv, stack);
     return result == REDIS_OK;
 }
 

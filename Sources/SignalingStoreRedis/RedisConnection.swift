@@ -104,30 +104,33 @@ final class RedisConnection: @unchecked Sendable {
                 throw StoreError(.io, "Redis at \(endpoint.address): \(Self.text(text))")
             }
             defer { vs_redis_reply_free(reply) }
-            replies.append(Self.copy(reply))
+            replies.append(RedisReply(copying: reply))
         }
         return replies
     }
 
     /// A NUL-terminated C buffer as text.
-    private static func text(_ buffer: [CChar]) -> String {
+    static func text(_ buffer: [CChar]) -> String {
         String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
+}
 
-    private static func copy(_ reply: OpaquePointer) -> RedisReply {
+extension RedisReply {
+    /// A copy of hiredis's reply tree (which hiredis frees after the call that handed it over).
+    init(copying reply: OpaquePointer) {
         func bytes() -> [UInt8] {
             var length = 0
             guard let start = vs_redis_reply_bytes(reply, &length) else { return [] }
             return Array(UnsafeBufferPointer(start: start, count: length))
         }
         switch vs_redis_reply_type(reply) {
-        case VS_REDIS_REPLY_STRING: return .string(bytes())
-        case VS_REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
-        case VS_REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
-        case VS_REDIS_REPLY_INTEGER: return .integer(Int64(vs_redis_reply_integer(reply)))
+        case VS_REDIS_REPLY_STRING: self = .string(bytes())
+        case VS_REDIS_REPLY_STATUS: self = .status(String(decoding: bytes(), as: UTF8.self))
+        case VS_REDIS_REPLY_ERROR: self = .error(String(decoding: bytes(), as: UTF8.self))
+        case VS_REDIS_REPLY_INTEGER: self = .integer(Int64(vs_redis_reply_integer(reply)))
         case VS_REDIS_REPLY_ARRAY:
-            return .array((0..<vs_redis_reply_count(reply)).map { vs_redis_reply_element(reply, $0).map(copy) ?? .null })
-        default: return .null
+            self = .array((0..<vs_redis_reply_count(reply)).map { vs_redis_reply_element(reply, $0).map(RedisReply.init(copying:)) ?? .null })
+        default: self = .null
         }
     }
 }

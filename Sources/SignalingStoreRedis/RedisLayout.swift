@@ -11,6 +11,7 @@ import SignalingStore
 /// | `voip:schema` | string | the layout version (`schemaVersion`) |
 /// | `voip:users` | set | every user with a device, a held event or a message id: what a single node loads at start |
 /// | `voip:lease` | string | the node id of the one node that may write (with a TTL; `RedisLease`) |
+/// | `voip:node:NODE` | string | a cluster node's presence (with a TTL; `RedisNodeLink`, docs/CLUSTER.md) |
 /// | `{u:U}:devices` | hash | device id → `DeviceRecord` (counters, session, last seen) |
 /// | `{u:U}:q:D` | sorted set | device D's events, one member each: `seq` (20 digits) + `EventRecord` |
 /// | `{u:U}:held` | sorted set | events held for U, members as the queues', by ordinal |

@@ -77,14 +77,10 @@ enum RedisSchema {
                 throw StoreError(.corrupt, "\(address) lost the store since the server opened it (no \(RedisLayout.schemaKey) key: "
                     + "restarted without its AOF, or flushed); restart voipserver to load what Redis holds now")
             }
-            // The lease is taken before the store opens: a database that holds only it is empty.
-            let counts = try connection.pipeline([RedisCommand("DBSIZE"), RedisCommand("EXISTS", RedisLayout.leaseKey)])
-            guard case .integer(let size) = counts[0], case .integer(let lease) = counts[1] else {
-                throw StoreError(.other, "\(address): DBSIZE did not answer with a number")
-            }
-            let keys = size - lease
-            guard keys == 0 else {
-                throw StoreError(.corrupt, "\(address) holds \(keys) keys but no \(RedisLayout.schemaKey): not a voipserver store; "
+            // The lease is taken, and the cluster's nodes announce their presence, before
+            // the store opens: a database that holds only those keys is empty.
+            if let foreign = try firstKeyNotOfTheCluster(connection, address: address) {
+                throw StoreError(.corrupt, "\(address) holds keys (such as '\(foreign)') but no \(RedisLayout.schemaKey): not a voipserver store; "
                     + "give the server a database of its own (redis://HOST:PORT/DB)")
             }
             let reply = try connection.run(RedisCommand("SET", RedisLayout.schemaKey, String(RedisLayout.schemaVersion), "NX"))
@@ -95,5 +91,29 @@ enum RedisSchema {
         default:
             throw StoreError(.corrupt, "\(address): \(RedisLayout.schemaKey) is not a string")
         }
+    }
+
+    /// A key that is neither the lease nor a node's presence key (`RedisNodeLink`), or nil.
+    /// DBSIZE first: an empty database costs one command; otherwise SCAN pages until the
+    /// first such key, which in a foreign database is on the first page, and in a new
+    /// cluster's walks only the few presence keys.
+    private static func firstKeyNotOfTheCluster(_ connection: RedisConnection, address: String) throws(StoreError) -> String? {
+        guard case .integer(let size) = try connection.run(RedisCommand("DBSIZE")) else {
+            throw StoreError(.other, "\(address): DBSIZE did not answer with a number")
+        }
+        guard size > 0 else { return nil }
+        let presencePrefix = RedisNodeLink.presenceKey(of: "")
+        var cursor = "0"
+        repeat {
+            guard case .array(let page) = try connection.run(RedisCommand("SCAN", cursor, "COUNT", "100")), page.count == 2,
+                  let next = page[0].text, case .array(let keys) = page[1]
+            else { throw StoreError(.other, "\(address): SCAN did not answer with a page") }
+            for key in keys {
+                guard let name = key.text else { continue }
+                if name != RedisLayout.leaseKey && !name.hasPrefix(presencePrefix) { return name }
+            }
+            cursor = next
+        } while cursor != "0"
+        return nil
     }
 }

@@ -45,4 +45,6 @@ size_t vs_redis_reply_count(const vs_redis_reply *reply);
 const vs_redis_reply *vs_redis_reply_element(const vs_redis_reply *reply, size_t index);
 /// Frees a reply returned by `vs_redis_read` with its elements.
 void vs_redis_reply_free(vs_redis_reply *reply);
+
+#include "redis_async_shims.h"
 #endif
