@@ -53,13 +53,19 @@ enum LoopTask: Sendable {
     /// loop: register its device and handle what it sent after the HELLO
     /// (EventLoop+HandOver.swift). Posted only by `post(adopting:)`.
     case adopt(MovingConnection)
+    /// Front mode: frames from the home for this loop's relayed connections
+    /// (EventLoop+Front.swift).
+    case relayed([RelayPacket.Frame])
+    /// Front mode: the route to the home broke (`FrontRelay`); posted to every loop.
+    case relayRouteChanged
 
     /// The loop that runs it.
     var loop: UInt16 {
         switch self {
         case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
             return ref.loop
-        case .drain: return 0
+        case .drain, .relayRouteChanged: return 0  // posted to each loop directly
+        case .relayed(let frames): return frames.first.flatMap { ConnectionRef(packed: $0.connection)?.loop } ?? 0
         case .released(_, let loop), .steps(_, let loop): return loop
         case .cancel(let part): return UInt16(part.shard)
         case .restoreBodies(let part): return UInt16(part.shard)
@@ -171,6 +177,9 @@ final class EventLoop: @unchecked Sendable {
     /// The transport of an embedded loop, whose connections are not sockets (tests); nil
     /// for a real loop, which calls the socket code directly (ConnectionIO.swift).
     let embeddedIO: (any ConnectionIO)?
+    /// Front mode (EventLoop+Front.swift): the loop relays its connections' bytes to the
+    /// home instead of running the protocol. Nil for a loop that serves devices itself.
+    let relay: LoopRelay?
 
     static let readBufferSize = 64 * 1024
     static let lingerSeconds: UInt32 = 2
@@ -195,6 +204,7 @@ final class EventLoop: @unchecked Sendable {
         self.table = ConnectionTable(holdsTLS: tlsListenFD >= 0)
         self.wakeFD = wakeFD
         self.embeddedIO = embeddedIO
+        self.relay = context.front.map { LoopRelay(front: $0) }
         self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
         self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
@@ -217,6 +227,7 @@ final class EventLoop: @unchecked Sendable {
         ownership.withLock(timing: .loopOwnership) { _ in
             callback()
             if hasOutgoingSteps { postOutgoingSteps() }
+            if let relay, !relay.outgoing.isEmpty { sendRelayed() }
             // After the callback's reads: a plain socket's peeked bytes are taken by now,
             // and nothing below the read touches the connection any more.
             if !departing.isEmpty { handOverDeparting() }
@@ -440,6 +451,10 @@ final class EventLoop: @unchecked Sendable {
                 context.switchboard.writer?.restore(part)
             case .adopt(let moving):
                 adopt(moving)
+            case .relayed(let frames):
+                handleRelayed(frames)
+            case .relayRouteChanged:
+                relayRouteChanged()
             }
         }
         sendPostedReplies()
@@ -474,7 +489,7 @@ final class EventLoop: @unchecked Sendable {
                 switchboard.writer?.restore(part)
             case .adopt(let moving):
                 adopt(moving, closingWith: drainClose)
-            case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain:
+            case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain, .relayed, .relayRouteChanged:
                 continue
             }
         }
