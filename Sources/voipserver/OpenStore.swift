@@ -49,8 +49,12 @@ enum Node {
             return .single(server)
         }
         try storage.openStore(logger: logger)?.close()
-        let lease = RedisLease(endpoint: try RedisEndpoint(url: storage.redisURL ?? ""), ttl: storage.redisLeaseTTL)
-        let node = LeasedNode(configuration: configuration, lease: lease, logger: logger) { token throws(StoreError) -> any EventStore in
+        let endpoint = try RedisEndpoint(url: storage.redisURL ?? "")
+        let lease = RedisLease(endpoint: endpoint, ttl: storage.redisLeaseTTL)
+        // A cluster member (--cluster) serves devices in every role: it needs the link
+        // between the nodes (docs/CLUSTER.md, "Fronts").
+        let link: (any NodeLink)? = storage.cluster ? try clusterLink(endpoint) : nil
+        let node = LeasedNode(configuration: configuration, lease: lease, logger: logger, link: link) { token throws(StoreError) -> any EventStore in
             guard let store = try storage.openStore(logger: logger, fencingToken: token) else {
                 throw StoreError(.other, "no store configured")
             }
@@ -58,6 +62,14 @@ enum Node {
         }
         node.start()
         return .leased(node)
+    }
+
+    /// The link between the cluster's nodes over `endpoint`'s pub/sub.
+    // TODO(merge): construct the RedisNodeLink here (being written in parallel), e.g.
+    // `return try RedisNodeLink(endpoint: endpoint, logger: logger)`; until then --cluster
+    // refuses to start.
+    private static func clusterLink(_ endpoint: RedisEndpoint) throws(ServerError) -> any NodeLink {
+        throw ServerError("--cluster: this build has no Redis node link yet (TODO(merge): RedisNodeLink)")
     }
 
     /// systemd's status line: where devices connect, or that the node is a standby (at

@@ -477,6 +477,7 @@ public final class SignalingServer: Sendable {
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
         ("store", { "\($0.storage.mode) \($0.storage.redisURL ?? "")" }), ("data-dir", { $0.storage.directory }),
         ("redis-fsync", { "\($0.storage.redisFsync)" }), ("redis-lease-ttl", { "\($0.storage.redisLeaseTTL)" }), ("redis-allow-volatile", { "\($0.storage.redisAllowVolatile)" }),
+        ("cluster", { "\($0.storage.cluster)" }),
         ("sync", { "\($0.storage.synchronous)" }), ("store-max-bytes", { "\(String(describing: $0.storage.maxBytes))" }),
         ("store-timeout", { "\($0.storeTimeout)" }), ("delivery", { "\($0.delivery)" }),
         ("commit-interval", { "\($0.commitInterval)" }),
