@@ -91,6 +91,35 @@ struct ClusterMemberTests {
         #expect(standby.role == .standby && standby.frontServer == nil)
     }
 
+    @Test("a front's admin API: /readyz 200 while its link is up and a home exists, 503 with a front: reason when the link is down; role front in /metrics")
+    func frontAdmin() throws {
+        let clock = ManualClock()
+        let lease = FakeLease(ttl: Self.ttl, clock: clock, holder: "other-node")
+        let bus = LocalNodeBus()
+        let link = bus.makeLink(named: "member")
+        var configuration = ServerConfiguration()
+        configuration.host = "127.0.0.1"
+        configuration.port = 0
+        configuration.admin = AdminConfiguration(host: "127.0.0.1", port: 0, token: nil)
+        let log = LogFile()
+        let node = LeasedNode(configuration: configuration, lease: lease, clock: clock, logger: log.logger, link: link) { _ in
+            ModelEventStore()
+        }
+        node.start()
+        defer { node.stop() }
+        try log.waitFor("admin_listening")
+        let admin = try #require(log.lines("admin_listening").first.flatMap { ServiceDeploymentTests.adminPort(in: $0) })
+        #expect(log.lines("admin_listening").first?.contains("role=front") == true)
+        #expect(eventually { (try? HTTPRequest.send("GET", port: admin, "/readyz"))?.status == 200 })
+        let metrics = try HTTPRequest.send("GET", port: admin, "/metrics")
+        #expect(metrics.text.contains("voipserver_role{role=\"front\"} 1") && metrics.text.contains("voipserver_ready 1"), "\(metrics.text)")
+
+        bus.cut(link)
+        #expect(eventually { (try? HTTPRequest.send("GET", port: admin, "/readyz"))?.status == 503 })
+        #expect(try HTTPRequest.send("GET", port: admin, "/readyz").text.contains("front: the link to the other nodes is down"))
+        #expect(try HTTPRequest.send("GET", port: admin, "/v1/stats").status == 503)
+    }
+
     @Test("--cluster: a Redis URL that is also the store; with a different --store, a comma list or another scheme it is a usage error")
     func clusterOption() throws {
         func parse(_ arguments: [String]) throws -> ServerConfiguration { try ServerOptions.configuration(from: arguments).0 }
