@@ -16,11 +16,17 @@ final class StandbyAdminAPI: AdminRequestHandler {
     private let role: Role
     /// Whether this node takes devices now, and why not.
     private let readiness: @Sendable () -> Readiness
+    /// A front's open device connections (nil: a standby, which has none).
+    private let frontConnections: (@Sendable () -> Int)?
 
-    init(token: String?, role: Role = .standby, readiness: @escaping @Sendable () -> Readiness) {
+    init(
+        token: String?, role: Role = .standby, readiness: @escaping @Sendable () -> Readiness,
+        frontConnections: (@Sendable () -> Int)? = nil
+    ) {
         self.token = token.map { Array($0.utf8) }
         self.role = role
         self.readiness = readiness
+        self.frontConnections = frontConnections
     }
 
     /// A standby's: never ready, for `reason` (who holds the lease, or that the store
@@ -47,6 +53,10 @@ final class StandbyAdminAPI: AdminRequestHandler {
         out.family("voipserver_ready", .gauge, "1 when /readyz answers 200: listening, not draining, store healthy.")
         out.sample("voipserver_ready", [:], readiness.isReady ? 1 : 0)
         AdminAPI.role(role.rawValue, into: &out)
+        if let frontConnections {
+            out.family("voipserver_front_connections", .gauge, "Device connections a front holds open and relays to the home (or is accepting).")
+            out.sample("voipserver_front_connections", [:], frontConnections())
+        }
         respond(AdminAPI.allowing(request, [.get, .head])
             ?? AdminResponse(status: 200, contentType: PrometheusText.contentType, body: Array(out.text.utf8)))
     }

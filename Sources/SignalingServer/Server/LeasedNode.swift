@@ -181,7 +181,11 @@ public final class LeasedNode: Sendable {
         if let settings = configuration.admin {
             let api: StandbyAdminAPI
             if front != nil {
-                api = StandbyAdminAPI(token: settings.token, role: .front) { [weak self] in self?.frontReadiness ?? Readiness() }
+                api = StandbyAdminAPI(
+                    token: settings.token, role: .front, readiness: { [weak self] in self?.frontReadiness ?? Readiness() },
+                    frontConnections: { [weak self] in
+                        self?.state.withLock { $0.frontServer }?.openConnectionsPerLoop.reduce(0, +) ?? 0
+                    })
             } else {
                 api = StandbyAdminAPI(token: settings.token) { [weak self] in self?.state.withLock { $0.standbyReason } ?? "stopped" }
             }

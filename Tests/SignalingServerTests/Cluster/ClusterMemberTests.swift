@@ -111,8 +111,12 @@ struct ClusterMemberTests {
         let admin = try #require(log.lines("admin_listening").first.flatMap { ServiceDeploymentTests.adminPort(in: $0) })
         #expect(log.lines("admin_listening").first?.contains("role=front") == true)
         #expect(eventually { (try? HTTPRequest.send("GET", port: admin, "/readyz"))?.status == 200 })
+        let device = try TestClient(port: try #require(node.frontServer?.port))
+        #expect(eventually { node.frontServer?.openConnectionsPerLoop.reduce(0, +) == 1 })
         let metrics = try HTTPRequest.send("GET", port: admin, "/metrics")
         #expect(metrics.text.contains("voipserver_role{role=\"front\"} 1") && metrics.text.contains("voipserver_ready 1"), "\(metrics.text)")
+        #expect(metrics.text.contains("voipserver_front_connections 1"), "\(metrics.text)")
+        _ = device
 
         bus.cut(link)
         #expect(eventually { (try? HTTPRequest.send("GET", port: admin, "/readyz"))?.status == 503 })
