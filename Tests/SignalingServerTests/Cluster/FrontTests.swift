@@ -268,7 +268,7 @@ struct FrontTests {
         let device = try front.device(receiveWindow: 4096)
         let open = try front.home.waitForOpen()
         let frame = Frame.error(requestID: 1, code: .internalError, message: String(repeating: "y", count: 60_000))
-        for _ in 0..<100 { front.sendFrames([frame], to: open.connection) }
+        for _ in 0..<200 { front.sendFrames([frame], to: open.connection) }  // 12 MB: more than the kernel buffers
         try front.eventually("bytes wait in the front") { front.server.statistics.largestOutbound > 1 << 20 }
         #expect(!front.home.frames.contains(.closed(connection: open.connection)))
         clock.advance(by: .seconds(32))
