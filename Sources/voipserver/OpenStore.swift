@@ -49,8 +49,13 @@ enum Node {
             return .single(server)
         }
         try storage.openStore(logger: logger)?.close()
-        let lease = RedisLease(endpoint: try RedisEndpoint(url: storage.redisURL ?? ""), ttl: storage.redisLeaseTTL)
-        let node = LeasedNode(configuration: configuration, lease: lease, logger: logger) { token throws(StoreError) -> any EventStore in
+        let endpoint = try RedisEndpoint(url: storage.redisURL ?? "")
+        let lease = RedisLease(endpoint: endpoint, ttl: storage.redisLeaseTTL)
+        // A cluster member (--cluster) serves devices in every role: it needs the link
+        // between the nodes (docs/CLUSTER.md, "Fronts").
+        let link: (any NodeLink)? =
+            storage.cluster ? try RedisNodeLink(endpoint: endpoint, presenceTTL: storage.redisLeaseTTL, logger: logger) : nil
+        let node = LeasedNode(configuration: configuration, lease: lease, logger: logger, link: link) { token throws(StoreError) -> any EventStore in
             guard let store = try storage.openStore(logger: logger, fencingToken: token) else {
                 throw StoreError(.other, "no store configured")
             }

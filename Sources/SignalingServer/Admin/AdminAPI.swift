@@ -12,13 +12,16 @@ struct Readiness: Sendable {
     var leaseLost = false
     /// Waiting for the store lease: why this node does not serve (docs/CLUSTER.md).
     var standby: String?
+    /// A front that cannot relay devices now: why (docs/CLUSTER.md, "Fronts").
+    var noRoute: String?
 
-    var isReady: Bool { listening && !draining && storeHealthy && !leaseLost && standby == nil }
+    var isReady: Bool { listening && !draining && storeHealthy && !leaseLost && standby == nil && noRoute == nil }
 
     /// Why `/readyz` answers 503 (empty when ready).
     var reasons: [String] {
         var reasons: [String] = []
         if let standby { reasons.append("standby: \(standby)") }
+        if let noRoute { reasons.append("front: \(noRoute)") }
         if !listening && standby == nil { reasons.append("not listening") }
         if draining { reasons.append("draining") }
         if leaseLost { reasons.append("lost the store lease") }

@@ -252,6 +252,10 @@ public struct StorageConfiguration: Sendable, Equatable {
     /// has. Failover takes about this long after a crash; a shorter one lets a Redis
     /// hiccup (a slow fsync, a restart) step the active node down.
     public var redisLeaseTTL: Duration = .seconds(10)
+    /// A cluster member (`--cluster`, docs/CLUSTER.md "Fronts"): with `.redis`, the node
+    /// serves devices in every role, as the home while it holds the lease and as a front
+    /// relaying to the home otherwise (a standby does not listen).
+    public var cluster = false
     /// The data directory (created if missing). Default: `$STATE_DIRECTORY` (set by
     /// systemd's StateDirectory=) or `./voipserver-data`.
     public var directory: String = StorageConfiguration.defaultDirectory

@@ -43,6 +43,7 @@ public enum ServerOptions {
             OptionSpec("session-ttl", value: "SECONDS", default: "86400", help: "How long a disconnected device's session stays resumable."),
             OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
             OptionSpec("store", value: "sqlite|memory|redis://HOST:PORT", default: "sqlite", help: "Keep pending events in SQLite (survive restarts), in memory only, or in Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (put a password in the --config file, not on the command line)."),
+            OptionSpec("cluster", value: "redis://HOST:PORT[/DB]", help: "Make this node a cluster member on that Redis (its store, as --store redis://...): every member serves devices; the one holding the store lease routes, the others relay their devices to it (docs/CLUSTER.md)."),
             OptionSpec("redis-fsync", value: "always|everysec", default: "always", help: "With a Redis store: the weakest AOF fsync setting Redis may run with (checked at every connect); always survives a crash of Redis's machine, everysec may lose about its last second."),
             OptionSpec("redis-lease-ttl", value: "SECONDS", default: "10", help: "With a Redis store: the lease that makes one node per Redis database active; the others wait as standbys and one takes over within about this long after the active node dies. The active node steps down if it cannot refresh the lease in time (docs/CLUSTER.md)."),
             OptionSpec("redis-allow-volatile", help: "With a Redis store: start even if Redis's AOF is off or weaker than --redis-fsync (a warning; accepted messages can be lost when Redis stops)."),
@@ -345,6 +346,18 @@ public enum ServerOptions {
                 configuration.storage.mode = parsed
             }
         }
+        if let cluster = options.string("cluster") {
+            if cluster.contains(",") {
+                throw UsageError("--cluster takes one Redis (redis://HOST:PORT[/DB]), not a list: Redis Cluster is not supported yet (docs/CLUSTER.md, \"Redis Cluster\")")
+            }
+            guard cluster.hasPrefix("redis://") else { throw UsageError("--cluster must be a redis:// URL") }
+            if let store = options.string("store"), store != cluster {
+                throw UsageError("--cluster \(cluster) and --store \(store) name different stores: a cluster member's store is its --cluster Redis (leave --store out)")
+            }
+            configuration.storage.mode = .redis
+            configuration.storage.redisURL = cluster
+            configuration.storage.cluster = true
+        }
         if let fsync = options.string("redis-fsync") {
             guard let parsed = StorageConfiguration.RedisFsync(rawValue: fsync) else { throw UsageError("--redis-fsync must be always or everysec") }
             configuration.storage.redisFsync = parsed
@@ -357,7 +370,7 @@ public enum ServerOptions {
                 throw UsageError("--\(name) is for the SQLite store; with Redis, set its AOF (--redis-fsync) and maxmemory")
             }
         } else if options.has("redis-fsync") || options.has("redis-allow-volatile") || options.has("redis-lease-ttl") {
-            throw UsageError("--redis-fsync, --redis-allow-volatile and --redis-lease-ttl need --store redis://...")
+            throw UsageError("--redis-fsync, --redis-allow-volatile and --redis-lease-ttl need --store redis://... or --cluster")
         }
         if let directory = options.string("data-dir") {
             guard !directory.isEmpty else { throw UsageError("--data-dir must not be empty") }

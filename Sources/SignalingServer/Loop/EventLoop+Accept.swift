@@ -84,6 +84,8 @@ extension EventLoop {
             state.pointee.flags.insert(.awaitingProxyHeader)
         } else {
             guard admitAddress(slot) else { return }
+            // A front announces a plain connection now; a TLS one after its handshake.
+            if frontRelay != nil && !state.pointee.flags.contains(.tls) { openRelay(slot) }
         }
         helloDeadlines.push((slot, state.pointee.generation, nowInstant + context.configuration.handshakeTimeout))
     }

@@ -92,6 +92,7 @@ extension EventLoop {
     /// the wire. Kept bytes are always at most the last few reads: reading pauses while
     /// frames wait unhandled.
     func consume(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
+        if frontRelay != nil { return relayInput(slot, bytes) }  // a front runs no protocol
         beginReplies(to: slot)
         defer {
             // Events for other devices first: a pushed event must not wait behind the

@@ -307,16 +307,22 @@ extension EventLoop {
             scheduleStallCheck(slot, dueAt: since)
             return
         }
-        let queued = queuedBytes(slot)
+        closeSlowConsumer(slot, because: "nothing read for \(nowSeconds &- since) s while \(queuedBytes(slot)) bytes waited")
+    }
+
+    /// Closes a client that does not read what is sent to it (CLOSE slowConsumer, right
+    /// after the frame in progress).
+    func closeSlowConsumer(_ slot: UInt32, because reason: String) {
+        let state = table.state(slot)
         context.counters.slowConsumerCloses.increment()
         context.logger.warning("slow_consumer", [
-            "conn": reference(slot), "user": state.pointee.device?.userID ?? "-", "queued": queued,
-            "stalled_s": nowSeconds &- since,
+            "conn": reference(slot), "user": state.pointee.device?.userID ?? "-", "queued": queuedBytes(slot),
+            "stalled_s": nowSeconds &- state.pointee.writeProgressSecond,
         ])
         dropUnstartedFrames(slot)
         closeConnection(slot, with: Close(
             code: .slowConsumer, retryAfterMs: 1_000, retryJitterMs: 5_000,
-            message: "nothing read for \(nowSeconds &- since) s while \(queued) bytes waited; events stay pending for the resume"))
+            message: "\(reason); events stay pending for the resume"))
     }
 
     /// Drops the frames of `outbound` that the socket has not begun to take, so that a
@@ -353,6 +359,7 @@ extension EventLoop {
         let state = table.state(slot)
         guard state.pointee.phase == .awaitingHello || state.pointee.phase == .established else { return }
         detachDevice(slot)
+        relayEnded(slot)
         if replySlot == slot { endReplies() }  // replies already made go out before CLOSE
         // Before its TLS handshake is over a connection has no session to carry a CLOSE in:
         // it just lingers (its peer sees the connection end, as for any lost connection).
@@ -394,6 +401,7 @@ extension EventLoop {
         let state = table.state(slot)
         guard state.pointee.phase != .free else { return }
         detachDevice(slot)
+        relayEnded(slot)
         if replySlot == slot {
             replies.removeAll(keepingCapacity: true)
             replySlot = nil

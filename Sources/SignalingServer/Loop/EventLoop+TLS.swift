@@ -89,6 +89,10 @@ extension EventLoop {
                 context.counters.tlsHandshakesFull.increment()
             }
             if state.pointee.flags.contains(.wantsWrite) { assignEvent(slot, writable: false) }
+            if frontRelay != nil {
+                openRelay(slot)
+                guard state.pointee.phase == .awaitingHello else { return }  // refused: no route
+            }
             // The HELLO may have come with the client's Finished.
             readTLS(slot)
         case .wantRead:

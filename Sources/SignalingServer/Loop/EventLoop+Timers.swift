@@ -18,7 +18,9 @@ extension EventLoop {
             let flags = table.state(due.slot).pointee.flags
             let inTLSHandshake = flags.contains(.tls) && !isTLSEstablished(due.slot)
             if inTLSHandshake { recordTLSHandshakeFailure(.timeout) }
-            let missing = flags.contains(.awaitingProxyHeader) ? "PROXY header" : inTLSHandshake ? "TLS handshake" : "HELLO"
+            // A front's relayed connection waits here for the home's first bytes.
+            let missing = flags.contains(.awaitingProxyHeader) ? "PROXY header" : inTLSHandshake ? "TLS handshake"
+                : frontRelay != nil ? "HELLO answered" : "HELLO"
             closeConnection(due.slot, with: Close(
                 code: .handshakeTimeout, retryAfterMs: 1_000, retryJitterMs: 5_000,
                 message: "no \(missing) within \(context.configuration.handshakeTimeout.wholeSecondsRoundedUp) s"))

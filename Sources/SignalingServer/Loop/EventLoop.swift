@@ -56,13 +56,19 @@ enum LoopTask: Sendable {
     /// Inputs from a front wait in the mailbox of this relayed connection
     /// (`RelayDirectory`): handle them if this loop has it (EventLoop+Relay.swift).
     case relay(RelayKey, loop: UInt16)
+    /// Front mode: frames from the home for this loop's relayed connections
+    /// (EventLoop+Front.swift).
+    case relayed([RelayPacket.Frame])
+    /// Front mode: the route to the home broke (`FrontRelay`); posted to every loop.
+    case relayRouteChanged
 
     /// The loop that runs it.
     var loop: UInt16 {
         switch self {
         case .wake(let ref), .close(let ref, _), .reply(let ref, _), .watchWritable(let ref), .bodiesLoaded(let ref):
             return ref.loop
-        case .drain: return 0
+        case .drain, .relayRouteChanged: return 0  // posted to each loop directly
+        case .relayed(let frames): return frames.first.flatMap { ConnectionRef(packed: $0.connection)?.loop } ?? 0
         case .released(_, let loop), .steps(_, let loop), .relay(_, let loop): return loop
         case .cancel(let part): return UInt16(part.shard)
         case .restoreBodies(let part): return UInt16(part.shard)
@@ -177,6 +183,9 @@ final class EventLoop: @unchecked Sendable {
     /// The transport of this loop's relayed connections (`ConnectionFlags.relayed`), when
     /// the server is the routing node of a cluster (`SignalingServer.enableRelay`).
     let relayIO: RelayIO?
+    /// Front mode (EventLoop+Front.swift): the loop relays its connections' bytes to the
+    /// home instead of running the protocol. Nil for a loop that serves devices itself.
+    let frontRelay: LoopRelay?
 
     static let readBufferSize = 64 * 1024
     static let lingerSeconds: UInt32 = 2
@@ -202,6 +211,7 @@ final class EventLoop: @unchecked Sendable {
         self.wakeFD = wakeFD
         self.embeddedIO = embeddedIO
         self.relayIO = relay.map { RelayIO(home: $0, loop: index) }
+        self.frontRelay = context.front.map { LoopRelay(front: $0) }
         self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
         self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
@@ -227,6 +237,7 @@ final class EventLoop: @unchecked Sendable {
             // A relayed connection's frames leave before it may move to another loop,
             // whose frames for it must follow them.
             if relayIO?.hasOutgoing == true { relayIO!.flush() }
+            if let frontRelay, !frontRelay.outgoing.isEmpty { sendRelayed() }
             // After the callback's reads: a plain socket's peeked bytes are taken by now,
             // and nothing below the read touches the connection any more.
             if !departing.isEmpty {
@@ -456,6 +467,10 @@ final class EventLoop: @unchecked Sendable {
                 adopt(moving)
             case .relay(let key, _):
                 runRelayInputs(key)
+            case .relayed(let frames):
+                handleRelayed(frames)
+            case .relayRouteChanged:
+                relayRouteChanged()
             }
         }
         sendPostedReplies()
@@ -490,7 +505,7 @@ final class EventLoop: @unchecked Sendable {
                 switchboard.writer?.restore(part)
             case .adopt(let moving):
                 adopt(moving, closingWith: drainClose)
-            case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain, .relay:
+            case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain, .relay, .relayed, .relayRouteChanged:
                 continue
             }
         }

@@ -17,12 +17,21 @@ import Synchronization
 ///   node can take the lease; the node then waits as a standby. Each active term starts
 ///   from the store, never from the memory of an earlier term.
 ///
+/// - **Cluster member** (`--cluster`, docs/CLUSTER.md "Fronts"): made with a `NodeLink`,
+///   the node serves devices in every role. While another node holds the lease it is a
+///   **front**: a `SignalingServer` in front mode relays its devices to the lease holder
+///   (the *home*), which it learns at each poll; `/readyz` is 200 while the link is up and
+///   a home exists. When it takes the lease it drains its front connections (CLOSE
+///   goingAway) and starts its home server, listening on the link as its lease owner id
+///   for the term; after stepping down it stops listening as that id and is a front again.
+///
 /// Threading: one thread (`vs-lease`) runs the roles and the lease; a second one starts
-/// the server of a term, so that a long snapshot load does not stop the refreshes.
+/// the server of a term, so that a long snapshot load (or a front's drain) does not stop
+/// the refreshes. The link's thread hands its events to the front or the home server.
 /// `stop`, `reload` and the accessors may be called from any thread.
 public final class LeasedNode: Sendable {
     public enum Role: String, Sendable {
-        case standby, active
+        case standby, active, front
     }
 
     private let lease: any StoreLease
@@ -31,12 +40,19 @@ public final class LeasedNode: Sendable {
     private let openStore: @Sendable (_ fencingToken: String) throws(StoreError) -> any EventStore
     private let stopping = Atomic<Bool>(false)
     private let state: Mutex<State>
+    /// A cluster member's relay to the home while it is a front (nil: not a cluster member).
+    private let front: FrontRelay?
 
     private struct State: ~Copyable {
         var configuration: ServerConfiguration
         var role = Role.standby
         /// The active term's server, once started.
         var server: SignalingServer?
+        /// The active term's server from the moment it takes the link's events (before it
+        /// starts) until the term ends: the link's events go to it.
+        var linkedHome: SignalingServer?
+        /// A cluster member's front server, while it is a front.
+        var frontServer: SignalingServer?
         /// Why this node is a standby (`/readyz`).
         var standbyReason = "starting"
         var thread: JoinableThread?
@@ -53,16 +69,20 @@ public final class LeasedNode: Sendable {
     /// standby takes over at most this long after the lease expired.
     public var pollInterval: Duration { max(.milliseconds(100), lease.ttl / 10) }
 
+    /// - Parameter link: makes the node a cluster member (see the type): it is a front while
+    ///   another node holds the lease. The node starts and stops it.
     /// - Parameter openStore: opens the store of a new active term, fenced with the term's
     ///   token (the lease's `ownerID`). Called on the start thread.
     public init(
         configuration: ServerConfiguration, lease: any StoreLease, clock: any Clock = SystemClock(), logger: Logger,
+        link: (any NodeLink)? = nil,
         openStore: @escaping @Sendable (_ fencingToken: String) throws(StoreError) -> any EventStore
     ) {
         self.lease = lease
         self.clock = clock
         self.logger = logger
         self.openStore = openStore
+        self.front = link.map { FrontRelay(link: $0) }
         state = Mutex(State(configuration: configuration))
     }
 
@@ -71,15 +91,38 @@ public final class LeasedNode: Sendable {
     /// The configuration in force (the start's, with every reload since).
     public var configuration: ServerConfiguration { state.withLock { $0.configuration } }
 
-    /// The active server's listeners, or that this node is a standby.
+    /// The active server's listeners, or that this node is a standby (or a front).
     public var listeningDescription: String {
-        state.withLock { state in state.server?.listeningDescription ?? "standby (\(state.standbyReason))" }
+        state.withLock { state in
+            if let server = state.server { return server.listeningDescription }
+            if let front = state.frontServer { return "front, listening on \(front.listeningDescription) (\(state.standbyReason))" }
+            return "standby (\(state.standbyReason))"
+        }
     }
 
-    /// Starts the lease thread: the node begins as a standby and returns at once.
+    /// The front server while this cluster member is a front (for tests).
+    var frontServer: SignalingServer? { state.withLock { $0.frontServer } }
+
+    /// Starts the lease thread (and a cluster member's link): the node begins as a standby
+    /// (or a front) and returns at once.
     public func start() {
+        if let front {
+            front.link.start { [weak self] event in self?.linkEvent(event) }
+        }
         let thread = JoinableThread(name: "vs-lease") { [self] in run() }
         state.withLock { $0.thread = thread }
+    }
+
+    /// An event of the link (on its thread): to the home server while this node is home
+    /// (packets only to it), and to the front relay, which keeps the link's state across
+    /// terms.
+    private func linkEvent(_ event: NodeLinkEvent) {
+        guard let front else { return }
+        if let home = state.withLock({ $0.linkedHome }) {
+            home.receive(event)
+            if case .packet = event { return }
+        }
+        front.receive(event)
     }
 
     /// Stops: an active node drains its devices, lets the writer commit, then releases the
@@ -91,6 +134,7 @@ public final class LeasedNode: Sendable {
             return state.thread
         }
         thread?.join()
+        front?.link.stop()
     }
 
     /// Puts a reloaded configuration in force: in the active server now, and in the server
@@ -107,8 +151,8 @@ public final class LeasedNode: Sendable {
 
     private func run() {
         while !isStopping {
-            guard let acquiredSentAt = waitAsStandby() else { break }
-            if !serveTerm(LeaseTerm(ttl: lease.ttl, acquiredSentAt: acquiredSentAt)) {
+            guard let (acquiredSentAt, frontServer) = waitAsStandby() else { break }
+            if !serveTerm(LeaseTerm(ttl: lease.ttl, acquiredSentAt: acquiredSentAt), drainingFirst: frontServer) {
                 // A server that cannot start (a port in use, a store it refuses) is not
                 // retried at once: another node may do better meanwhile.
                 sleep(until: clock.now() + lease.ttl)
@@ -125,20 +169,31 @@ public final class LeasedNode: Sendable {
     private var isStopping: Bool { stopping.load(ordering: .acquiring) }
 
     /// Waits until this node holds the lease (returns when the successful acquire was
-    /// sent) or is stopped (nil). Serves the standby admin API meanwhile.
-    private func waitAsStandby() -> Instant? {
+    /// sent, with the front server still running for the term's start to drain) or is
+    /// stopped (nil). Serves the standby (or front) admin API meanwhile; a cluster member
+    /// serves devices as a front.
+    private func waitAsStandby() -> (Instant, SignalingServer?)? {
         let configuration = state.withLock { state -> ServerConfiguration in
-            state.role = .standby
+            state.role = front == nil ? .standby : .front
             return state.configuration
         }
         var admin: AdminHTTPServer?
         if let settings = configuration.admin {
-            let api = StandbyAdminAPI(token: settings.token) { [weak self] in self?.state.withLock { $0.standbyReason } ?? "stopped" }
+            let api: StandbyAdminAPI
+            if front != nil {
+                api = StandbyAdminAPI(
+                    token: settings.token, role: .front, readiness: { [weak self] in self?.frontReadiness ?? Readiness() },
+                    frontConnections: { [weak self] in
+                        self?.state.withLock { $0.frontServer }?.openConnectionsPerLoop.reduce(0, +) ?? 0
+                    })
+            } else {
+                api = StandbyAdminAPI(token: settings.token) { [weak self] in self?.state.withLock { $0.standbyReason } ?? "stopped" }
+            }
             do {
                 let server = try AdminHTTPServer(host: settings.host, port: settings.port, maxBodyBytes: settings.maxBodyBytes, handler: api, logger: logger)
                 try server.start()
                 admin = server
-                logger.info("admin_listening", ["addr": "\(settings.host):\(server.port)", "role": "standby"])
+                logger.info("admin_listening", ["addr": "\(settings.host):\(server.port)", "role": front == nil ? "standby" : "front"])
             } catch {
                 // The port may still be held by a server of the last term for a moment.
                 logger.warning("standby_admin_failed", ["error": error.description])
@@ -146,12 +201,18 @@ public final class LeasedNode: Sendable {
         }
         defer { admin?.stop() }
         var logged = ""
+        var frontFailure = ""
         while !isStopping {
+            if front != nil && state.withLock({ $0.frontServer }) == nil { startFront(configuration, lastFailure: &frontFailure) }
             let sent = clock.now()
             let reason: String
             do {
-                if try lease.acquire() { return sent }
-                reason = "the store lease is held by \(lease.holder() ?? "another node")"
+                if try lease.acquire() { return (sent, state.withLock { $0.frontServer }) }
+                let holder = lease.holder()
+                // A store that cannot be reached leaves the home as it was: the link,
+                // on the same Redis, says whether relaying still works.
+                front?.setHome(holder)
+                reason = "the store lease is held by \(holder ?? "another node")"
             } catch {
                 reason = "cannot reach the store to take its lease: \(error.message)"
             }
@@ -162,24 +223,68 @@ public final class LeasedNode: Sendable {
             }
             sleep(until: sent + pollInterval)
         }
+        let frontServer = state.withLock { $0.frontServer }
+        frontServer?.shutdown()
+        state.withLock { $0.frontServer = nil }
         return nil
+    }
+
+    /// Starts the front server of a cluster member (its own admin API off: the node's
+    /// serves the front's role). One that cannot start (the port still held by the
+    /// last term's server) is tried again at the next poll; `lastFailure` keeps the log to
+    /// one line per distinct error.
+    private func startFront(_ configuration: ServerConfiguration, lastFailure: inout String) {
+        guard let front else { return }
+        var frontConfiguration = configuration
+        frontConfiguration.admin = nil
+        frontConfiguration.pushGateway = nil
+        do {
+            let server = try SignalingServer(configuration: frontConfiguration, clock: clock, logger: logger, front: front)
+            try server.start()
+            state.withLock { $0.frontServer = server }
+            logger.info("front", ["listening": server.listeningDescription])
+        } catch {
+            if error.description != lastFailure {
+                logger.warning("front_start_failed", ["error": error.description, "detail": "retrying at every poll"])
+                lastFailure = error.description
+            }
+        }
+    }
+
+    /// A front's `/readyz`: listening, and able to relay devices to a home.
+    var frontReadiness: Readiness {
+        let listening = state.withLock { $0.frontServer?.isRunning ?? false }
+        return Readiness(listening: listening, noRoute: front?.unavailableReason)
     }
 
     /// One active term: starts the server, keeps the lease, and ends by stepping down
     /// (the lease lost) or by a clean stop (the lease released). False when the server
     /// could not start.
-    private func serveTerm(_ acquired: LeaseTerm) -> Bool {
+    private func serveTerm(_ acquired: LeaseTerm, drainingFirst frontServer: SignalingServer?) -> Bool {
         var term = acquired
         let token = lease.ownerID
         logger.info("lease_acquired", ["node": token, "ttl_ms": lease.ttl.milliseconds])
         let configuration = state.withLock { $0.configuration }
         let started = TermStart()
-        let starter = JoinableThread(name: "vs-term-start") { [clock, logger, openStore] in
+        let link = front?.link
+        let starter = JoinableThread(name: "vs-term-start") { [clock, logger, openStore, weak self] in
             let result: Result<SignalingServer, ServerError>
+            // The front's devices go first (CLOSE goingAway): they resume on this node's
+            // home server, whose port the front frees.
+            if let frontServer {
+                frontServer.shutdown()
+                self?.state.withLock { $0.frontServer = nil }
+            }
             do throws(ServerError) {
                 let store: any EventStore
                 do throws(StoreError) { store = try openStore(token) } catch { throw ServerError("cannot open the store: \(error)") }
                 let server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
+                if let link {
+                    // Fronts address the home by the lease owner id.
+                    link.listen(as: token)
+                    server.enableRelay(over: link)
+                    self?.state.withLock { $0.linkedHome = server }
+                }
                 try server.start()
                 result = .success(server)
             } catch {
@@ -236,8 +341,10 @@ public final class LeasedNode: Sendable {
         }
         if lostReason == nil { server?.beginShutdown() }
         server?.waitUntilStopped()
+        if let link = front?.link { link.stopListening(as: token) }
         state.withLock {
             $0.server = nil
+            $0.linkedHome = nil
             $0.role = .standby
         }
         // Only after the writer stopped: a clean stop's last commits are in. After losing

@@ -28,12 +28,17 @@ final class ServerContext: Sendable {
     let tlsHandshakeLog = LogThrottle()
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
+    /// Set on a front (docs/CLUSTER.md, "Fronts"): the loops relay their devices to the
+    /// home and run no protocol (EventLoop+Front.swift).
+    let front: FrontRelay?
 
     init(
         configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool,
-        pushGateway: (any WakeUpSubmitter)?, tokenVerifier: TokenVerifier?, tlsContext: TLSServerContext? = nil
+        pushGateway: (any WakeUpSubmitter)?, tokenVerifier: TokenVerifier?, tlsContext: TLSServerContext? = nil,
+        front: FrontRelay? = nil
     ) {
         self.configuration = configuration
+        self.front = front
         self.tlsContextHolder = Mutex(tlsContext)
         self.pushGateway = pushGateway
         self.tokenVerifierHolder = Mutex(tokenVerifier)

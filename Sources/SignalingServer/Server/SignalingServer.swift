@@ -54,18 +54,22 @@ public final class SignalingServer: Sendable {
 
     /// - Parameter store: where events are kept until acknowledged. Nil keeps them in
     ///   memory only (a restart loses them).
+    /// - Parameter front: makes this server a front (docs/CLUSTER.md, "Fronts"): its loops
+    ///   accept devices and relay their bytes to the home through `front`, and run no
+    ///   protocol, no routing, no store and no push gateway of their own.
     public init(
         configuration: ServerConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger(),
-        store: (any EventStore)? = nil
+        store: (any EventStore)? = nil, front: FrontRelay? = nil
     ) throws(ServerError) {
         do {
             try configuration.validate()
         } catch {
             throw ServerError(error.message)
         }
+        if front != nil && store != nil { throw ServerError("a front keeps no store: the home does") }
         self.settings = Mutex(configuration)
         var pushGateway: PushGateway?
-        if var push = configuration.pushGateway {
+        if var push = configuration.pushGateway, front == nil {
             // A call's push is worth delivering only while the call rings.
             push.callLifetime = configuration.ringTimeout
             do {
@@ -86,7 +90,7 @@ public final class SignalingServer: Sendable {
         if let tls = configuration.tls { tlsContext = try Self.makeTLSContext(tls, drawnTicketKey: drawnTicketKey) }
         let context = ServerContext(
             configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway,
-            tokenVerifier: try Authentication.verifier(for: configuration), tlsContext: tlsContext)
+            tokenVerifier: try Authentication.verifier(for: configuration), tlsContext: tlsContext, front: front)
         self.context = context
         context.switchboard.forEachShard(wall: clock.wallMilliseconds()) { $0.pushRouting = pushGateway?.routing }
         // A token the push service declared invalid is removed from the device and, as a
@@ -193,6 +197,7 @@ public final class SignalingServer: Sendable {
         }
         for loop in loops { loop.peers = loops }
         relay?.attach(loops)
+        context.front?.attach(loops)
         if let writer {
             writer.loops = loops
             writer.start()
@@ -477,6 +482,7 @@ public final class SignalingServer: Sendable {
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
         ("store", { "\($0.storage.mode) \($0.storage.redisURL ?? "")" }), ("data-dir", { $0.storage.directory }),
         ("redis-fsync", { "\($0.storage.redisFsync)" }), ("redis-lease-ttl", { "\($0.storage.redisLeaseTTL)" }), ("redis-allow-volatile", { "\($0.storage.redisAllowVolatile)" }),
+        ("cluster", { "\($0.storage.cluster)" }),
         ("sync", { "\($0.storage.synchronous)" }), ("store-max-bytes", { "\(String(describing: $0.storage.maxBytes))" }),
         ("store-timeout", { "\($0.storeTimeout)" }), ("delivery", { "\($0.delivery)" }),
         ("commit-interval", { "\($0.commitInterval)" }),
@@ -544,7 +550,7 @@ public final class SignalingServer: Sendable {
         return Readiness(
             listening: listening && loops.allSatisfy { !$0.finished.load(ordering: .acquiring) },
             draining: draining.load(ordering: .relaxed), storeHealthy: writer?.isHealthy ?? true,
-            leaseLost: writer?.isFenced ?? false)
+            leaseLost: writer?.isFenced ?? false, noRoute: context.front?.unavailableReason)
     }
 
     /// The node lost its lease on the store (docs/CLUSTER.md): it stops acting as the
@@ -606,6 +612,7 @@ public final class SignalingServer: Sendable {
         }
         for thread in threads { thread.join() }
         if !threads.isEmpty {
+            context.front?.detach()
             state.withLock { $0.admin }?.stop()
             writer?.stop()
             pushGateway?.stop()

@@ -1,0 +1,175 @@
+import SignalingProtocol
+import SignalingSupport
+
+/// What a front loop keeps about the connections it relays (docs/CLUSTER.md, "Fronts").
+/// Loop-thread state, touched only under the loop's `ownership`.
+///
+/// Cost: one dictionary entry (slot → generation, about 16 bytes with the table's
+/// overhead) per relayed connection; nothing in `ConnectionState`, whose flag bits are
+/// all taken.
+final class LoopRelay {
+    let front: FrontRelay
+    /// Connections announced to the home (`.open`) under `epoch` and not ended since:
+    /// slot → generation. Only these get `.closed` when they end, and only these take
+    /// the home's frames.
+    var opened: [UInt32: UInt32] = [:]
+    /// The route epoch (`FrontRelay`) the connections of `opened` were opened under.
+    var epoch: UInt64 = 0
+    /// Frames for the home gathered during the current callback: sent as one packet when
+    /// the callback ends (`EventLoop.owned`).
+    var outgoing: [RelayPacket.Frame] = []
+
+    init(front: FrontRelay) {
+        self.front = front
+    }
+}
+
+/// Front mode of a loop (docs/CLUSTER.md, "Fronts"): the same accept, PROXY header, TLS,
+/// per-address cap, writes with back-pressure, slow-consumer and lingering close as for a
+/// connection of its own, but no protocol: once a connection's PROXY header (if any) and
+/// TLS handshake are done it is announced to the home (`.open`), every byte the device
+/// sends goes to the home as it was read (`.data`), and what the home sends (whole frames)
+/// is written to the socket.
+///
+/// - A relayed connection stays in `awaitingHello` until the home's first bytes (its
+///   WELCOME, or a CLOSE), then is `established`: the handshake deadline, counted from
+///   the accept, also bounds a home that never answers (CLOSE handshakeTimeout, as the
+///   home would send). The home runs the keep-alive and idle timers: the front keeps none.
+/// - The home's bytes wait in `outbound` like a pump's: past `--max-queued-bytes`, or
+///   with nothing read for `--slow-consumer-timeout`, the front closes with CLOSE
+///   slowConsumer (it cannot make the home wait: the relay has no flow control).
+/// - Every close the front decides (slow consumer, drain, handshake deadline) and every
+///   end of the socket is told to the home (`.closed`); `.finish` from the home lingers as
+///   the home's own close would; `.release` closes at once unless finishing.
+/// - When the route breaks (`FrontRelay`), every connection opened under the old epoch
+///   gets CLOSE goingAway with the drain's reconnect advice, and nothing more is sent
+///   for them; a device that arrives while there is no route gets the same CLOSE.
+extension EventLoop {
+    /// Bytes from the device of `slot` (the front's `consume`).
+    func relayInput(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
+        guard let relay = frontRelay else { return }
+        let state = table.state(slot)
+        if state.pointee.flags.contains(.awaitingProxyHeader) {
+            // A plain connection behind a balancer: the header first (kept in `inbound`
+            // until complete), then the device's bytes behind it.
+            let generation = state.pointee.generation
+            let buffered = (state.pointee.inbound ?? []) + bytes
+            state.pointee.inbound = nil
+            let used = buffered.withUnsafeBytes { takeProxyHeader(slot, $0) }
+            guard used > 0 else {
+                state.pointee.inbound = buffered
+                return
+            }
+            guard table.isLive(slot, generation: generation), state.pointee.phase == .awaitingHello else { return }
+            openRelay(slot)
+            if used < buffered.count, relay.opened[slot] == generation {
+                relay.outgoing.append(.data(connection: reference(slot).packed, bytes: Array(buffered[used...])))
+            }
+            return
+        }
+        guard bytes.count > 0, relay.opened[slot] == state.pointee.generation else { return }
+        relay.outgoing.append(.data(connection: reference(slot).packed, bytes: Array(bytes)))
+    }
+
+    /// Announces the connection to the home once its PROXY header (if any) and TLS
+    /// handshake are done; without a route, refuses it (CLOSE goingAway).
+    func openRelay(_ slot: UInt32) {
+        guard let relay = frontRelay else { return }
+        let state = table.state(slot)
+        let generation = state.pointee.generation
+        guard let epoch = relay.front.currentEpoch() else {
+            forgetProxiedPeer(slot, generation: generation)
+            closeConnection(slot, with: relayGoingAway("no routing node is reachable from this node"))
+            return
+        }
+        if epoch != relay.epoch { abandonRelayed(movingTo: epoch) }
+        relay.opened[slot] = generation
+        relay.outgoing.append(.open(
+            connection: reference(slot).packed, peer: peerDescription(slot), tls: state.pointee.flags.contains(.tls)))
+        forgetProxiedPeer(slot, generation: generation)
+    }
+
+    /// The route changed (`LoopTask.relayRouteChanged`): close what was relayed under an
+    /// older epoch.
+    func relayRouteChanged() {
+        guard let relay = frontRelay else { return }
+        let epoch = relay.front.epoch
+        if epoch != relay.epoch { abandonRelayed(movingTo: epoch) }
+    }
+
+    /// Closes every connection opened under the loop's epoch with CLOSE goingAway (bytes
+    /// may have been lost either way) and moves to `epoch`. The old home hears nothing
+    /// more of them: the new one was (or will be) told `.reset`.
+    private func abandonRelayed(movingTo epoch: UInt64) {
+        guard let relay = frontRelay else { return }
+        let abandoned = relay.opened
+        relay.opened = [:]
+        relay.outgoing.removeAll()
+        relay.epoch = epoch
+        let frame = relayGoingAway("the routing node changed or cannot be reached")
+        for (slot, generation) in abandoned where table.isLive(slot, generation: generation) {
+            closeConnection(slot, with: frame)
+        }
+    }
+
+    /// Frames from the home for this loop's connections (`LoopTask.relayed`). Frames for a
+    /// connection that has ended, or was opened under an older epoch, are dropped.
+    func handleRelayed(_ frames: [RelayPacket.Frame]) {
+        guard let relay = frontRelay else { return }
+        refreshTime()
+        for frame in frames {
+            guard let ref = ConnectionRef(packed: frame.connection), relay.opened[ref.slot] == ref.generation,
+                  table.isLive(ref.slot, generation: ref.generation)
+            else { continue }
+            let slot = ref.slot
+            let state = table.state(slot)
+            let phase = state.pointee.phase
+            switch frame {
+            case .data(_, let bytes):
+                guard phase == .awaitingHello || phase == .established else { continue }
+                state.pointee.phase = .established
+                scratch.removeAll(keepingCapacity: true)
+                scratch.append(contentsOf: bytes)
+                writeScratch(to: slot)
+                let queued = table.isLive(slot, generation: ref.generation) ? queuedBytes(slot) : 0
+                if queued > context.configuration.maxQueuedBytes {
+                    closeSlowConsumer(slot, because: "more than \(context.configuration.maxQueuedBytes) bytes waited unread (\(queued))")
+                }
+            case .finish:
+                guard phase == .awaitingHello || phase == .established else { continue }
+                linger(slot)
+            case .release:
+                relay.opened[slot] = nil
+                if phase != .closing { destroy(slot) }
+            case .open, .closed, .reset:
+                continue
+            }
+        }
+    }
+
+    /// A relayed connection ends (the front closes it, or its socket ended): the home
+    /// hears it in this callback's packet.
+    func relayEnded(_ slot: UInt32) {
+        guard let relay = frontRelay else { return }
+        let generation = table.state(slot).pointee.generation
+        guard relay.opened[slot] == generation else { return }
+        relay.opened[slot] = nil
+        relay.outgoing.append(.closed(connection: reference(slot).packed))
+    }
+
+    /// Sends this callback's frames to the home, one packet (end of `owned`).
+    func sendRelayed() {
+        guard let relay = frontRelay, !relay.outgoing.isEmpty else { return }
+        let frames = relay.outgoing
+        relay.outgoing.removeAll(keepingCapacity: true)
+        // Dropped when the route broke meanwhile: `relayRouteChanged` closes those connections.
+        relay.front.send(frames, epoch: relay.epoch)
+    }
+
+    /// The CLOSE of a relayed device whose route is lost: reconnect as after a drain.
+    private func relayGoingAway(_ reason: String) -> Close {
+        var frame = drainClose
+        frame.message = "\(reason); reconnect after the advised delay"
+        return frame
+    }
+}
