@@ -233,6 +233,11 @@ struct ClusterEndToEndTests {
         #expect(bob.consecutive(messageIDs(1...8)), "the same numbers: \(bob.seqs(of: messageIDs(1...8)))")
         #expect(bob.consecutive(messageIDs(9...12)), "\(bob.seqs(of: messageIDs(9...12)))")
         #expect(bob.connections >= 2 && alice.connections >= 2, "both devices lost the home and resumed")
+
+        // The killed node, started again on its ports, joins as a member; the home stays.
+        try cluster.restartNode(0)
+        #expect(try cluster.waitUntilServing() == newHome, "the restarted node 0 must not take the lease back")
+        #expect(cluster.nodes[0].readyStatus == topology.memberReadyStatus)
     }
 
     @Test("Redis killed and restarted mid-traffic: sends are refused with storeUnavailable while it is away, and nothing acknowledged is lost",
