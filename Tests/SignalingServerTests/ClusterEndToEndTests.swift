@@ -47,7 +47,8 @@ struct ClusterEndToEndTests {
         #expect(device.connectedPort == (try entryPort(cluster, index)), "\(device.user)/\(device.device) is not on node \(index)")
     }
 
-    func isReceipt(for id: String) -> (ResumingDevice) -> Bool {
+    /// Whether the device has read the MESSAGE_DELIVERED receipt of message `id`.
+    func hasReceipt(for id: String) -> (ResumingDevice) -> Bool {
         { device in
             device.events.contains { entry in
                 if case .messageDelivered(id, _, _, _) = entry.event { return true }
@@ -69,10 +70,10 @@ struct ClusterEndToEndTests {
 
         try alice.send("a1", to: "bob")
         try bob.receiveMessages(["a1"])
-        try alice.receive(until: isReceipt(for: "a1"))
+        try alice.receive(until: hasReceipt(for: "a1"))
         try bob.send("b1", to: "alice")
         try alice.receiveMessages(["b1"])
-        try bob.receive(until: isReceipt(for: "b1"))
+        try bob.receive(until: hasReceipt(for: "b1"))
 
         #expect(alice.deliveryProblems(expected: ["b1"]) == [])
         #expect(bob.deliveryProblems(expected: ["a1"]) == [])
