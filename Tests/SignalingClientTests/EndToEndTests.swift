@@ -4,6 +4,7 @@ import Testing
 import SignalingProtocol
 import SignalingServer
 import SignalingSupport
+import TestSupport
 @testable import SignalingClient
 #if canImport(Glibc)
 import Glibc

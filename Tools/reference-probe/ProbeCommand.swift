@@ -55,7 +55,8 @@ enum ProbeCommand {
         usleep(UInt32(options.settleSeconds * 1_000_000))
         let rssAfter = options.serverPID.flatMap { ProcessStats.residentBytes(pid: $0) }
 
-        let publisherFD = try connectPublisher(to: server, dialect: dialect)
+        let publisherServer = SocketCalls.socketAddress(options.publisherServer.address, port: options.publisherServer.port)
+        let publisherFD = try connectPublisher(to: publisherServer, dialect: dialect)
         defer { close(publisherFD) }
 
         let board = ProgressBoard()

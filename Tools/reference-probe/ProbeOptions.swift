@@ -6,6 +6,9 @@ struct ProbeOptions {
 
     var wireProtocol: WireProtocol
     var server: (address: UInt32, port: UInt16)
+    /// Where the publisher connects: `server` unless given (another node of a cluster, so
+    /// that every event crosses from one node to another).
+    var publisherServer: (address: UInt32, port: UInt16)
     var subscribers: Int
     var events: Int
     var rate: Double
@@ -29,6 +32,7 @@ struct ProbeOptions {
         options: [
             OptionSpec("protocol", value: "mqtt|voip", help: "MQTT 3.1.1 (QoS 0) or the VSIG protocol (docs/PROTOCOL.md)."),
             OptionSpec("server", value: "127.0.0.1:PORT", help: "The server (loopback only)."),
+            OptionSpec("publisher-server", value: "127.0.0.1:PORT", default: "--server", help: "Connect the publisher here instead: another node of a cluster, for the latency across nodes (voip only)."),
             OptionSpec("subscribers", value: "N", default: "1000", help: "Idle subscriber connections."),
             OptionSpec("events", value: "E", default: "20000", help: "Events to publish, each to one random subscriber."),
             OptionSpec("rate", value: "R", default: "2000", help: "Events per second (open loop)."),
@@ -57,11 +61,19 @@ struct ProbeOptions {
         guard let server = Sockets.parseLoopbackEndpoint(serverText) else {
             throw UsageError("--server must be a loopback IPv4 address and port (127.x.y.z:PORT), got '\(serverText)'")
         }
+        var publisherServer = server
+        if let publisherText = parsed.string("publisher-server") {
+            guard let endpoint = Sockets.parseLoopbackEndpoint(publisherText) else {
+                throw UsageError("--publisher-server must be a loopback IPv4 address and port (127.x.y.z:PORT), got '\(publisherText)'")
+            }
+            guard wireProtocol == .voip else { throw UsageError("--publisher-server is for --protocol voip (the nodes of one cluster)") }
+            publisherServer = endpoint
+        }
         var serverPID: Int32?
         if let pid = try parsed.int("server-pid", in: 1...Int(Int32.max)) { serverPID = Int32(pid) }
         let seed = try parsed.int("seed", in: 0...Int.max) ?? 1
         return ProbeOptions(
-            wireProtocol: wireProtocol, server: server,
+            wireProtocol: wireProtocol, server: server, publisherServer: publisherServer,
             subscribers: try parsed.int("subscribers", in: 1...1_000_000) ?? 1000,
             events: try parsed.int("events", in: 1...100_000_000) ?? 20_000,
             rate: try parsed.double("rate", in: 1...1_000_000) ?? 2000,

@@ -35,6 +35,9 @@ struct ProbeReport {
         let latency = receiver.latency
         var lines: [String] = []
         lines.append("protocol        \(options.wireProtocol.rawValue), server \(SocketCalls.dottedQuad(options.server.address)):\(options.server.port)")
+        if options.publisherServer != options.server {
+            lines.append("publisher       on \(SocketCalls.dottedQuad(options.publisherServer.address)):\(options.publisherServer.port)")
+        }
         lines.append("subscribers     \(connect.established) connected, \(connect.failed) failed, \(connect.retries) retried attempts, "
             + "in \(fixed(connect.seconds, 2)) s: \(fixed(connect.handshakesPerSecond, 0)) handshakes/s")
         if let first = connect.firstFailure { lines.append("                first failure: \(first)") }

@@ -1,19 +1,19 @@
-import CLinuxShims
 import Foundation
 import SignalingSupport
-@testable import SignalingClient
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// A loopback TCP relay between the client and a real server, so a test can cut the
+/// A loopback TCP relay between a client and a real server, so a test can cut the
 /// connection the way a network does (reset both sides), hold new connections back
-/// while it makes the server queue events, or swallow one direction's bytes.
-final class TCPRelay: @unchecked Sendable {
-    enum Direction { case toServer, toClient }
+/// while it makes the server queue events, or swallow one direction's bytes (both: a
+/// partition, where neither end sees the connection end).
+public final class TCPRelay: @unchecked Sendable {
+    public enum Direction: Sendable { case toServer, toClient }
 
-    let port: UInt16
-    private let listener: ScriptedServer
+    public let port: UInt16
+    /// The listening socket on an ephemeral loopback port.
+    private let listener: Int32
     private var upstreamPort: UInt16
     private let lock = NSLock()
     private var paused = false
@@ -22,16 +22,23 @@ final class TCPRelay: @unchecked Sendable {
     private var dropping: Set<Direction> = []
     private var stopped = false
 
-    init(upstreamPort: UInt16) throws {
-        listener = try ScriptedServer()
-        port = listener.port
+    public init(upstreamPort: UInt16) throws {
+        listener = try SocketCalls.listenTCP(SocketCalls.socketAddress(0x7F00_0001, port: 0), backlog: 16)
+        guard let port = SocketCalls.localPort(listener) else {
+            close(listener)
+            throw SystemError("getsockname", errno)
+        }
+        self.port = port
         self.upstreamPort = upstreamPort
         Thread.detachNewThread { [self] in acceptLoop() }
     }
 
-    deinit { stop() }
+    deinit {
+        stop()
+        close(listener)
+    }
 
-    func stop() {
+    public func stop() {
         lock.lock()
         stopped = true
         let waiting = held
@@ -42,12 +49,12 @@ final class TCPRelay: @unchecked Sendable {
     }
 
     /// Forwards new connections to another server port (a restarted server).
-    func setUpstream(port: UInt16) { lock.lock(); upstreamPort = port; lock.unlock() }
+    public func setUpstream(port: UInt16) { lock.lock(); upstreamPort = port; lock.unlock() }
 
     /// New connections are accepted but not forwarded until `resume()`.
-    func pause() { lock.lock(); paused = true; lock.unlock() }
+    public func pause() { lock.lock(); paused = true; lock.unlock() }
 
-    func resume() {
+    public func resume() {
         lock.lock()
         paused = false
         let waiting = held
@@ -57,7 +64,7 @@ final class TCPRelay: @unchecked Sendable {
     }
 
     /// Bytes in `direction` are read and discarded (true) or forwarded (false).
-    func setDropping(_ direction: Direction, _ dropping: Bool) {
+    public func setDropping(_ direction: Direction, _ dropping: Bool) {
         lock.lock()
         if dropping { self.dropping.insert(direction) } else { self.dropping.remove(direction) }
         lock.unlock()
@@ -70,7 +77,7 @@ final class TCPRelay: @unchecked Sendable {
     /// too: otherwise a pair's numbers could be closed and handed to the client's new
     /// connection between the listing and the shutdown, which would cut the reconnect
     /// during its handshake.
-    func severAll() {
+    public func severAll() {
         lock.lock()
         defer { lock.unlock() }
         for pair in pairs {
@@ -81,15 +88,15 @@ final class TCPRelay: @unchecked Sendable {
         }
     }
 
-    var connectionCount: Int { lock.lock(); defer { lock.unlock() }; return pairs.count }
+    public var connectionCount: Int { lock.lock(); defer { lock.unlock() }; return pairs.count }
 
     private func acceptLoop() {
         while true {
             lock.lock(); let done = stopped; lock.unlock()
             if done { return }
-            guard waitReadable(listener.descriptor, .milliseconds(100)) else { continue }
+            guard SocketCalls.wait(listener, for: Int16(POLLIN), milliseconds: 100) else { continue }
             // Close-on-exec: tests on other threads spawn processes, which must not hold it.
-            guard let fd = try? SocketCalls.accept(listener.descriptor) else { continue }
+            guard let fd = try? SocketCalls.accept(listener) else { continue }
             lock.lock()
             let hold = paused
             if hold { held.append(fd) }
