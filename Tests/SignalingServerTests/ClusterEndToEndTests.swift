@@ -67,6 +67,11 @@ struct ClusterEndToEndTests {
         let bob = ResumingDevice(user: "bob", ports: ports(cluster, from: 2))
         try connect(alice, on: 1, in: cluster)
         try connect(bob, on: 2, in: cluster)
+        if topology == .cluster {
+            // Both sockets are on fronts: the home serves them as relayed connections.
+            let metrics = try cluster.admin(0, "/metrics").text
+            #expect(metrics.contains("voipserver_relayed_connections 2\n"), "the home does not serve 2 relayed connections")
+        }
 
         try alice.send("a1", to: "bob")
         try bob.receiveMessages(["a1"])
