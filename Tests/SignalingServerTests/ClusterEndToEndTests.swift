@@ -187,16 +187,23 @@ struct ClusterEndToEndTests {
 
     func messageIDs(_ range: ClosedRange<Int>) -> [String] { range.map { "m\($0)" } }
 
-    @Test("kill -9 of a front mid-traffic: its devices resume on another node with everything acknowledged, the same numbers, once")
-    func frontKilledMidTraffic() throws {
-        let cluster = try ClusterProcesses(topology: .cluster)
+    /// Alice on node 1 sends bob on node 2 m1...m8; bob has read m1...m5, and m6...m8 are
+    /// acknowledged to alice but may not have been read: the traffic a node is killed in.
+    func trafficFromNode1ToNode2(_ cluster: ClusterProcesses) throws -> (alice: ResumingDevice, bob: ResumingDevice) {
         let alice = ResumingDevice(user: "alice", ports: ports(cluster, from: 1))
         let bob = ResumingDevice(user: "bob", ports: ports(cluster, from: 2))
         try connect(alice, on: 1, in: cluster)
         try connect(bob, on: 2, in: cluster)
         try send(messageIDs(1...5), from: alice)
         try bob.receiveMessages(messageIDs(1...5))
-        try send(messageIDs(6...8), from: alice)  // acknowledged to alice; bob may not have read them
+        try send(messageIDs(6...8), from: alice)
+        return (alice, bob)
+    }
+
+    @Test("kill -9 of a front mid-traffic: its devices resume on another node with everything acknowledged, the same numbers, once")
+    func frontKilledMidTraffic() throws {
+        let cluster = try ClusterProcesses(topology: .cluster)
+        let (alice, bob) = try trafficFromNode1ToNode2(cluster)
 
         cluster.killNode(2)  // bob's front
         try send(messageIDs(9...12), from: alice)
@@ -214,13 +221,7 @@ struct ClusterEndToEndTests {
           arguments: bothTopologies)
     func homeKilledMidTraffic(topology: ClusterProcesses.Topology) throws {
         let cluster = try ClusterProcesses(topology: topology, leaseTTL: 1)
-        let alice = ResumingDevice(user: "alice", ports: ports(cluster, from: 1))
-        let bob = ResumingDevice(user: "bob", ports: ports(cluster, from: 2))
-        try connect(alice, on: 1, in: cluster)
-        try connect(bob, on: 2, in: cluster)
-        try send(messageIDs(1...5), from: alice)
-        try bob.receiveMessages(messageIDs(1...5))
-        try send(messageIDs(6...8), from: alice)
+        let (alice, bob) = try trafficFromNode1ToNode2(cluster)
 
         let clock = SystemClock()
         cluster.killNode(0)

@@ -85,16 +85,6 @@ struct LeasedNodeTests {
         return (clock, lease, node)
     }
 
-    /// Waits (real time) until `condition` holds.
-    func eventually(_ seconds: Double = 10, _ condition: () -> Bool) -> Bool {
-        let real = SystemClock()
-        let deadline = real.now() + .milliseconds(Int64(seconds * 1000))
-        while real.now() < deadline {
-            if condition() { return true }
-            real.sleep(until: real.now() + .milliseconds(2))
-        }
-        return condition()
-    }
 
     func port(of node: LeasedNode) throws -> UInt16 {
         let description = node.listeningDescription

@@ -12,15 +12,6 @@ import Testing
 struct ClusterMemberTests {
     static let ttl: Duration = .seconds(12)
 
-    func eventually(_ seconds: Double = 10, _ condition: () -> Bool) -> Bool {
-        let real = SystemClock()
-        let deadline = real.now() + .milliseconds(Int64(seconds * 1000))
-        while real.now() < deadline {
-            if condition() { return true }
-            real.sleep(until: real.now() + .milliseconds(2))
-        }
-        return condition()
-    }
 
     @Test("a front relays to the lease holder; taking the lease closes its front devices goingAway and starts the home; stepping down makes it a front again")
     func frontHomeFront() throws {

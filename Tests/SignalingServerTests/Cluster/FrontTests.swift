@@ -100,13 +100,7 @@ final class FrontFixture {
     }
 
     func eventually(_ what: String, _ condition: () -> Bool) throws {
-        let clock = SystemClock()
-        let deadline = clock.now() + .seconds(10)
-        while clock.now() < deadline {
-            if condition() { return }
-            clock.sleep(until: clock.now() + .milliseconds(2))
-        }
-        throw TestFailure("never: \(what)")
+        guard TestSupport.eventually(10, condition) else { throw TestFailure("never: \(what)") }
     }
 
     func device(receiveWindow: Int32? = nil, proxyHeader: [UInt8]? = nil, tls: TestTLS? = nil, port: UInt16? = nil) throws -> TestClient {
