@@ -54,7 +54,11 @@ enum Node {
         // A cluster member (--cluster) serves devices in every role: it needs the link
         // between the nodes (docs/CLUSTER.md, "Fronts").
         let link: (any NodeLink)? =
-            storage.cluster ? try RedisNodeLink(endpoint: endpoint, presenceTTL: storage.redisLeaseTTL, logger: logger) : nil
+            storage.cluster
+            ? try RedisNodeLink(
+                endpoint: try storage.clusterLinkURL.map { url throws(StoreError) in try RedisEndpoint(url: url) } ?? endpoint,
+                presenceTTL: storage.redisLeaseTTL, logger: logger)
+            : nil
         let node = LeasedNode(configuration: configuration, lease: lease, logger: logger, link: link) { token throws(StoreError) -> any EventStore in
             guard let store = try storage.openStore(logger: logger, fencingToken: token) else {
                 throw StoreError(.other, "no store configured")

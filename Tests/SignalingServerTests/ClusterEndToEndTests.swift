@@ -85,6 +85,29 @@ struct ClusterEndToEndTests {
         #expect(alice.connections == 1 && bob.connections == 1, "nobody had to reconnect")
     }
 
+    @Test("with --cluster-link the relay rides on a Redis of its own: messages cross nodes through it, and the store's Redis holds no presence key")
+    func linkOnItsOwnRedis() throws {
+        // The link's Redis needs no persistence: pub/sub and presence keys are not data.
+        let linkRedis = try RedisServer(settings: ["--appendonly", "no", "--save", ""])
+        let cluster = try ClusterProcesses(topology: .cluster, extra: ["--cluster-link", linkRedis.url("/0")])
+        let alice = ResumingDevice(user: "alice", ports: ports(cluster, from: 1))
+        let bob = ResumingDevice(user: "bob", ports: ports(cluster, from: 2))
+        try connect(alice, on: 1, in: cluster)
+        try connect(bob, on: 2, in: cluster)
+        try alice.send("a1", to: "bob")
+        try bob.receiveMessages(["a1"])
+        try alice.receive(until: hasReceipt(for: "a1"))
+        #expect(bob.deliveryProblems(expected: ["a1"]) == [])
+
+        func presenceKeys(onPort port: UInt16) throws -> [String] {
+            let run = try ExecutableRun.runProgram(
+                "/usr/bin/redis-cli", ["-p", String(port), "--scan", "--pattern", "voip:node:*"], timeoutSeconds: 10)
+            return run.stdout.split(separator: "\n").map(String.init)
+        }
+        #expect(try presenceKeys(onPort: linkRedis.port).count == 3, "each node's presence is on the link's Redis")
+        #expect(try presenceKeys(onPort: cluster.redis.port) == [], "and none on the store's")
+    }
+
     /// Alice on node 0, bob's phone on node 1, bob's laptop on node 2; alice invites bob
     /// and both of bob's devices ring.
     func ringBobOnThreeNodes(_ cluster: ClusterProcesses, callID: String, callerNode: Int = 0, phoneNode: Int = 1, laptopNode: Int = 2)

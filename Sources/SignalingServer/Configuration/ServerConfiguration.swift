@@ -256,6 +256,10 @@ public struct StorageConfiguration: Sendable, Equatable {
     /// serves devices in every role, as the home while it holds the lease and as a front
     /// relaying to the home otherwise (a standby does not listen).
     public var cluster = false
+    /// The Redis that carries the cluster's node link (relay packets, presence keys), when
+    /// not the store's (`--cluster-link`): pub/sub needs no persistence, and on a Redis of
+    /// its own it does not wait behind the store's AOF fsyncs. Nil: the store's Redis.
+    public var clusterLinkURL: String? = nil
     /// The data directory (created if missing). Default: `$STATE_DIRECTORY` (set by
     /// systemd's StateDirectory=) or `./voipserver-data`.
     public var directory: String = StorageConfiguration.defaultDirectory

@@ -44,6 +44,7 @@ public enum ServerOptions {
             OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
             OptionSpec("store", value: "sqlite|memory|redis://HOST:PORT", default: "sqlite", help: "Keep pending events in SQLite (survive restarts), in memory only, or in Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (put a password in the --config file, not on the command line)."),
             OptionSpec("cluster", value: "redis://HOST:PORT[/DB]", help: "Make this node a cluster member on that Redis (its store, as --store redis://...): every member serves devices; the one holding the store lease routes, the others relay their devices to it (docs/CLUSTER.md)."),
+            OptionSpec("cluster-link", value: "redis://HOST:PORT[/DB]", help: "With --cluster: carry the relay between the nodes (pub/sub, presence keys) on this Redis instead of the store's, e.g. one without persistence, so that the store's fsyncs do not delay it (docs/CLUSTER.md). Default: the --cluster Redis."),
             OptionSpec("redis-fsync", value: "always|everysec", default: "always", help: "With a Redis store: the weakest AOF fsync setting Redis may run with (checked at every connect); always survives a crash of Redis's machine, everysec may lose about its last second."),
             OptionSpec("redis-lease-ttl", value: "SECONDS", default: "10", help: "With a Redis store: the lease that makes one node per Redis database active; the others wait as standbys and one takes over within about this long after the active node dies. The active node steps down if it cannot refresh the lease in time (docs/CLUSTER.md)."),
             OptionSpec("redis-allow-volatile", help: "With a Redis store: start even if Redis's AOF is off or weaker than --redis-fsync (a warning; accepted messages can be lost when Redis stops)."),
@@ -357,6 +358,11 @@ public enum ServerOptions {
             configuration.storage.mode = .redis
             configuration.storage.redisURL = cluster
             configuration.storage.cluster = true
+        }
+        if let link = options.string("cluster-link") {
+            guard configuration.storage.cluster else { throw UsageError("--cluster-link needs --cluster") }
+            guard link.hasPrefix("redis://"), !link.contains(",") else { throw UsageError("--cluster-link must be one redis:// URL") }
+            configuration.storage.clusterLinkURL = link
         }
         if let fsync = options.string("redis-fsync") {
             guard let parsed = StorageConfiguration.RedisFsync(rawValue: fsync) else { throw UsageError("--redis-fsync must be always or everysec") }

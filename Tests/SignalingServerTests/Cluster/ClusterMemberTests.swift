@@ -115,7 +115,7 @@ struct ClusterMemberTests {
         #expect(try HTTPRequest.send("GET", port: admin, "/v1/stats").status == 503)
     }
 
-    @Test("--cluster: a Redis URL that is also the store; with a different --store, a comma list or another scheme it is a usage error")
+    @Test("--cluster: a Redis URL that is also the store; with a different --store, a comma list or another scheme it is a usage error; --cluster-link moves only the link, and needs --cluster")
     func clusterOption() throws {
         func parse(_ arguments: [String]) throws -> ServerConfiguration { try ServerOptions.configuration(from: arguments).0 }
         #expect(!ServerConfiguration().storage.cluster)
@@ -135,6 +135,11 @@ struct ClusterMemberTests {
         #expect(failure(["--cluster", "redis://a:6379", "--store", "sqlite"])?.contains("different stores") == true)
         #expect(failure(["--cluster", "redis://a:6379,redis://b:6379"])?.contains("\"Redis Cluster\"") == true)
         #expect(failure(["--cluster", "a:6379"]) != nil)
+        #expect(member.storage.clusterLinkURL == nil, "the link rides on the store's Redis unless told")
+        let separateLink = try parse(["--cluster", "redis://r:6379", "--cluster-link", "redis://l:6380/3"])
+        #expect(separateLink.storage.clusterLinkURL == "redis://l:6380/3" && separateLink.storage.redisURL == "redis://r:6379")
+        #expect(failure(["--cluster-link", "redis://l:6380"])?.contains("needs --cluster") == true)
+        #expect(failure(["--cluster", "redis://r:6379", "--cluster-link", "l:6380"]) != nil)
 
         let path = "/tmp/voipserver-cluster-\(UInt32.random(in: 0...UInt32.max)).conf"
         #expect(writeFile(path, "cluster = redis://10.0.0.5:6379/1\n"))
