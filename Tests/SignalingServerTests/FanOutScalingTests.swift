@@ -21,11 +21,12 @@ struct FanOutScalingTests {
 
     @Test("a run on two threads queues every copy and every receipt, crossing shards through the inboxes")
     func twoThreadsDeliverEverything() throws {
-        // 64 messages in flight: more receipts than an ACK's chunk (128) reach a sender
-        // between two of its turns, so its ACKs take them out over several holds.
-        let figures = try FanOutScaling.run(threads: 2, users: 8, devicesPerUser: 3, messagesPerThread: 400, window: 64)
-        // Each message: a copy to each of the user's 3 devices and a receipt for each.
-        #expect(figures.events == 2 * 400 * 3 * 2)
+        // 64 messages of 16 devices in flight: many more receipts than an ACK's chunk (128)
+        // reach a sender between two of its turns, so its ACKs take them out over several
+        // holds (and the run must count them once, not stop early).
+        let figures = try FanOutScaling.run(threads: 2, users: 8, devicesPerUser: 16, messagesPerThread: 200, window: 64)
+        // Each message: a copy to each of the user's 16 devices and a receipt for each.
+        #expect(figures.events == 2 * 200 * 16 * 2)
         // Half of the users live on the other thread's shard: their steps were posted.
         #expect(figures.stepsPosted > 0)
         #expect(figures.threadCPUSeconds.count == 2)
