@@ -18,14 +18,14 @@ import Testing
             "--max-in-flight", "64", "--source-addresses", "200", "--auth-secret", "k", "--keepalive", "900",
             "--events", "10", "--rate", "50", "--event-mix", "call", "--payload-bytes", "32", "--loss-deadline", "2",
             "--probe-priority", "realtime",
-            "--fanout-devices", "100", "--fanout-seconds", "3", "--fanout-window", "8", "--storm", "restart",
+            "--fanout-devices", "100", "--fanout-users", "4", "--fanout-seconds", "3", "--fanout-window", "8", "--storm", "restart",
             "--storm-deadline", "30", "--server-bin", "/bin/true", "--server-log", "/tmp/s.log", "--json", "--quiet",
             "--", "--workers", "2",
         ])
         #expect(config.serverEndpoint.address == (127 << 24 | 9) && config.serverEndpoint.port == 9000)
         #expect(config.workers == 4 && config.connectRate == 2500 && config.maxInFlight == 64)
         #expect(config.authSecret == "k" && config.keepAlive == 900 && config.mix == .call && config.probePriority == .realtime)
-        #expect(config.fanoutDevices == 100 && config.fanoutWindow == 8 && config.storm == .restart)
+        #expect(config.fanoutDevices == 100 && config.fanoutUsers == 4 && config.fanoutWindow == 8 && config.storm == .restart)
         #expect(config.serverBinary == "/bin/true" && config.serverArguments == ["--workers", "2"])
         #expect(config.json && !config.progress)
     }
@@ -46,6 +46,7 @@ import Testing
         (["--event-mix", "video"], "message, call or both"),
         (["--probe-priority", "high"], "normal or realtime"),
         (["--devices", "30000", "--workers", "2"], "use --workers 3"),
+        (["--fanout-devices", "10", "--fanout-users", "4"], "must divide --fanout-devices"),
         (["--devices", "50000", "--source-addresses", "1", "--workers", "5"], "raise --source-addresses"),
         (["--server-pid", "12", "--server-bin", "/bin/true"], "exclude each other"),
         (["--server", "127.0.0.1:1,127.0.0.1:2", "--server-pid", "12"], "excludes --server-bin and --server-pid"),

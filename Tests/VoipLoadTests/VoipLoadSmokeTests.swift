@@ -43,6 +43,24 @@ import SignalingSupport
         #expect(run.stderr.contains("result       PASS"), "the human summary goes to stderr with --json")
     }
 
+    @Test("a fan-out to several users, over two server loops, delivers every copy and receipt")
+    func fanoutToSeveralUsers() throws {
+        let data = try TemporaryDirectory("voipload-fanout-users")
+        let run = try ExecutableRun.run("voipload", [
+            "--server-bin", ExecutableRun.path(of: "voipserver"), "--server", "127.0.0.1:0", "--auth-secret", "s",
+            "--devices", "10", "--events", "0", "--fanout-devices", "24", "--fanout-users", "6", "--fanout-seconds", "0.3",
+            "--loss-deadline", "10", "--json", "--quiet",
+            "--", "--log-level", "warn", "--workers", "2", "--store", "memory", "--data-dir", data.path,
+        ], timeoutSeconds: 120)
+        #expect(run.exitCode == 0, "stderr: \(run.stderr)")
+        let report = try JSONDecoder().decode(LoadReport.self, from: Data(run.stdout.utf8))
+        #expect(report.passed, "\(report.problems)")
+        let fanout = try #require(report.fanout)
+        #expect(fanout.users == 6 && fanout.messages > 0 && fanout.lost == 0)
+        // Each message goes to one user's 4 devices.
+        #expect(fanout.delivered == fanout.messages * 4 && fanout.receipts == fanout.delivered)
+    }
+
     @Test func holdsDevicesOverTLSAndResumesAfterADrop() throws {
         let data = try TemporaryDirectory("voipload-tls")
         let certificates = try TestCertificates()

@@ -24,6 +24,28 @@ import SignalingSupport
         #expect((0..<workers).map { WorkloadLayout.share(of: 10, worker: $0, workers: workers) } == [4, 3, 3])
     }
 
+    @Test("fan-out devices are dealt evenly to the fan-out users, and each worker's messages go to every user in turn")
+    func fanoutDevicesAreDealtToTheUsers() {
+        let workers = 3, users = 4
+        var devicesPerUser: [String: Int] = [:]
+        var firstRecipients: [String] = []
+        for worker in 0..<workers {
+            let layout = WorkloadLayout(
+                worker: worker, workerCount: workers, idleDevices: 0, fanoutDevices: 64, fanoutUsers: users, sourceAddresses: 1)
+            for slot in layout.fanoutDeviceSlots { devicesPerUser[layout.identity(ofSlot: slot).user, default: 0] += 1 }
+            #expect(layout.fanoutDevicesPerUser == 16)
+            let recipients = (0..<UInt64(2 * users)).map { layout.fanoutRecipient(ofMessage: $0) }
+            #expect(Set(recipients) == ["fan0", "fan1", "fan2", "fan3"])
+            #expect(Array(recipients[0..<users]) == Array(recipients[users...]))
+            firstRecipients.append(recipients[0])
+        }
+        #expect(devicesPerUser == ["fan0": 16, "fan1": 16, "fan2": 16, "fan3": 16])
+        #expect(Set(firstRecipients).count == workers, "each worker starts at its own user")
+        // One user: the name every earlier run used.
+        let single = WorkloadLayout(worker: 0, workerCount: 1, idleDevices: 0, fanoutDevices: 8, sourceAddresses: 1)
+        #expect(single.fanoutRecipient(ofMessage: 5) == WorkloadLayout.fanoutUser && single.fanoutDevicesPerUser == 8)
+    }
+
     @Test func sourcesAreSpreadEvenlyOverLoopbackAddresses() {
         let addresses = 16
         var perAddress: [UInt32: Int] = [:]

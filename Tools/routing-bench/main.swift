@@ -9,8 +9,23 @@
 //
 // MESSAGES: fan-out messages per case (default 50); the ACK cases run MESSAGES / 5 ACKs
 // (at least 3), and so do the cases of the last table (holds not chunked).
+//
+//   .build/release/routing-bench scaling [--threads "1 2"] [--users 64] [--devices 16]
+//       [--messages 20000] [--window 4] [--rounds 3]
+//
+// `scaling`: whether routing scales with cores (issue 16; docs/LOAD-TESTING.md, "Routing
+// on more cores"): K threads, each owning one shard of K as a server's loops do, fan out
+// to `--users` users of `--devices` devices spread over all shards (`FanOutScaling`); each
+// thread sends `--messages` messages. Every count of `--threads`, alternated in each of
+// `--rounds` rounds (1 2, then 2 1, ...); prints every run, the medians and the ratio of the
+// last count to the first.
 import Foundation
 import SignalingServer
+
+if CommandLine.arguments.dropFirst().first == "scaling" {
+    runScaling(Array(CommandLine.arguments.dropFirst(2)))
+    exit(0)
+}
 
 let messages = CommandLine.arguments.dropFirst().first.flatMap { Int($0) } ?? 50
 print("store   devices  chunk       holds/msg  longest hold µs  mean longest µs  ns per device (all holds)")

@@ -115,7 +115,7 @@ public final class Coordinator {
             if push.refused > 0 { problems.append("\(push.refused) probes refused by the server") }
         }
         if let fanout, fanout.lost > 0 {
-            problems.append("\(fanout.lost) fan-out events lost (of \(fanout.messages) messages × \(fanout.devices) devices, plus receipts)")
+            problems.append("\(fanout.lost) fan-out events lost (of \(fanout.messages) messages × \(fanout.devices / fanout.users) devices, plus receipts)")
         }
         if let storm, !storm.recovered {
             problems.append("storm: not every device was back within \(Int(config.stormDeadline)) s")
@@ -148,7 +148,7 @@ public final class Coordinator {
                 servers: config.serverBinary != nil ? [LoopbackEndpoint(server.endpoint)] : config.serverEndpoints,
                 authSecret: config.authSecret,
                 tokenKeyID: config.tokenKey?.id, tokenKeySecret: config.tokenKey?.secret, requestedKeepAlive: config.keepAlive,
-                idleDevices: config.idleDevices, fanoutDevices: config.fanoutDevices,
+                idleDevices: config.idleDevices, fanoutDevices: config.fanoutDevices, fanoutUsers: config.fanoutUsers,
                 sourceAddresses: config.sourceAddresses, connectRate: config.connectRate / Double(count),
                 maxInFlight: config.maxInFlight, connectTimeoutSeconds: config.connectTimeout,
                 payloadBytes: config.payloadBytes, runID: runID, probePriority: config.probePriority, tls: config.tls)))
@@ -255,7 +255,8 @@ public final class Coordinator {
 
     func measureFanout() throws(LoadError) -> LoadReport.Fanout {
         let before = total
-        let devices = UInt64(config.fanoutDevices)
+        // Every message goes to one fan-out user's devices.
+        let devices = UInt64(config.fanoutDevices / config.fanoutUsers)
         let cpuBefore = server.pid.flatMap(ProcessStats.cpuSeconds(pid:))
         let start = monotonicSeconds()
         try broadcast(.startFanout(window: config.fanoutWindow))
@@ -284,7 +285,7 @@ public final class Coordinator {
         let cpu = zip(cpuBefore, cpuAfter).map { $0.1 - $0.0 }
         let expected = 2 * messages * devices
         return LoadReport.Fanout(
-            devices: config.fanoutDevices, senders: workers.count, seconds: seconds, messages: messages,
+            devices: config.fanoutDevices, users: config.fanoutUsers, senders: workers.count, seconds: seconds, messages: messages,
             delivered: delivered, receipts: receipts,
             lost: expected > delivered + receipts ? expected - delivered - receipts : 0,
             serverCPUSeconds: cpu, eventsPerSecond: Double(delivered + receipts) / seconds,

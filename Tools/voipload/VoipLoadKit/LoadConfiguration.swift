@@ -51,6 +51,8 @@ public struct LoadConfiguration: Sendable, Equatable {
     public var probePriority: ProbePriority = .normal
 
     public var fanoutDevices = 0
+    /// The users the fan-out devices are dealt to; each message goes to one of them in turn.
+    public var fanoutUsers = 1
     public var fanoutSeconds: Double = 5
     public var fanoutWindow = 4
 
@@ -110,7 +112,10 @@ public struct LoadConfiguration: Sendable, Equatable {
             OptionSpec("payload-bytes", value: "N", default: "64", help: "Probe body size (at least 16)."),
             OptionSpec("loss-deadline", value: "SECONDS", default: "5", help: "A probe not arrived this long after the last send is lost."),
             OptionSpec("probe-priority", value: "normal|realtime", default: "normal", help: "Scheduling of the workers while probes run: realtime (SCHED_FIFO, needs root) keeps the server's other threads from delaying the tool when both share a CPU."),
-            OptionSpec("fanout-devices", value: "N", default: "0", help: "Devices of the fan-out user; 0 skips the fan-out test."),
+            OptionSpec("fanout-devices", value: "N", default: "0", help: "Devices of the fan-out user(s); 0 skips the fan-out test."),
+            OptionSpec(
+                "fanout-users", value: "N", default: "1",
+                help: "Users the fan-out devices are dealt to (each message goes to one, in turn; must divide --fanout-devices)."),
             OptionSpec("fanout-seconds", value: "SECONDS", default: "5", help: "How long the fan-out senders send."),
             OptionSpec("fanout-window", value: "N", default: "4", help: "Fan-out messages in flight per sender."),
             OptionSpec("storm", value: "none|drop|restart", default: "none", help: "Reconnect storm to measure at the end."),
@@ -202,6 +207,7 @@ public struct LoadConfiguration: Sendable, Equatable {
             config.probePriority = value
         }
         config.fanoutDevices = try options.int("fanout-devices", in: 0...100_000) ?? config.fanoutDevices
+        config.fanoutUsers = try options.int("fanout-users", in: 1...100_000) ?? config.fanoutUsers
         config.fanoutSeconds = try options.double("fanout-seconds", in: 0.1...3600) ?? config.fanoutSeconds
         config.fanoutWindow = try options.int("fanout-window", in: 1...1000) ?? config.fanoutWindow
         if let storm = options.string("storm") {
@@ -233,6 +239,9 @@ public struct LoadConfiguration: Sendable, Equatable {
         }
         if server.contains(",") && (serverBinary != nil || serverPID != nil) {
             throw UsageError("--server with several nodes excludes --server-bin and --server-pid: the tool starts and measures one server")
+        }
+        if fanoutDevices > 0 && fanoutDevices % fanoutUsers != 0 {
+            throw UsageError("--fanout-users \(fanoutUsers) must divide --fanout-devices \(fanoutDevices): every user gets the same number of devices")
         }
         let workers = effectiveWorkers
         let largestShare = WorkloadLayout.share(of: idleDevices, worker: 0, workers: workers)

@@ -110,7 +110,9 @@ public struct LoadReport: Codable, Sendable {
     }
 
     public struct Fanout: Codable, Sendable {
+        /// Fan-out devices in all, dealt to `users` users (each message goes to one user's).
         public var devices: Int
+        public var users: Int
         public var senders: Int
         public var seconds: Double
         public var messages: UInt64

@@ -42,10 +42,10 @@ extension LoadWorker {
     func sendFanout(now: UInt64) {
         guard fanout.sending, setup.fanoutDevices > 0 else { return }
         let slot = layout.fanoutSenderSlot
-        let completed = status.fanoutReceipts / UInt64(setup.fanoutDevices)
+        let completed = status.fanoutReceipts / UInt64(layout.fanoutDevicesPerUser)
         while table.state[slot] == .established && status.fanoutSent - completed < UInt64(fanout.window) {
             let request = Request.messageSend(OutgoingMessage(
-                messageID: "f\(runTag).\(status.fanoutSent)", recipient: WorkloadLayout.fanoutUser,
+                messageID: "f\(runTag).\(status.fanoutSent)", recipient: layout.fanoutRecipient(ofMessage: status.fanoutSent),
                 contentType: Self.probeContentType, body: probeBody()))
             sendStamped(request, slot: slot)
             status.fanoutSent += 1

@@ -83,7 +83,7 @@ public final class LoadWorker {
         deviceCredentials = DeviceCredentials(setup: setup)
         layout = WorkloadLayout(
             worker: setup.worker, workerCount: setup.workerCount, idleDevices: setup.idleDevices,
-            fanoutDevices: setup.fanoutDevices, sourceAddresses: setup.sourceAddresses)
+            fanoutDevices: setup.fanoutDevices, fanoutUsers: setup.fanoutUsers, sourceAddresses: setup.sourceAddresses)
         epoll = try Epoll()
         table = ConnectionTable(count: layout.slotCount)
         startedAt = SystemClock().now().nanoseconds

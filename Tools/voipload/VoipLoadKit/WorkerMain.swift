@@ -23,7 +23,7 @@ public enum WorkerMain {
         let limit = SocketCalls.raiseDescriptorLimit()
         let layout = WorkloadLayout(
             worker: setup.worker, workerCount: setup.workerCount, idleDevices: setup.idleDevices,
-            fanoutDevices: setup.fanoutDevices, sourceAddresses: setup.sourceAddresses)
+            fanoutDevices: setup.fanoutDevices, fanoutUsers: setup.fanoutUsers, sourceAddresses: setup.sourceAddresses)
         guard UInt64(layout.slotCount + reservedDescriptors) <= limit else {
             fail("worker \(setup.worker): \(layout.slotCount) connections need more than the \(limit) file descriptors a process may hold; use more --workers")
             return 70

@@ -15,6 +15,8 @@ public struct WorkerSetup: Codable, Sendable, Equatable {
     public var requestedKeepAlive: UInt32
     public var idleDevices: Int
     public var fanoutDevices: Int
+    /// The users the fan-out devices are dealt to (`WorkloadLayout.fanoutUser(ofDevice:users:)`).
+    public var fanoutUsers: Int = 1
     public var sourceAddresses: Int
     /// Connection attempts started per second by this worker; 0 = as fast as the
     /// in-flight limit allows.

@@ -12,28 +12,52 @@ public struct WorkloadLayout: Sendable, Equatable {
         case idleDevice(global: Int)
         /// Sends the push-latency probes (messages and call invites) of this worker.
         case probeSender
-        /// Sends fan-out messages to the fan-out user.
+        /// Sends fan-out messages to the fan-out users.
         case fanoutSender
-        /// One of the fan-out user's many devices.
+        /// One of the fan-out users' many devices.
         case fanoutDevice(global: Int)
     }
 
-    /// The user every fan-out device belongs to.
+    /// The user every fan-out device belongs to when there is one fan-out user.
     public static let fanoutUser = "fan"
+
+    /// The user fan-out device `global` belongs to: with one fan-out user `fan`, else
+    /// `fan<global mod users>` (devices dealt round-robin, so each user has an equal share
+    /// when the users divide the devices: `--fanout-users`). Users with different names
+    /// land on different routing shards, so such a fan-out spreads over the server's loops.
+    public static func fanoutUser(ofDevice global: Int, users: Int) -> String {
+        users == 1 ? fanoutUser : "fan\(global % users)"
+    }
 
     public let worker: Int
     public let workerCount: Int
     public let idleDevicesTotal: Int
     public let fanoutDevicesTotal: Int
+    /// The fan-out users the devices are dealt to (`fanoutUser(ofDevice:users:)`).
+    public let fanoutUserCount: Int
     public let sourceAddressCount: Int
 
-    public init(worker: Int, workerCount: Int, idleDevices: Int, fanoutDevices: Int, sourceAddresses: Int) {
-        precondition(workerCount > 0 && (0..<workerCount).contains(worker) && sourceAddresses > 0)
+    public init(worker: Int, workerCount: Int, idleDevices: Int, fanoutDevices: Int, fanoutUsers: Int = 1, sourceAddresses: Int) {
+        precondition(workerCount > 0 && (0..<workerCount).contains(worker) && sourceAddresses > 0 && fanoutUsers > 0)
         self.worker = worker
         self.workerCount = workerCount
         self.idleDevicesTotal = idleDevices
         self.fanoutDevicesTotal = fanoutDevices
+        self.fanoutUserCount = fanoutUsers
         self.sourceAddressCount = sourceAddresses
+    }
+
+    /// The devices of each fan-out user (the users divide the devices: checked by
+    /// `LoadConfiguration.validate`): how many receipts complete one fan-out message.
+    public var fanoutDevicesPerUser: Int { fanoutDevicesTotal / fanoutUserCount }
+
+    /// The recipient of this worker's fan-out message number `number`: the users in turn,
+    /// each worker starting at its own share of them, so the workers' senders do not all
+    /// address the same user at once.
+    public func fanoutRecipient(ofMessage number: UInt64) -> String {
+        guard fanoutUserCount > 1 else { return Self.fanoutUser }
+        let first = worker * fanoutUserCount / workerCount
+        return "fan\((first + Int(number % UInt64(fanoutUserCount))) % fanoutUserCount)"
     }
 
     /// How many of `total` items, dealt round-robin, land on `worker`.
@@ -66,7 +90,7 @@ public struct WorkloadLayout: Sendable, Equatable {
         case .idleDevice(let global): return (Self.idleUser(global), "p")
         case .probeSender: return ("ps\(worker)", "p")
         case .fanoutSender: return ("fs\(worker)", "p")
-        case .fanoutDevice(let global): return (Self.fanoutUser, "f\(global)")
+        case .fanoutDevice(let global): return (Self.fanoutUser(ofDevice: global, users: fanoutUserCount), "f\(global)")
         }
     }
 

@@ -1,0 +1,323 @@
+import CLinuxShims
+import SignalingProtocol
+import SignalingSupport
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whether the routing core scales with cores, measured without sockets (issue 16):
+/// `threads` threads, each the owner of one shard of a `Switchboard` with as many shards
+/// (each thread drives a real `EventLoop` of a `ServerContext` with that many workers, as
+/// a server's loops do, without sockets and without libevent), fan messages out to many
+/// users spread evenly over all shards. Every step that crosses shards goes through the
+/// real path: `Switchboard.run` on the sending loop, `EventLoop.postStep` and the owner's
+/// inbox (`LoopTask.steps`, `runInbox`, `Switchboard.runPosted`); each device's ACK is a
+/// hold of its own on its owner, whose receipts go back to the sender's shard the same way.
+/// What it leaves out: sockets, frame decoding and encoding (the pumps find no live
+/// connection), the store. What `Tools/routing-bench scaling` prints
+/// (docs/LOAD-TESTING.md, "Routing on more cores"). Public for that executable only; the
+/// server never calls it.
+public enum FanOutScaling {
+    public struct Figures: Sendable {
+        public let threads: Int
+        public let users: Int
+        public let devicesPerUser: Int
+        /// Messages every thread sent (each to one user, all of whose devices get a copy and
+        /// acknowledge it; each acknowledgement queues a receipt to the sender).
+        public let messagesPerThread: Int
+        /// Events queued (copies and receipts): `threads × messages × devices × 2`.
+        public let events: Int
+        public let seconds: Double
+        /// CPU time of each thread (its own clock), in seconds.
+        public let threadCPUSeconds: [Double]
+        /// Steps posted to another loop's inbox, all threads.
+        public let stepsPosted: Int
+
+        public var eventsPerSecond: Double { Double(events) / seconds }
+        public var eventsPerSecondPerThread: Double { eventsPerSecond / Double(threads) }
+        /// Events per CPU second of the threads (their work, not what the machine gave them).
+        public var eventsPerCPUSecond: Double { Double(events) / threadCPUSeconds.reduce(0, +) }
+        /// The threads' CPU time over `threads × seconds`: 1 when each had a core all along.
+        public var cpuShare: Double { threadCPUSeconds.reduce(0, +) / (Double(threads) * seconds) }
+    }
+
+    /// `count` user names whose shards, among `shardCount`, are as even as can be: shard
+    /// `i` gets `count / shardCount` users, one more for the first `count % shardCount`
+    /// shards. Names are `user<n>` for increasing `n` (`ShardMap` is a stable hash), so
+    /// the same arguments give the same users.
+    public static func users(count: Int, shardCount: Int) -> [String] {
+        precondition(count >= 0 && shardCount >= 1)
+        var wanted = (0..<shardCount).map { count / shardCount + ($0 < count % shardCount ? 1 : 0) }
+        var users: [String] = []
+        var number = 0
+        while users.count < count {
+            let user = "user\(number)"
+            number += 1
+            let shard = ShardMap.shard(of: user, count: shardCount)
+            guard wanted[shard] > 0 else { continue }
+            wanted[shard] -= 1
+            users.append(user)
+        }
+        return users
+    }
+
+    /// Runs the benchmark: every thread's sender (a one-device user of its own shard)
+    /// sends `messagesPerThread` messages, at most `window` not yet complete (every
+    /// device's receipt back), to the `users` users in turn, starting at a different user
+    /// per thread; each of the `devicesPerUser` devices of a user acknowledges what it got
+    /// on its owner's next turn. Returns when every thread's messages are complete.
+    public static func run(
+        threads: Int, users userCount: Int, devicesPerUser: Int, messagesPerThread: Int, window: Int = 64
+    ) throws -> Figures {
+        precondition(threads >= 1 && userCount >= 1 && devicesPerUser >= 1 && window >= 1)
+        var configuration = ServerConfiguration()
+        configuration.workers = threads
+        // Room for every event in flight (the window's copies and receipts), and no
+        // per-sender rate: nothing is refused.
+        configuration.maxPendingEvents = 1_000_000
+        let context = ServerContext(
+            configuration: configuration, clock: SystemClock(), logger: .silent, journaling: false, pushGateway: nil,
+            tokenVerifier: nil)
+        var loops: [EventLoop] = []
+        for index in 0..<threads {
+            do {
+                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: -1))
+            } catch {
+                throw BenchmarkFailure(error.description)
+            }
+        }
+        for loop in loops { loop.peers = loops }
+        defer {
+            for loop in loops {
+                loop.owned { loop.table.deallocate() }
+                loop.peers = []  // the loops referred to each other
+            }
+        }
+        let switchboard = context.switchboard
+        let now = context.clock.now()
+        let wall = context.clock.wallMilliseconds()
+
+        // Devices, each attached on its owner's loop to a connection of that loop that
+        // does not exist (wakes find no live slot: no encoding, no socket).
+        var devicesByLoop = Array(repeating: [Recipient](), count: threads)
+        var slot: UInt32 = 1
+        func attach(_ user: String, _ device: String) -> Recipient {
+            let owner = switchboard.shard(of: user)
+            let connection = ConnectionRef(loop: UInt16(owner), slot: slot, generation: 1)
+            slot += 1
+            let record = switchboard.withState(of: user, wall: wall) { board in
+                try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now).get().record
+            }
+            return Recipient(user: user, record: record, connection: connection)
+        }
+        let recipients = users(count: userCount, shardCount: threads)
+        for user in recipients {
+            for device in 0..<devicesPerUser {
+                let recipient = attach(user, "d\(device)")
+                devicesByLoop[Int(recipient.connection.loop)].append(recipient)
+            }
+        }
+        let senders = (0..<threads).map { index in
+            attach(firstName(prefix: "sender", onShard: index, shardCount: threads), "d")
+        }
+
+        let progress = Progress(threads: threads)
+        let clock = SystemClock()
+        var start = clock.now()
+        let workers = (0..<threads).map { index in
+            let driver = Driver(
+                loop: loops[index], sender: senders[index], devices: devicesByLoop[index], recipients: recipients,
+                firstRecipient: index * recipients.count / threads, devicesPerUser: devicesPerUser,
+                messages: messagesPerThread, window: window)
+            return JoinableThread(name: "fanout-\(index)") {
+                shim_set_current_loop(Unmanaged.passUnretained(driver.loop).toOpaque())
+                defer { shim_set_current_loop(nil) }
+                progress.started.add(1, ordering: .acquiringAndReleasing)
+                // All start together (yielding: there may be more threads than cores).
+                while progress.started.load(ordering: .acquiring) < threads { sched_yield() }
+                let cpuStart = threadCPUSeconds()
+                var done = false
+                // A thread whose messages are complete keeps running its inbox and its
+                // devices' ACKs until every thread's are.
+                while progress.finished.load(ordering: .acquiring) < threads {
+                    let (complete, busy) = driver.turn()
+                    if complete, !done {
+                        done = true
+                        progress.finished.add(1, ordering: .acquiringAndReleasing)
+                    }
+                    // Nothing to do until another loop posts: wait on the inbox's eventfd
+                    // as a loop waits in epoll (bounded: the last thread to finish posts
+                    // nothing).
+                    if !busy { driver.loop.waitForInbox(milliseconds: 1) }
+                }
+                let used = threadCPUSeconds() - cpuStart
+                progress.cpuSeconds.withLock { $0[index] = used }
+            }
+        }
+        while progress.started.load(ordering: .acquiring) < threads { sched_yield() }
+        start = clock.now()
+        for worker in workers { worker.join() }
+        let seconds = Double(clock.now().nanoseconds - start.nanoseconds) / 1e9
+        return Figures(
+            threads: threads, users: userCount, devicesPerUser: devicesPerUser, messagesPerThread: messagesPerThread,
+            events: switchboard.counters.eventsQueued, seconds: seconds, threadCPUSeconds: progress.cpuSeconds.withLock { $0 },
+            stepsPosted: loops.reduce(0) { $0 + Int($1.metrics.stepsPosted.value) })
+    }
+
+    /// The first name `<prefix><n>` that `ShardMap` puts on `shard`.
+    static func firstName(prefix: String, onShard shard: Int, shardCount: Int) -> String {
+        (0...).lazy.map { "\(prefix)\($0)" }.first { ShardMap.shard(of: $0, count: shardCount) == shard }!
+    }
+
+    struct BenchmarkFailure: Error, CustomStringConvertible {
+        let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// What the threads of one run share: how many have started and finished, and each
+    /// one's CPU time (written once, at its end).
+    final class Progress: Sendable {
+        let started = Atomic<Int>(0)
+        let finished = Atomic<Int>(0)
+        let cpuSeconds: Mutex<[Double]>
+
+        init(threads: Int) {
+            cpuSeconds = Mutex(Array(repeating: 0, count: threads))
+        }
+    }
+
+    /// A device and the connection it is attached to.
+    struct Recipient {
+        let user: String
+        let record: DeviceRecord
+        let connection: ConnectionRef
+    }
+
+    /// One thread's work: its loop's turns. Touched only by that thread.
+    final class Driver: @unchecked Sendable {
+        let loop: EventLoop
+        let sender: Recipient
+        /// The devices of the loop's own shard.
+        let devices: [Recipient]
+        let recipients: [String]
+        var nextRecipient: Int
+        let devicesPerUser: Int
+        let messages: Int
+        let window: Int
+        var sent = 0
+        /// Receipts the sender has got (each one event of its queue).
+        var receipts: UInt64 = 0
+        /// The sequence number each device of `devices`, and the sender, last acknowledged
+        /// through: an ACK of more than a chunk takes its events out over later holds
+        /// (`ackedSeq` moves only then), so what was acknowledged is kept here.
+        var acknowledged: [UInt64]
+        var senderAcknowledged: UInt64 = 0
+
+        init(
+            loop: EventLoop, sender: Recipient, devices: [Recipient], recipients: [String], firstRecipient: Int,
+            devicesPerUser: Int, messages: Int, window: Int
+        ) {
+            self.loop = loop
+            self.sender = sender
+            self.devices = devices
+            self.recipients = recipients
+            self.nextRecipient = firstRecipient
+            self.devicesPerUser = devicesPerUser
+            self.messages = messages
+            self.window = window
+            acknowledged = devices.map(\.record.lastSeq)
+            senderAcknowledged = sender.record.lastSeq
+        }
+
+        /// Messages complete: every device's receipt is back.
+        var complete: Int { Int(receipts) / devicesPerUser }
+
+        /// One callback of the loop, as libevent would run it: the inbox (steps other
+        /// loops posted), then the ACKs of the devices with new events, then new messages
+        /// while the window has room. The steps handed on are posted when it ends
+        /// (`EventLoop.owned`). Returns whether this thread's messages are all complete,
+        /// and whether the turn found anything to do.
+        func turn() -> (complete: Bool, busy: Bool) {
+            var busy = false
+            loop.owned {
+                if loop.inboxHasTasks.load(ordering: .acquiring) {
+                    busy = true
+                    loop.runInbox()
+                }
+                let switchboard = loop.context.switchboard
+                let now = loop.context.clock.now()
+                let wall = loop.context.clock.wallMilliseconds()
+                // Only this thread changes its shard: reading a record outside a hold is safe.
+                for (index, device) in devices.enumerated() where device.record.lastSeq > acknowledged[index] {
+                    busy = true
+                    acknowledged[index] = acknowledge(device, on: switchboard, now: now, wall: wall)
+                }
+                if sender.record.lastSeq > senderAcknowledged {
+                    busy = true
+                    let through = acknowledge(sender, on: switchboard, now: now, wall: wall)
+                    receipts += through - senderAcknowledged
+                    senderAcknowledged = through
+                }
+                while sent < messages && sent - complete < window {
+                    busy = true
+                    send(on: switchboard, now: now, wall: wall)
+                }
+                loop.flushDirty()
+            }
+            return (complete >= messages, busy)
+        }
+
+        /// An ACK of everything the device got, as the server runs one
+        /// (`EventLoop+Input`): a hold of the device's shard, then the receipts' steps.
+        /// Returns the sequence number acknowledged through.
+        private func acknowledge(_ device: Recipient, on switchboard: Switchboard, now: Instant, wall: UInt64) -> UInt64 {
+            let through = device.record.lastSeq
+            let (effects, next) = switchboard.withState(of: device.user, wall: wall) { board in
+                let next = board.ack(device.record, connection: device.connection, through: through).next
+                return (board.takeEffects(), next)
+            }
+            loop.apply(effects)
+            if !next.isEmpty {
+                loop.apply(switchboard.run(next, chain: StepChain(now: now, wall: wall, requester: nil, group: nil), on: loop).effects)
+            }
+            return through
+        }
+
+        /// A MESSAGE_SEND to the next user, as the server runs one: a hold of the sender's
+        /// shard, then the recipient's steps (`Switchboard.runMessage`).
+        private func send(on switchboard: Switchboard, now: Instant, wall: UInt64) {
+            let recipient = recipients[nextRecipient]
+            nextRecipient = (nextRecipient + 1) % recipients.count
+            let message = OutgoingMessage(
+                messageID: "m\(sent)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
+            sent += 1
+            let (effects, handOff) = switchboard.withState(of: sender.user, wall: wall) { board in
+                let acceptance = try! board.send(message, from: sender.record, now: now).get()
+                return (board.takeEffects(), acceptance.handOff)
+            }
+            loop.apply(effects)
+            if let handOff {
+                loop.apply(switchboard.runMessage(handOff, deferring: nil, on: loop, now: now, wall: wall).effects)
+            }
+        }
+    }
+
+    /// The calling thread's CPU time so far, in seconds.
+    static func threadCPUSeconds() -> Double {
+        var time = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+    }
+}
+
+extension EventLoop {
+    /// Waits until something is posted to the inbox (its eventfd is readable) or
+    /// `milliseconds` have passed: what `run` does in epoll, for a loop driven by a
+    /// benchmark's thread (`FanOutScaling`).
+    fileprivate func waitForInbox(milliseconds: Int32) {
+        guard !inboxHasTasks.load(ordering: .acquiring) else { return }
+        var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
+        _ = poll(&descriptor, 1, milliseconds)
+    }
+}

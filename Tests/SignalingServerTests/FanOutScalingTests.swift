@@ -1,0 +1,41 @@
+import Testing
+@testable import SignalingServer
+
+/// `routing-bench scaling` (`FanOutScaling`): the users it fans out to are spread evenly
+/// over the shards, and a run across threads delivers and acknowledges every copy through
+/// the loops' inboxes (in debug builds `Switchboard` also checks that each thread takes
+/// its own shard's lock only).
+@Suite("Fan-out scaling benchmark")
+struct FanOutScalingTests {
+    @Test("the users are spread over the shards as evenly as can be", arguments: [1, 2, 3, 4, 16])
+    func usersSpreadEvenly(shards: Int) {
+        for count in [1, 7, 64, 100] {
+            let users = FanOutScaling.users(count: count, shardCount: shards)
+            #expect(users.count == count)
+            #expect(Set(users).count == count)
+            var perShard = Array(repeating: 0, count: shards)
+            for user in users { perShard[ShardMap.shard(of: user, count: shards)] += 1 }
+            #expect(perShard.max()! - perShard.min()! <= (count % shards == 0 ? 0 : 1), "\(count) users: \(perShard)")
+        }
+    }
+
+    @Test("a run on two threads queues every copy and every receipt, crossing shards through the inboxes")
+    func twoThreadsDeliverEverything() throws {
+        // 64 messages of 16 devices in flight: many more receipts than an ACK's chunk (128)
+        // reach a sender between two of its turns, so its ACKs take them out over several
+        // holds (and the run must count them once, not stop early).
+        let figures = try FanOutScaling.run(threads: 2, users: 8, devicesPerUser: 16, messagesPerThread: 200, window: 64)
+        // Each message: a copy to each of the user's 16 devices and a receipt for each.
+        #expect(figures.events == 2 * 200 * 16 * 2)
+        // Half of the users live on the other thread's shard: their steps were posted.
+        #expect(figures.stepsPosted > 0)
+        #expect(figures.threadCPUSeconds.count == 2)
+    }
+
+    @Test("a run on one thread posts no step: everything is its own shard's")
+    func oneThreadPostsNothing() throws {
+        let figures = try FanOutScaling.run(threads: 1, users: 4, devicesPerUser: 2, messagesPerThread: 10, window: 2)
+        #expect(figures.events == 10 * 2 * 2)
+        #expect(figures.stepsPosted == 0)
+    }
+}
