@@ -441,7 +441,7 @@ struct AdminAPITests {
 
         let family = try #require(after["voipserver_lock_hold_seconds"])
         #expect(family.type == "histogram")
-        let labels = ["routing_shard", "loop_inbox", "loop_ownership", "store_inbox", "deferred_reply_parts",
+        let labels = ["routing_shard", "loop_ownership", "store_inbox", "deferred_reply_parts",
                       "call_directory", "admission_bucket", "admission_per_address", "token_verifier", "tls_context", "log_throttle",
                       "push_inbox", "relay_directory"]
         for lock in labels {
@@ -453,7 +453,7 @@ struct AdminAPITests {
             #expect(longest != nil, "\(lock) has a longest hold")
         }
         #expect(Set(family.samples.compactMap { $0.labels["lock"] }) == Set(labels))
-        for lock in ["routing_shard", "loop_inbox", "loop_ownership", "store_inbox", "call_directory", "admission_bucket", "admission_per_address"] {
+        for lock in ["routing_shard", "loop_ownership", "store_inbox", "call_directory", "admission_bucket", "admission_per_address"] {
             let grown = (holds(after, lock) ?? 0) - (holds(before, lock) ?? 0)
             #expect(grown >= 1, "\(lock): \(grown) holds")
         }

@@ -11,8 +11,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
     /// loop's histogram of this lock, and for other threads into its own
     /// (`Switchboard.otherThreadHolds`), not `LockHolds.offLoop`.
     case routingShard
-    /// An `EventLoop`'s inbox: `post` by any thread, the loop's own `runInbox`.
-    case loopInbox
     /// An `EventLoop`'s `ownership`, held by its own thread for a whole callback.
     case loopOwnership
     /// The `StoreWriter`'s inbox: every hold of a shard with a store enqueues a unit.
@@ -43,7 +41,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
     var label: String {
         switch self {
         case .routingShard: "routing_shard"
-        case .loopInbox: "loop_inbox"
         case .loopOwnership: "loop_ownership"
         case .storeInbox: "store_inbox"
         case .deferredReplyParts: "deferred_reply_parts"

@@ -14,7 +14,7 @@ import Glibc
 // - `RelayDirectory.state`: a leaf, taken by the link's thread once per relay frame and by
 //   a loop under its `ownership` when it opens, drains, hands over or releases a relayed
 //   connection, each for a dictionary operation. No lock is taken under it: the wake-ups it
-//   decides are posted (a loop's `inbox` lock) after it is released. Timed
+//   decides are posted (to a loop's lock-free `inbox`) after it is released. Timed
 //   (`SharedLock.relayDirectory`).
 // - `RelayHome.presence`, `RelayHome.loops`: leaves held for a copy.
 

@@ -181,7 +181,7 @@ extension EventLoop {
     func flushDirty(excluding excluded: UInt32? = nil) {
         // Replies posted before these events were decided go first: what the events answer
         // must not overtake them (see `inboxHasTasks`).
-        if inboxHasTasks.load(ordering: .acquiring) { sendInboxReplies() }
+        if inboxHasTasks { sendInboxReplies() }
         var kept: (slot: UInt32, generation: UInt32)?
         while !dirtySlots.isEmpty {
             // Walk the marks while pumps mark more in the other (empty) buffer. Should a

@@ -15,11 +15,11 @@ import Glibc
 //   connections (tests and the admin API's counts read under it, rarely).
 // - Under `ownership` a loop may take, one at a time and each for a moment: a routing
 //   shard (and under that only the store writer's inbox, the `CallDirectory`, a
-//   `DeferredReply`'s parts), any loop's `inbox`, the admission locks, the handshake
-//   holders (`ServerContext`), a `LogThrottle`.
-// - `inbox`: a leaf, taken by any thread to post and by the loop to take the batch; no
-//   other lock is ever taken under it.
-// Every hold of both is timed (`SharedLock.loopOwnership`, `.loopInbox`).
+//   `DeferredReply`'s parts), the admission locks, the handshake holders
+//   (`ServerContext`), a `LogThrottle`.
+// Every hold of `ownership` is timed (`SharedLock.loopOwnership`). The loop's `inbox` is
+// no lock: a lock-free queue (`MPSCQueue`) that any thread posts to, under any lock or
+// none, and that only the loop takes from.
 
 /// Work handed to a loop by other threads.
 enum LoopTask: Sendable {
@@ -86,7 +86,7 @@ enum LoopTask: Sendable {
 /// while `ownership` is held. The loop's own thread holds it for each libevent callback
 /// and releases it while it waits in epoll; no other loop takes it (see the locks above).
 /// libevent's event base is only ever called from the loop's own thread. Any thread may
-/// call `post(_:)`: tasks go into a locked inbox and an eventfd wakes the loop. Loop `i`
+/// call `post(_:)`: tasks go into a lock-free inbox and an eventfd wakes the loop. Loop `i`
 /// owns routing shard `i`: the inbox is also how the steps of operations across shards,
 /// and the store writer's work on that shard, reach it (`LoopTask.steps`, `.released`,
 /// `.cancel`, `.restoreBodies`; docs/ARCHITECTURE.md, "Routing shards"). The class
@@ -147,17 +147,24 @@ final class EventLoop: @unchecked Sendable {
     /// writer's last release), and a descriptor closed under them would be reused by the
     /// next socket the process opens, which would then receive the wake-up's 8 bytes.
     let wakeFD: Int32
-    private let inbox = Mutex(Inbox())
-    /// The buffer `runInbox` swaps into `inbox`, empty, with the capacity of an
-    /// earlier batch (loop thread only).
-    private var spareInbox: [LoopTask] = []
-    /// The inbox holds tasks (set under its lock, read without it): the loop sends the
-    /// replies among them before it writes any events of its connections (`flushDirty`,
-    /// `sendInboxReplies`), so a reply posted here goes out before any event that what it
-    /// decided causes later for the same connection (the OK of CALL_INVITE, then CALL_RANG).
-    let inboxHasTasks = Atomic<Bool>(false)
+    /// Tasks posted to the loop and not taken yet, first in, first out per poster: any
+    /// thread pushes (`post`), only the loop takes (`runInbox`, `sendInboxReplies`,
+    /// `closeInbox`). Lock-free: no poster ever waits for another or for the loop.
+    private let inbox = MPSCQueue<LoopTask>()
+    /// Tasks taken from `inbox` and not run yet, in posting order, ahead of anything still
+    /// in `inbox` (loop thread only): `sendInboxReplies` takes the whole inbox to pick its
+    /// replies out and leaves the rest here, for `runInbox` to run first. Its posters'
+    /// eventfd write is still pending then (the push that found `inbox` empty wrote it
+    /// after `runInbox` drained the eventfd). Empty otherwise, with the capacity of an
+    /// earlier batch (`runInbox` reuses it).
+    private var takenTasks: [LoopTask] = []
+    /// The inbox holds tasks not taken yet: the loop sends the replies among them before
+    /// it writes any events of its connections (`flushDirty`, `sendInboxReplies`), so a
+    /// reply posted here goes out before any event that what it decided causes later for
+    /// the same connection (the OK of CALL_INVITE, then CALL_RANG). One atomic load.
+    var inboxHasTasks: Bool { !inbox.isEmpty }
     /// Steps for other loops' shards handed on during the current callback, by destination
-    /// loop (`postStep`): posted when the callback ends, one batch per loop (one inbox lock,
+    /// loop (`postStep`): posted when the callback ends, one batch per loop (one inbox push,
     /// at most one eventfd write). Loop-thread state.
     private var outgoingSteps: [[PostedStep]] = []
     private var hasOutgoingSteps = false
@@ -329,13 +336,6 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
-    /// Tasks handed to the loop, first in, first out.
-    private struct Inbox {
-        var tasks: [LoopTask] = []
-        /// The loop has stopped (`run` returned): it takes no more tasks.
-        var closed = false
-    }
-
     /// Hands a task to this loop from any thread. Returns false when the loop has stopped
     /// and takes no tasks any more: work that must not be lost (steps, a shard's part of a
     /// release or a cancellation) is then done by the caller (`Switchboard.runOrphaned`).
@@ -347,23 +347,22 @@ final class EventLoop: @unchecked Sendable {
     @discardableResult
     func post(contentsOf tasks: some Collection<LoopTask>) -> Bool {
         guard !tasks.isEmpty else { return true }
-        let wasEmpty = inbox.withLock(timing: .loopInbox) { inbox -> Bool? in
-            guard !inbox.closed else { return nil }
-            let wasEmpty = inbox.tasks.isEmpty
-            inbox.tasks.append(contentsOf: tasks)
-            inboxHasTasks.store(true, ordering: .releasing)
-            return wasEmpty
+        switch inbox.push(contentsOf: tasks) {
+        case .refused:
+            return false
+        case .queuedFirst:
+            // One eventfd write per batch: the push that found the inbox empty wakes the
+            // loop; a loop that has not taken its inbox yet will see later tasks anyway.
+            shim_eventfd_signal(wakeFD)
+            return true
+        case .queued:
+            return true
         }
-        guard let wasEmpty else { return false }
-        // One eventfd write per batch: a loop that has not drained its inbox yet will see
-        // the new tasks anyway.
-        if wasEmpty { shim_eventfd_signal(wakeFD) }
-        return true
     }
 
-    /// Tasks wait in the inbox: what an embedded loop's owner checks instead of an epoll
-    /// wait on the eventfd (ConnectionIO.swift).
-    var hasPostedTasks: Bool { inbox.withLock(timing: .loopInbox) { !$0.tasks.isEmpty } }
+    /// Tasks wait to be run, in the inbox or taken from it: what an embedded loop's owner
+    /// (its only thread) checks instead of an epoll wait on the eventfd (ConnectionIO.swift).
+    var hasPostedTasks: Bool { !inbox.isEmpty || !takenTasks.isEmpty }
 
     /// Hands `posted` to loop `destination`, the owner of its shard (this one included: a
     /// fan-out's or an ACK's next chunk), at the end of the current callback
@@ -403,19 +402,18 @@ final class EventLoop: @unchecked Sendable {
     func runInbox() {
         activity &+= 1
         shim_eventfd_drain(wakeFD)
-        // The inbox's buffer is swapped for the spare one under the lock: nothing is
-        // allocated or freed while posters wait (copying the tasks out and emptying the
-        // inbox in place allocated a new buffer under the lock, the copy still sharing the
-        // old one). The spare is taken out first so that the inbox's is uniquely owned.
+        // Tasks taken earlier (`sendInboxReplies`) were posted before anything still in
+        // the inbox: they run first. The buffer goes back to `takenTasks` afterwards, so
+        // that a batch allocates no array, unless a task's work took more from the inbox
+        // meanwhile (those wait there for the next run, which their eventfd write causes).
         var tasks: [LoopTask] = []
-        swap(&tasks, &spareInbox)
-        inbox.withLock(timing: .loopInbox) { inbox in
-            swap(&tasks, &inbox.tasks)
-            inboxHasTasks.store(false, ordering: .relaxed)
-        }
+        swap(&tasks, &takenTasks)
+        inbox.takeAll(appendingTo: &tasks)
         defer {
-            tasks.removeAll(keepingCapacity: true)
-            spareInbox = tasks
+            if takenTasks.isEmpty {
+                tasks.removeAll(keepingCapacity: true)
+                takenTasks = tasks
+            }
         }
         refreshTime()
         for task in tasks {
@@ -484,11 +482,9 @@ final class EventLoop: @unchecked Sendable {
     /// like any thread that is not their owner; a connection handed over gets its CLOSE
     /// (goingAway) here. Other tasks concerned this loop's connections, which are closing.
     func closeInbox() {
-        let tasks = inbox.withLock(timing: .loopInbox) { inbox in
-            inbox.closed = true
-            defer { inbox.tasks = [] }
-            return inbox.tasks
-        }
+        var tasks: [LoopTask] = []
+        swap(&tasks, &takenTasks)
+        inbox.close(appendingTo: &tasks)
         let switchboard = context.switchboard
         let wall = context.clock.wallMilliseconds()
         for task in tasks {
@@ -515,21 +511,23 @@ final class EventLoop: @unchecked Sendable {
     /// their order and run when the loop next runs its inbox): called before the loop
     /// writes events (`flushDirty`), possibly while it collects a connection's replies
     /// (`consume`), so it runs nothing that could close a connection. Cost: one pass over
-    /// the inbox, only when it holds tasks.
+    /// the tasks newly taken from the inbox (those taken before hold no replies any more),
+    /// only when it holds tasks. Loop thread only.
     func sendInboxReplies() {
-        let taken: [(ref: ConnectionRef, frame: Frame)] = inbox.withLock(timing: .loopInbox) { inbox in
-            guard inbox.tasks.contains(where: { if case .reply = $0 { true } else { false } }) else { return [] }
-            var replies: [(ref: ConnectionRef, frame: Frame)] = []
-            inbox.tasks.removeAll { task in
-                guard case .reply(let ref, let frame) = task else { return false }
-                replies.append((ref, frame))
-                return true
+        let start = takenTasks.endIndex
+        guard inbox.takeAll(appendingTo: &takenTasks) else { return }
+        // A stable partition of the new tasks: the replies go, the others keep their order.
+        var kept = start
+        for position in start..<takenTasks.endIndex {
+            if case .reply(let ref, let frame) = takenTasks[position] {
+                postedReplies.append((ref, frame))
+            } else {
+                takenTasks.swapAt(kept, position)
+                kept += 1
             }
-            if inbox.tasks.isEmpty { inboxHasTasks.store(false, ordering: .relaxed) }
-            return replies
         }
-        guard !taken.isEmpty else { return }
-        postedReplies += taken
+        guard kept < takenTasks.endIndex else { return }
+        takenTasks.removeSubrange(kept...)
         sendPostedReplies()
     }
 

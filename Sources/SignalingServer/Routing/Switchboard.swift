@@ -31,7 +31,7 @@ import Glibc
 ///   `RoutingShard.holder`), so they cannot deadlock.
 /// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`), and
 ///   so may the `CallDirectory`'s; no other lock is held when a shard lock is taken. A
-///   loop's inbox lock is never held with a shard lock.
+///   loop's inbox is no lock (a lock-free queue, `MPSCQueue`).
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work

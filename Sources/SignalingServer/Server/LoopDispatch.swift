@@ -15,8 +15,8 @@ enum LoopDispatch {
         return tasks
     }
 
-    /// Hands the tasks to their loops, one batch (one inbox lock, at most one eventfd
-    /// write) per loop: posted one at a time, a busy loop would take the first of a
+    /// Hands the tasks to their loops, one batch (one push onto its inbox, at most one
+    /// eventfd write) per loop: posted one at a time, a busy loop would take the first of a
     /// commit's OKs alone and come back for the rest, each time between two requests.
     static func post(_ tasks: [LoopTask], to loops: [EventLoop]) {
         guard !tasks.isEmpty, !loops.isEmpty else { return }

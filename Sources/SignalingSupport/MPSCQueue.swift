@@ -1,0 +1,160 @@
+import Synchronization
+
+/// A lock-free multi-producer single-consumer queue that can be closed: any thread pushes
+/// (one element or a batch), one consumer takes everything queued at once, in the order it
+/// was pushed (per producer FIFO; batches stay contiguous), and may close the queue, after
+/// which every push is refused and its poster keeps the work. Nobody ever waits for
+/// another thread: there is no lock, hence no hold a preempted thread could stretch.
+///
+/// How: the queue is one atomic `head` pointer to a singly linked list of nodes, newest
+/// first (a Treiber stack whose only pop is "take the whole list"). A producer links its
+/// node (or a batch pre-linked into a chain) in front of the head it read and publishes it
+/// with a compare-and-exchange, retrying if another push came first. The consumer swaps
+/// the head for nil (`exchange`) and reverses what it took, which restores posting order.
+/// Closing swaps in `closedMark`, an address no node has; a producer that reads it refuses.
+///
+/// Memory ordering: a producer writes its nodes (element, `next`) and then publishes them
+/// with a *releasing* compare-and-exchange; the consumer's *acquiring* exchange reads the
+/// head. Every push is a read-modify-write of `head`, so a later push continues the
+/// release sequence of each earlier one: the consumer's acquire synchronises with every
+/// producer whose nodes it took, and sees their `next` links and elements fully written. Producers never read a node they did not allocate, so their
+/// loads of `head` need no ordering beyond the check for `closedMark` (acquiring: a
+/// refused poster has synchronised with the close, as under a lock).
+///
+/// No ABA: the consumer never pops one node (the classic ABA needs "head is A, so A.next
+/// is still the next node"); it exchanges the whole list. A producer's compare-and-exchange
+/// asserts only "the head is still the pointer my last node links to", which is exactly
+/// what its link needs, even if that address was taken, freed and reused meanwhile: the
+/// node now at that address is the current head, and linking to it is correct.
+///
+/// Cost: one allocation per element pushed (its node) and one atomic read-modify-write per
+/// push (per batch, not per element), plus retries under contention; a take is one load
+/// when empty, else one exchange and a walk over the elements. Memory: one node per queued
+/// element (the element and a pointer).
+///
+/// Visible to ThreadSanitizer: every synchronisation is an atomic operation.
+public struct MPSCQueue<Element>: ~Copyable {
+    private struct Node {
+        var element: Element
+        var next: UnsafeMutablePointer<Node>?
+    }
+
+    /// The newest node (nil: empty; `closedMark`: closed).
+    private let head = Atomic<UnsafeMutablePointer<Node>?>(nil)
+    /// Allocated, never initialised, never dereferenced: only its address is used.
+    private let closedMark = UnsafeMutablePointer<Node>.allocate(capacity: 1)
+
+    public init() {}
+
+    deinit {
+        let list = head.load(ordering: .acquiring)
+        if list != closedMark { Self.free(list) }
+        closedMark.deallocate()
+    }
+
+    /// What a push did.
+    public enum PushResult: Equatable, Sendable {
+        /// Queued into an empty queue: this poster wakes the consumer (one wake-up per batch
+        /// the consumer takes; later posters find the queue non-empty).
+        case queuedFirst
+        /// Queued behind elements the consumer has not taken yet: it is already woken.
+        case queued
+        /// The queue is closed: nothing was queued, the poster keeps the work.
+        case refused
+    }
+
+    /// Pushes `element` (any thread).
+    @discardableResult
+    public func push(_ element: Element) -> PushResult {
+        push(contentsOf: CollectionOfOne(element))
+    }
+
+    /// Pushes `elements` as one contiguous batch, in their order (any thread). An empty
+    /// batch queues nothing and reports `.queued` (or `.refused` once closed).
+    @discardableResult
+    public func push(contentsOf elements: some Collection<Element>) -> PushResult {
+        // The chain is built newest first, before touching the head: the consumer reverses.
+        var newest: UnsafeMutablePointer<Node>?
+        var oldest: UnsafeMutablePointer<Node>?
+        for element in elements {
+            let node = UnsafeMutablePointer<Node>.allocate(capacity: 1)
+            node.initialize(to: Node(element: element, next: newest))
+            if oldest == nil { oldest = node }
+            newest = node
+        }
+        var current = head.load(ordering: .acquiring)
+        while true {
+            guard current != closedMark else {
+                // A failed attempt may have linked the chain to a head since taken: cut
+                // it, so that only this push's nodes are freed.
+                oldest?.pointee.next = nil
+                Self.free(newest)
+                return .refused
+            }
+            guard let newest, let oldest else { return .queued }
+            oldest.pointee.next = current
+            let (exchanged, found) = head.compareExchange(
+                expected: current, desired: newest, successOrdering: .releasing, failureOrdering: .acquiring)
+            if exchanged { return current == nil ? .queuedFirst : .queued }
+            current = found
+        }
+    }
+
+    /// Nothing is queued (or the queue is closed). Any thread, as a hint: a push may land
+    /// right after.
+    public var isEmpty: Bool {
+        let current = head.load(ordering: .acquiring)
+        return current == nil || current == closedMark
+    }
+
+    /// The queue was closed.
+    public var isClosed: Bool { head.load(ordering: .acquiring) == closedMark }
+
+    /// Consumer only: appends everything queued to `elements`, oldest first, and empties
+    /// the queue. Returns whether it took anything (nothing once closed).
+    @discardableResult
+    public func takeAll(appendingTo elements: inout [Element]) -> Bool {
+        // One load when empty: the common case of a consumer checking for replies.
+        let current = head.load(ordering: .relaxed)
+        guard current != nil, current != closedMark else { return false }
+        // Only the consumer replaces a non-nil head or closes, so the head is still a list.
+        return Self.drain(head.exchange(nil, ordering: .acquiring), appendingTo: &elements)
+    }
+
+    /// Consumer only: closes the queue (pushes are refused from now on) and appends what
+    /// was still queued to `elements`, oldest first. Closing twice takes nothing the second
+    /// time. Returns whether it took anything.
+    @discardableResult
+    public func close(appendingTo elements: inout [Element]) -> Bool {
+        let taken = head.exchange(closedMark, ordering: .acquiringAndReleasing)
+        guard taken != closedMark else { return false }
+        return Self.drain(taken, appendingTo: &elements)
+    }
+
+    /// Moves the elements of a taken list (newest first) to `elements` in posting order,
+    /// freeing its nodes.
+    private static func drain(_ list: UnsafeMutablePointer<Node>?, appendingTo elements: inout [Element]) -> Bool {
+        guard list != nil else { return false }
+        let start = elements.endIndex
+        var node = list
+        while let current = node {
+            let taken = current.move()
+            current.deallocate()
+            elements.append(taken.element)
+            node = taken.next
+        }
+        elements[start...].reverse()
+        return true
+    }
+
+    private static func free(_ list: UnsafeMutablePointer<Node>?) {
+        var node = list
+        while let current = node {
+            node = current.pointee.next
+            current.deinitialize(count: 1)
+            current.deallocate()
+        }
+    }
+}
+
+extension MPSCQueue: @unchecked Sendable where Element: Sendable {}
