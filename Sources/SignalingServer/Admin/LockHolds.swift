@@ -36,6 +36,10 @@ enum SharedLock: Int, CaseIterable, Sendable {
     /// `RelayDirectory.state`, on a cluster's routing node: each relay frame from a front
     /// (the link's thread), each drain, move and release of a relayed connection (loops).
     case relayDirectory
+    /// `FrontRelay.route`, on a cluster's front: each loop callback that relays bytes to
+    /// the home (its batch is sent under it, so that a `.reset` goes first), the link's
+    /// events, the lease thread's poll of the home.
+    case frontRoute
 
     /// The `lock` label.
     var label: String {
@@ -52,6 +56,7 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .logThrottle: "log_throttle"
         case .pushInbox: "push_inbox"
         case .relayDirectory: "relay_directory"
+        case .frontRoute: "front_route"
         }
     }
 }

@@ -3,7 +3,7 @@ import SignalingStore
 import SignalingSupport
 import Synchronization
 
-// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `route` is a leaf taken by a front
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `route` (timed, `front_route`) is a leaf taken by a front
 // loop at the end of a callback (to send its batch), by the link's thread (an event) and
 // by the lease thread (the home it polled). `link.send` is called under it, so that the
 // `.reset` for a home is queued on the link before any loop can address that home (the
@@ -44,7 +44,7 @@ public final class FrontRelay: Sendable {
 
     /// Where new devices can go, or why they cannot (nil: they can): `/readyz` of a front.
     public var unavailableReason: String? {
-        route.withLock { route in
+        route.withLock(timing: .frontRoute) { route in
             if !route.linkUp { return "the link to the other nodes is down" }
             if route.home == nil { return "no routing node: the store lease is free" }
             return nil
@@ -52,12 +52,12 @@ public final class FrontRelay: Sendable {
     }
 
     /// The current home (the lease holder), for logs and tests.
-    public var home: String? { route.withLock { $0.home } }
+    public var home: String? { route.withLock(timing: .frontRoute) { $0.home } }
 
     /// The lease holder the node polled (`StoreLease.holder()`). A change breaks the route:
     /// relayed devices are closed and the new home gets `.reset` first.
     public func setHome(_ holder: String?) {
-        let loops = route.withLock { route -> [EventLoop] in
+        let loops = route.withLock(timing: .frontRoute) { route -> [EventLoop] in
             guard route.home != holder else { return [] }
             route.home = holder
             return Self.breakRoute(&route)
@@ -72,14 +72,14 @@ public final class FrontRelay: Sendable {
         case .packet(let bytes):
             return deliver(bytes)
         case .up:
-            route.withLock { $0.linkUp = true }
+            route.withLock(timing: .frontRoute) { $0.linkUp = true }
         case .down:
-            affected = route.withLock { route in
+            affected = route.withLock(timing: .frontRoute) { route in
                 route.linkUp = false
                 return Self.breakRoute(&route)
             }
         case .undeliverable(let node):
-            affected = route.withLock { route in route.home == node ? Self.breakRoute(&route) : [] }
+            affected = route.withLock(timing: .frontRoute) { route in route.home == node ? Self.breakRoute(&route) : [] }
         case .gone:
             return
         }
@@ -96,30 +96,30 @@ public final class FrontRelay: Sendable {
     /// The loops of a new front term: they relay from now on, under a new epoch (the home
     /// may hold connections of an earlier term of this node).
     func attach(_ loops: [EventLoop]) {
-        route.withLock { route in
+        route.withLock(timing: .frontRoute) { route in
             _ = Self.breakRoute(&route)
             route.loops = loops
         }
     }
 
     func detach() {
-        route.withLock { $0.loops = [] }
+        route.withLock(timing: .frontRoute) { $0.loops = [] }
     }
 
     /// The current epoch, if devices can be relayed now (a loop about to open one).
     func currentEpoch() -> UInt64? {
-        route.withLock { route in route.linkUp && route.home != nil ? route.epoch : nil }
+        route.withLock(timing: .frontRoute) { route in route.linkUp && route.home != nil ? route.epoch : nil }
     }
 
     /// The epoch now, whatever the route's state (a loop checking its connections).
-    var epoch: UInt64 { route.withLock { $0.epoch } }
+    var epoch: UInt64 { route.withLock(timing: .frontRoute) { $0.epoch } }
 
     /// Sends one loop's batch to the home, if it was made under the current epoch (else the
     /// loop is about to close those connections, and the frames are dropped). Returns
     /// false when dropped.
     @discardableResult
     func send(_ frames: [RelayPacket.Frame], epoch: UInt64) -> Bool {
-        route.withLock { route in
+        route.withLock(timing: .frontRoute) { route in
             guard route.epoch == epoch, route.linkUp, let home = route.home else { return false }
             let packet: RelayPacket
             if route.owesReset {
@@ -143,7 +143,7 @@ public final class FrontRelay: Sendable {
         } catch {
             return
         }
-        let loops = route.withLock { $0.loops }
+        let loops = route.withLock(timing: .frontRoute) { $0.loops }
         guard !loops.isEmpty else { return }
         var byLoop: [Int: [RelayPacket.Frame]] = [:]
         for frame in packet.frames {
