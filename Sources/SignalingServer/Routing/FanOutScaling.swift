@@ -241,7 +241,7 @@ public enum FanOutScaling {
         func turn() -> (complete: Bool, busy: Bool) {
             var busy = false
             loop.owned {
-                if loop.inboxHasTasks {
+                if loop.hasPostedTasks {
                     busy = true
                     loop.runInbox()
                 }
@@ -316,7 +316,7 @@ extension EventLoop {
     /// `milliseconds` have passed: what `run` does in epoll, for a loop driven by a
     /// benchmark's thread (`FanOutScaling`).
     fileprivate func waitForInbox(milliseconds: Int32) {
-        guard !inboxHasTasks else { return }
+        guard !hasPostedTasks else { return }
         var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
         _ = poll(&descriptor, 1, milliseconds)
     }
