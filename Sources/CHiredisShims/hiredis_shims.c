@@ -66,6 +66,16 @@ vs_redis_reply *vs_redis_read(vs_redis *redis) {
     return reply;
 }
 
+int vs_redis_flush(vs_redis *redis) {
+    int done = 0;
+    // A blocking context writes what the socket takes; the loop ends when the buffer is
+    // empty (a write that times out is an error).
+    while (!done) {
+        if (redisBufferWrite((redisContext *)redis, &done) != REDIS_OK) return 0;
+    }
+    return 1;
+}
+
 void vs_redis_describe_failure(const vs_redis *redis, char *text, size_t capacity) {
     const redisContext *context = (const redisContext *)redis;
     snprintf(text, capacity, "%s", context->err ? context->errstr : "no error");

@@ -3,16 +3,16 @@ import SignalingStore
 /// A batch of `StoreChange`s as arguments of the apply script (`RedisBatch.script`),
 /// grouped by user (`StoreChange.owner`), each user's changes in their order.
 ///
-/// KEYS: `voip:users`, `voip:lease`, then each user's `{u:U}:devices` (the script derives
+/// KEYS: `voip:users`, `voip:lease` (or `voip:fence`), then each user's `{u:U}:devices` (the script derives
 /// the user's other keys from it, so every key it touches shares a declared key's hash
 /// tag). ARGV: the fencing token (the writing node's id, or empty: not fenced), then for
 /// each user, the user id, the number of changes, then per change a one-letter code and
 /// its arguments (`RedisBatch.script` lists them).
 ///
 /// One EVALSHA applies the whole batch: on a single Redis instance a script is atomic
-/// whatever keys it touches. On Redis Cluster the same script would be run once per user
-/// (one slot each); see docs/STORAGE.md, "Redis", for why that is safe to retry but not
-/// atomic across users.
+/// whatever keys it touches. A sharded store (`RedisEventStore` over several instances)
+/// runs it once per instance with that instance's users; see docs/STORAGE.md, "Several
+/// Redis instances", for why that is safe to retry but not atomic across instances.
 struct RedisBatch {
     private(set) var command: RedisCommand
     /// Users in the batch (the number of groups).
@@ -21,9 +21,18 @@ struct RedisBatch {
     /// Encodes the changes; throws `.other` naming the change for a number the store
     /// refuses (beyond 2^63 - 1), before anything is sent.
     ///
-    /// - Parameter fencingToken: when set, Redis applies the batch only while `voip:lease`
-    ///   holds exactly this value (`RedisLease`): a node whose lease lapsed cannot write.
-    init(_ changes: [StoreChange], scriptSHA: String, fencingToken: String? = nil) throws(StoreError) {
+    /// - Parameters:
+    ///   - fencingToken: when set, Redis applies the batch only while `voip:lease`
+    ///     holds exactly this value (`RedisLease`): a node whose lease lapsed cannot write.
+    ///   - fenceKey: the key that must hold the token: `voip:lease` on the first (or only)
+    ///     instance, `voip:fence` on the others of a sharded store (`RedisFence`).
+    ///   - positions, batchCount: where each change stood in the whole batch, when these
+    ///     are one instance's share of it, for naming a refused change (default: `changes`
+    ///     is the whole batch).
+    init(
+        _ changes: [StoreChange], scriptSHA: String, fencingToken: String? = nil, fenceKey: String = RedisLayout.leaseKey,
+        positions: [Int]? = nil, batchCount: Int? = nil
+    ) throws(StoreError) {
         var groups: [String: [Int]] = [:]
         var order: [String] = []
         for (index, change) in changes.enumerated() {
@@ -33,7 +42,7 @@ struct RedisBatch {
         }
         command = RedisCommand("EVALSHA", scriptSHA, String(order.count + 2))
         command.append(RedisLayout.usersKey)
-        command.append(RedisLayout.leaseKey)
+        command.append(fenceKey)
         for user in order { command.append(RedisLayout.devicesKey(user)) }
         command.append(fencingToken ?? "")
         for user in order {
@@ -44,7 +53,8 @@ struct RedisBatch {
                 do throws(StoreError) {
                     try append(changes[index])
                 } catch {
-                    throw StoreError(error.kind, "change \(index + 1) of \(changes.count) (\(changes[index].summary)): \(error.message)")
+                    throw StoreError(error.kind, "change \((positions?[index] ?? index) + 1) of \(batchCount ?? changes.count) "
+                        + "(\(changes[index].summary)): \(error.message)")
                 }
             }
         }

@@ -87,6 +87,15 @@ final class RedisConnection: @unchecked Sendable {
     /// Sends the commands in one write and reads their replies in order: one round trip
     /// for all of them. Throws `.io` if the connection fails; it is unusable afterwards.
     func pipeline(_ commands: [RedisCommand]) throws(StoreError) -> [RedisReply] {
+        try send(commands)
+        return try receive(commands.count)
+    }
+
+    /// Writes the commands without waiting for their replies: several connections' commands
+    /// are then in flight together, and `receive` collects each one's replies (the sharded
+    /// store's batch, one script per instance, costs one round trip, not one per instance).
+    /// Throws `.io` if the connection fails; it is unusable afterwards.
+    func send(_ commands: [RedisCommand]) throws(StoreError) {
         for command in commands {
             let queued = command.data.withUnsafeBufferPointer { data in
                 command.lengths.withUnsafeBufferPointer { lengths in
@@ -95,18 +104,26 @@ final class RedisConnection: @unchecked Sendable {
             }
             guard queued == 1 else { throw StoreError(.other, "out of memory queueing a Redis command") }
         }
+        guard vs_redis_flush(handle) == 1 else { throw failure() }
+    }
+
+    /// Reads the next `count` replies, in the order their commands were sent.
+    func receive(_ count: Int) throws(StoreError) -> [RedisReply] {
         var replies: [RedisReply] = []
-        replies.reserveCapacity(commands.count)
-        for _ in commands {
-            guard let reply = vs_redis_read(handle) else {
-                var text = [CChar](repeating: 0, count: 256)
-                vs_redis_describe_failure(handle, &text, text.count)
-                throw StoreError(.io, "Redis at \(endpoint.address): \(Self.text(text))")
-            }
+        replies.reserveCapacity(count)
+        for _ in 0..<count {
+            guard let reply = vs_redis_read(handle) else { throw failure() }
             defer { vs_redis_reply_free(reply) }
             replies.append(RedisReply(copying: reply))
         }
         return replies
+    }
+
+    /// Why the connection failed, as an `.io` error.
+    private func failure() -> StoreError {
+        var text = [CChar](repeating: 0, count: 256)
+        vs_redis_describe_failure(handle, &text, text.count)
+        return StoreError(.io, "Redis at \(endpoint.address): \(Self.text(text))")
     }
 
     /// A NUL-terminated C buffer as text.

@@ -83,6 +83,20 @@ public struct RedisEndpoint: Sendable, Equatable {
         self.init(host: String(host), port: port, username: username, password: password, database: database)
     }
 
+    /// Parses `redis://A,redis://B,...` (the store's instances, `RedisStoreConfiguration.endpoints`):
+    /// at least one URL, no two naming the same database. A `,` in a password is written `%2C`.
+    public static func list(_ urls: String) throws(StoreError) -> [RedisEndpoint] {
+        var endpoints: [RedisEndpoint] = []
+        for url in urls.split(separator: ",", omittingEmptySubsequences: false) {
+            let endpoint = try RedisEndpoint(url: url.trimmingSpaces)
+            guard !endpoints.contains(where: { $0.address == endpoint.address && $0.database == endpoint.database }) else {
+                throw StoreError(.other, "\(endpoint.redacted) is in the list of Redis instances twice")
+            }
+            endpoints.append(endpoint)
+        }
+        return endpoints
+    }
+
     private static func percentDecoded(_ text: Substring) -> String? {
         var bytes: [UInt8] = []
         var iterator = text.utf8.makeIterator()
@@ -106,5 +120,11 @@ public struct RedisEndpoint: Sendable, Equatable {
         let start = url.index(url.startIndex, offsetBy: scheme.count)
         guard start <= at, let colon = url[start..<at].firstIndex(of: ":") else { return url }
         return String(url[...colon]) + "***" + String(url[at...])
+    }
+}
+
+extension Substring {
+    fileprivate var trimmingSpaces: String {
+        String(drop { $0 == " " }.reversed().drop { $0 == " " }.reversed())
     }
 }

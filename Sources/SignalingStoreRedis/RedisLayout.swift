@@ -11,6 +11,9 @@ import SignalingStore
 /// | `voip:schema` | string | the layout version (`schemaVersion`) |
 /// | `voip:users` | set | every user with a device, a held event or a message id: what a single node loads at start |
 /// | `voip:lease` | string | the node id of the one node that may write (with a TTL; `RedisLease`) |
+/// | `voip:fence` | string | on every instance but the first of a sharded store: the node id of the lease holder that fenced it (`RedisFence`) |
+/// | `voip:fence-epoch` | string | the fence's term number (on the first instance: the last one handed out) |
+/// | `voip:instance` | string | `INDEX/COUNT`: this instance's place in the store's list of instances (`RedisShards`) |
 /// | `voip:node:NODE` | string | a cluster node's presence (with a TTL; `RedisNodeLink`, docs/CLUSTER.md) |
 /// | `{u:U}:devices` | hash | device id → `DeviceRecord` (counters, session, last seen) |
 /// | `{u:U}:q:D` | sorted set | device D's events, one member each: `seq` (20 digits) + `EventRecord` |
@@ -32,6 +35,16 @@ enum RedisLayout {
     /// Which node may write this database (`RedisLease`): its node id, with a TTL. Not a
     /// user's key: a database has one active node (docs/CLUSTER.md).
     static let leaseKey = "voip:lease"
+    /// On every instance but the first of a sharded store, what the apply script checks
+    /// instead of the lease: the id of the lease holder that fenced the instance last
+    /// (`RedisFence`, docs/CLUSTER.md "Fencing: the guarantee").
+    static let fenceKey = "voip:fence"
+    /// The term number of `fenceKey`; on the first instance, the last term number handed out.
+    static let fenceEpochKey = "voip:fence-epoch"
+    /// `INDEX/COUNT`: where this database sits in the store's list of instances, written
+    /// when the layout is created, so that a reordered or grown list is refused rather
+    /// than read with users on the wrong instances (`RedisShards`).
+    static let instanceKey = "voip:instance"
 
     /// `{u:USER}:` with `%` and `}` in the user id escaped as `%25` and `%7D`. A user id may
     /// contain any character; escaping `}` keeps the hash tag the whole id (Redis Cluster

@@ -58,9 +58,26 @@ enum RedisSchema {
     /// and so is a newer version. On a later connection (`firstConnection` false) a
     /// missing key means Redis lost the store since it was opened (restarted without its
     /// AOF, flushed): refused too, since the server's memory no longer matches it.
-    static func prepare(_ connection: RedisConnection, firstConnection: Bool) throws(StoreError) -> Found {
+    ///
+    /// `instance` of `count`: this database's place in the store's list (`RedisShards`).
+    /// A new layout records it (`RedisLayout.instanceKey`); an existing one must match it
+    /// (one without the key is the store of one instance it was before sharding), else
+    /// the list was reordered or grown and users would be looked for on the wrong
+    /// instances: refused (`.other`), pointing at the migration.
+    static func prepare(_ connection: RedisConnection, firstConnection: Bool, instance: Int = 0, of count: Int = 1)
+        throws(StoreError) -> Found
+    {
         let address = "Redis at \(connection.endpoint.address) database \(connection.endpoint.database)"
-        switch try connection.run(RedisCommand("GET", RedisLayout.schemaKey)) {
+        let place = "\(instance)/\(count)"
+        let replies = try connection.pipeline([RedisCommand("GET", RedisLayout.schemaKey), RedisCommand("GET", RedisLayout.instanceKey)])
+        if case .error(let message) = replies[1] { throw RedisEventStore.error(fromReply: message, address: address) }
+        let recorded = replies[1].text ?? "0/1"
+        if replies[0] != .null && recorded != place {
+            throw StoreError(.other, "\(address) is instance \(recorded) (index/count) of its store, but the list of Redis "
+                + "instances makes it \(place): users are placed by the list's order and length, so a reordered or longer "
+                + "list needs the users moved first (docs/STORAGE.md, \"Adding an instance\")")
+        }
+        switch replies[0] {
         case .string(let bytes):
             let text = String(decoding: bytes, as: UTF8.self)
             guard let version = Int(text), version >= 1 else {
@@ -83,8 +100,13 @@ enum RedisSchema {
                 throw StoreError(.corrupt, "\(address) holds keys (such as '\(foreign)') but no \(RedisLayout.schemaKey): not a voipserver store; "
                     + "give the server a database of its own (redis://HOST:PORT/DB)")
             }
-            let reply = try connection.run(RedisCommand("SET", RedisLayout.schemaKey, String(RedisLayout.schemaVersion), "NX"))
-            if case .error(let message) = reply { throw RedisEventStore.error(fromReply: message, address: address) }
+            let replies = try connection.pipeline([
+                RedisCommand("SET", RedisLayout.instanceKey, place),
+                RedisCommand("SET", RedisLayout.schemaKey, String(RedisLayout.schemaVersion), "NX"),
+            ])
+            for reply in replies {
+                if case .error(let message) = reply { throw RedisEventStore.error(fromReply: message, address: address) }
+            }
             return .created
         case .error(let message):
             throw RedisEventStore.error(fromReply: message, address: address)
@@ -92,6 +114,11 @@ enum RedisSchema {
             throw StoreError(.corrupt, "\(address): \(RedisLayout.schemaKey) is not a string")
         }
     }
+
+    /// Keys a cluster writes before the store opens (the lease, the fences of a sharded
+    /// store's later terms on an instance added empty) and the instance key a store's
+    /// creation interrupted after its first write.
+    private static let clusterKeys: Set<String> = [RedisLayout.leaseKey, RedisLayout.fenceKey, RedisLayout.fenceEpochKey, RedisLayout.instanceKey]
 
     /// A key that is neither the lease nor a node's presence key (`RedisNodeLink`), or nil.
     /// DBSIZE first: an empty database costs one command; otherwise SCAN pages until the
@@ -110,7 +137,7 @@ enum RedisSchema {
             else { throw StoreError(.other, "\(address): SCAN did not answer with a page") }
             for key in keys {
                 guard let name = key.text else { continue }
-                if name != RedisLayout.leaseKey && !name.hasPrefix(presencePrefix) { return name }
+                if !clusterKeys.contains(name) && !name.hasPrefix(presencePrefix) { return name }
             }
             cursor = next
         } while cursor != "0"

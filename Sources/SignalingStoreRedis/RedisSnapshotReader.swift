@@ -4,24 +4,43 @@ import SignalingStore
 /// user's keys, a few hundred users per round trip (pipelined), so the cost is linear in
 /// what is stored and the number of round trips in the number of users / `usersPerRound`.
 ///
-/// Not one consistent read across users: it runs before the server starts, when nothing
-/// else writes to the store (one server per database on a single node).
+/// Not one consistent read across users (nor across the instances of a sharded store): it
+/// runs before the server starts, when nothing else writes to the store (the lease holder
+/// is the only writer, and a sharded store fences every instance before it reads).
 struct RedisSnapshotReader {
     let connection: RedisConnection
     static let usersPerRound = 256
 
     func read() throws(StoreError) -> StoredSnapshot {
         var snapshot = StoredSnapshot()
+        try read(into: &snapshot)
+        Self.sort(&snapshot)
+        return snapshot
+    }
+
+    /// Adds what this instance holds to `snapshot` (a sharded store reads every instance
+    /// into one, then sorts it once). `instance` of `count`: every user found must be one
+    /// `RedisShards` places here; a user found elsewhere means the list of instances does
+    /// not match the data (reordered, or grown without moving users): refused (`.corrupt`).
+    func read(into snapshot: inout StoredSnapshot, instance: Int = 0, of count: Int = 1) throws(StoreError) {
         let users = try readUsers()
+        if count > 1, let stray = users.first(where: { RedisShards.instance(ofUser: $0, count: count) != instance }) {
+            throw StoreError(.corrupt, "Redis at \(connection.endpoint.address) (instance \(instance) of \(count)) holds user '\(stray)', "
+                + "whom the list of instances places on instance \(RedisShards.instance(ofUser: stray, count: count)): "
+                + "the users were not moved when the list changed (docs/STORAGE.md, \"Adding an instance\")")
+        }
         var start = 0
         while start < users.count {
             let round = Array(users[start..<min(users.count, start + Self.usersPerRound)])
             start += round.count
             try read(round, into: &snapshot)
         }
-        snapshot.devices.sort { Self.utf8Less(($0.userID, $0.deviceID), ($1.userID, $1.deviceID)) }
-        snapshot.messageIDs.sort { Self.utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) }
-        return snapshot
+    }
+
+    /// The SQLite store's order, so that both stores' snapshots compare equal.
+    static func sort(_ snapshot: inout StoredSnapshot) {
+        snapshot.devices.sort { utf8Less(($0.userID, $0.deviceID), ($1.userID, $1.deviceID)) }
+        snapshot.messageIDs.sort { utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) }
     }
 
     /// SSCAN, not SMEMBERS: Redis serves other clients between the pages.

@@ -22,7 +22,16 @@ public struct RedisStoreConfiguration: Sendable, Equatable {
         }
     }
 
-    public var endpoint: RedisEndpoint
+    /// The store's Redis instances, in order (`RedisShards`): users are spread over them by
+    /// a hash of the user id, so the list's length and order are part of the data (the
+    /// store refuses a list that does not match what the instances recorded). The first
+    /// also holds the lease. One instance: the unsharded store.
+    public var endpoints: [RedisEndpoint]
+    /// The first instance (the only one of an unsharded store).
+    public var endpoint: RedisEndpoint {
+        get { endpoints[0] }
+        set { endpoints[0] = newValue }
+    }
     public var requiredFsync: Fsync
     /// Accept a Redis whose AOF is off or weaker than `requiredFsync` (or whose settings
     /// cannot be read): a warning instead of a refusal. Acknowledged messages can then be
@@ -45,8 +54,21 @@ public struct RedisStoreConfiguration: Sendable, Equatable {
         timeoutMilliseconds: Int = 5_000, firstReconnectDelayMilliseconds: Int = 100, longestReconnectDelayMilliseconds: Int = 2_000,
         fencingToken: String? = nil
     ) {
+        self.init(
+            endpoints: [endpoint], requiredFsync: requiredFsync, allowVolatile: allowVolatile, timeoutMilliseconds: timeoutMilliseconds,
+            firstReconnectDelayMilliseconds: firstReconnectDelayMilliseconds,
+            longestReconnectDelayMilliseconds: longestReconnectDelayMilliseconds, fencingToken: fencingToken)
+    }
+
+    /// - Parameter endpoints: at least one.
+    public init(
+        endpoints: [RedisEndpoint], requiredFsync: Fsync = .always, allowVolatile: Bool = false,
+        timeoutMilliseconds: Int = 5_000, firstReconnectDelayMilliseconds: Int = 100, longestReconnectDelayMilliseconds: Int = 2_000,
+        fencingToken: String? = nil
+    ) {
         self.fencingToken = fencingToken
-        self.endpoint = endpoint
+        precondition(!endpoints.isEmpty, "a Redis store needs an instance")
+        self.endpoints = endpoints
         self.requiredFsync = requiredFsync
         self.allowVolatile = allowVolatile
         self.timeoutMilliseconds = timeoutMilliseconds

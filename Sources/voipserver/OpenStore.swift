@@ -22,11 +22,11 @@ extension StorageConfiguration {
                     maxPageCount: maxBytes.map { max(1, $0 / pageSize) }),
                 logger: logger)
         case .redis:
-            let endpoint = try RedisEndpoint(url: redisURL ?? "")
+            let endpoints = try RedisEndpoint.list(redisURL ?? "")
             let fsync: RedisStoreConfiguration.Fsync = redisFsync == .always ? .always : .everysec
             return try RedisEventStore(
                 configuration: RedisStoreConfiguration(
-                    endpoint: endpoint, requiredFsync: fsync, allowVolatile: redisAllowVolatile, fencingToken: fencingToken),
+                    endpoints: endpoints, requiredFsync: fsync, allowVolatile: redisAllowVolatile, fencingToken: fencingToken),
                 logger: logger)
         }
     }
@@ -49,7 +49,8 @@ enum Node {
             return .single(server)
         }
         try storage.openStore(logger: logger)?.close()
-        let endpoint = try RedisEndpoint(url: storage.redisURL ?? "")
+        // The lease, and by default the node link, live on the first instance (docs/CLUSTER.md).
+        let endpoint = try RedisEndpoint.list(storage.redisURL ?? "")[0]
         let lease = RedisLease(endpoint: endpoint, ttl: storage.redisLeaseTTL)
         // A cluster member (--cluster) serves devices in every role: it needs the link
         // between the nodes (docs/CLUSTER.md, "Fronts").

@@ -241,9 +241,10 @@ struct ClusterEndToEndTests {
     }
 
     @Test("kill -9 of the home mid-traffic: another node takes over within about the lease TTL and the devices resume there, nothing acknowledged lost, once",
-          arguments: bothTopologies)
-    func homeKilledMidTraffic(topology: ClusterProcesses.Topology) throws {
-        let cluster = try ClusterProcesses(topology: topology, leaseTTL: 1)
+          arguments: [(ClusterProcesses.Topology.cluster, 1), (.activeStandby, 1), (.cluster, 3)])
+    func homeKilledMidTraffic(topology: ClusterProcesses.Topology, redisInstances: Int) throws {
+        // With three Redis instances the new home fences every one before it reads them.
+        let cluster = try ClusterProcesses(topology: topology, leaseTTL: 1, redisInstances: redisInstances)
         let (alice, bob) = try trafficFromNode1ToNode2(cluster)
 
         let clock = SystemClock()
@@ -254,6 +255,10 @@ struct ClusterEndToEndTests {
         #expect(newHome != 0)
         // The 1 s TTL, a poll (100 ms), the start; generous for a loaded 2-core machine.
         #expect(takeover < .seconds(6), "node \(newHome) took over \(takeover) after the kill")
+        if redisInstances > 1 {
+            // alice's keys are on the first instance, bob's on the third (the user hash).
+            #expect(cluster.nodes[newHome].log.contains("event=store_fenced"), "the new home fenced the other instances")
+        }
 
         try send(messageIDs(9...12), from: alice)
         try bob.receiveMessages(messageIDs(1...12))

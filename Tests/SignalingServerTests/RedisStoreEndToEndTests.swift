@@ -12,14 +12,22 @@ import Glibc
     "Store end to end (voipserver subprocess, Redis)", .serialized,
     .enabled(if: RedisServer.isAvailable, "redis-server is not installed"))
 struct RedisStoreEndToEndTests {
-    @Test("kill -9 of the server: an offline device's messages come back from Redis with the same sequence numbers")
-    func offlineDeviceAcrossKill() throws {
-        let redis = try RedisServer()
+    /// `count` Redis instances and the `--store` value that spreads the users over them.
+    private func instances(_ count: Int) throws -> ([RedisServer], String) {
+        let servers = try (0..<count).map { _ in try RedisServer() }
+        return (servers, servers.map { $0.url() }.joined(separator: ","))
+    }
+
+    @Test("kill -9 of the server: an offline device's messages come back from Redis with the same sequence numbers",
+          arguments: [1, 3])
+    func offlineDeviceAcrossKill(redisInstances: Int) throws {
+        let (servers, store) = try instances(redisInstances)
+        defer { withExtendedLifetime(servers) {} }  // killed when released
         var firstSeq: UInt64 = 0
         let session: SessionID
         do {
             // A short lease: the server after the kill waits for it to expire (docs/CLUSTER.md).
-            let server = try ServerProcess(["--store", redis.url(), "--redis-lease-ttl", "1"])
+            let server = try ServerProcess(["--store", store, "--redis-lease-ttl", "1"])
             let alice = try TestClient(port: server.port)
             try alice.hello(user: "alice", device: "laptop")
             do {
@@ -37,7 +45,7 @@ struct RedisStoreEndToEndTests {
             _ = server.process.waitForExit(timeoutSeconds: 10)
         }
 
-        let server = try ServerProcess(["--store", redis.url()])
+        let server = try ServerProcess(["--store", store])
         let bob = try TestClient(port: server.port)
         let welcome = try bob.hello(user: "bob", device: "phone", resume: ResumePoint(sessionID: session, lastReceivedSeq: 0))
         #expect(welcome.resumed, "the session was stored in Redis")
@@ -52,14 +60,21 @@ struct RedisStoreEndToEndTests {
         #expect(delivered.map(\.0) == delivered.map(\.0).sorted())
     }
 
-    @Test("Redis stopped mid-run: sends are refused with storeUnavailable; restarted, they are accepted again and nothing accepted is lost")
-    func redisOutage() throws {
-        let redis = try RedisServer()
-        let server = try ServerProcess(["--store", redis.url(), "--store-timeout", "1"])
+    @Test("Redis stopped mid-run: sends are refused with storeUnavailable; restarted, they are accepted again and nothing accepted is lost",
+          arguments: [1, 3])
+    func redisOutage(redisInstances: Int) throws {
+        let (servers, store) = try instances(redisInstances)
+        let server = try ServerProcess(["--store", store, "--store-timeout", "1"])
         do {
             let bob = try TestClient(port: server.port)
             try bob.hello(user: "bob", device: "phone")
         }
+        // The instance that holds bob's keys (the recipient's): his events cannot be stored.
+        // With three, the hash places alice on the first (the lease's) and bob on the third,
+        // so the message crosses instances and the lease stays up.
+        func holdsBob(_ redis: RedisServer) -> Bool { (try? redis.cli(["EXISTS", "{u:bob}:devices"])) == "1" }
+        #expect(eventually { servers.contains(where: holdsBob) })
+        let redis = try #require(servers.first(where: holdsBob))
         let alice = try TestClient(port: server.port)
         try alice.hello(user: "alice", device: "laptop")
         var accepted: [String] = []
@@ -95,7 +110,7 @@ struct RedisStoreEndToEndTests {
 
         // Everything accepted reaches bob, each once, also after a restart of the server.
         #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
-        let restarted = try ServerProcess(["--store", redis.url()])
+        let restarted = try ServerProcess(["--store", store])
         let bob = try TestClient(port: restarted.port)
         try bob.hello(user: "bob", device: "phone")
         var received: [String] = []

@@ -22,6 +22,7 @@ struct RedisAtomicityTests {
 
     @Test("a key of the wrong type midway fails the whole batch before anything is written; fixed, it goes through")
     func wrongTypeMidway() throws {
+        // One instance: a batch over several is atomic per instance only (RedisShardedStoreTests).
         let harness = try RedisStoreHarness()
         try harness.apply([Sample.device("alice", "phone"), Sample.device("bob", "phone"), Sample.append("alice", "phone", 1)])
         // Another program wrote bob's queue as a string.
@@ -48,6 +49,7 @@ struct RedisAtomicityTests {
 
     @Test("a damaged device record fails the batch before anything is written")
     func damagedRecord() throws {
+        // One instance: a batch over several is atomic per instance only (RedisShardedStoreTests).
         let harness = try RedisStoreHarness()
         try harness.apply([Sample.device("alice", "phone"), Sample.device("bob", "phone")])
         var damage = RedisCommand("HSET")
@@ -60,9 +62,9 @@ struct RedisAtomicityTests {
         #expect(throws: StoreError.self) { try harness.store.loadSnapshot() }
     }
 
-    @Test("a number the store refuses (beyond 2^63 - 1) fails the batch, naming the change, before anything is sent")
-    func numberOutOfRange() throws {
-        let harness = try RedisStoreHarness()
+    @Test("a number the store refuses (beyond 2^63 - 1) fails the batch, naming the change, before anything is sent", arguments: instanceCounts)
+    func numberOutOfRange(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         try harness.apply([Sample.device("alice", "phone")])
         for invalid: StoreChange in [
             Sample.append("alice", "phone", UInt64(Int64.max) + 1),
@@ -77,9 +79,9 @@ struct RedisAtomicityTests {
         }
     }
 
-    @Test("every deterministic batch applied twice in a row leaves what applying it once does")
-    func retriedBatchesAreIdempotent() throws {
-        let harness = try RedisStoreHarness()
+    @Test("every deterministic batch applied twice in a row leaves what applying it once does", arguments: instanceCounts)
+    func retriedBatchesAreIdempotent(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         for number in 0..<25 {
             let batch = CrashWorkload.batch(number)
             try harness.apply(batch)
@@ -88,9 +90,9 @@ struct RedisAtomicityTests {
         try harness.verify()
     }
 
-    @Test("a retried batch that removes a device after changing it, or claims and releases held events, is idempotent")
-    func retriedRemovalsAndClaims() throws {
-        let harness = try RedisStoreHarness()
+    @Test("a retried batch that removes a device after changing it, or claims and releases held events, is idempotent", arguments: instanceCounts)
+    func retriedRemovalsAndClaims(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         try harness.apply([
             Sample.device("alice", "phone"), Sample.device("alice", "old"), Sample.append("alice", "old", 1),
             .holdForUser(user: "bob", event: Sample.event(1)), .holdForUser(user: "bob", event: Sample.event(2)),

@@ -9,9 +9,9 @@ import Testing
 /// against the same reference model as the SQLite store.
 @Suite("Redis store: every change round-trips", redisAvailable)
 struct RedisRoundTripTests {
-    @Test("the deterministic batches of the SQLite tests leave the reference model's snapshot")
-    func deterministicBatches() throws {
-        let harness = try RedisStoreHarness()
+    @Test("the deterministic batches of the SQLite tests leave the reference model's snapshot", arguments: instanceCounts)
+    func deterministicBatches(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         for number in 0..<40 {
             try harness.apply(CrashWorkload.batch(number))
             if number % 10 == 0 { try harness.verify() }
@@ -23,9 +23,9 @@ struct RedisRoundTripTests {
         #expect(!snapshot.messageIDs.isEmpty)
     }
 
-    @Test("each kind of change: upsert, append, acknowledge, reserve, remove, hold, claim, release, withdraw, ids, push")
-    func everyKind() throws {
-        let harness = try RedisStoreHarness()
+    @Test("each kind of change: upsert, append, acknowledge, reserve, remove, hold, claim, release, withdraw, ids, push", arguments: instanceCounts)
+    func everyKind(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         let receipt = StoredReceipt(sender: "bob", messageID: "m-1", recipient: "alice")
         try harness.apply([
             Sample.device("alice", "phone", session: 1, lastSeen: 100), Sample.device("alice", "tablet"),
@@ -83,16 +83,14 @@ struct RedisRoundTripTests {
 
         // A user with nothing left leaves the index; a removed device starts afresh.
         try harness.apply([.removeDevice(user: "carol", device: "laptop"), Sample.device("alice", "tablet", session: 7)])
-        let users = try harness.connection().run(RedisCommand("SMEMBERS", RedisLayout.usersKey))
-        #expect(users == .array([.string(Array("alice".utf8)), .string(Array("bob".utf8))])
-            || users == .array([.string(Array("bob".utf8)), .string(Array("alice".utf8))]), "\(users)")
+        #expect(try harness.indexedUsers() == ["alice", "bob"])
         let tablet = try #require(try harness.verify().devices.first { $0.deviceID == "tablet" })
         #expect(tablet.events.isEmpty && tablet.lastSeq == 0 && tablet.pushRegistrations.isEmpty)
     }
 
-    @Test("edge values round-trip: 64 KiB and empty bodies, ids with } % : and NUL, extreme numbers")
-    func edgeValues() throws {
-        let harness = try RedisStoreHarness()
+    @Test("edge values round-trip: 64 KiB and empty bodies, ids with } % : and NUL, extreme numbers", arguments: instanceCounts)
+    func edgeValues(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         let big = Sample.bigEvent, empty = Sample.emptyEvent
         // Ids that would collide in keys without escaping: user "x}:q:y" device "d" and
         // user "x" device "y}:q:d"; and a user named like an escape.
@@ -109,9 +107,9 @@ struct RedisRoundTripTests {
         #expect(snapshot.devices.first { $0.userID == "x}:q:y" }?.events.map(\.seq) == [1])
     }
 
-    @Test("bodies(...) pages through a device's events in seq order from a given seq")
-    func bodiesPages() throws {
-        let harness = try RedisStoreHarness()
+    @Test("bodies(...) pages through a device's events in seq order from a given seq", arguments: instanceCounts)
+    func bodiesPages(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         try harness.apply([Sample.device("bob", "phone")] + (1...150).map { Sample.append("bob", "phone", $0, bodySize: 100) })
         try harness.apply([.acknowledge(user: "bob", device: "phone", through: 10)])
         var from: UInt64 = 1
@@ -129,9 +127,9 @@ struct RedisRoundTripTests {
         #expect(try harness.store.bodies(user: "nobody", device: "phone", from: 1, limit: 64).isEmpty)
     }
 
-    @Test("an empty batch changes nothing and sends nothing")
-    func emptyBatch() throws {
-        let harness = try RedisStoreHarness()
+    @Test("an empty batch changes nothing and sends nothing", arguments: instanceCounts)
+    func emptyBatch(instances: Int) throws {
+        let harness = try RedisStoreHarness(instances: instances)
         try harness.apply([Sample.device("alice", "phone")])
         try harness.apply([])
         #expect(try harness.verify().devices.count == 1)

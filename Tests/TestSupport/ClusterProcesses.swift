@@ -69,7 +69,10 @@ public final class ClusterProcesses {
         }
     }
 
-    public let redis: RedisServer
+    /// The store's Redis instances (`--store`/`--cluster redis://A,redis://B,...`); the first
+    /// holds the lease and the node link.
+    public let redisInstances: [RedisServer]
+    public var redis: RedisServer { redisInstances[0] }
     public let topology: Topology
     /// `--redis-lease-ttl`, in seconds.
     public let leaseTTL: Double
@@ -104,17 +107,18 @@ public final class ClusterProcesses {
 
     /// Starts Redis (durable: AOF, fsync always) and `count` nodes, and waits until node 0
     /// holds the lease and every node serves (`waitUntilServing`).
+    /// `redisInstances`: how many Redis the store spreads its users over (one by default).
     public init(
         nodes count: Int = 3, topology: Topology = .cluster, leaseTTL: Double = 1, extra: [String] = [],
-        timeoutSeconds: Double = 30
+        redisInstances instanceCount: Int = 1, timeoutSeconds: Double = 30
     ) throws {
         if topology == .cluster { try Self.requireClusterOption() }
-        redis = try RedisServer()
+        redisInstances = try (0..<instanceCount).map { _ in try RedisServer() }
         self.topology = topology
         self.leaseTTL = leaseTTL
         extraArguments = extra
         var nodes: [Node] = []
-        var taken: Set<UInt16> = [redis.port]
+        var taken = Set(redisInstances.map(\.port))
         func freshPort() throws -> UInt16 {
             while true {
                 let port = try unusedLoopbackPort()
@@ -204,7 +208,7 @@ public final class ClusterProcesses {
 
     private func start(_ node: Node) throws {
         let arguments = Self.arguments(
-            topology: topology, redisURL: redis.url("/0"), leaseTTL: leaseTTL, devicePort: node.devicePort,
+            topology: topology, redisURL: redisInstances.map { $0.url("/0") }.joined(separator: ","), leaseTTL: leaseTTL, devicePort: node.devicePort,
             adminPort: node.adminPort, extra: extraArguments)
         // Every role starts its admin API first (a standby or front its own, the home the
         // server's), so that line says the process is up whatever its role.

@@ -51,6 +51,13 @@ public final class RedisServer {
         kill()
     }
 
+    /// Runs one command with `redis-cli` (Debian's redis-tools, which redis-server depends
+    /// on) and returns its output: for tests of processes whose Redis client they cannot reach.
+    public func cli(_ arguments: [String]) throws -> String {
+        let run = try ExecutableRun.runProgram("/usr/bin/redis-cli", ["-h", "127.0.0.1", "-p", String(port)] + arguments, timeoutSeconds: 10)
+        return run.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
     /// `redis://127.0.0.1:PORT` (plus `suffix`, such as `/3`).
     public func url(_ suffix: String = "") -> String { "redis://127.0.0.1:\(port)\(suffix)" }
 

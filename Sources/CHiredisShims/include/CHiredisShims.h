@@ -33,6 +33,10 @@ int vs_redis_append(vs_redis *redis, const uint8_t *data, const size_t *lengths,
 /// VS_REDIS_REPLY_ERROR). NULL on an I/O error, a timeout or a protocol error: the
 /// connection is then unusable (`vs_redis_describe_failure` says why).
 vs_redis_reply *vs_redis_read(vs_redis *redis);
+/// Sends what is queued without reading a reply, so that commands on several connections
+/// can be in flight at once (the replies are then read with `vs_redis_read`). 1 when all
+/// of it was written, 0 on an I/O error or a timeout (the connection is then unusable).
+int vs_redis_flush(vs_redis *redis);
 /// Why the connection failed. Always NUL-terminated.
 void vs_redis_describe_failure(const vs_redis *redis, char *text, size_t capacity);
 

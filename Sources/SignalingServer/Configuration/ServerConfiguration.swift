@@ -232,8 +232,9 @@ public struct StorageConfiguration: Sendable, Equatable {
     }
 
     public var mode: Mode = .sqlite
-    /// `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` with `.redis` (the executable's store
-    /// parses it when it opens the store).
+    /// `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` with `.redis`, or several separated by
+    /// commas (the store's instances, users spread over them; the first holds the lease).
+    /// The executable's store parses it when it opens the store.
     public var redisURL: String?
     /// The weakest AOF setting the Redis store accepts.
     public enum RedisFsync: String, Sendable {

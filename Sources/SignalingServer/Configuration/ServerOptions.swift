@@ -42,9 +42,9 @@ public enum ServerOptions {
             OptionSpec("memory-budget", value: "BYTES", default: "a quarter of the machine's memory", help: "Undelivered event data the server may hold in memory; past it messages and calls are refused (capacityExceeded)."),
             OptionSpec("session-ttl", value: "SECONDS", default: "86400", help: "How long a disconnected device's session stays resumable."),
             OptionSpec("event-ttl", value: "SECONDS", default: "2592000", help: "How long a device may stay away before it and its uncollected events are forgotten."),
-            OptionSpec("store", value: "sqlite|memory|redis://HOST:PORT", default: "sqlite", help: "Keep pending events in SQLite (survive restarts), in memory only, or in Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (put a password in the --config file, not on the command line)."),
-            OptionSpec("cluster", value: "redis://HOST:PORT[/DB]", help: "Make this node a cluster member on that Redis (its store, as --store redis://...): every member serves devices; the one holding the store lease routes, the others relay their devices to it (docs/CLUSTER.md)."),
-            OptionSpec("cluster-link", value: "redis://HOST:PORT[/DB]", help: "With --cluster: carry the relay between the nodes (pub/sub, presence keys) on this Redis instead of the store's, e.g. one without persistence, so that the store's fsyncs do not delay it (docs/CLUSTER.md). Default: the --cluster Redis."),
+            OptionSpec("store", value: "sqlite|memory|redis://HOST:PORT[,...]", default: "sqlite", help: "Keep pending events in SQLite (survive restarts), in memory only, or in Redis: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (put a password in the --config file, not on the command line). Several URLs separated by commas spread the users over those Redis instances by a hash of the user id; the first also holds the lease; the list's order and length are part of the data (docs/STORAGE.md, \"Several Redis instances\")."),
+            OptionSpec("cluster", value: "redis://HOST:PORT[/DB][,...]", help: "Make this node a cluster member on that Redis (its store, as --store redis://..., a comma list included): every member serves devices; the one holding the store lease (on the first Redis) routes, the others relay their devices to it (docs/CLUSTER.md)."),
+            OptionSpec("cluster-link", value: "redis://HOST:PORT[/DB]", help: "With --cluster: carry the relay between the nodes (pub/sub, presence keys) on this Redis instead of the store's, e.g. one without persistence, so that the store's fsyncs do not delay it (docs/CLUSTER.md). Default: the (first) --cluster Redis."),
             OptionSpec("redis-fsync", value: "always|everysec", default: "always", help: "With a Redis store: the weakest AOF fsync setting Redis may run with (checked at every connect); always survives a crash of Redis's machine, everysec may lose about its last second."),
             OptionSpec("redis-lease-ttl", value: "SECONDS", default: "10", help: "With a Redis store: the lease that makes one node per Redis database active; the others wait as standbys and one takes over within about this long after the active node dies. The active node steps down if it cannot refresh the lease in time (docs/CLUSTER.md)."),
             OptionSpec("redis-allow-volatile", help: "With a Redis store: start even if Redis's AOF is off or weaker than --redis-fsync (a warning; accepted messages can be lost when Redis stops)."),
@@ -181,6 +181,11 @@ public enum ServerOptions {
         }
         try push.validate()
         return push
+    }
+
+    /// `redis://...[,redis://...]`: the URLs themselves are parsed when the store opens.
+    private static func isRedisList(_ text: String) -> Bool {
+        text.split(separator: ",", omittingEmptySubsequences: false).allSatisfy { $0.drop { $0 == " " }.hasPrefix("redis://") }
     }
 
     /// Builds the configuration from the command line (and the file it names). On a
@@ -338,6 +343,7 @@ public enum ServerOptions {
         if let value = try seconds("store-timeout", 0.01...3600) { configuration.storeTimeout = value }
         if let mode = options.string("store") {
             if mode.hasPrefix("redis://") {
+                guard Self.isRedisList(mode) else { throw UsageError("--store redis://... takes redis:// URLs separated by commas") }
                 configuration.storage.mode = .redis
                 configuration.storage.redisURL = mode
             } else {
@@ -348,10 +354,7 @@ public enum ServerOptions {
             }
         }
         if let cluster = options.string("cluster") {
-            if cluster.contains(",") {
-                throw UsageError("--cluster takes one Redis (redis://HOST:PORT[/DB]), not a list: Redis Cluster is not supported yet (docs/CLUSTER.md, \"Redis Cluster\")")
-            }
-            guard cluster.hasPrefix("redis://") else { throw UsageError("--cluster must be a redis:// URL") }
+            guard Self.isRedisList(cluster) else { throw UsageError("--cluster must be a redis:// URL, or several separated by commas") }
             if let store = options.string("store"), store != cluster {
                 throw UsageError("--cluster \(cluster) and --store \(store) name different stores: a cluster member's store is its --cluster Redis (leave --store out)")
             }
