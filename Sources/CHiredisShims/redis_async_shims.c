@@ -100,6 +100,12 @@ int vs_redis_async_command(vs_redis_async *redis, uintptr_t tag, const uint8_t *
     return result == REDIS_OK;
 }
 
+void vs_redis_async_flush(vs_redis_async *redis) {
+    if (redis->context == NULL || redis->closing || !(redis->context->c.flags & REDIS_CONNECTED)) return;
+    if (sdslen(redis->context->c.obuf) == 0) return;
+    redisAsyncHandleWrite(redis->context);
+}
+
 size_t vs_redis_async_unwritten(const vs_redis_async *redis) {
     return redis->context == NULL ? 0 : sdslen(redis->context->c.obuf);
 }

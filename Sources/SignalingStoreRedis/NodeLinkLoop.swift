@@ -485,6 +485,9 @@ final class NodeLinkLoop: @unchecked Sendable {
                 }
             }
         }
+        // Written now rather than at the loop's next turn (an epoll round and a write
+        // event armed and disarmed per batch): the packets are on the latency path.
+        if phase == .up, let publisher, publisher.isConnected, let handle = publisher.handle { vs_redis_async_flush(handle) }
         if phase == .up, let handle = publisher?.handle, vs_redis_async_unwritten(handle) > Self.maximumUnwritten {
             fail("Redis at \(settings.endpoint.address) reads slower than this node publishes: more than \(Self.maximumUnwritten >> 20) MiB waiting")
         }

@@ -133,9 +133,12 @@ public final class RedisNodeLink: NodeLink, Sendable {
 
 /// What other threads hand the link's thread, in the order they called: packets, listen
 /// changes and presence checks share one FIFO, so a thread's packets to one node are
-/// published in the order it sent them. A locked array plus an eventfd written only when
-/// the array turns non-empty (one wake-up per batch); taking it is a swap. O(1) amortized
-/// per request.
+/// published in the order it sent them, and a packet one thread queued before another
+/// thread queued its own (a front's `.reset` under its route lock, then a loop's `.open`)
+/// stays ahead of it. A lock-free `MPSCQueue` (like the loops' inboxes: no poster ever
+/// waits for another, or for the link's thread) plus an eventfd written only by the push
+/// that found the queue empty (one wake-up per batch the link takes). O(1) per request
+/// (one node allocation and one atomic exchange).
 final class NodeLinkInbox: Sendable {
     enum Request {
         case packet([UInt8], to: String)
@@ -150,12 +153,9 @@ final class NodeLinkInbox: Sendable {
         var stop: Bool?
     }
 
-    private struct State {
-        var requests: [Request] = []
-        var stop: Bool?
-    }
-
-    private let state = Mutex(State())
+    private let requests = MPSCQueue<Request>()
+    /// 0: running; 1: stop, leaving the presence key; 2: stop, deleting it.
+    private let stop = Atomic<Int>(0)
     /// Readable when requests wait or a stop was asked.
     let wakeFD: Int32
 
@@ -168,26 +168,26 @@ final class NodeLinkInbox: Sendable {
     deinit { close(wakeFD) }
 
     func post(_ request: Request) {
-        let wasEmpty = state.withLock { state in
-            state.requests.append(request)
-            return state.requests.count == 1
-        }
-        if wasEmpty { shim_eventfd_signal(wakeFD) }
+        if requests.push(request) == .queuedFirst { shim_eventfd_signal(wakeFD) }
     }
 
     func requestStop(deletingPresence: Bool) {
-        state.withLock { $0.stop = deletingPresence }
+        stop.store(deletingPresence ? 2 : 1, ordering: .releasing)
         shim_eventfd_signal(wakeFD)
     }
 
-    /// On the link's thread, when `wakeFD` is readable.
+    /// On the link's thread, when `wakeFD` is readable. The eventfd is drained first: a
+    /// push that lands after the take found the queue empty and writes it again.
     func take() -> Taken {
         shim_eventfd_drain(wakeFD)
-        return state.withLock { state in
-            var requests: [Request] = []
-            swap(&requests, &state.requests)
-            return Taken(requests: requests, stop: state.stop)
+        var taken = Taken(requests: [], stop: nil)
+        requests.takeAll(appendingTo: &taken.requests)
+        switch stop.load(ordering: .acquiring) {
+        case 1: taken.stop = false
+        case 2: taken.stop = true
+        default: break
         }
+        return taken
     }
 }
 

@@ -9,7 +9,9 @@
 // the last delivery, and the commands and bytes each packet cost (the links' counters,
 // and Redis's INFO before and after). Latency: then ROUNDS packets go back and forth one
 // at a time (each side sends the next when it hears one), and it prints the round trip's
-// percentiles: two PUBLISHes and two deliveries each.
+// percentiles: two PUBLISHes and two deliveries each. With --handoff every packet is
+// handed to another thread and the next one sent from there, as in a node (link thread
+// -> loop -> link thread): the difference is what four thread hand-offs cost.
 import Dispatch
 import SignalingStore
 import SignalingStoreRedis
@@ -29,6 +31,7 @@ let parser = CommandLineParser(
         OptionSpec("bytes", value: "N", default: "200", help: "Size of each packet."),
         OptionSpec("threads", value: "N", default: "4", help: "Sending threads."),
         OptionSpec("rounds", value: "N", default: "2000", help: "Round trips for the latency run."),
+        OptionSpec("handoff", help: "In the latency run, hand each packet to another thread and send the next from there, as a node's loops do (the link's thread wakes a loop, a loop wakes the link's thread): the round trip then has the server's four thread hand-offs besides the two PUBLISHes."),
     ])
 
 @MainActor func fail(_ message: String) -> Never {
@@ -37,7 +40,7 @@ let parser = CommandLineParser(
 }
 
 let endpoint: RedisEndpoint
-let packetCount: Int, packetBytes: Int, threadCount: Int, rounds: Int
+let packetCount: Int, packetBytes: Int, threadCount: Int, rounds: Int, handoff: Bool
 do {
     let options = try parser.parse(Array(CommandLine.arguments.dropFirst()))
     if options.helpRequested {
@@ -50,6 +53,7 @@ do {
     packetBytes = try options.int("bytes", in: 8...1_000_000) ?? 200
     threadCount = try options.int("threads", in: 1...64) ?? 4
     rounds = try options.int("rounds", in: 0...10_000_000) ?? 2_000
+    handoff = options.flag("handoff")
 } catch {
     fail("\(error)")
 }
@@ -134,14 +138,10 @@ if rounds > 0 {
     let b = try! RedisNodeLink(endpoint: endpoint, presenceTTL: .seconds(10), logger: .silent)
     let upA = DispatchSemaphore(value: 0), upB = DispatchSemaphore(value: 0)
     let packet = [UInt8](repeating: 1, count: packetBytes)
-    b.start { event in
-        if case .packet(let bytes) = event { b.send(bytes, to: a.nodeID) } else if event == .up { upB.signal() }
-    }
-    a.start { event in
-        guard case .packet = event else {
-            if event == .up { upA.signal() }
-            return
-        }
+    // --handoff: a "loop" per side, a thread that sleeps until the link's thread hands it
+    // a packet (as a node's loops sleep in epoll on their eventfd), and sends from there.
+    let loopA = handoff ? HandoffThread(name: "loop-a") : nil, loopB = handoff ? HandoffThread(name: "loop-b") : nil
+    @Sendable func answer() {
         let now = SystemClock().now()
         let count = game.times.withLock { times in
             times.append(now - game.sentAt.withLock { $0 })
@@ -154,6 +154,20 @@ if rounds > 0 {
             a.send(packet, to: b.nodeID)
         }
     }
+    b.start { event in
+        if case .packet(let bytes) = event {
+            if let loopB { loopB.run { b.send(bytes, to: a.nodeID) } } else { b.send(bytes, to: a.nodeID) }
+        } else if event == .up {
+            upB.signal()
+        }
+    }
+    a.start { event in
+        guard case .packet = event else {
+            if event == .up { upA.signal() }
+            return
+        }
+        if let loopA { loopA.run { answer() } } else { answer() }
+    }
     _ = upA.wait(timeout: .now() + 10)
     _ = upB.wait(timeout: .now() + 10)
     game.sentAt.withLock { $0 = SystemClock().now() }
@@ -164,9 +178,41 @@ if rounds > 0 {
         guard !times.isEmpty else { return "-" }
         return String(Int((times[min(times.count - 1, Int(Double(times.count) * p))].seconds * 1_000_000).rounded()))
     }
-    StandardStreams.output("round trip (\(times.count) rounds): p50 \(percentile(0.5)) µs, p99 \(percentile(0.99)) µs, max \(percentile(1.0)) µs\n")
+    loopA?.stop()
+    loopB?.stop()
+    StandardStreams.output("round trip (\(times.count) rounds\(handoff ? ", 4 thread hand-offs" : "")): p50 \(percentile(0.5)) µs, p99 \(percentile(0.99)) µs, max \(percentile(1.0)) µs\n")
     a.stop()
     b.stop()
 }
 sender.stop()
 receiver.stop()
+
+/// A thread that runs closures handed to it, sleeping in between (a node's loop, for
+/// --handoff): each `run` from another thread is one wake-up of a sleeping thread.
+final class HandoffThread: Sendable {
+    private let work = Mutex<[@Sendable () -> Void]>([])
+    private let stopped = Atomic<Bool>(false)
+    private let wake = DispatchSemaphore(value: 0)
+    private let thread = Mutex<JoinableThread?>(nil)
+
+    init(name: String) {
+        let thread = JoinableThread(name: name) { [self] in
+            while !stopped.load(ordering: .acquiring) {
+                wake.wait()
+                for job in work.withLock({ jobs in defer { jobs = [] }; return jobs }) { job() }
+            }
+        }
+        self.thread.withLock { $0 = thread }
+    }
+
+    func run(_ job: @escaping @Sendable () -> Void) {
+        work.withLock { $0.append(job) }
+        wake.signal()
+    }
+
+    func stop() {
+        stopped.store(true, ordering: .releasing)
+        wake.signal()
+        thread.withLock { $0 }?.join()
+    }
+}

@@ -32,6 +32,12 @@ vs_redis_async *vs_redis_async_connect(
 /// written when the socket is writable, its reply passed to `on_reply` with `tag`.
 /// 1 queued; 0 when the connection is gone or closing (or out of memory).
 int vs_redis_async_command(vs_redis_async *redis, uintptr_t tag, const uint8_t *data, const size_t *lengths, int argc);
+/// Writes what is queued now, as far as the socket takes it, instead of at the event
+/// loop's next turn (the rest waits for writability as usual). A write error drops the
+/// connection: `on_state` reports it, from inside this call. Call it only from a callback
+/// of the event_base that is not one of this connection's own (hiredis may be inside it),
+/// and only once `on_state` said connected.
+void vs_redis_async_flush(vs_redis_async *redis);
 /// Bytes queued and not yet written to the socket.
 size_t vs_redis_async_unwritten(const vs_redis_async *redis);
 /// Drops the connection if hiredis still has it, and frees `redis`. No callback runs

@@ -42,8 +42,9 @@ enum RelayInput: Sendable {
 /// that reaches a loop which no longer has the connection does nothing; the loop that
 /// takes it over wakes itself if anything waits (`arrived`).
 ///
-/// Cost: one dictionary entry per relayed connection (the key's strings, its loop and
-/// slot), inputs only while they wait; one hold per relay frame on the link's thread.
+/// Cost: one dictionary entry per relayed connection (its key, whose front id is one
+/// string per front shared by all its connections, its loop and slot), inputs only while
+/// they wait; one hold per relay frame on the link's thread.
 final class RelayDirectory: Sendable {
     enum Place: Equatable {
         /// `.open` waits in the mailbox of the loop chosen for it.
@@ -66,16 +67,29 @@ final class RelayDirectory: Sendable {
     private struct State {
         var entries: [RelayKey: Entry] = [:]
         /// The connections of each front (for `.reset`, `.gone` and the presence check).
+        /// Its keys are also the fronts' interned ids (`interned`).
         var byFront: [String: Set<UInt64>] = [:]
         /// Where the next `.open` goes (round the loops).
         var nextLoop = 0
+
+        /// `key` naming its front with the one copy of the front's id that `byFront`
+        /// holds, if it has connections here: every packet decodes its sender's id into a
+        /// string of its own (a heap allocation of about 64 bytes for `HOST/PID/RANDOM`),
+        /// which an entry and its connection's `RelayIO` would otherwise keep per
+        /// connection. One hash lookup.
+        func interned(_ key: RelayKey) -> RelayKey {
+            guard let index = byFront.index(forKey: key.front) else { return key }
+            return RelayKey(front: byFront[index].key, connection: key.connection)
+        }
     }
 
     private let state = Mutex(State())
 
     enum Delivery: Equatable {
-        /// Post a `.relay` wake-up to this loop.
-        case wake(UInt16)
+        /// Post a `.relay` wake-up for the key to this loop: the key with the front's
+        /// interned id (`State.byFront`), which whoever keeps it (the loop's `RelayIO`)
+        /// shares.
+        case wake(RelayKey, UInt16)
         /// Queued; a wake-up is already on its way.
         case queued
         /// No such connection: the front's connection is unknown (never opened, or
@@ -88,19 +102,20 @@ final class RelayDirectory: Sendable {
     /// loop round (`loopCount` loops).
     func deliver(_ input: RelayInput, for key: RelayKey, loopCount: Int) -> Delivery {
         state.withLock(timing: .relayDirectory) { state in
+            let key = state.interned(key)
             if case .open = input {
                 guard state.entries[key] == nil else { return .duplicateOpen }
                 let loop = UInt16(state.nextLoop % max(1, loopCount))
                 state.nextLoop &+= 1
                 state.entries[key] = Entry(loop: loop, inputs: [input], wakePosted: true)
                 state.byFront[key.front, default: []].insert(key.connection)
-                return .wake(loop)
+                return .wake(key, loop)
             }
             guard state.entries[key] != nil else { return .unknown }
             state.entries[key]!.inputs.append(input)
             if state.entries[key]!.wakePosted { return .queued }
             state.entries[key]!.wakePosted = true
-            return .wake(state.entries[key]!.loop)
+            return .wake(key, state.entries[key]!.loop)
         }
     }
 
@@ -247,6 +262,9 @@ final class RelayHome: Sendable {
         context.counters.relayFramesReceived.increment(by: packet.frames.count)
         let loops = self.loops.withLock { $0 }
         guard !loops.isEmpty else { return }
+        // The packet's wake-ups, posted once it is read: one inbox push per loop.
+        var wakes: [(RelayKey, UInt16)] = []
+        defer { wake(wakes, on: loops) }
         for frame in packet.frames {
             let key = RelayKey(front: packet.from, connection: frame.connection)
             let input: RelayInput
@@ -256,14 +274,14 @@ final class RelayHome: Sendable {
             case .closed: input = .closed
             case .reset:
                 // The front starts over: it has forgotten every connection it relayed here.
-                wake(directory.closeAll(of: packet.from), on: loops)
+                wakes += directory.closeAll(of: packet.from)
                 continue
             case .finish, .release:
                 logBadPacket("a home's frame (\(frame.kind)) sent to the home", from: packet.from)
                 continue
             }
             switch directory.deliver(input, for: key, loopCount: loops.count) {
-            case .wake(let loop): wake([(key, loop)], on: loops)
+            case .wake(let key, let loop): wakes.append((key, loop))
             case .queued: break
             case .unknown:
                 // Routine after a `.reset`, a lost link or a close of ours that crossed
@@ -275,10 +293,19 @@ final class RelayHome: Sendable {
         }
     }
 
+    /// Posts the wake-ups, in order, one batch per loop (one inbox push, at most one
+    /// eventfd write each).
     private func wake(_ wakes: [(RelayKey, UInt16)], on loops: [EventLoop]? = nil) {
         guard !wakes.isEmpty else { return }
         let loops = loops ?? self.loops.withLock { $0 }
-        for (key, loop) in wakes where Int(loop) < loops.count { loops[Int(loop)].post(.relay(key, loop: loop)) }
+        if wakes.count == 1 {
+            let (key, loop) = wakes[0]
+            if Int(loop) < loops.count { loops[Int(loop)].post(.relay(key, loop: loop)) }
+            return
+        }
+        var byLoop = Array(repeating: [LoopTask](), count: loops.count)
+        for (key, loop) in wakes where Int(loop) < loops.count { byLoop[Int(loop)].append(.relay(key, loop: loop)) }
+        for (index, tasks) in byLoop.enumerated() where !tasks.isEmpty { loops[index].post(contentsOf: tasks) }
     }
 
     private func logBadPacket(_ reason: String, from front: String) {
@@ -359,15 +386,15 @@ final class RelayIO: ConnectionIO {
     let home: RelayHome
     private let loop: UInt16
     private var connections: [UInt32: Connection] = [:]
-    /// Frames for each front gathered during the current callback, in order.
-    private var outgoing: [String: [RelayPacket.Frame]] = [:]
+    /// Frames for each front (by node id) gathered during the current callback, in order.
+    private var outbox = RelayOutbox<String>()
 
     init(home: RelayHome, loop: UInt16) {
         self.home = home
         self.loop = loop
     }
 
-    var hasOutgoing: Bool { !outgoing.isEmpty }
+    var hasOutgoing: Bool { !outbox.isEmpty }
 
     func connection(in slot: UInt32) -> Connection? { connections[slot] }
 
@@ -386,25 +413,16 @@ final class RelayIO: ConnectionIO {
 
     /// Sends what the callback gathered, one packet per front.
     func flush() {
-        for (front, frames) in outgoing { home.send(frames, to: front) }
-        outgoing.removeAll(keepingCapacity: true)
+        outbox.sendAll { front, frames in home.send(frames, to: front) }
     }
 
     private func append(_ frame: RelayPacket.Frame, for front: String) {
-        outgoing[front, default: []].append(frame)
+        outbox.append(frame, for: front)
     }
 
     func transmit(_ bytes: UnsafeRawBufferPointer, to slot: UInt32) -> IOResult {
         guard let connection = connections[slot], !connection.finished else { return .transferred(bytes.count) }
-        let id = connection.key.connection
-        // Consecutive writes to one connection in one callback go out as one frame.
-        if case .data(connection: id, bytes: var queued)? = outgoing[connection.key.front]?.last {
-            outgoing[connection.key.front]!.removeLast()
-            queued.append(contentsOf: bytes)
-            append(.data(connection: id, bytes: queued), for: connection.key.front)
-        } else {
-            append(.data(connection: id, bytes: Array(bytes)), for: connection.key.front)
-        }
+        outbox.appendData(bytes, connection: connection.key.connection, for: connection.key.front)
         return .transferred(bytes.count)
     }
 

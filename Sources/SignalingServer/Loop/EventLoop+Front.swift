@@ -15,9 +15,9 @@ final class LoopRelay {
     var opened: [UInt32: UInt32] = [:]
     /// The route epoch (`FrontRelay`) the connections of `opened` were opened under.
     var epoch: UInt64 = 0
-    /// Frames for the home gathered during the current callback: sent as one packet when
-    /// the callback ends (`EventLoop.owned`).
-    var outgoing: [RelayPacket.Frame] = []
+    /// Frames for the home gathered during the current callback, under `epoch` (the home
+    /// of that route epoch): sent as one packet when the callback ends (`EventLoop.owned`).
+    var outbox = RelayOutbox<UInt64>()
 
     init(front: FrontRelay) {
         self.front = front
@@ -63,12 +63,12 @@ extension EventLoop {
             guard table.isLive(slot, generation: generation), state.pointee.phase == .awaitingHello else { return }
             openRelay(slot)
             if used < buffered.count, relay.opened[slot] == generation {
-                relay.outgoing.append(.data(connection: reference(slot).packed, bytes: Array(buffered[used...])))
+                relay.outbox.appendData(buffered[used...], connection: reference(slot).packed, for: relay.epoch)
             }
             return
         }
         guard bytes.count > 0, relay.opened[slot] == state.pointee.generation else { return }
-        relay.outgoing.append(.data(connection: reference(slot).packed, bytes: Array(bytes)))
+        relay.outbox.appendData(bytes, connection: reference(slot).packed, for: relay.epoch)
     }
 
     /// Announces the connection to the home once its PROXY header (if any) and TLS
@@ -84,8 +84,8 @@ extension EventLoop {
         }
         if epoch != relay.epoch { abandonRelayed(movingTo: epoch) }
         relay.opened[slot] = generation
-        relay.outgoing.append(.open(
-            connection: reference(slot).packed, peer: peerDescription(slot), tls: state.pointee.flags.contains(.tls)))
+        relay.outbox.append(.open(
+            connection: reference(slot).packed, peer: peerDescription(slot), tls: state.pointee.flags.contains(.tls)), for: relay.epoch)
         forgetProxiedPeer(slot, generation: generation)
     }
 
@@ -104,7 +104,7 @@ extension EventLoop {
         guard let relay = frontRelay else { return }
         let abandoned = relay.opened
         relay.opened = [:]
-        relay.outgoing.removeAll()
+        relay.outbox.removeAll()
         relay.epoch = epoch
         let frame = relayGoingAway("the routing node changed or cannot be reached")
         for (slot, generation) in abandoned where table.isLive(slot, generation: generation) {
@@ -154,16 +154,14 @@ extension EventLoop {
         let generation = table.state(slot).pointee.generation
         guard relay.opened[slot] == generation else { return }
         relay.opened[slot] = nil
-        relay.outgoing.append(.closed(connection: reference(slot).packed))
+        relay.outbox.append(.closed(connection: reference(slot).packed), for: relay.epoch)
     }
 
     /// Sends this callback's frames to the home, one packet (end of `owned`).
     func sendRelayed() {
-        guard let relay = frontRelay, !relay.outgoing.isEmpty else { return }
-        let frames = relay.outgoing
-        relay.outgoing.removeAll(keepingCapacity: true)
+        guard let relay = frontRelay, !relay.outbox.isEmpty else { return }
         // Dropped when the route broke meanwhile: `relayRouteChanged` closes those connections.
-        relay.front.send(frames, epoch: relay.epoch)
+        relay.outbox.sendAll { epoch, frames in relay.front.send(frames, epoch: epoch) }
     }
 
     /// The CLOSE of a relayed device whose route is lost: reconnect as after a drain.

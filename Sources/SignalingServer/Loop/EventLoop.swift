@@ -244,7 +244,7 @@ final class EventLoop: @unchecked Sendable {
             // A relayed connection's frames leave before it may move to another loop,
             // whose frames for it must follow them.
             if relayIO?.hasOutgoing == true { relayIO!.flush() }
-            if let frontRelay, !frontRelay.outgoing.isEmpty { sendRelayed() }
+            if let frontRelay, !frontRelay.outbox.isEmpty { sendRelayed() }
             // After the callback's reads: a plain socket's peeked bytes are taken by now,
             // and nothing below the read touches the connection any more.
             if !departing.isEmpty {

@@ -282,4 +282,35 @@ struct RelayedConnectionTests {
         #expect(statistics.relayFramesReceived >= 3)  // open, HELLO, PING
         #expect(statistics.relayFramesSent >= 2)  // WELCOME, PONG
     }
+
+    @Test("the relay directory keeps one copy of a front's id for all its connections, not one per packet that opened one")
+    func frontIDInterned() {
+        let directory = RelayDirectory()
+        // Each packet decodes its sender's id into a string of its own: made here at run
+        // time, longer than a small string, like `HOST/PID/RANDOM`.
+        func decodedID() -> String { String(decoding: Array("front-host.example/4242/\(String(repeating: "7", count: 16))".utf8), as: UTF8.self) }
+        func storage(_ text: String) -> UnsafeRawPointer? {
+            text.utf8.withContiguousStorageIfAvailable { UnsafeRawPointer($0.baseAddress) } ?? nil
+        }
+        var keys: [RelayKey] = []
+        for connection in UInt64(1)...3 {
+            let delivery = directory.deliver(.open(peer: "203.0.113.7:4000", tls: false), for: RelayKey(front: decodedID(), connection: connection), loopCount: 2)
+            guard case .wake(let key, _) = delivery else {
+                Issue.record("open not accepted: \(delivery)")
+                return
+            }
+            keys.append(key)
+        }
+        #expect(keys.map(\.front) == Array(repeating: decodedID(), count: 3))
+        #expect(storage(keys[0].front) != nil)
+        #expect(storage(keys[1].front) == storage(keys[0].front))
+        #expect(storage(keys[2].front) == storage(keys[0].front))
+        // Data for a connection of it also names the one copy.
+        #expect(directory.take(keys[0], loop: 0) != nil)  // its loop drained: the next input wakes it again
+        guard case .wake(let key, _) = directory.deliver(.data([1]), for: RelayKey(front: decodedID(), connection: 1), loopCount: 2) else {
+            Issue.record("data not delivered")
+            return
+        }
+        #expect(storage(key.front) == storage(keys[0].front))
+    }
 }
