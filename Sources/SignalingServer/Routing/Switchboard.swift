@@ -281,37 +281,43 @@ final class Switchboard: Sendable {
     /// the rest of a batch of receipts (`ShardStep.receipts`) runs before anything else.
     private func drive(_ here: inout FIFOQueue<PostedStep>, on loop: EventLoop?, writerWake: WriterWake) -> StepsRan {
         var ran = StepsRan()
-        var batch: [(posted: PostedStep, outcome: StepOutcome)] = []
-        // The unfinished rest of a step that ran last (a batch of receipts over a chunk):
-        // the shard's next hold starts with it.
-        var resumed: PostedStep?
-        while let first = resumed.take() ?? here.pop() {
+        // What each step of the current hold decided, with its chain (not the step: copying
+        // a `ShardStep` out again costs more than the rest of a receipt's bookkeeping).
+        var batch: [(chain: StepChain, outcome: StepOutcome)] = []
+        // The step the next hold starts with, ahead of `here`: the unfinished rest of the
+        // step that ran last (a batch of receipts over a chunk), or the step taken from
+        // `here` that could not share the last hold (taken, not peeked: a peek copies it).
+        var carried: PostedStep?
+        while let first = carried.take() ?? here.pop() {
+            var lastHasRest = false
             let effects = withState(shard: first.shard, wall: first.chain.wall, writerWake: writerWake) { board in
                 let budget = board.counters.eventsQueued + board.configuration.fanOutChunk
                 var posted = first
                 while true {
                     board.currentWall = posted.chain.wall
                     let outcome = run(posted, on: &board)
-                    batch.append((posted, outcome))
+                    batch.append((posted.chain, outcome))
                     if case .receipts = posted.step, let rest = outcome.next.first {
                         // Over the chunk: the hold ends, the rest comes first in the next.
-                        resumed = PostedStep(step: rest, chain: posted.chain, shard: posted.shard)
+                        carried = PostedStep(step: rest, chain: posted.chain, shard: posted.shard)
+                        lastHasRest = true
                         break
                     }
-                    guard board.counters.eventsQueued < budget, let next = here.first, next.shard == first.shard,
-                        sharesHold(first, next, journaling: board.journaling)
-                    else { break }
-                    posted = here.pop()!
+                    guard board.counters.eventsQueued < budget, let next = here.pop() else { break }
+                    guard next.shard == first.shard, sharesHold(first, next, journaling: board.journaling) else {
+                        carried = next
+                        break
+                    }
+                    posted = next
                 }
                 return board.takeEffects()
             }
             ran.effects += effects
-            for (position, (posted, outcome)) in batch.enumerated() {
-                let chain = posted.chain
+            for (position, (chain, outcome)) in batch.enumerated() {
                 loop?.metrics.stepsRun.add(1)
                 if let reply = outcome.reply, let answer = chain.decide(reply) { ran.answers.append((chain, answer)) }
-                if resumed != nil && position == batch.count - 1 {
-                    chain.expect(1)  // the rest (`resumed`), counted as a step of its own
+                if lastHasRest && position == batch.count - 1 {
+                    chain.expect(1)  // the rest (`carried`), counted as a step of its own
                 } else {
                     chain.expect(outcome.next.count)
                     for next in outcome.next { route(next, chain: chain, from: loop, into: &here) }

@@ -157,7 +157,7 @@ extension SwitchboardState {
         let shareQueue = ShareQueue.device(ObjectIdentifier(device))
         let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
         var removedMessages: [QueuedEvent] = []
-        var batches: [ReceiptBatch] = []
+        var next: [ShardStep] = []
         var work = 0
         while work < configuration.ackChunk && device.ackedSeq < seq {
             var receipt: DeliveryReceipt?
@@ -179,20 +179,28 @@ extension SwitchboardState {
                 work += deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
             } else {
                 let made = ReceiptBatch.Receipt(receipt: receipt, recipientDevice: device.deviceID, serverTime: currentWall)
-                // One batch per sender, in the order of the events: a lookup from the
-                // newest batch back (a chunk's receipts usually go to one or two senders;
-                // at most a chunk of compares of short ids per receipt otherwise).
-                if let index = batches.lastIndex(where: { $0.sender == receipt.sender }) {
-                    batches[index].receipts.append(made)
-                } else {
-                    batches.append(ReceiptBatch(sender: receipt.sender, receipts: [made]))
-                }
+                Self.append(made, for: receipt.sender, to: &next)
             }
         }
         if sharesTracked {
             trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
         }
-        return batches.map { .receipts($0) }
+        return next
+    }
+
+    /// Adds `receipt` to the step of `steps` that batches `sender`'s receipts, or starts
+    /// one: one step per sender, each in the order of the events. A lookup from the newest
+    /// step back (a chunk's receipts usually go to one or two senders; at most a chunk of
+    /// compares of short ids per receipt otherwise).
+    private static func append(_ receipt: ReceiptBatch.Receipt, for sender: String, to steps: inout [ShardStep]) {
+        guard let index = steps.lastIndex(where: { $0.user == sender }), case .receipts(var batch) = steps[index] else {
+            return steps.append(.receipts(ReceiptBatch(sender: sender, receipts: [receipt])))
+        }
+        // A placeholder while `batch` is out, so that its array has one reference and the
+        // append does not copy it.
+        steps[index] = .continueAcknowledgement(user: sender, id: 0)
+        batch.receipts.append(receipt)
+        steps[index] = .receipts(batch)
     }
 
     /// A batch of receipts for a sender this shard holds (`ShardStep.receipts`), the oldest
