@@ -159,15 +159,15 @@ final class Switchboard: Sendable {
     }
 
     /// Runs the steps an operation handed on (`ShardStep`), each in a hold of its user's
-    /// shard, and those they hand on in turn: never two shards at once.
+    /// shard (consecutive steps of one shard may share one, `drive`), and those they hand
+    /// on in turn: never two shards at once.
     ///
     /// Called by a loop (`loop`) while its shards are owned by the loops (`postsSteps`): a
-    /// step for the loop's own shard runs at once, in a hold of its own (a fan-out's next
+    /// step for the loop's own shard runs at once (a fan-out's next
     /// chunk excepted: it goes to the back of the loop's own inbox, so other work runs
     /// between chunks); a step for another shard is posted to the loop that owns it
     /// (`EventLoop.postStep`), which runs it and the steps it hands on in turn. Called by
-    /// any other thread (the admin API), or with one shard: every step runs here, one
-    /// hold after the other.
+    /// any other thread (the admin API), or with one shard: every step runs here.
     ///
     /// Order: steps run first in, first out, and the steps one loop posts to another
     /// arrive in the order they were handed on (one FIFO inbox per loop, each loop's posts
