@@ -12,6 +12,12 @@ import SignalingSupport
 /// `Switchboard.run` posts it to the loop that owns that shard, which runs it in a hold of
 /// its own.
 ///
+/// Size: the cases whose payload is larger than a batch of receipts or a chunk's id are
+/// `indirect` (one box per step, made once), so that a step is the size of its largest
+/// inline case (an id and an array or a number), not of a message: a step is copied several times on its way (handed on, gathered per
+/// destination loop, pushed through the inbox, queued, run), and copying the message-sized
+/// value was a fifth of the work a crossing step added (callgrind, issue 16).
+///
 /// Order: two steps one hold hands the same shard run in the order handed on (one FIFO
 /// inbox per loop, each loop's posts in order). Steps of one operation that reach a
 /// shard from different shards have no order between them; `toCaller` numbers its
@@ -20,7 +26,7 @@ enum ShardStep: Sendable, Equatable {
     /// A message its sender's shard admitted (no duplicate, within the sender's rate, its
     /// copies queued to the sender's other devices, awaiting this decision): for the
     /// recipient's shard to queue or refuse.
-    case deliverMessage(DeliveredMessage)
+    indirect case deliverMessage(DeliveredMessage)
     /// The next chunk of a fan-out to a recipient with more devices than one hold takes
     /// (`FanOut`), run on the recipient's shard; the step that finds it finished answers.
     case continueFanOut(recipient: String, id: UInt64)
@@ -29,23 +35,26 @@ enum ShardStep: Sendable, Equatable {
     case continueAcknowledgement(user: String, id: UInt64)
     /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
     /// shard, which releases its copies and remembers its id, or cancels them and frees it.
-    case settleMessage(DeliveredMessage, accepted: Bool)
-    /// A device of `recipient` acknowledged a message: the sender's devices get
-    /// MESSAGE_DELIVERED.
-    case receipt(DeliveryReceipt, recipientDevice: String, serverTime: UInt64)
+    indirect case settleMessage(DeliveredMessage, accepted: Bool)
+    /// Devices of other shards' users acknowledged messages of one sender: the sender's
+    /// devices get MESSAGE_DELIVERED for each, in the batch's order. One step per sender
+    /// for all the receipts one hold of an acknowledgement made for it (not one per
+    /// receipt): a crossing of shards costs a step's hold, inbox slot and chain count once
+    /// per batch (docs/LOAD-TESTING.md, "Routing on more cores").
+    case receipts(ReceiptBatch)
     /// A call from a device of another shard's user, for the callee's shard (the call
     /// lives there).
-    case invite(CallInvitation)
+    indirect case invite(CallInvitation)
     /// The calling device asks the callee's shard to cancel or hang up its call.
-    case callerRequest(CallerRequest, callID: String, callee: String, caller: DeviceAddress)
+    indirect case callerRequest(CallerRequest, callID: String, callee: String, caller: DeviceAddress)
     /// The calling device stayed away past its grace period (or its user was forgotten):
     /// for the callee's shard, which ends the call as `partyVanished` does.
-    case callerVanished(callID: String, callee: String, caller: DeviceAddress)
+    indirect case callerVanished(callID: String, callee: String, caller: DeviceAddress)
     /// What the callee's shard tells the caller's about a call: an event for the calling
     /// device, or that the call is over. Numbered per call from 1, so that the caller's
     /// shard applies them in the order the callee's shard decided them, whichever thread
     /// (or node) carried each (`OutgoingCall.nextNotice`).
-    case toCaller(CallerNotice, callID: String, caller: DeviceAddress, number: UInt32)
+    indirect case toCaller(CallerNotice, callID: String, caller: DeviceAddress, number: UInt32)
 
     /// The user whose shard runs this step.
     var user: String {
@@ -54,12 +63,26 @@ enum ShardStep: Sendable, Equatable {
         case .settleMessage(let message, _): message.sender
         case .continueFanOut(let recipient, _): recipient
         case .continueAcknowledgement(let user, _): user
-        case .receipt(let receipt, _, _): receipt.sender
+        case .receipts(let batch): batch.sender
         case .invite(let invitation): invitation.callee
         case .callerRequest(_, _, let callee, _): callee
         case .callerVanished(_, let callee, _): callee
         case .toCaller(_, _, let caller, _): caller.user
         }
+    }
+}
+
+/// Receipts for one sender, in the order their events were taken out of the recipients'
+/// queues (`ShardStep.receipts`). Never empty.
+struct ReceiptBatch: Sendable, Equatable {
+    let sender: String
+    var receipts: [Receipt]
+
+    /// One acknowledged message: what the sender's devices' MESSAGE_DELIVERED says.
+    struct Receipt: Sendable, Equatable {
+        let receipt: DeliveryReceipt
+        let recipientDevice: String
+        let serverTime: UInt64
     }
 }
 
@@ -138,7 +161,9 @@ extension SwitchboardState {
 
     /// Runs a step for a user this shard holds.
     mutating func handle(_ step: ShardStep, now: Instant?) -> StepOutcome {
-        precondition(shardMap.owns(step.user), "step for \(step.user) on shard \(shardMap.index)")
+        // Debug builds only: the caller knows the step's shard (`PostedStep.shard`), and
+        // hashing its user again for every step cost 4 % of a crossing (perf, issue 16).
+        assert(shardMap.owns(step.user), "step for \(step.user) on shard \(shardMap.index)")
         precondition(now != nil || !step.needsClock, "\(step) needs the clock")
         switch step {
         case .deliverMessage(let message):
@@ -150,9 +175,8 @@ extension SwitchboardState {
         case .settleMessage(let message, let accepted):
             settleMessage(message, accepted: accepted, now: now!)
             return StepOutcome(reply: nil)
-        case .receipt(let receipt, let recipientDevice, let serverTime):
-            deliverReceipt(receipt, recipientDevice: recipientDevice, serverTime: serverTime)
-            return StepOutcome(reply: nil)
+        case .receipts(let batch):
+            return deliverReceipts(batch)
         case .invite(let invitation):
             return ring(invitation, now: now!)
         case .callerRequest(let request, let callID, _, let caller):
@@ -182,7 +206,7 @@ extension ShardStep {
     var needsClock: Bool {
         switch self {
         case .deliverMessage, .continueFanOut, .settleMessage, .invite: true
-        case .receipt, .continueAcknowledgement, .callerRequest, .callerVanished, .toCaller: false
+        case .receipts, .continueAcknowledgement, .callerRequest, .callerVanished, .toCaller: false
         }
     }
 }

@@ -94,6 +94,9 @@ final class StepChain: Sendable {
 struct PostedStep: Sendable {
     let step: ShardStep
     let chain: StepChain
+    /// The shard of `step.user`, hashed once when the step is handed on (`Switchboard.route`)
+    /// and carried with it, not hashed again by every hold that runs it.
+    let shard: Int
 }
 
 extension Frame {

@@ -159,15 +159,15 @@ final class Switchboard: Sendable {
     }
 
     /// Runs the steps an operation handed on (`ShardStep`), each in a hold of its user's
-    /// shard, and those they hand on in turn: never two shards at once.
+    /// shard (consecutive steps of one shard may share one, `drive`), and those they hand
+    /// on in turn: never two shards at once.
     ///
     /// Called by a loop (`loop`) while its shards are owned by the loops (`postsSteps`): a
-    /// step for the loop's own shard runs at once, in a hold of its own (a fan-out's next
+    /// step for the loop's own shard runs at once (a fan-out's next
     /// chunk excepted: it goes to the back of the loop's own inbox, so other work runs
     /// between chunks); a step for another shard is posted to the loop that owns it
     /// (`EventLoop.postStep`), which runs it and the steps it hands on in turn. Called by
-    /// any other thread (the admin API), or with one shard: every step runs here, one
-    /// hold after the other.
+    /// any other thread (the admin API), or with one shard: every step runs here.
     ///
     /// Order: steps run first in, first out, and the steps one loop posts to another
     /// arrive in the order they were handed on (one FIFO inbox per loop, each loop's posts
@@ -186,7 +186,7 @@ final class Switchboard: Sendable {
         chain.expect(steps.count)
         guard !steps.isEmpty else { return (finish(chain, writerWake), []) }
         var here = FIFOQueue<PostedStep>()
-        for step in steps { route(PostedStep(step: step, chain: chain), from: loop, into: &here) }
+        for step in steps { route(step, chain: chain, from: loop, into: &here) }
         let ran = drive(&here, on: loop, writerWake: writerWake)
         return (ran.answers.first?.reply, ran.effects)
     }
@@ -249,11 +249,13 @@ final class Switchboard: Sendable {
         Self.ownerLoop(ofShard: index, shardCount: shards.count, loopCount: loops.count).map { loops[$0] }
     }
 
-    /// Queues `posted` to run here, or hands it to the loop that owns its shard.
-    private func route(_ posted: PostedStep, from loop: EventLoop?, into here: inout FIFOQueue<PostedStep>) {
+    /// Queues `step` to run here, or hands it to the loop that owns its shard. The one place
+    /// a step's user is hashed to its shard (`PostedStep.shard`).
+    private func route(_ step: ShardStep, chain: StepChain, from loop: EventLoop?, into here: inout FIFOQueue<PostedStep>) {
+        let posted = PostedStep(step: step, chain: chain, shard: shard(of: step.user))
         guard let loop, postsSteps(from: loop) else { return here.push(posted) }
         // `postsSteps`: every shard has an owner loop.
-        let owner = Self.ownerLoop(ofShard: shard(of: posted.step.user), shardCount: shards.count, loopCount: loop.peers.count)!
+        let owner = Self.ownerLoop(ofShard: posted.shard, shardCount: shards.count, loopCount: loop.peers.count)!
         if owner == Int(loop.index) {
             // The next chunk of a fan-out or an ACK is a task of its own: what other loops
             // posted meanwhile (and this loop's connections) run between two chunks.
@@ -269,34 +271,88 @@ final class Switchboard: Sendable {
         var effects: [SwitchboardEffect] = []
     }
 
-    /// Runs `here` first in, first out, one hold each, routing what each step hands on.
+    /// Runs `here` first in, first out, routing what each step hands on. Consecutive steps
+    /// of one shard share a hold (`sharesHold`) until the hold has queued a chunk of events
+    /// (`SwitchboardConfiguration.fanOutChunk`; a step always runs whole, and each is a
+    /// bounded chunk itself): the steps of one inbox batch (`LoopTask.steps`: everything
+    /// another loop handed this shard in one callback) cost one lock round, one pair of
+    /// clock reads and one effects array, not one per step. The order is the one of a hold
+    /// per step: what a step hands on goes behind the steps already queued either way, and
+    /// the rest of a batch of receipts (`ShardStep.receipts`) runs before anything else.
     private func drive(_ here: inout FIFOQueue<PostedStep>, on loop: EventLoop?, writerWake: WriterWake) -> StepsRan {
         var ran = StepsRan()
-        while let posted = here.pop() {
-            let chain = posted.chain
-            // A loop runs steps of its own shard only: `withState` checks it in debug builds.
-            let (outcome, effects) = withState(of: posted.step.user, wall: chain.wall, writerWake: writerWake) { board in
-                // Tied before the step runs: a fan-out it starts keeps the message for its
-                // later holds, and a hold that helps another message's fan-out ties its unit
-                // to that message instead (`FanOut.committedWith`).
-                let journalsMessage = chain.message != nil && board.journaling
-                if let message = chain.message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
-                let outcome = board.handle(posted.step, now: chain.now)
-                if let message = chain.message, journalsMessage, let queued = outcome.queued {
-                    board.recordPart(queued, of: message)
-                } else if let group = chain.group, !journalsMessage {
-                    board.join(group)
+        // What each step of the current hold decided, with its chain (not the step: copying
+        // a `ShardStep` out again costs more than the rest of a receipt's bookkeeping).
+        var batch: [(chain: StepChain, outcome: StepOutcome)] = []
+        // The step the next hold starts with, ahead of `here`: the unfinished rest of the
+        // step that ran last (a batch of receipts over a chunk), or the step taken from
+        // `here` that could not share the last hold (taken, not peeked: a peek copies it).
+        var carried: PostedStep?
+        while let first = carried.take() ?? here.pop() {
+            var lastHasRest = false
+            let effects = withState(shard: first.shard, wall: first.chain.wall, writerWake: writerWake) { board in
+                let budget = board.counters.eventsQueued + board.configuration.fanOutChunk
+                var posted = first
+                while true {
+                    board.currentWall = posted.chain.wall
+                    let outcome = run(posted, on: &board)
+                    batch.append((posted.chain, outcome))
+                    if case .receipts = posted.step, let rest = outcome.next.first {
+                        // Over the chunk: the hold ends, the rest comes first in the next.
+                        carried = PostedStep(step: rest, chain: posted.chain, shard: posted.shard)
+                        lastHasRest = true
+                        break
+                    }
+                    guard board.counters.eventsQueued < budget, let next = here.pop() else { break }
+                    guard next.shard == first.shard, sharesHold(first, next, journaling: board.journaling) else {
+                        carried = next
+                        break
+                    }
+                    posted = next
                 }
-                return (outcome, board.takeEffects())
+                return board.takeEffects()
             }
-            loop?.metrics.stepsRun.add(1)
             ran.effects += effects
-            if let reply = outcome.reply, let answer = chain.decide(reply) { ran.answers.append((chain, answer)) }
-            chain.expect(outcome.next.count)
-            for next in outcome.next { route(PostedStep(step: next, chain: chain), from: loop, into: &here) }
-            if chain.stepRan(), let answer = finish(chain, writerWake) { ran.answers.append((chain, answer)) }
+            for (position, (chain, outcome)) in batch.enumerated() {
+                loop?.metrics.stepsRun.add(1)
+                if let reply = outcome.reply, let answer = chain.decide(reply) { ran.answers.append((chain, answer)) }
+                if lastHasRest && position == batch.count - 1 {
+                    chain.expect(1)  // the rest (`carried`), counted as a step of its own
+                } else {
+                    chain.expect(outcome.next.count)
+                    for next in outcome.next { route(next, chain: chain, from: loop, into: &here) }
+                }
+                if chain.stepRan(), let answer = finish(chain, writerWake) { ran.answers.append((chain, answer)) }
+            }
+            batch.removeAll(keepingCapacity: true)
         }
         return ran
+    }
+
+    /// Runs one step in the current hold of its shard, with what its chain ties the hold's
+    /// commit unit to.
+    private func run(_ posted: PostedStep, on board: inout SwitchboardState) -> StepOutcome {
+        let chain = posted.chain
+        // Tied before the step runs: a fan-out it starts keeps the message for its later
+        // holds, and a hold that helps another message's fan-out ties its unit to that
+        // message instead (`FanOut.committedWith`).
+        let journalsMessage = chain.message != nil && board.journaling
+        if let message = chain.message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
+        let outcome = board.handle(posted.step, now: chain.now)
+        if let message = chain.message, journalsMessage, let queued = outcome.queued {
+            board.recordPart(queued, of: message)
+        } else if let group = chain.group, !journalsMessage {
+            board.join(group)
+        }
+        return outcome
+    }
+
+    /// Whether `next` may run in the hold `first` started. Without a store, any step of the
+    /// same shard may: a hold's only trace is its effects, in order. With one, a hold is one
+    /// commit unit, tied to one group or message: only steps of the same chain that is no
+    /// message's (the receipts of one acknowledgement) share it.
+    private func sharesHold(_ first: PostedStep, _ next: PostedStep, journaling: Bool) -> Bool {
+        !journaling || (next.chain === first.chain && first.chain.message == nil)
     }
 
     /// The last step of `chain` has run (on whichever loop): an operation that awaited an

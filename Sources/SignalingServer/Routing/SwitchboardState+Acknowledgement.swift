@@ -81,7 +81,7 @@ extension SwitchboardState {
     /// How much one hold of a shard does for an acknowledgement: events taken out of the
     /// device's queue, plus the MESSAGE_DELIVERED copies their receipts queue to senders of
     /// the same shard (`takeAcknowledgedChunk`). Taking an event out costs about 0.1 µs,
-    /// plus its receipt: one step for a sender on another shard, or a copy to each device of
+    /// plus its receipt: its place in the step of a sender on another shard (one per sender), or a copy to each device of
     /// a sender on the same shard (about 0.2 µs each). An ACK of 4,000 events with receipts held the
     /// shard for 262 µs-1 ms in one hold (docs/LOAD-TESTING.md, "Fan-out holds"); 128 keep a
     /// hold near the fan-out's chunk, while the extra hold and step per chunk (a lock round
@@ -148,7 +148,7 @@ extension SwitchboardState {
 
     /// Drops the oldest of `device`'s events through `seq` and makes their receipts:
     /// delivered here to a sender this shard holds (as `handOn` would, counting the copies),
-    /// returned as steps for the others. Stops after `ackChunk` units of work, an event
+    /// returned as one step per sender for the others (`ShardStep.receipts`). Stops after `ackChunk` units of work, an event
     /// and each MESSAGE_DELIVERED copy a receipt queues here counting one: a sender of the
     /// same shard with 1,000 devices made a chunk of 128 receipts 128,000 copies in one
     /// hold. At least one event goes per hold, so a hold is at most a chunk, or one receipt
@@ -178,12 +178,47 @@ extension SwitchboardState {
             if shardMap.owns(receipt.sender) {
                 work += deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
             } else {
-                next.append(.receipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall))
+                let made = ReceiptBatch.Receipt(receipt: receipt, recipientDevice: device.deviceID, serverTime: currentWall)
+                Self.append(made, for: receipt.sender, to: &next)
             }
         }
         if sharesTracked {
             trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
         }
         return next
+    }
+
+    /// Adds `receipt` to the step of `steps` that batches `sender`'s receipts, or starts
+    /// one: one step per sender, each in the order of the events. A lookup from the newest
+    /// step back (a chunk's receipts usually go to one or two senders; at most a chunk of
+    /// compares of short ids per receipt otherwise).
+    private static func append(_ receipt: ReceiptBatch.Receipt, for sender: String, to steps: inout [ShardStep]) {
+        guard let index = steps.lastIndex(where: { $0.user == sender }), case .receipts(var batch) = steps[index] else {
+            return steps.append(.receipts(ReceiptBatch(sender: sender, receipts: [receipt])))
+        }
+        // A placeholder while `batch` is out, so that its array has one reference and the
+        // append does not copy it.
+        steps[index] = .continueAcknowledgement(user: sender, id: 0)
+        batch.receipts.append(receipt)
+        steps[index] = .receipts(batch)
+    }
+
+    /// A batch of receipts for a sender this shard holds (`ShardStep.receipts`), the oldest
+    /// first: each queues MESSAGE_DELIVERED to every device of the sender. Stops after
+    /// `ackChunk` copies (at least one receipt per hold, as `takeAcknowledgedChunk` counts
+    /// its own shard's), returning the rest as the one step handed on, which its runner
+    /// runs before anything else for this shard (`Switchboard.drive`): the sender's
+    /// devices get the receipts in the batch's order.
+    mutating func deliverReceipts(_ batch: ReceiptBatch) -> StepOutcome {
+        var work = 0
+        var delivered = 0
+        for item in batch.receipts {
+            guard work < configuration.ackChunk else { break }
+            work += max(1, deliverReceipt(item.receipt, recipientDevice: item.recipientDevice, serverTime: item.serverTime))
+            delivered += 1
+        }
+        guard delivered < batch.receipts.count else { return StepOutcome(reply: nil) }
+        let rest = ReceiptBatch(sender: batch.sender, receipts: Array(batch.receipts[delivered...]))
+        return StepOutcome(reply: nil, next: [.receipts(rest)])
     }
 }
