@@ -257,6 +257,12 @@ final class EventLoop: @unchecked Sendable {
             writerWakePending = false
             context.switchboard.writer?.wake()
         }
+        // Loop 0 owns the store's deadline list: it lets go of the answered OKs as their
+        // commits land (on its own thread only: tests and benchmarks run callbacks of a
+        // loop from theirs).
+        if index == 0, let writer = context.switchboard.writer, shim_current_loop() == unmanagedSelf {
+            writer.dropSettledReplies()
+        }
     }
 
     /// Runs the loop on the calling thread until it has drained.

@@ -15,7 +15,7 @@ import Glibc
 // - Loop 0, the supervisor (`loops[0]`), owns the deadline list of the deferred OKs
 //   (`deadlines`) and is the one consumer of `deadlineArrivals`: it runs
 //   `superviseCommits` at every tick, whatever the writer is doing, even waiting for a
-//   write that never returns.
+//   write that never returns, and `dropSettledReplies` after each of its callbacks.
 // - Any thread produces (a loop under its shard's lock, or under none for a group's
 //   closing unit; the admin API; start-up): `enqueue` pushes a commit unit onto
 //   `arrivals` and, for a message's answering unit, its `DeferredReply` onto
@@ -800,10 +800,7 @@ final class StoreWriter: @unchecked Sendable {
     /// lock for them (the deadline list is loop 0's own).
     func superviseCommits(now: Instant) {
         assertOnSupervisor()
-        if deadlineArrivals.takeAll(appendingTo: &arrivedDeadlines) {
-            for reply in arrivedDeadlines { deadlines.push(reply) }
-            arrivedDeadlines.removeAll(keepingCapacity: arrivedDeadlines.count <= Self.keptArrivalCapacity)
-        }
+        takeDeadlineArrivals()
         var overdue: [DeferredReply] = []
         while let first = deadlines.first, first.isSettled || first.deadline <= now {
             deadlines.pop()
@@ -861,6 +858,25 @@ final class StoreWriter: @unchecked Sendable {
             EventLoop.onCurrentThread { $0 === loops.first } == true,
             "superviseCommits ran off loop 0: the deferred OKs' deadline list is loop 0's")
         #endif
+    }
+
+    /// Run by loop 0 after each of its callbacks, outside its `ownership`: drops the settled
+    /// deferred OKs at the head of the deadline list as their commits land, a few at a
+    /// time, rather than all at the next tick (at 100,000 messages/s a 250 ms tick would
+    /// free 25,000 at once, a burst of a few ms on a loop). Cost when nothing was settled
+    /// or pushed: two atomic loads.
+    func dropSettledReplies() {
+        assertOnSupervisor()
+        takeDeadlineArrivals()
+        while let first = deadlines.first, first.isSettled { deadlines.pop() }
+    }
+
+    /// Loop 0: moves the deferred OKs pushed since the last take to the deadline list, in
+    /// push order.
+    private func takeDeadlineArrivals() {
+        guard deadlineArrivals.takeAll(appendingTo: &arrivedDeadlines) else { return }
+        for reply in arrivedDeadlines { deadlines.push(reply) }
+        arrivedDeadlines.removeAll(keepingCapacity: arrivedDeadlines.count <= Self.keptArrivalCapacity)
     }
 
     /// 10 ms, doubling to 1 s.
