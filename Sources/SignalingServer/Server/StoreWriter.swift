@@ -67,8 +67,8 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     /// one shard; the copy for the sender's other devices and the recipient's event for a
     /// message across shards. Added by the holds of the message's steps, all of them before
     /// its answering unit is pushed to the writer (`StoreWriter.enqueue`: the push
-    /// publishes them); read after that (a commit's release, a refusal), then dropped by
-    /// the thread that answered (`releaseParts`).
+    /// publishes them); read after that (a commit's release, a refusal), and taken by the
+    /// thread that answered (`takeParts`).
     private let eventsByShard = Mutex<[Part]>([])
 
     /// One of the message's events and the shard holding it.
@@ -103,17 +103,17 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
 
     var parts: [Part] { eventsByShard.withLock(timing: .deferredReplyParts) { $0 } }
 
-    /// Drops the message's events, once the thread that settled it has used them (its
-    /// commit's release, its cancellation): the reply itself stays in loop 0's deadline
-    /// list until loop 0's next tick, and must not keep memory that the events' queues
-    /// have let go of (`MemoryLedger`) alive so long. A step that adds a part after a
-    /// refusal cancels that event itself (`SwitchboardState`'s check of `isRefused`).
-    func releaseParts() {
-        let dropped = eventsByShard.withLock(timing: .deferredReplyParts) { parts in
+    /// The message's events, taken (one hold, as `parts` is) by the thread that settled
+    /// it, for its commit's release or once its cancellation has them: the reply itself
+    /// stays in loop 0's deadline list until loop 0 next looks (`dropSettledReplies`), and
+    /// must not keep memory that the events' queues have let go of (`MemoryLedger`) alive
+    /// meanwhile. A step that adds a part after a refusal cancels that event itself
+    /// (`SwitchboardState`'s check of `isRefused`).
+    func takeParts() -> [Part] {
+        eventsByShard.withLock(timing: .deferredReplyParts) { parts in
             defer { parts = [] }
             return parts
         }
-        _ = dropped  // freed after the release
     }
 
     /// Decides the answer, unless it was decided already: true when this call decided it
@@ -495,8 +495,7 @@ final class StoreWriter: @unchecked Sendable {
         for unit in units where unit.answers {
             guard let reply = unit.reply, reply.settle(.accepted) else { continue }
             if let task = reply.answer(.success(reply.serverTime)) { accepted.append(task) }
-            committedMessages += reply.parts
-            reply.releaseParts()
+            committedMessages += reply.takeParts()
         }
         // A message refused at its deadline while this commit ran was committed after all:
         // no OK (the sender has its error), no delivery, and the next commit undoes every
@@ -786,7 +785,7 @@ final class StoreWriter: @unchecked Sendable {
         guard !replies.isEmpty else { return }
         let answers = replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) }
         context.switchboard.cancel(replies, wall: context.clock.wallMilliseconds(), answers: answers, loops: loops)
-        for reply in replies { reply.releaseParts() }  // the cancellation has its events
+        for reply in replies { _ = reply.takeParts() }  // the cancellation has its events
     }
 
     // MARK: Loop 0
