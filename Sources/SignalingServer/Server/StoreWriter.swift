@@ -250,14 +250,15 @@ final class StoreWriter: @unchecked Sendable {
     /// writer takes them all at once per pass. Any thread pushes, the writer consumes.
     private let arrivals = MPSCQueue<Arrival>()
     /// The deferred OK of each message's answering unit, pushed with it; loop 0 takes them
-    /// into `deadlines` at every tick. Any thread pushes, loop 0 consumes.
+    /// into `deadlines` after each of its callbacks and at every tick. Any thread pushes,
+    /// loop 0 consumes.
     private let deadlineArrivals = MPSCQueue<DeferredReply>()
     /// Loop 0's: every deferred OK not yet seen settled, in deadline order (the store
     /// timeout is constant; deadlines of requests on different loops may be out of order
     /// by the time between reading the clock and pushing the answering unit). Loop 0
     /// refuses the overdue ones and drops the settled ones from the head.
     private var deadlines = FIFOQueue<DeferredReply>()
-    /// Loop 0's buffer for taking `deadlineArrivals` (kept, so a tick allocates nothing).
+    /// Loop 0's buffer for taking `deadlineArrivals` (kept, so a take allocates nothing).
     private var arrivedDeadlines: [DeferredReply] = []
     /// The commit under way, if any: written by the writer around `apply`, read by loop 0.
     private struct CommitProgress {
@@ -836,6 +837,25 @@ final class StoreWriter: @unchecked Sendable {
         }
     }
 
+    /// Run by loop 0 after each of its callbacks, outside its `ownership`: drops the settled
+    /// deferred OKs at the head of the deadline list as their commits land, a few at a
+    /// time, rather than all at the next tick (at 100,000 messages/s a 250 ms tick would
+    /// free 25,000 at once, a burst of a few ms on a loop). Cost when nothing was settled
+    /// or pushed: two atomic loads.
+    func dropSettledReplies() {
+        assertOnSupervisor()
+        takeDeadlineArrivals()
+        while let first = deadlines.first, first.isSettled { deadlines.pop() }
+    }
+
+    /// Loop 0: moves the deferred OKs pushed since the last take to the deadline list, in
+    /// push order.
+    private func takeDeadlineArrivals() {
+        guard deadlineArrivals.takeAll(appendingTo: &arrivedDeadlines) else { return }
+        for reply in arrivedDeadlines { deadlines.push(reply) }
+        arrivedDeadlines.removeAll(keepingCapacity: arrivedDeadlines.count <= Self.keptArrivalCapacity)
+    }
+
     // MARK: Ownership checks (debug builds)
 
     /// Debug builds: the caller is the writer's thread, the owner of the commit pipeline.
@@ -855,27 +875,8 @@ final class StoreWriter: @unchecked Sendable {
         #if DEBUG
         assert(
             EventLoop.onCurrentThread { $0 === loops.first } == true,
-            "superviseCommits ran off loop 0: the deferred OKs' deadline list is loop 0's")
+            "the deferred OKs' deadline list was touched off loop 0, its owner")
         #endif
-    }
-
-    /// Run by loop 0 after each of its callbacks, outside its `ownership`: drops the settled
-    /// deferred OKs at the head of the deadline list as their commits land, a few at a
-    /// time, rather than all at the next tick (at 100,000 messages/s a 250 ms tick would
-    /// free 25,000 at once, a burst of a few ms on a loop). Cost when nothing was settled
-    /// or pushed: two atomic loads.
-    func dropSettledReplies() {
-        assertOnSupervisor()
-        takeDeadlineArrivals()
-        while let first = deadlines.first, first.isSettled { deadlines.pop() }
-    }
-
-    /// Loop 0: moves the deferred OKs pushed since the last take to the deadline list, in
-    /// push order.
-    private func takeDeadlineArrivals() {
-        guard deadlineArrivals.takeAll(appendingTo: &arrivedDeadlines) else { return }
-        for reply in arrivedDeadlines { deadlines.push(reply) }
-        arrivedDeadlines.removeAll(keepingCapacity: arrivedDeadlines.count <= Self.keptArrivalCapacity)
     }
 
     /// 10 ms, doubling to 1 s.
