@@ -48,8 +48,10 @@ struct StoreWriterInboxTests {
             else { continue }
             seen[producer].append(lastSeen)
         }
-        for producer in 0..<producers {
-            #expect(seen[producer] == (1...unitsEach).map(UInt64.init), "producer \(producer)'s units out of order or lost")
+        for (producer, numbers) in seen.enumerated() {
+            #expect(numbers.count == unitsEach, "producer \(producer)'s units lost or repeated")
+            let outOfOrder = numbers.indices.first { numbers[$0] != UInt64($0 + 1) }
+            #expect(outOfOrder == nil, "producer \(producer)'s units out of order from its unit \(outOfOrder ?? 0) on")
         }
         #expect(writer.commits.load(ordering: .relaxed) > 1, "one commit only: the writer never took while the producers pushed")
     }
