@@ -13,8 +13,11 @@ enum SharedLock: Int, CaseIterable, Sendable {
     case routingShard
     /// An `EventLoop`'s `ownership`, held by its own thread for a whole callback.
     case loopOwnership
-    /// The `StoreWriter`'s inbox: every hold of a shard with a store enqueues a unit.
-    case storeInbox
+    /// The `StoreWriter`'s commit under way (`progress`): the writer twice per commit,
+    /// loop 0 once per tick. Not on any per-event path: the loops hand the writer their
+    /// units through a lock-free queue (the `store_inbox` lock that was there is gone);
+    /// timed to show that what is left of the writer's locking stays short.
+    case storeProgress
     /// A message's `DeferredReply` parts (a message across shards, with a store).
     case deferredReplyParts
     /// The server's live call ids (`CallDirectory`): call requests and call endings.
@@ -46,7 +49,7 @@ enum SharedLock: Int, CaseIterable, Sendable {
         switch self {
         case .routingShard: "routing_shard"
         case .loopOwnership: "loop_ownership"
-        case .storeInbox: "store_inbox"
+        case .storeProgress: "store_progress"
         case .deferredReplyParts: "deferred_reply_parts"
         case .callDirectory: "call_directory"
         case .admissionBucket: "admission_bucket"

@@ -14,9 +14,9 @@ import Glibc
 //   its user's home loop, which owns the user's shard, so no loop writes to another's
 //   connections (tests and the admin API's counts read under it, rarely).
 // - Under `ownership` a loop may take, one at a time and each for a moment: a routing
-//   shard (and under that only the store writer's inbox, the `CallDirectory`, a
-//   `DeferredReply`'s parts), the admission locks, the handshake holders
-//   (`ServerContext`), a `LogThrottle`.
+//   shard (and under that only the `CallDirectory`, a `DeferredReply`'s parts), the
+//   admission locks, the handshake holders (`ServerContext`), a `LogThrottle`. The store
+//   writer's inbox is no lock (StoreWriter.swift).
 // Every hold of `ownership` is timed (`SharedLock.loopOwnership`). The loop's `inbox` is
 // no lock: a lock-free queue (`MPSCQueue`) that any thread posts to, under any lock or
 // none, and that only the loop takes from.
@@ -256,6 +256,12 @@ final class EventLoop: @unchecked Sendable {
         if writerWakePending {
             writerWakePending = false
             context.switchboard.writer?.wake()
+        }
+        // Loop 0 owns the store's deadline list: it lets go of the answered OKs as their
+        // commits land (on its own thread only: tests and benchmarks run callbacks of a
+        // loop from theirs).
+        if index == 0, let writer = context.switchboard.writer, shim_current_loop() == unmanagedSelf {
+            writer.dropSettledReplies()
         }
     }
 

@@ -29,9 +29,9 @@ import Glibc
 ///   shard locks directly: that is why the locks stay.
 /// - No thread ever holds two shard locks (checked at run time in debug builds:
 ///   `RoutingShard.holder`), so they cannot deadlock.
-/// - The store writer's `inbox` lock may be taken under a shard lock (`StoreWriter`), and
-///   so may the `CallDirectory`'s; no other lock is held when a shard lock is taken. A
-///   loop's inbox is no lock (a lock-free queue, `MPSCQueue`).
+/// - The `CallDirectory`'s lock and a `DeferredReply`'s parts may be taken under a shard
+///   lock; no other lock is held when a shard lock is taken. A loop's inbox and the store
+///   writer's are no locks (lock-free queues, `MPSCQueue`).
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
