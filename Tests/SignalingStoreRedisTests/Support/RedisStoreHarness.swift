@@ -2,6 +2,7 @@ import SQLiteStoreFixtures
 import SignalingProtocol
 import SignalingStore
 @testable import SignalingStoreRedis
+import SignalingSupport
 import TestSupport
 import Testing
 
@@ -40,6 +41,19 @@ final class RedisStoreHarness: ModelledStoreHarness<RedisEventStore> {
     /// A connection to the instance that holds `user`'s keys.
     func connection(forUser user: String) throws -> RedisConnection {
         try connection(instance: RedisShards.instance(ofUser: user, count: servers.count))
+    }
+
+    /// Applies `batch` until the store accepts it or `seconds` pass (a Redis instance just
+    /// restarted: the store's reconnect back-off decides when it is tried again). Returns
+    /// whether it was accepted.
+    func applyOnceReachable(_ batch: [StoreChange], within seconds: Int64 = 10) -> Bool {
+        let clock = SystemClock()
+        let deadline = clock.now() + .seconds(seconds)
+        while clock.now() < deadline {
+            if (try? store.apply(batch)) != nil { return true }
+            clock.sleep(until: clock.now() + .milliseconds(20))
+        }
+        return false
     }
 
     /// The users in `voip:users` of every instance.
