@@ -150,15 +150,23 @@ public struct MPSCQueue<Element>: ~Copyable {
     @usableFromInline
     static func drain(_ list: UnsafeMutablePointer<Node>?, appendingTo elements: inout [Element]) -> Bool {
         guard list != nil else { return false }
-        let start = elements.endIndex
+        // Reverse the links first, then move each element out once: reversing the
+        // appended elements instead swapped them through the generic `swapAt` of a slice,
+        // which copied and destroyed every element (for the store writer's commit units,
+        // a retain and a release of each of their fields).
+        var oldest: UnsafeMutablePointer<Node>?
         var node = list
         while let current = node {
-            let taken = current.move()
-            current.deallocate()
-            elements.append(taken.element)
-            node = taken.next
+            node = current.pointee.next
+            current.pointee.next = oldest
+            oldest = current
         }
-        elements[start...].reverse()
+        node = oldest
+        while let current = node {
+            node = current.pointee.next
+            elements.append(current.move().element)
+            current.deallocate()
+        }
         return true
     }
 
