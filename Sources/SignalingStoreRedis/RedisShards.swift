@@ -1,3 +1,5 @@
+import SignalingSupport
+
 /// Which Redis instance of a sharded store holds a user (docs/STORAGE.md, "Several Redis
 /// instances"): every key of one user (its `{u:U}` hash tag) lives on one instance, chosen
 /// by jump consistent hash (Lamping and Veach, 2014) of a stable 64-bit hash of the user id.
@@ -10,25 +12,16 @@
 /// (docs/STORAGE.md), and the store refuses to open a list whose length or order does not
 /// match what each instance recorded when it was created (`RedisLayout.instanceKey`).
 ///
-/// The user hash is FNV-1a over the id's UTF-8 bytes, not Swift's `Hasher` (seeded per
-/// process): every node and every start must place a user on the same instance.
+/// The user hash is `StableHash.fnv1a` (the one `ShardMap` places users on loops with),
+/// not Swift's `Hasher` (seeded per process): every node and every start must place a
+/// user on the same instance.
 /// Cost: O(length of the id) + O(log N) per call, no allocation.
 enum RedisShards {
     /// The index (0..<count) of the instance that holds `user`'s keys; 0 when `count` is 1.
     static func instance(ofUser user: String, count: Int) -> Int {
         precondition(count >= 1, "a store has at least one instance")
         guard count > 1 else { return 0 }
-        return jumpHash(stableHash(user), buckets: count)
-    }
-
-    /// FNV-1a, 64 bits.
-    static func stableHash(_ text: String) -> UInt64 {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in text.utf8 {
-            hash ^= UInt64(byte)
-            hash = hash &* 0x0000_0100_0000_01b3
-        }
-        return hash
+        return jumpHash(StableHash.fnv1a(user), buckets: count)
     }
 
     /// Lamping and Veach's jump consistent hash: a bucket in 0..<buckets.

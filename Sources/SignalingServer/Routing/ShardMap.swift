@@ -1,3 +1,4 @@
+import SignalingSupport
 import Synchronization
 
 /// Which routing shard holds a user (docs/ARCHITECTURE.md, "Routing shards").
@@ -29,20 +30,7 @@ struct ShardMap: Sendable, Equatable {
     /// The shard of `userID` among `count` shards.
     static func shard(of userID: String, count: Int) -> Int {
         guard count > 1 else { return 0 }
-        // Over the contiguous UTF-8 bytes (a native or small string's own storage): about
-        // half the instructions of iterating `utf8` (134 against 274 per lookup of a short
-        // id, which was 7 % of a 2-shard fan-out's; callgrind, docs/LOAD-TESTING.md
-        // "Routing on more cores").
-        var id = userID
-        let hash = id.withUTF8 { bytes in
-            var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-            for byte in bytes {
-                hash ^= UInt64(byte)
-                hash = hash &* 0x0000_0100_0000_01b3
-            }
-            return hash
-        }
-        return Int(hash % UInt64(count))
+        return Int(StableHash.fnv1a(userID) % UInt64(count))
     }
 
     /// Whether this shard holds `userID`.
