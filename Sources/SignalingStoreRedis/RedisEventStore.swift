@@ -151,7 +151,7 @@ public final class RedisEventStore: EventStore, EventBodySource, @unchecked Send
             touched.insert(place)
         }
         if touched.count == 1 { return [[Part(instance: places[0], changes: changes, positions: Array(changes.indices))]] }
-        var first = [Part](repeating: Part(instance: 0, changes: [], positions: []), count: count)
+        var first = (0..<count).map { Part(instance: $0, changes: [], positions: []) }
         var ids = first
         for (index, change) in changes.enumerated() {
             let place = places[index]
@@ -164,10 +164,7 @@ public final class RedisEventStore: EventStore, EventBodySource, @unchecked Send
                 first[place].positions.append(index)
             }
         }
-        func round(_ parts: [Part]) -> [Part] {
-            parts.indices.filter { !parts[$0].changes.isEmpty }.map { Part(instance: $0, changes: parts[$0].changes, positions: parts[$0].positions) }
-        }
-        return [round(first), round(ids)].filter { !$0.isEmpty }
+        return [first, ids].map { $0.filter { !$0.changes.isEmpty } }.filter { !$0.isEmpty }
     }
 
     /// One instance's share of a batch: its changes, and where each stood in the batch.
