@@ -13,7 +13,7 @@ import SignalingStore
 /// | `voip:lease` | string | the node id of the one node that may write (with a TTL; `RedisLease`) |
 /// | `voip:fence` | string | on every instance but the first of a sharded store: the node id of the lease holder that fenced it (`RedisFence`) |
 /// | `voip:fence-epoch` | string | the fence's term number (on the first instance: the last one handed out) |
-/// | `voip:instance` | string | `INDEX/COUNT`: this instance's place in the store's list of instances (`RedisShards`) |
+/// | `voip:instance` | string | `INDEX/COUNT`: this instance's place in the store's list of instances (`RedisShards`); `rebalance HASH` during a move, `retired` after one (`RedisRebalance`) |
 /// | `voip:node:NODE` | string | a cluster node's presence (with a TTL; `RedisNodeLink`, docs/CLUSTER.md) |
 /// | `{u:U}:devices` | hash | device id → `DeviceRecord` (counters, session, last seen) |
 /// | `{u:U}:q:D` | sorted set | device D's events, one member each: `seq` (20 digits) + `EventRecord` |
@@ -62,6 +62,28 @@ enum RedisLayout {
         }
         prefix += Array("}:".utf8)
         return prefix
+    }
+
+    /// The user whose key `key` is (`userPrefix` read back), or nil for a key that is not
+    /// a user's (`voip:...`). The tag ends at the first `}`, since `}` in an id is escaped.
+    static func user(ofKey key: [UInt8]) -> String? {
+        let opening = Array("{u:".utf8)
+        guard key.count > opening.count + 1, key.starts(with: opening),
+              let close = key[opening.count...].firstIndex(of: UInt8(ascii: "}")),
+              close + 1 < key.count, key[close + 1] == UInt8(ascii: ":")
+        else { return nil }
+        var user: [UInt8] = []
+        var index = opening.count
+        while index < close {
+            if key[index] == UInt8(ascii: "%"), index + 2 < close {
+                let escape = key[index...].prefix(3)
+                if escape.elementsEqual("%25".utf8) { user.append(UInt8(ascii: "%")); index += 3; continue }
+                if escape.elementsEqual("%7D".utf8) { user.append(UInt8(ascii: "}")); index += 3; continue }
+            }
+            user.append(key[index])
+            index += 1
+        }
+        return String(decoding: user, as: UTF8.self)
     }
 
     static func devicesKey(_ user: String) -> [UInt8] { userPrefix(user) + Array("devices".utf8) }

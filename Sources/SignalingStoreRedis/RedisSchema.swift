@@ -72,6 +72,13 @@ enum RedisSchema {
         let replies = try connection.pipeline([RedisCommand("GET", RedisLayout.schemaKey), RedisCommand("GET", RedisLayout.instanceKey)])
         if case .error(let message) = replies[1] { throw RedisEventStore.error(fromReply: message, address: address) }
         let recorded = replies[1].text ?? "0/1"
+        if recorded.hasPrefix("rebalance ") {
+            throw StoreError(.other, "\(address) is being moved by voipserver store-rebalance, or a move was interrupted "
+                + "(\(RedisLayout.instanceKey) is '\(recorded)'): run store-rebalance again with the same --from and --to to finish it")
+        }
+        if recorded == RedisRebalance.retired {
+            throw StoreError(.other, "\(address) was removed from its store by voipserver store-rebalance: leave it out of the list")
+        }
         if replies[0] != .null && recorded != place {
             throw StoreError(.other, "\(address) is instance \(recorded) (index/count) of its store, but the list of Redis "
                 + "instances makes it \(place): users are placed by the list's order and length, so a reordered or longer "
@@ -124,7 +131,7 @@ enum RedisSchema {
     /// DBSIZE first: an empty database costs one command; otherwise SCAN pages until the
     /// first such key, which in a foreign database is on the first page, and in a new
     /// cluster's walks only the few presence keys.
-    private static func firstKeyNotOfTheCluster(_ connection: RedisConnection, address: String) throws(StoreError) -> String? {
+    static func firstKeyNotOfTheCluster(_ connection: RedisConnection, address: String) throws(StoreError) -> String? {
         guard case .integer(let size) = try connection.run(RedisCommand("DBSIZE")) else {
             throw StoreError(.other, "\(address): DBSIZE did not answer with a number")
         }

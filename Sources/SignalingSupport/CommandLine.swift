@@ -141,3 +141,17 @@ public struct CommandLineParser: Sendable {
         return text
     }
 }
+
+/// What a subcommand run (`voipserver token`, `voipserver store-rebalance`) prints and
+/// returns: the executable writes the two texts and exits with `status`.
+public struct CommandOutcome: Equatable, Sendable {
+    public var output = ""
+    public var error = ""
+    public var status: Int32 = 0
+
+    public init(output: String = "", error: String = "", status: Int32 = 0) {
+        self.output = output
+        self.error = error
+        self.status = status
+    }
+}

@@ -1,6 +1,8 @@
 // voipserver: parse options, build the server, run it until SIGTERM/SIGINT, drain;
-// SIGHUP reloads what can change at run time. `voipserver token ...` mints a device token.
+// SIGHUP reloads what can change at run time. `voipserver token ...` mints a device token;
+// `voipserver store-rebalance ...` moves a Redis store's users onto a new list of instances.
 import SignalingServer
+import SignalingStoreRedis
 import SignalingSupport
 import SignalingSystemd
 #if canImport(Glibc)
@@ -8,11 +10,16 @@ import Glibc
 #endif
 
 let arguments = Array(CommandLine.arguments.dropFirst())
-if arguments.first == "token" {
-    let outcome = TokenCommand.run(Array(arguments.dropFirst()), now: Int64(SystemClock().wallMilliseconds() / 1000))
+/// Prints a subcommand's outcome and exits with its status.
+func finish(_ outcome: CommandOutcome) -> Never {
     if !outcome.output.isEmpty { StandardStreams.output(outcome.output) }
     if !outcome.error.isEmpty { StandardStreams.error(outcome.error) }
     exit(outcome.status)
+}
+switch arguments.first {
+case "token": finish(TokenCommand.run(Array(arguments.dropFirst()), now: Int64(SystemClock().wallMilliseconds() / 1000)))
+case "store-rebalance": finish(StoreRebalanceCommand.run(Array(arguments.dropFirst()), logger: Logger(level: .info)))
+default: break
 }
 if (try? ServerOptions.parser.parse(arguments))?.versionRequested == true {
     StandardStreams.output(ProductVersion.line(for: "voipserver"))

@@ -131,4 +131,52 @@ struct RedisStoreEndToEndTests {
         let server = try ServerProcess(["--store", redis.url(), "--redis-allow-volatile"])
         #expect(server.log.contains("store_volatile"))
     }
+
+    @Test("an instance added with voipserver store-rebalance: the server refuses the longer list until the move, then every device resumes with what it missed")
+    func rebalanceToThreeInstances() throws {
+        let (servers, store) = try instances(2)
+        let added = try RedisServer()
+        let grown = store + "," + added.url()
+        let users = (0..<12).map { "user-\($0)" }
+        var sessions: [String: SessionID] = [:]
+        do {
+            let server = try ServerProcess(["--store", store])
+            for user in users {
+                let device = try TestClient(port: server.port)
+                sessions[user] = try device.hello(user: user, device: "phone").sessionID
+            }
+            let sender = try TestClient(port: server.port)
+            try sender.hello(user: "sender", device: "laptop")
+            var request: UInt32 = 0
+            for user in users {
+                for number in 1...2 {
+                    request += 1
+                    #expect(try sender.request(request, Request.identifiedMessage("\(user)-m\(number)", to: user)).isOK)
+                }
+            }
+            #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
+        }
+        let refused = try ExecutableRun.run("voipserver", ["--listen", "127.0.0.1:0", "--store", grown], timeoutSeconds: 30)
+        #expect(refused.exitCode == 70, "the longer list does not match the data")
+
+        let move = try ExecutableRun.run("voipserver", ["store-rebalance", "--from", store, "--to", grown], timeoutSeconds: 60)
+        #expect(move.exitCode == 0, "\(move.stderr)")
+        #expect(move.stdout.contains("moved "), "\(move.stdout)")
+        #expect(users.contains { (try? added.cli(["EXISTS", "{u:\($0)}:devices"])) == "1" }, "some users now live on the new instance")
+
+        let server = try ServerProcess(["--store", grown])
+        for user in users {
+            let device = try TestClient(port: server.port)
+            let welcome = try device.hello(user: user, device: "phone", resume: ResumePoint(sessionID: sessions[user]!, lastReceivedSeq: 0))
+            #expect(welcome.resumed, "\(user)'s session moved with it")
+            var received: [String] = []
+            while received.count < 2 {
+                let (seq, event) = try device.nextEvent(timeout: .seconds(10))
+                if case .message(let message) = event { received.append(message.messageID) }
+                try device.ack(seq)
+            }
+            #expect(received == ["\(user)-m1", "\(user)-m2"])
+        }
+        withExtendedLifetime(servers) {}
+    }
 }

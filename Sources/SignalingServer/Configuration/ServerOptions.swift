@@ -109,6 +109,9 @@ public enum ServerOptions {
             SUBCOMMANDS:
               voipserver token --user U [--device D] [--ttl 24h] --key-file FILE [--kid K]
                                 Print a device token signed with a key of FILE (docs/AUTH.md).
+              voipserver store-rebalance --from URLS --to URLS [--dry-run] [--force]
+                                Move a Redis store's users onto a new list of instances, every node
+                                stopped (docs/STORAGE.md, "Adding an instance").
 
             EXIT STATUS:
               0 after a clean drain, 64 for a usage or configuration error, 70 if the server cannot start.

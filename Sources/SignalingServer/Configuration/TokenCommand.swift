@@ -23,12 +23,7 @@ public enum TokenCommand {
               0 with the token on standard output, 64 for a usage error.
             """)
 
-    /// What a run prints and returns.
-    public struct Outcome: Equatable, Sendable {
-        public var output = ""
-        public var error = ""
-        public var status: Int32 = 0
-    }
+    public typealias Outcome = CommandOutcome
 
     /// Runs the command with `arguments` (those after `token`) at Unix time `now`.
     public static func run(_ arguments: [String], now: Int64) -> Outcome {
