@@ -27,6 +27,10 @@ final class TestServer {
         configuration.port = 0
         configuration.workers = workers
         configuration.tickInterval = .milliseconds(5)
+        // Many servers run at once in the test process: automatic placement would pin every
+        // one's loop to the first CPU and its store writer to the next, crowding a core.
+        // The scheduler spreads them instead; ThreadPlacementTests cover placement.
+        configuration.threadPlacement = .off
         configure(&configuration)
         self.clock = clock
         server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
