@@ -49,6 +49,18 @@ struct ThreadPlacementTests {
         }
     }
 
+    @Test("auto is the default of the library and of voipserver; the option and the file key set it")
+    func defaultIsAuto() throws {
+        #expect(ServerConfiguration().threadPlacement == .auto)
+        #expect(try ServerOptions.configuration(from: []).0.threadPlacement == .auto)
+        #expect(try ServerOptions.configuration(from: ["--thread-placement", "off"]).0.threadPlacement == .off)
+        let path = "/tmp/voipserver-placement-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).conf"
+        #expect(writeFile(path, "thread-placement = off\n"))
+        defer { removeFile(path) }
+        #expect(try ServerOptions.configuration(from: ["--config", path]).0.threadPlacement == .off)
+        #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--thread-placement", "on"]) }
+    }
+
     @Test("the report names every loop and store thread with its CPUs, any where unplaced")
     func report() throws {
         let placed = ThreadPlacement(source: .auto, loops: [0, 1], store: [2, 3, 5])
