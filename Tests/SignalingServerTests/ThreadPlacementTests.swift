@@ -110,17 +110,12 @@ struct ThreadPlacementTests {
     @Test("a refused automatic placement logs one warning, and the server runs with its threads unplaced")
     func refusedPlacementWarnsAndRuns() throws {
         let log = LogFile()
-        var configuration = ServerConfiguration()
-        configuration.host = "127.0.0.1"
-        configuration.port = 0
-        configuration.workers = 1
-        configuration.tickInterval = .milliseconds(5)
-        configuration.drainTimeout = .seconds(1)
-        let server = try SignalingServer(configuration: configuration, logger: log.logger, store: ModelEventStore())
-        defer { server.shutdown() }
         // The loop's CPU exists, the store's does not: the loop is moved, then put back.
         let allowed = CPUList.allowed()
-        try server.start(allowedCPUs: [allowed[0], CPUList.configuredCount])
+        let test = try TestServer(
+            workers: 1, store: ModelEventStore(), logger: log.logger, allowedCPUs: [allowed[0], CPUList.configuredCount]
+        ) { $0.threadPlacement = .auto }
+        let server = test.server
         let warnings = log.lines("thread_placement_refused")
         #expect(warnings.count == 1, "\(warnings)")
         #expect(warnings.first?.contains("thread=vs-store cpus=\(CPUList.configuredCount) ") == true, "\(warnings)")
@@ -129,8 +124,7 @@ struct ThreadPlacementTests {
         #expect(server.loopThreadCPUs == [allowed], "the loop keeps the process's CPUs")
         #expect(log.lines("thread_placement").first?.contains("placement=refused") == true)
 
-        let client = try TestClient(port: server.port)
-        _ = try client.hello(user: "alice")
+        _ = try test.connect(user: "alice")
     }
 
     @Test("a server with a store pins its loop and writer in auto, and nothing when off")
@@ -138,21 +132,19 @@ struct ThreadPlacementTests {
         let allowed = CPUList.allowed()
         for mode in ThreadPlacementMode.allCases {
             let log = LogFile()
-            var configuration = ServerConfiguration()
-            configuration.host = "127.0.0.1"
-            configuration.port = 0
-            configuration.workers = 1
-            configuration.threadPlacement = mode
-            configuration.drainTimeout = .seconds(1)
-            let server = try SignalingServer(configuration: configuration, logger: log.logger, store: ModelEventStore())
             // Two CPUs whatever the machine: the first allowed one, and the first again for
             // the store (a CPU may be named twice in a plan's input; it is still "a spare").
-            try server.start(allowedCPUs: allowed.count >= 2 ? Array(allowed.prefix(2)) : [allowed[0], allowed[0]])
-            defer { server.shutdown() }
+            let test = try TestServer(
+                workers: 1, store: ModelEventStore(), logger: log.logger,
+                allowedCPUs: allowed.count >= 2 ? Array(allowed.prefix(2)) : [allowed[0], allowed[0]]
+            ) { $0.threadPlacement = mode }
+            let server = test.server
             switch mode {
             case .auto:
                 #expect(server.threadPlacement.source == .auto)
                 #expect(server.loopThreadCPUs == [[allowed[0]]])
+                #expect(server.threadPlacement.threads.map { "\($0.thread):\($0.cpus)" }
+                    == ["vs-loop-0:\(allowed[0])", "vs-store:\(allowed.count >= 2 ? allowed[1] : allowed[0])"])
                 #expect(log.lines("listening").first?.contains("loop_cpus=\(allowed[0])") == true)
             case .off:
                 #expect(server.threadPlacement.source == .off)

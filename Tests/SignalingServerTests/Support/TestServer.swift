@@ -1,6 +1,6 @@
 import SignalingProtocol
 import SignalingStore
-import SignalingServer
+@testable import SignalingServer
 import SignalingSupport
 import TestSupport
 
@@ -18,9 +18,12 @@ final class TestServer {
     ///     to a file).
     ///   - relay: the node link over which the server, as a cluster's routing node, serves
     ///     relayed connections (`SignalingServer.enableRelay`; the test starts the link).
+    ///   - allowedCPUs: start as if the process could use only these CPUs (thread
+    ///     placement; nil: the process's real mask).
     init(
         workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
-        logger: Logger = .silent, relay: (any NodeLink)? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }
+        logger: Logger = .silent, relay: (any NodeLink)? = nil, allowedCPUs: [Int]? = nil,
+        _ configure: (inout ServerConfiguration) -> Void = { _ in }
     ) throws {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
@@ -35,7 +38,7 @@ final class TestServer {
         self.clock = clock
         server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
         if let relay { server.enableRelay(over: relay) }
-        try server.start()
+        try server.start(allowedCPUs: allowedCPUs ?? CPUList.allowed())
     }
 
     /// Drains even if the test still holds connections that nobody reads: the frozen
