@@ -56,7 +56,7 @@ let package = Package(
 
         // ---- Store ------------------------------------------------------------------------
         // What must survive a restart: the EventStore protocol and its record types.
-        .target(name: "SignalingStore", dependencies: ["SignalingProtocol"]),
+        .target(name: "SignalingStore", dependencies: ["SignalingProtocol", "SignalingSupport"]),
         // The default store: SQLite in WAL mode, one transaction per group commit.
         .target(name: "SignalingStoreSQLite", dependencies: ["SignalingStore", "CSQLite", "CLinuxShims", "SignalingSupport"]),
         // The store in Redis (--store redis://...): per-user keys laid out for Redis Cluster,

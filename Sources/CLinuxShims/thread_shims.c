@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "thread_shims.h"
+#include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -13,12 +14,39 @@ void shim_name_thread(unsigned long thread, const char *name) {
     (void)pthread_setname_np((pthread_t)thread, truncated);
 }
 
-int shim_pin_thread(unsigned long thread, int cpu) {
-    if (cpu < 0 || cpu >= CPU_SETSIZE) return 22; /* EINVAL */
+int shim_pin_thread(unsigned long thread, const int *cpus, int count) {
     cpu_set_t set;
     CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
+    for (int i = 0; i < count; i++) {
+        if (cpus[i] < 0 || cpus[i] >= CPU_SETSIZE) return EINVAL;
+        CPU_SET(cpus[i], &set);
+    }
     return pthread_setaffinity_np((pthread_t)thread, sizeof set, &set);
+}
+
+/// The CPUs of `set`, in increasing order, into `cpus`: how many there are.
+static int list_cpus(const cpu_set_t *set, int *cpus, int capacity) {
+    int count = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE && count < capacity; cpu++) {
+        if (CPU_ISSET(cpu, set)) cpus[count++] = cpu;
+    }
+    return count;
+}
+
+int shim_thread_cpus(unsigned long thread, int *cpus, int capacity) {
+    cpu_set_t set;
+    int error = pthread_getaffinity_np((pthread_t)thread, sizeof set, &set);
+    if (error != 0) {
+        errno = error;
+        return -1;
+    }
+    return list_cpus(&set, cpus, capacity);
+}
+
+int shim_process_cpus(int *cpus, int capacity) {
+    cpu_set_t set;
+    if (sched_getaffinity(getpid(), sizeof set, &set) != 0) return -1;
+    return list_cpus(&set, cpus, capacity);
 }
 
 int shim_configured_cpus(void) {

@@ -1,4 +1,5 @@
 import SignalingProtocol
+import SignalingSupport
 
 /// One change to the durable state. The server collects the changes each operation makes
 /// and hands them to the store in batches; a batch is applied atomically.
@@ -96,6 +97,14 @@ public protocol EventStore: AnyObject, Sendable {
     func apply(_ changes: [StoreChange]) throws(StoreError)
     /// Closes the store; no calls afterwards.
     func close()
+    /// Threads the store runs of its own (SQLite's WAL checkpointer), for the server to
+    /// place beside its store writer (`--thread-placement`). Fixed once the store is open;
+    /// the handles are valid until `close`. Default: none.
+    var backgroundThreads: [JoinableThread] { get }
+}
+
+extension EventStore {
+    public var backgroundThreads: [JoinableThread] { [] }
 }
 
 extension StoreChange {

@@ -26,6 +26,9 @@ public final class SQLiteEventStore: EventStore, EventBodySource, @unchecked Sen
     private var database: OpenDatabase?
     /// Released after the database is closed, so the next owner finds it checkpointed.
     private var lock: DataDirectoryLock?
+    /// The WAL checkpointer's thread (`vs-checkpoint`), for the server to place beside
+    /// its store writer. A constant, so any thread may read it.
+    public let backgroundThreads: [JoinableThread]
 
     /// Opens (creating if needed) the store in `configuration.directory`. Throws
     /// `.readOnly` when the directory or file cannot be written, `.corrupt` for a file
@@ -62,6 +65,7 @@ public final class SQLiteEventStore: EventStore, EventBodySource, @unchecked Sen
             throw StoreError(error.kind, "\(configuration.databasePath): \(error.message)")
         }
         checkpointer.watch(connection)
+        backgroundThreads = checkpointer.thread.map { [$0] } ?? []
         database = OpenDatabase(connection: connection, writer: writer, checkpointer: checkpointer, selectBodies: selectBodies)
         self.lock = lock
         logger.info("store_opened", [

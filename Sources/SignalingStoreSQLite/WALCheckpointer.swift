@@ -26,7 +26,8 @@ final class WALCheckpointer: @unchecked Sendable {
     private let wakeFD: Int32
     private let stopping = Atomic<Bool>(false)
     private let pending = Atomic<Bool>(false)
-    private var thread: JoinableThread?
+    /// The checkpointing thread, started by `init`, joined (and cleared) by `stop`.
+    private(set) var thread: JoinableThread?
     private let logger: Logger
     /// Checkpoints run so far (for tests).
     let checkpoints = Atomic<Int>(0)

@@ -8,6 +8,8 @@ import Glibc
 /// for its whole life and owns its state for that life.
 public struct JoinableThread: @unchecked Sendable {
     private let handle: pthread_t
+    /// The name given at start (nil: none).
+    public let name: String?
 
     /// Starts the thread, named `name` when given (what `top -H` shows: at most 15
     /// bytes); crashes if the system cannot create one (nothing sensible to do). The name
@@ -27,12 +29,20 @@ public struct JoinableThread: @unchecked Sendable {
         precondition(rc == 0, "pthread_create failed: \(rc)")
         if let name { shim_name_thread(UInt(handle), name) }
         self.handle = handle
+        self.name = name
     }
 
-    /// Restricts the thread to CPU `cpu`. Returns 0 or the error number (EINVAL: no such
-    /// CPU, or one this process may not use).
-    public func pin(toCPU cpu: Int) -> Int32 {
-        shim_pin_thread(UInt(handle), Int32(clamping: cpu))
+    /// Restricts the thread to the CPUs `cpus` (one CPU pins it). Returns 0 or the error
+    /// number (EINVAL: no such CPU, or none this process may use; EPERM: a policy forbids
+    /// it). One system call.
+    public func pin(toCPUs cpus: [Int]) -> Int32 {
+        let numbers = cpus.map { Int32(clamping: $0) }
+        return numbers.withUnsafeBufferPointer { shim_pin_thread(UInt(handle), $0.baseAddress, Int32($0.count)) }
+    }
+
+    /// The CPUs the thread may run on, in increasing order (empty if the thread is gone).
+    public var allowedCPUs: [Int] {
+        CPUList.read { shim_thread_cpus(UInt(handle), $0, $1) }
     }
 
     /// Waits for the thread to finish. Call once.

@@ -66,6 +66,7 @@ struct LeasedNodeTests {
         configuration.port = 0
         configuration.tickInterval = .milliseconds(5)
         configuration.drainTimeout = .seconds(1)
+        configuration.threadPlacement = .off  // as TestServer: many servers in one process
         return LeasedNode(configuration: configuration, lease: lease, clock: clock, logger: .silent) { _ in ModelEventStore() }
     }
 

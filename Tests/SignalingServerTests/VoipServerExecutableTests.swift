@@ -131,13 +131,7 @@ struct VoipServerExecutableTests {
         let lastCPU = CPUList.configuredCount - 1
         let server = try ServerProcess(["--loop-cpus", "\(lastCPU),0", "--workers", "3", "--store", "memory"])
         // Loop i on the i-th CPU of the list, wrapping: 0 → last, 1 → 0, 2 → last again.
-        var allowed: [String: String] = [:]
-        for task in listDirectory("/proc/\(server.process.pid)/task") {
-            let name = readTextFile("/proc/\(server.process.pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init) ?? ""
-            let status = readTextFile("/proc/\(server.process.pid)/task/\(task)/status") ?? ""
-            let line = status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
-            if name.hasPrefix("vs-loop-"), let line { allowed[name] = line.split(separator: "\t").last.map(String.init) }
-        }
+        let allowed = Self.threadCPUs(of: server.process.pid).filter { $0.key.hasPrefix("vs-loop-") }
         #expect(allowed == ["vs-loop-0": "\(lastCPU)", "vs-loop-1": "0", "vs-loop-2": "\(lastCPU)"], "\(allowed)")
         #expect(server.log.contains("loop_cpus=\(lastCPU),0,\(lastCPU)"), "\(server.log)")
         let client = try RawSocket(port: server.port)
@@ -151,6 +145,51 @@ struct VoipServerExecutableTests {
         #expect(missing.exitCode == 70 && missing.stderr.contains("there is no CPU \(CPUList.configuredCount)"), "\(missing.stderr)")
         let malformed = try ExecutableRun.run("voipserver", ["--loop-cpus", "1-"], timeoutSeconds: 30)
         #expect(malformed.exitCode == 64 && malformed.stderr.contains("--loop-cpus"), "\(malformed.stderr)")
+    }
+
+    @Test("by default, with the SQLite store and a CPU to spare, the loop has the first CPU and the store's threads the others")
+    func automaticThreadPlacement() throws {
+        let allowed = CPUList.allowed()  // the child inherits the test process's mask
+        // ServerProcess turns placement off unless told: this is what a user's server does.
+        let server = try ServerProcess(["--thread-placement", "auto", "--workers", "1", "--admin-listen", "127.0.0.1:0"])
+        let threads = Self.threadCPUs(of: server.process.pid)
+        let line = server.log.split(separator: "\n").first { $0.contains("event=thread_placement ") } ?? ""
+        let metrics = try HTTPRequest.send("GET", port: try #require(ServiceDeploymentTests.adminPort(in: server.log)), "/metrics").text
+        if allowed.count >= 2 {
+            let rest = CPUList.format(Array(allowed.dropFirst()))
+            #expect(threads["vs-loop-0"] == "\(allowed[0])", "\(threads)")
+            #expect(threads["vs-store"] == rest && threads["vs-checkpoint"] == rest, "\(threads)")
+            #expect(line.contains(" placement=auto threads=vs-loop-0:\(allowed[0]),vs-store:\(rest),vs-checkpoint:\(rest) "), "\(line)")
+            #expect(metrics.contains("voipserver_thread_cpus{thread=\"vs-loop-0\",cpus=\"\(allowed[0])\",placement=\"auto\"} 1"), "\(metrics)")
+            #expect(metrics.contains("voipserver_thread_cpus{thread=\"vs-store\",cpus=\"\(rest)\",placement=\"auto\"} 1"), "\(metrics)")
+        } else {
+            // One CPU: nothing to spare, every thread stays where the process may run.
+            #expect(threads["vs-loop-0"] == CPUList.format(allowed), "\(threads)")
+            #expect(line.contains(" placement=none "), "\(line)")
+        }
+        #expect(server.terminate().map { ($0 >> 8) & 0xff } == 0)
+
+        // Off: every thread keeps the process's mask.
+        let unplaced = try ServerProcess(["--thread-placement", "off", "--workers", "1"])
+        let all = CPUList.format(allowed)
+        let names = Self.threadCPUs(of: unplaced.process.pid)
+        #expect(["vs-loop-0", "vs-store", "vs-checkpoint"].allSatisfy { names[$0] == all }, "\(names)")
+        #expect(unplaced.log.contains("event=thread_placement placement=off "), "\(unplaced.log)")
+        let bad = try ExecutableRun.run("voipserver", ["--thread-placement", "sometimes"], timeoutSeconds: 30)
+        #expect(bad.exitCode == 64 && bad.stderr.contains("--thread-placement must be auto or off"), "\(bad.stderr)")
+    }
+
+    /// Each named thread of process `pid` and the CPUs it may run on, as the kernel says
+    /// (`/proc/PID/task/TID/comm` and the `Cpus_allowed_list` of its `status`).
+    static func threadCPUs(of pid: pid_t) -> [String: String] {
+        var cpus: [String: String] = [:]
+        for task in listDirectory("/proc/\(pid)/task") {
+            let name = readTextFile("/proc/\(pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init) ?? ""
+            let status = readTextFile("/proc/\(pid)/task/\(task)/status") ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
+            if !name.isEmpty, let line { cpus[name] = line.split(separator: "\t").last.map(String.init) }
+        }
+        return cpus
     }
 
     @Test("a configuration file is honoured")

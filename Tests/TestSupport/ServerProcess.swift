@@ -22,8 +22,8 @@ public final class ServerProcess {
         public let description: String
     }
 
-    /// Starts `voipserver <arguments>` (listening on 127.0.0.1:0 unless they say otherwise)
-    /// and waits until it listens (it
+    /// Starts `voipserver <arguments>` (listening on 127.0.0.1:0 and with
+    /// `--thread-placement off` unless they say otherwise) and waits until it listens (it
     /// reads the port from the info-level `listening` line: do not pass a higher log level).
     /// Unless the arguments name one, the server gets a fresh data directory, removed when
     /// this object goes away.
@@ -44,6 +44,9 @@ public final class ServerProcess {
             arguments += ["--data-dir", dataDirectory]
         }
         if !arguments.contains("--listen") { arguments = ["--listen", "127.0.0.1:0"] + arguments }
+        // Tests start many servers at once: automatic placement would pin every one's loop to
+        // the first CPU and its store writer to the next. A test of placement names it.
+        if !arguments.contains("--thread-placement") { arguments += ["--thread-placement", "off"] }
         process = try ChildProcess.spawn(
             ExecutableRun.path(of: "voipserver"), arguments: arguments,
             pipeInput: false, stdout: .file(logPath), stderr: .file(logPath))

@@ -8,9 +8,19 @@
 /// kept). Errors (the thread is already gone) are ignored: a name is a convenience.
 void shim_name_thread(unsigned long thread, const char *name);
 
-/// Restricts `thread` to the one CPU `cpu`. Returns 0, or the error number
-/// (EINVAL: no such CPU, or not one this process may use).
-int shim_pin_thread(unsigned long thread, int cpu);
+/// Restricts `thread` to the `count` CPUs at `cpus`. Returns 0, or the error number
+/// (EINVAL: a CPU number outside 0..<CPU_SETSIZE, or none of them is one this process may
+/// use; EPERM: a policy forbids it).
+int shim_pin_thread(unsigned long thread, const int *cpus, int count);
+
+/// The CPUs `thread` may run on, in increasing order, into `cpus` (room for `capacity`).
+/// Returns how many, or -1 (the error is in errno).
+int shim_thread_cpus(unsigned long thread, int *cpus, int capacity);
+
+/// The CPUs the process may run on (the main thread's mask: what taskset, a cpuset
+/// cgroup or systemd's CPUAffinity= gave it), in increasing order, into `cpus`. Returns
+/// how many, or -1 (the error is in errno).
+int shim_process_cpus(int *cpus, int capacity);
 
 /// Bytes malloc actually gave the block at `pointer` (glibc's malloc_usable_size, whose
 /// header Swift does not import): how tests check that a per-device object stays within

@@ -22,6 +22,10 @@ extension AdminAPI {
         out.family("voipserver_draining", .gauge, "1 once shutdown has begun.")
         out.sample("voipserver_draining", [:], state.draining ? 1 : 0)
         Self.role("active", into: &out)
+        out.family("voipserver_thread_cpus", .gauge, "Always 1: the CPUs each event loop and store thread was given at start (cpus=\"any\": where the scheduler puts it), and how the placement was decided (--thread-placement, --loop-cpus).")
+        for (thread, cpus) in threadPlacement.threads {
+            out.sample("voipserver_thread_cpus", ["thread": thread, "cpus": cpus, "placement": threadPlacement.source.rawValue], 1)
+        }
 
         let openTLS = counters.openTLSConnections.value
         let establishedTLS = counters.establishedTLSConnections.value

@@ -41,6 +41,8 @@ final class AdminAPI: AdminRequestHandler {
     let loops: [EventLoop]
     private let token: [UInt8]?
     let readiness: @Sendable () -> Readiness
+    /// The thread placement in force (fixed at start): `voipserver_thread_cpus`.
+    let threadPlacement: (source: ThreadPlacement.Source, threads: [(thread: String, cpus: String)])
 
     /// The sender's device id in messages from the admin API.
     static let systemDevice = "admin"
@@ -49,8 +51,10 @@ final class AdminAPI: AdminRequestHandler {
 
     init(
         context: ServerContext, writer: StoreWriter?, pushGateway: PushGateway?, loops: [EventLoop], token: String?,
+        threadPlacement: (source: ThreadPlacement.Source, threads: [(thread: String, cpus: String)]),
         readiness: @escaping @Sendable () -> Readiness
     ) {
+        self.threadPlacement = threadPlacement
         self.context = context
         self.writer = writer
         self.pushGateway = pushGateway

@@ -113,6 +113,11 @@ public struct ServerConfiguration: Sendable {
     /// CPUs for the event loops: loop i runs only on `loopCPUs[i % count]`. Empty: the
     /// scheduler places them. For a polling loop (`busyPoll`) on a core of its own.
     public var loopCPUs: [Int] = []
+    /// With `auto` and a store, and more CPUs allowed than loops: loop *i* runs on the
+    /// *i*-th CPU the process may use, the store writer and the store's own threads on the
+    /// others, so that the store's work never takes a loop's CPU (`ThreadPlacement`).
+    /// `loopCPUs` wins over it. A refused placement is a warning, never a failed start.
+    public var threadPlacement = ThreadPlacementMode.auto
     /// Where push wake-ups go for devices with no connection (nil: none are sent).
     public var pushGateway: PushGatewayConfiguration?
     /// Push key files a reload could not read (`ServerOptions.configuration(from:running:)`);

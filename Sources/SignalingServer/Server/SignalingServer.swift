@@ -46,6 +46,8 @@ public final class SignalingServer: Sendable {
         var tlsPort: UInt16?
         /// Held from start until the loops have stopped (see `cpuLatencyLimit`).
         var cpuLatencyRequest: CPULatencyRequest?
+        /// `threadPlacement`, set once by `start`.
+        var threadPlacement: (source: ThreadPlacement.Source, threads: [(thread: String, cpus: String)]) = (.off, [])
         /// The admin HTTP API, when configured (stopped after the loops).
         var admin: AdminHTTPServer?
         var started = false
@@ -131,6 +133,12 @@ public final class SignalingServer: Sendable {
 
     /// Binds the listening sockets and starts the loops. Returns once the server accepts.
     public func start() throws(ServerError) {
+        try start(allowedCPUs: CPUList.allowed())
+    }
+
+    /// `start`, placing threads as if the process could use `allowedCPUs` (tests: CPUs the
+    /// machine lacks, so that the kernel refuses the placement).
+    func start(allowedCPUs: [Int]) throws(ServerError) {
         // libevent's HTTP code (the push gateway's requests, the admin API's responses)
         // writes with writev(2), which raises SIGPIPE when the peer has gone: that would kill
         // the whole process. The device loops send with MSG_NOSIGNAL; for the rest the
@@ -213,15 +221,12 @@ public final class SignalingServer: Sendable {
             $0.tlsPort = configuration.tls == nil ? nil : tlsPort
             $0.started = true
         }
-        // Loop i on the i-th CPU of the list (wrapping): a polling loop keeps its core
-        // and its caches, and the scheduler never moves it next to whoever woke it.
-        let placement = loopCPUs.isEmpty ? [] : threads.indices.map { loopCPUs[$0 % loopCPUs.count] }
-        for (index, cpu) in placement.enumerated() {
-            let error = threads[index].pin(toCPU: cpu)
-            guard error == 0 else {
-                shutdown()
-                throw ServerError("--loop-cpus: cannot run loop \(index) on CPU \(cpu): \(SystemError("pthread_setaffinity_np", error).reason)")
-            }
+        let placement: ThreadPlacement
+        do {
+            placement = try placeThreads(threads, allowedCPUs: allowedCPUs)
+        } catch {
+            shutdown()
+            throw error
         }
         if let admin = configuration.admin {
             do {
@@ -248,10 +253,55 @@ public final class SignalingServer: Sendable {
             "auth": Self.authenticationSummary(configuration), "proxy_protocol": configuration.proxyProtocol ? "v2" : "off",
             "tls_proxy_protocol": tls?.proxyProtocol == true ? "v2" : "off",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
-            "loop_cpus": placement.isEmpty ? "any" : placement.map(String.init).joined(separator: ","),
+            "loop_cpus": placement.loops.isEmpty ? "any" : placement.loops.map(String.init).joined(separator: ","),
         ])
         if let tls, let tlsContext = context.tlsContext { logTLSCertificate(tls, tlsContext) }
     }
+
+    /// Gives the loops and the store's threads their CPUs (`ThreadPlacement`) and logs
+    /// `thread_placement`. Loop *i* on its own CPU keeps its caches, and the store's bursts
+    /// of work (group commits, checkpoints) never take the CPU the loop is about to wake
+    /// on. A refused `--loop-cpus` stops the start (the operator asked for exactly that); a
+    /// refused automatic placement logs one warning, `thread_placement_refused`, and every
+    /// thread runs where the scheduler puts it.
+    private func placeThreads(_ loops: [JoinableThread], allowedCPUs: [Int]) throws(ServerError) -> ThreadPlacement {
+        let configuration = self.configuration
+        var placement = ThreadPlacement.plan(
+            mode: configuration.threadPlacement, loopCPUs: configuration.loopCPUs, allowed: allowedCPUs,
+            loops: loops.count, durableStore: writer != nil)
+        let storeThreads = writer?.threads ?? []
+        let assignments = zip(loops, placement.loops).map { (thread: $0, cpus: [$1]) }
+            + (placement.store.isEmpty ? [] : storeThreads.map { (thread: $0, cpus: placement.store) })
+        if let refusal = ThreadPlacement.pin(assignments) {
+            let reason = SystemError("pthread_setaffinity_np", refusal.error).reason
+            let cpus = CPUList.format(refusal.cpus)
+            guard placement.source != .loopCPUs else {
+                throw ServerError("--loop-cpus: cannot run \(refusal.thread) on CPU \(cpus): \(reason)")
+            }
+            placement = ThreadPlacement(source: .refused, loops: [], store: [], detail: "\(refusal.thread) on CPU \(cpus): \(reason)")
+            context.logger.warning("thread_placement_refused", [
+                "thread": refusal.thread, "cpus": cpus, "error": reason,
+                "detail": "the kernel refused the automatic placement; every thread runs where the scheduler puts it (--thread-placement off: no attempt)",
+            ])
+        }
+        let threads = placement.threads(loopCount: loops.count, storeThreads: storeThreads.map { $0.name ?? "store" })
+        let described = threads.map { "\($0.thread):\($0.cpus)" }.joined(separator: ",")
+        context.logger.info("thread_placement", [
+            "placement": placement.source.rawValue, "threads": described, "allowed_cpus": CPUList.format(allowedCPUs),
+            "detail": placement.detail ?? "-",
+        ])
+        state.withLock { $0.threadPlacement = (placement.source, threads) }
+        return placement
+    }
+
+    /// The placement in force (`thread_placement`): how it was decided, and each placed
+    /// thread's CPUs (`any`: where the scheduler puts it). Empty threads before `start`.
+    var threadPlacement: (source: ThreadPlacement.Source, threads: [(thread: String, cpus: String)]) {
+        state.withLock { $0.threadPlacement }
+    }
+
+    /// The CPUs each loop thread may run on now, read from the kernel (tests).
+    var loopThreadCPUs: [[Int]] { state.withLock { $0.threads }.map(\.allowedCPUs) }
 
     /// The addresses of the listeners configured (plain, then TLS), ports as configured.
     private func listenerAddresses(_ configuration: ServerConfiguration) -> [(host: String, port: UInt16)] {
@@ -479,6 +529,7 @@ public final class SignalingServer: Sendable {
         ("drain-timeout", { "\($0.drainTimeout)" }), ("tick", { "\($0.tickInterval)" }),
         ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }),
         ("cpu-latency-limit", { "\(String(describing: $0.cpuLatencyLimit))" }), ("loop-cpus", { "\($0.loopCPUs)" }),
+        ("thread-placement", { $0.threadPlacement.rawValue }),
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
         ("store", { "\($0.storage.mode) \($0.storage.redisURL ?? "")" }), ("data-dir", { $0.storage.directory }),
         ("redis-fsync", { "\($0.storage.redisFsync)" }), ("redis-lease-ttl", { "\($0.storage.redisLeaseTTL)" }), ("redis-allow-volatile", { "\($0.storage.redisAllowVolatile)" }),
@@ -529,6 +580,7 @@ public final class SignalingServer: Sendable {
     private func startAdmin(_ admin: AdminConfiguration, loops: [EventLoop]) throws(ServerError) {
         let api = AdminAPI(
             context: context, writer: writer, pushGateway: pushGateway, loops: loops, token: admin.token,
+            threadPlacement: threadPlacement,
             readiness: { [weak self] in self?.readiness ?? Readiness() })
         let server = try AdminHTTPServer(
             host: admin.host, port: admin.port, maxBodyBytes: admin.maxBodyBytes, handler: api, logger: context.logger)

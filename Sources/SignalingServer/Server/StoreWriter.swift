@@ -361,6 +361,12 @@ final class StoreWriter: @unchecked Sendable {
         thread = JoinableThread(name: "vs-store") { self.run() }
     }
 
+    /// The writer's thread (once started) and the store's own threads: what thread
+    /// placement keeps off the loops' CPUs. Read by the thread that started the writer.
+    var threads: [JoinableThread] {
+        (thread.map { [$0] } ?? []) + store.backgroundThreads
+    }
+
     /// Commits what is queued, then stops the thread and closes the store.
     func stop() {
         stopping.store(true, ordering: .releasing)

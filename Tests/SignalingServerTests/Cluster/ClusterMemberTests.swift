@@ -24,6 +24,7 @@ struct ClusterMemberTests {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = 0
+        configuration.threadPlacement = .off  // as TestServer: many servers in one process
         configuration.tickInterval = .milliseconds(5)
         configuration.drainTimeout = .seconds(1)
         let node = LeasedNode(configuration: configuration, lease: lease, clock: clock, logger: .silent, link: link) { _ in
@@ -75,6 +76,7 @@ struct ClusterMemberTests {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = 0
+        configuration.threadPlacement = .off  // as TestServer: many servers in one process
         let standby = LeasedNode(configuration: configuration, lease: lease, clock: clock, logger: .silent) { _ in ModelEventStore() }
         standby.start()
         defer { standby.stop() }
@@ -91,6 +93,7 @@ struct ClusterMemberTests {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = 0
+        configuration.threadPlacement = .off  // as TestServer: many servers in one process
         configuration.admin = AdminConfiguration(host: "127.0.0.1", port: 0, token: nil)
         let log = LogFile()
         let node = LeasedNode(configuration: configuration, lease: lease, clock: clock, logger: log.logger, link: link) { _ in

@@ -1,6 +1,6 @@
 import SignalingProtocol
 import SignalingStore
-import SignalingServer
+@testable import SignalingServer
 import SignalingSupport
 import TestSupport
 
@@ -18,20 +18,27 @@ final class TestServer {
     ///     to a file).
     ///   - relay: the node link over which the server, as a cluster's routing node, serves
     ///     relayed connections (`SignalingServer.enableRelay`; the test starts the link).
+    ///   - allowedCPUs: start as if the process could use only these CPUs (thread
+    ///     placement; nil: the process's real mask).
     init(
         workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
-        logger: Logger = .silent, relay: (any NodeLink)? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }
+        logger: Logger = .silent, relay: (any NodeLink)? = nil, allowedCPUs: [Int]? = nil,
+        _ configure: (inout ServerConfiguration) -> Void = { _ in }
     ) throws {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = 0
         configuration.workers = workers
         configuration.tickInterval = .milliseconds(5)
+        // Many servers run at once in the test process: automatic placement would pin every
+        // one's loop to the first CPU and its store writer to the next, crowding a core.
+        // The scheduler spreads them instead; ThreadPlacementTests cover placement.
+        configuration.threadPlacement = .off
         configure(&configuration)
         self.clock = clock
         server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
         if let relay { server.enableRelay(over: relay) }
-        try server.start()
+        try server.start(allowedCPUs: allowedCPUs ?? CPUList.allowed())
     }
 
     /// Drains even if the test still holds connections that nobody reads: the frozen
