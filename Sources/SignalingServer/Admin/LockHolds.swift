@@ -22,10 +22,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
     case deferredReplyParts
     /// The server's live call ids (`CallDirectory`): call requests and call endings.
     case callDirectory
-    /// `AdmissionControl`'s handshake token bucket: every HELLO.
-    case admissionBucket
-    /// `AdmissionControl`'s connections per address: every accept and close.
-    case admissionPerAddress
     /// `ServerContext.tokenVerifier`: every HELLO with authentication.
     case tokenVerifier
     /// `ServerContext.tlsContext`: every TLS accept.
@@ -52,8 +48,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .storeProgress: "store_progress"
         case .deferredReplyParts: "deferred_reply_parts"
         case .callDirectory: "call_directory"
-        case .admissionBucket: "admission_bucket"
-        case .admissionPerAddress: "admission_per_address"
         case .tokenVerifier: "token_verifier"
         case .tlsContext: "tls_context"
         case .logThrottle: "log_throttle"

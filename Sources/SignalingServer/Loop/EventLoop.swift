@@ -15,8 +15,8 @@ import Glibc
 //   connections (tests and the admin API's counts read under it, rarely).
 // - Under `ownership` a loop may take, one at a time and each for a moment: a routing
 //   shard (and under that only the `CallDirectory`, a `DeferredReply`'s parts), the
-//   admission locks, the handshake holders (`ServerContext`), a `LogThrottle`. The store
-//   writer's inbox is no lock (StoreWriter.swift).
+//   handshake holders (`ServerContext`), a `LogThrottle`. The store writer's inbox and
+//   the admission control (`AdmissionControl`) are no locks.
 // Every hold of `ownership` is timed (`SharedLock.loopOwnership`). The loop's `inbox` is
 // no lock: a lock-free queue (`MPSCQueue`) that any thread posts to, under any lock or
 // none, and that only the loop takes from.
