@@ -441,8 +441,8 @@ struct AdminAPITests {
 
         let family = try #require(after["voipserver_lock_hold_seconds"])
         #expect(family.type == "histogram")
-        let labels = ["routing_shard", "loop_ownership", "store_progress", "deferred_reply_parts",
-                      "call_directory", "token_verifier", "tls_context", "log_throttle",
+        let labels = ["routing_shard", "loop_ownership", "store_progress",
+                      "call_directory", "log_throttle",
                       "push_inbox", "relay_directory", "front_route"]
         for lock in labels {
             let buckets = family.samples.filter { $0.name == "voipserver_lock_hold_seconds_bucket" && $0.labels["lock"] == lock }

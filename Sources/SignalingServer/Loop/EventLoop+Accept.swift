@@ -13,7 +13,7 @@ extension EventLoop {
     func acceptConnections(tls: Bool) {
         refreshTime()
         // Read once per callback: a reload swaps it for the connections accepted after it.
-        let tlsContext = tls ? context.tlsContext : nil
+        let tlsContext = tls ? self.tlsContext : nil
         let listener = tls ? tlsListenFD : listenFD
         guard listener >= 0 else { return }  // stopped (a drain) since libevent reported it
         for _ in 0..<256 {
