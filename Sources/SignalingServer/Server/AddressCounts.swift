@@ -35,7 +35,8 @@ import Synchronization
 /// Failure mode, never a lock and never a refusal the limit does not call for: when every
 /// slot of the window is held by other addresses, or when the claim started again
 /// `attempts` times (another thread kept a pending mark of the same address that long,
-/// say preempted between its two steps), the connection is admitted **uncounted**
+/// say preempted between its two steps; past `quickAttempts` each start yields the CPU
+/// first, so that such a thread can finish), the connection is admitted **uncounted**
 /// (`Admission.uncounted`, counted by the caller in a metric): it is not counted against
 /// its address's limit and its close releases nothing. How often windows are full, by how
 /// full the table is (a simulation of random addresses placed in 2^16 slots, windows of
@@ -51,6 +52,8 @@ final class AddressCounts: @unchecked Sendable {
     static let window = 16
     /// Starts of a claim before an admission gives up and admits uncounted.
     static let attempts = 64
+    /// Starts of a claim made at once; each later one first yields the CPU.
+    static let quickAttempts = 8
 
     /// `calloc`'d words (zero: free), each used only through its `Atomic`.
     private let slots: UnsafeMutablePointer<Atomic<UInt64>>
@@ -108,7 +111,11 @@ final class AddressCounts: @unchecked Sendable {
     func admit(_ address: UInt32, limit: Int) -> Admission {
         guard limit > 0 else { return .refused }
         let limit = UInt64(min(limit, Int(Self.countMask)))
-        attempt: for _ in 0..<Self.attempts {
+        attempt: for attempt in 0..<Self.attempts {
+            // Past a few quick retries, the thread that keeps its pending mark is likely
+            // preempted (more runnable threads than cores): give it the CPU. A yield, not
+            // a wait: with nobody else runnable here it returns at once.
+            if attempt >= Self.quickAttempts { sched_yield() }
             var free: (index: Int, word: UInt64)?
             for offset in 0..<Self.window {
                 let index = slot(address, offset)
