@@ -429,7 +429,7 @@ struct AdminAPITests {
             }?.value
         }
         let before = try scrape()
-        // Handshakes (admission), messages with a store (routing, the commits under way, their
+        // Handshakes, messages with a store (routing, the commits under way, their
         // release posted to a loop's inbox), ACKs and receipts, and a call (its id).
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
@@ -441,8 +441,8 @@ struct AdminAPITests {
 
         let family = try #require(after["voipserver_lock_hold_seconds"])
         #expect(family.type == "histogram")
-        let labels = ["routing_shard", "loop_ownership", "store_progress", "deferred_reply_parts",
-                      "call_directory", "admission_bucket", "admission_per_address", "token_verifier", "tls_context", "log_throttle",
+        let labels = ["routing_shard", "loop_ownership", "store_progress",
+                      "call_directory", "log_throttle",
                       "push_inbox", "relay_directory", "front_route"]
         for lock in labels {
             let buckets = family.samples.filter { $0.name == "voipserver_lock_hold_seconds_bucket" && $0.labels["lock"] == lock }
@@ -453,7 +453,7 @@ struct AdminAPITests {
             #expect(longest != nil, "\(lock) has a longest hold")
         }
         #expect(Set(family.samples.compactMap { $0.labels["lock"] }) == Set(labels))
-        for lock in ["routing_shard", "loop_ownership", "store_progress", "call_directory", "admission_bucket", "admission_per_address"] {
+        for lock in ["routing_shard", "loop_ownership", "store_progress", "call_directory"] {
             let grown = (holds(after, lock) ?? 0) - (holds(before, lock) ?? 0)
             #expect(grown >= 1, "\(lock): \(grown) holds")
         }

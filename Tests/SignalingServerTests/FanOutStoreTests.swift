@@ -76,7 +76,7 @@ struct FanOutCommitGroupTests {
         #expect(units.contains { unit in
             unit.reply === m1 && unit.changes.contains { if case .rememberMessageID(let id) = $0 { id.messageID == "m1" } else { false } }
         })
-        #expect(m1.parts.contains { $0.shard == 0 && $0.event.receipt?.messageID == "m1" && $0.event.receipt?.recipient == fan })
+        #expect(m1.takeParts().contains { $0.shard == 0 && $0.event.receipt?.messageID == "m1" && $0.event.receipt?.recipient == fan })
         // Closed, the group is committed whole; before, nothing from its first unit on.
         let firstOfM1 = try #require(units.firstIndex { $0.group === m1 })
         #expect(StoreWriter.committable(units) == firstOfM1)
@@ -102,8 +102,9 @@ struct FanOutCommitGroupTests {
         #expect(devices.filter { FanOutTests.messageIDs($0) == ["m1"] }.count == Self.chunk)
         // The store's deadline passes: `Switchboard.cancel`, one hold per shard.
         #expect(m1.settle(.refused))
+        let parts = m1.takeParts()
         for shard in [0, 1] {
-            let events = m1.parts.filter { $0.shard == shard }.map(\.event)
+            let events = parts.filter { $0.shard == shard }.map(\.event)
             shards.states[shard].cancelMessage(events, sender: bob, messageID: "m1")
         }
         while !steps.isEmpty { runOne() }

@@ -175,7 +175,7 @@ struct ShardedStoreTests {
         // The writer refuses it (`Switchboard.cancel`: settle, then one hold per shard of
         // its parts) before the recipient's step has run: nothing of it there to cancel yet.
         #expect(m1.settle(.refused))
-        for part in m1.parts { shards.states[part.shard].cancelMessage([part.event], sender: sender, messageID: "m1") }
+        for part in m1.takeParts() { shards.states[part.shard].cancelMessage([part.event], sender: sender, messageID: "m1") }
         shards.states[1].cancelMessage([], sender: sender, messageID: "m1")
         // Then the recipient's step, as `Switchboard.run` runs it.
         shards.states[0].deferReply(m1, answers: false, queued: nil)

@@ -62,6 +62,8 @@ extension AdminAPI {
         out.sample("voipserver_relay_frames_total", ["direction": "sent"], counters.relayFramesSent.value)
         out.family("voipserver_connections_refused_total", .counter, "Connections refused before any handshake, by reason.")
         out.sample("voipserver_connections_refused_total", ["reason": "per_address_limit"], counters.connectionsRefusedPerAddress.value)
+        out.family("voipserver_connections_uncounted_total", .counter, "Connections admitted without being counted against their address's cap: the per-address table had no room for the address.")
+        out.sample("voipserver_connections_uncounted_total", [:], counters.connectionsUncountedPerAddress.value)
         out.family("voipserver_connection_closes_total", .counter, "Connections the server closed, by reason (takeovers: another connection of the device).")
         out.sample("voipserver_connection_closes_total", ["reason": "idle_timeout"], counters.idleTimeouts.value)
         out.sample("voipserver_connection_closes_total", ["reason": "protocol_error"], counters.protocolErrors.value)

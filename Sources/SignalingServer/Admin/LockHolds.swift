@@ -18,18 +18,8 @@ enum SharedLock: Int, CaseIterable, Sendable {
     /// units through a lock-free queue (the `store_inbox` lock that was there is gone);
     /// timed to show that what is left of the writer's locking stays short.
     case storeProgress
-    /// A message's `DeferredReply` parts (a message across shards, with a store).
-    case deferredReplyParts
     /// The server's live call ids (`CallDirectory`): call requests and call endings.
     case callDirectory
-    /// `AdmissionControl`'s handshake token bucket: every HELLO.
-    case admissionBucket
-    /// `AdmissionControl`'s connections per address: every accept and close.
-    case admissionPerAddress
-    /// `ServerContext.tokenVerifier`: every HELLO with authentication.
-    case tokenVerifier
-    /// `ServerContext.tlsContext`: every TLS accept.
-    case tlsContext
     /// A `LogThrottle` (refused handshakes and requests, a line a second at most).
     case logThrottle
     /// The push gateway's submission inbox (`GatewayInbox.entries`): each wake-up of a
@@ -50,12 +40,7 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .routingShard: "routing_shard"
         case .loopOwnership: "loop_ownership"
         case .storeProgress: "store_progress"
-        case .deferredReplyParts: "deferred_reply_parts"
         case .callDirectory: "call_directory"
-        case .admissionBucket: "admission_bucket"
-        case .admissionPerAddress: "admission_per_address"
-        case .tokenVerifier: "token_verifier"
-        case .tlsContext: "tls_context"
         case .logThrottle: "log_throttle"
         case .pushInbox: "push_inbox"
         case .relayDirectory: "relay_directory"

@@ -13,7 +13,7 @@ extension EventLoop {
     func acceptConnections(tls: Bool) {
         refreshTime()
         // Read once per callback: a reload swaps it for the connections accepted after it.
-        let tlsContext = tls ? context.tlsContext : nil
+        let tlsContext = tls ? self.tlsContext : nil
         let listener = tls ? tlsListenFD : listenFD
         guard listener >= 0 else { return }  // stopped (a drain) since libevent reported it
         for _ in 0..<256 {
@@ -93,9 +93,12 @@ extension EventLoop {
     /// Counts the connection against the cap of its address (`addressHash`): at accept,
     /// or, behind a load balancer, once the PROXY header names the device's address. Over
     /// the cap the connection is refused (CLOSE tooManyConnections) and false is returned.
+    /// Admitted uncounted (no room for its address in the table), it is counted in
+    /// `connectionsUncountedPerAddress` instead, and its close releases nothing.
     func admitAddress(_ slot: UInt32) -> Bool {
         let state = table.state(slot)
-        guard context.admission.admitConnection(from: state.pointee.addressHash) else {
+        switch context.admission.admitConnection(from: state.pointee.addressHash) {
+        case .refused:
             // Refused through the normal lingering close, so the client reads the CLOSE
             // (closing at once, with its HELLO unread, would reset the connection).
             context.counters.connectionsRefusedPerAddress.increment()
@@ -103,8 +106,11 @@ extension EventLoop {
                 code: .tooManyConnections, retryAfterMs: 30_000, retryJitterMs: 30_000,
                 message: "more than \(context.admission.maxConnectionsPerAddress) connections from your address"))
             return false
+        case .counted:
+            state.pointee.flags.insert(.countsTowardAddress)
+        case .uncounted:
+            context.counters.connectionsUncountedPerAddress.increment()
         }
-        state.pointee.flags.insert(.countsTowardAddress)
         context.counters.acceptedConnections.increment()
         if state.pointee.flags.contains(.tls) { context.counters.acceptedTLSConnections.increment() }
         return true

@@ -208,7 +208,7 @@ extension EventLoop {
             protocolViolation(slot, violation)
             return
         }
-        if let verifier = context.tokenVerifier {
+        if let verifier = tokenVerifier {
             let verdict = verifier.verify(
                 hello.credentials, userID: hello.userID, deviceID: hello.deviceID,
                 now: Int64(context.clock.wallMilliseconds() / 1000))

@@ -1,7 +1,9 @@
 import CLibeventShims
 import CLinuxShims
+import SignalingCrypto
 import SignalingProtocol
 import SignalingSupport
+import SignalingTLS
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -14,9 +16,9 @@ import Glibc
 //   its user's home loop, which owns the user's shard, so no loop writes to another's
 //   connections (tests and the admin API's counts read under it, rarely).
 // - Under `ownership` a loop may take, one at a time and each for a moment: a routing
-//   shard (and under that only the `CallDirectory`, a `DeferredReply`'s parts), the
-//   admission locks, the handshake holders (`ServerContext`), a `LogThrottle`. The store
-//   writer's inbox is no lock (StoreWriter.swift).
+//   shard (and under that only the `CallDirectory`), the handshake holders
+//   (`ServerContext`, once after each reload), a `LogThrottle`. The store writer's inbox,
+//   a `DeferredReply`'s parts and the admission control (`AdmissionControl`) are no locks.
 // Every hold of `ownership` is timed (`SharedLock.loopOwnership`). The loop's `inbox` is
 // no lock: a lock-free queue (`MPSCQueue`) that any thread posts to, under any lock or
 // none, and that only the loop takes from.
@@ -174,6 +176,9 @@ final class EventLoop: @unchecked Sendable {
     var runsForeignWork = false
     /// Held while the loop's state is used (see the type's comment).
     let ownership = Mutex(())
+    /// This loop's copies of the handshake material a reload may replace (`Reloadable`).
+    private var tokenVerifierCopy: Reloadable<TokenVerifier?>.Copy
+    private var tlsContextCopy: Reloadable<TLSServerContext?>.Copy
     /// Set when the loop has been told to drain; holds the time by which it must be done.
     var drainDeadline: UInt32?
     /// Ticks run so far (read by `SignalingServer.awaitTicks`).
@@ -222,8 +227,18 @@ final class EventLoop: @unchecked Sendable {
         self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
         self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
+        self.tokenVerifierCopy = context.tokenVerifiers.copy()
+        self.tlsContextCopy = context.tlsContexts.copy()
         scratch.reserveCapacity(Self.readBufferSize)
     }
+
+    /// The token verifier in force (nil: no authentication), read once per handshake
+    /// through this loop's copy: no lock unless a reload replaced it.
+    var tokenVerifier: TokenVerifier? { context.tokenVerifiers.read(through: &tokenVerifierCopy) }
+
+    /// The TLS context in force, read once per accepting callback through this loop's
+    /// copy: no lock unless a reload replaced it.
+    var tlsContext: TLSServerContext? { context.tlsContexts.read(through: &tlsContextCopy) }
 
     deinit {
         // A loop that never ran (an embedded one, or a start that failed) still owns its

@@ -134,7 +134,7 @@ struct StepOutcome {
     var next: [ShardStep] = []
     /// The message event this hold queued (or held) for a message of another shard's
     /// sender (`deliverMessage`): with a store, the message's OK makes it durable and a
-    /// refusal cancels it (`DeferredReply.parts`).
+    /// refusal cancels it (`DeferredReply.add`).
     var queued: QueuedEvent? = nil
 
     static func answered(_ reply: Result<UInt64, RequestError>, next: [ShardStep] = []) -> StepOutcome {

@@ -25,7 +25,7 @@ final class StepChain: Sendable {
     /// has run, so the writer commits the operation's units in one transaction.
     let group: CommitGroup?
     /// With a store, the deferred OK of a message (also `group`): every step ties its unit
-    /// to it and records the message's events it queued (`DeferredReply.parts`), and the
+    /// to it and records the message's events it queued (`DeferredReply.add`), and the
     /// store writer answers an accepted message after the commit.
     let message: DeferredReply?
     /// The operation expects its answer from a step (a message's hand-off, or a request

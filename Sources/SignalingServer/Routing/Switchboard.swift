@@ -29,9 +29,9 @@ import Glibc
 ///   shard locks directly: that is why the locks stay.
 /// - No thread ever holds two shard locks (checked at run time in debug builds:
 ///   `RoutingShard.holder`), so they cannot deadlock.
-/// - The `CallDirectory`'s lock and a `DeferredReply`'s parts may be taken under a shard
-///   lock; no other lock is held when a shard lock is taken. A loop's inbox and the store
-///   writer's are no locks (lock-free queues, `MPSCQueue`).
+/// - The `CallDirectory`'s lock may be taken under a shard lock; no other lock is held
+///   when a shard lock is taken. A loop's inbox, the store writer's and a `DeferredReply`'s
+///   parts are no locks (lock-free queues, `MPSCQueue`).
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
@@ -390,12 +390,12 @@ final class Switchboard: Sendable {
     /// message is written after its sender was told it is refused. One hold per shard
     /// concerned: on the shard's owner loop when the loops own the shards (each part
     /// posted, `LoopTask.cancel`; the loop that runs the last part sends the answers),
-    /// else here, one after the other.
-    func cancel(_ messages: [DeferredReply], wall: UInt64, answers: [LoopTask], loops: [EventLoop]) {
+    /// else here, one after the other. `messages`: each with the parts its settler took.
+    func cancel(_ messages: [(reply: DeferredReply, parts: [DeferredReply.Part])], wall: UInt64, answers: [LoopTask], loops: [EventLoop]) {
         var byShard: [Int: [MessageCancellation.Message]] = [:]
-        for message in messages {
+        for (message, parts) in messages {
             var events: [Int: [QueuedEvent]] = [shard(of: message.sender): []]
-            for part in message.parts { events[part.shard, default: []].append(part.event) }
+            for part in parts { events[part.shard, default: []].append(part.event) }
             for (index, shardEvents) in events { byShard[index, default: []].append(.init(reply: message, events: shardEvents)) }
         }
         let remaining = ShardPartsLeft(byShard.count, then: answers)

@@ -109,7 +109,7 @@ extension SwitchboardState {
     /// with more than a chunk of devices, none in progress: queues the first chunk and hands
     /// on the step that queues the rest. With a store, the current hold's unit belongs to
     /// the message's deferred OK already (`Switchboard.run`): the fan-out keeps it for its
-    /// later holds, and its event is the message's part in this shard (`DeferredReply.parts`:
+    /// later holds, and its event is the message's part in this shard (`DeferredReply.add`:
     /// a refusal by the store cancels it, even while chunks are still being queued).
     mutating func startFanOut(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
         let event = messageEvent(message)

@@ -208,19 +208,20 @@ extension SwitchboardState {
 
     /// The store could not commit an accepted message in time: it was refused after all.
     /// Its events are never written to anyone, and the sender may send it again. Run on
-    /// every shard the message touched (those of `DeferredReply.parts`, and the sender's), with the message's events
+    /// every shard the message touched (those of `DeferredReply.add`, and the sender's), with the message's events
     /// of this shard (`events`): the sender's shard frees the id, the recipient's counts the
     /// cancellation.
     /// Records `queued`, the event this hold queued for `message`, as one of the message's
     /// parts (with a store, in `Switchboard.run`). If the writer refused the message
     /// meanwhile (its store deadline), its cancellation may have passed this shard before
     /// the event was queued here: the event is cancelled at once, before anything can
-    /// write it (`--delivery immediate` writes after the hold). The parts' lock orders this
-    /// against the writer, which settles first and reads the parts after: either it finds
-    /// the event among them, or this check finds the message refused (cancelling twice is
-    /// harmless).
+    /// write it (`--delivery immediate` writes after the hold). The parts' queue orders
+    /// this against the refusing thread, which settles first and then takes the parts,
+    /// closing the queue: either the push came first and the cancellation has the event,
+    /// or the push is refused and the event is cancelled here. (A message is accepted only
+    /// once its group is closed, after its last part: a refused push is a refused message.)
     mutating func recordPart(_ queued: QueuedEvent, of message: DeferredReply) {
-        message.add(queued, shard: shardMap.index)
+        guard !message.add(queued, shard: shardMap.index) else { return }
         if message.isRefused { cancelMessage([queued], sender: message.sender, messageID: message.messageID) }
     }
 

@@ -284,11 +284,11 @@ struct SwitchboardState {
     }
 
     /// Ties the current operation's commit unit to a message, and records `queued`, the
-    /// message's event this hold queued (`DeferredReply.parts`): the message's OK waits
+    /// message's event this hold queued (`DeferredReply.add`): the message's OK waits
     /// until the unit is committed (`answers`), or the unit is one step of a message whose
     /// answering unit comes later (`answers` false).
     mutating func deferReply(_ reply: DeferredReply, answers: Bool = true, queued: QueuedEvent?) {
-        if let queued { reply.add(queued, shard: shardMap.index) }
+        if let queued { recordPart(queued, of: reply) }
         unit.reply = reply
         unit.group = reply
         unit.closesGroup = answers

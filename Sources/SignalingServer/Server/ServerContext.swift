@@ -5,10 +5,11 @@ import SignalingSupport
 import SignalingTLS
 import Synchronization
 
-// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `tokenVerifierHolder` and
-// `tlsContextHolder` are leaves held for the copy of one reference: every loop reads
-// them per handshake, the main thread swaps them on a reload. Never taken under another
-// lock but the reading loop's `ownership`; timed (`SharedLock.tokenVerifier`, `.tlsContext`).
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): those of `tokenVerifiers` and
+// `tlsContexts` (`Reloadable`), leaves held for the copy of one reference: by the main
+// thread on a reload, by each loop once after a reload (its handshakes read its own copy,
+// checking one atomic word), by the admin thread (certificate expiry). Never taken under
+// another lock but a loop's `ownership` or the reload's `settings`.
 
 /// What every event loop of one server shares. Immutable, or internally synchronised.
 final class ServerContext: Sendable {
@@ -39,9 +40,9 @@ final class ServerContext: Sendable {
     ) {
         self.configuration = configuration
         self.front = front
-        self.tlsContextHolder = Mutex(tlsContext)
+        self.tlsContexts = Reloadable(tlsContext)
         self.pushGateway = pushGateway
-        self.tokenVerifierHolder = Mutex(tokenVerifier)
+        self.tokenVerifiers = Reloadable(tokenVerifier)
         self.clock = clock
         self.logger = logger
         self.counters = StatisticsCounters(loops: configuration.workers)
@@ -56,24 +57,30 @@ final class ServerContext: Sendable {
     }
 
     /// The token keys and legacy secret, each prepared once (nil: no authentication). A
-    /// reload (SIGHUP) may replace it; each handshake reads it once, under a lock held
-    /// only for the copy of the reference.
-    var tokenVerifier: TokenVerifier? {
-        get { tokenVerifierHolder.withLock(timing: .tokenVerifier) { $0 } }
-        set { tokenVerifierHolder.withLock(timing: .tokenVerifier) { $0 = newValue } }
-    }
-    private let tokenVerifierHolder: Mutex<TokenVerifier?>
+    /// reload (SIGHUP) may replace it; each handshake reads it once, through its loop's
+    /// copy (`EventLoop.tokenVerifier`), without a lock unless a reload replaced it.
+    let tokenVerifiers: Reloadable<TokenVerifier?>
 
     /// What new TLS connections are made from: certificate, key, minimum version, ticket
     /// key (nil: no TLS listener). A reload (SIGHUP) builds a new one off the loops and
-    /// swaps it in; each TLS accept reads it once, under a lock held only for the copy of
-    /// a reference. Connections made from an older one keep it alive (OpenSSL counts its
-    /// references), so a reload drops nobody.
-    var tlsContext: TLSServerContext? {
-        get { tlsContextHolder.withLock(timing: .tlsContext) { $0 } }
-        set { tlsContextHolder.withLock(timing: .tlsContext) { $0 = newValue } }
+    /// swaps it in; each TLS accept reads it once, through its loop's copy
+    /// (`EventLoop.tlsContext`). Connections made from an older one keep it alive (OpenSSL
+    /// counts its references), so a reload drops nobody.
+    let tlsContexts: Reloadable<TLSServerContext?>
+
+    /// The verifier in force, for threads that are not loops (takes the lock); setting it
+    /// is a reload's.
+    var tokenVerifier: TokenVerifier? {
+        get { tokenVerifiers.value }
+        set { tokenVerifiers.replace(with: newValue) }
     }
-    private let tlsContextHolder: Mutex<TLSServerContext?>
+
+    /// The TLS context in force, for threads that are not loops (takes the lock); setting
+    /// it is a reload's.
+    var tlsContext: TLSServerContext? {
+        get { tlsContexts.value }
+        set { tlsContexts.replace(with: newValue) }
+    }
 
     /// The push gateway, when one is configured.
     let pushGateway: (any WakeUpSubmitter)?

@@ -12,6 +12,9 @@ public struct ServerStatistics: Sendable, Equatable {
     public var handshakesThrottled = 0
     /// Connections refused by the per-address cap.
     public var connectionsRefusedPerAddress = 0
+    /// Connections admitted without being counted against their address's cap: the
+    /// per-address table had no room for the address (`AddressCounts`).
+    public var connectionsUncountedPerAddress = 0
     public var idleTimeouts = 0
     public var handshakeTimeouts = 0
     /// Connections closed for a protocol violation.
@@ -74,6 +77,7 @@ final class StatisticsCounters: Sendable {
     let handshakesCompleted: StripedCounter
     let handshakesThrottled: StripedCounter
     let connectionsRefusedPerAddress: StripedCounter
+    let connectionsUncountedPerAddress: StripedCounter
     let idleTimeouts: StripedCounter
     let handshakeTimeouts: StripedCounter
     let protocolErrors: StripedCounter
@@ -102,6 +106,7 @@ final class StatisticsCounters: Sendable {
         handshakesCompleted = counter()
         handshakesThrottled = counter()
         connectionsRefusedPerAddress = counter()
+        connectionsUncountedPerAddress = counter()
         idleTimeouts = counter()
         handshakeTimeouts = counter()
         protocolErrors = counter()
@@ -129,6 +134,7 @@ final class StatisticsCounters: Sendable {
             handshakesCompleted: handshakesCompleted.value,
             handshakesThrottled: handshakesThrottled.value,
             connectionsRefusedPerAddress: connectionsRefusedPerAddress.value,
+            connectionsUncountedPerAddress: connectionsUncountedPerAddress.value,
             idleTimeouts: idleTimeouts.value,
             handshakeTimeouts: handshakeTimeouts.value,
             protocolErrors: protocolErrors.value,

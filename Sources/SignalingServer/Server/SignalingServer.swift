@@ -11,7 +11,7 @@ import Glibc
 #endif
 
 // Lock order: `settings` before the locks a reload takes inside it (the switchboard's,
-// the admission control's, the auth key's); none of those is ever held while `settings`
+// the handshake material's in `ServerContext`); none of those is ever held while `settings`
 // is taken. `state` is never held together with another lock.
 
 /// The signaling server: `workers` event loops on their own threads, each accepting on

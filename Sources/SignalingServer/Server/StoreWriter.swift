@@ -31,11 +31,10 @@ import Glibc
 // Locks (none of them taken by every loop per event):
 // - `progress`: the writer's commit under way, taken by the writer twice per commit and by
 //   loop 0 once per tick; never held with another lock. Timed (`SharedLock.storeProgress`).
-// - A `DeferredReply`'s `eventsByShard`: taken by the holds of one message's steps (under
-//   their shard's lock) and by the thread that answers it. A leaf. Timed
-//   (`SharedLock.deferredReplyParts`).
-// Lock order: a shard, then a `DeferredReply`'s parts. The writer takes a shard's lock
-// only with no lock of its own held (when no loop owns the shard, or its loop stopped).
+// A `DeferredReply`'s parts (`eventsByShard`) are no lock: a lock-free queue pushed to by
+// the holds of one message's steps (under their shard's lock) and closed by the thread
+// that settles it. The writer takes a shard's lock only with no lock of its own held
+// (when no loop owns the shard, or its loop stopped).
 
 /// An OK that may only be sent once a message is committed, and what to undo if it
 /// cannot be.
@@ -65,11 +64,14 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     private let settlement = Atomic<UInt8>(Settlement.open.rawValue)
     /// The message's events, each in the shard that queued it: one for a message within
     /// one shard; the copy for the sender's other devices and the recipient's event for a
-    /// message across shards. Added by the holds of the message's steps, all of them before
-    /// its answering unit is pushed to the writer (`StoreWriter.enqueue`: the push
-    /// publishes them); read after that (a commit's release, a refusal), and taken by the
-    /// thread that answered (`takeParts`).
-    private let eventsByShard = Mutex<[Part]>([])
+    /// message across shards. Pushed by the holds of the message's steps (`add`), all of
+    /// them before its answering unit is pushed to the writer (`StoreWriter.enqueue`);
+    /// taken, and the queue closed, by the thread that settled it (`takeParts`: a
+    /// commit's release, a refusal), after which a push is refused and its step cancels
+    /// the event itself. A lock-free queue (`MPSCQueue`), not a lock: the loops of a
+    /// message's steps and its settler never wait for each other (the `Mutex` that was here
+    /// had holds of up to 68 µs: a holder preempted on a busy host).
+    private let eventsByShard = MPSCQueue<Part>()
 
     /// One of the message's events and the shard holding it.
     struct Part {
@@ -96,24 +98,23 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
         super.init()
     }
 
-    /// Records an event the message queued in `shard`.
-    func add(_ event: QueuedEvent, shard: Int) {
-        eventsByShard.withLock(timing: .deferredReplyParts) { $0.append(Part(shard: shard, event: event)) }
+    /// Records an event the message queued in `shard`. False when the message was settled
+    /// and its parts taken already (`takeParts`): the event is not among them, and the
+    /// caller must cancel it if the message was refused (`SwitchboardState.recordPart`).
+    func add(_ event: QueuedEvent, shard: Int) -> Bool {
+        eventsByShard.push(Part(shard: shard, event: event)) != .refused
     }
 
-    var parts: [Part] { eventsByShard.withLock(timing: .deferredReplyParts) { $0 } }
-
-    /// The message's events, taken (one hold, as `parts` is) by the thread that settled
-    /// it, for its commit's release or once its cancellation has them: the reply itself
-    /// stays in loop 0's deadline list until loop 0 next looks (`dropSettledReplies`), and
-    /// must not keep memory that the events' queues have let go of (`MemoryLedger`) alive
-    /// meanwhile. A step that adds a part after a refusal cancels that event itself
-    /// (`SwitchboardState`'s check of `isRefused`).
+    /// The message's events, taken once by the thread that settled it (later calls take
+    /// nothing), for its commit's release or its cancellation: closing the queue, so that a
+    /// step that queues an event after this learns it from `add` and cancels it itself.
+    /// Taken, not read: the reply stays in loop 0's deadline list until loop 0 next looks
+    /// (`dropSettledReplies`), and must not keep memory that the events' queues have let go
+    /// of (`MemoryLedger`) alive meanwhile.
     func takeParts() -> [Part] {
-        eventsByShard.withLock(timing: .deferredReplyParts) { parts in
-            defer { parts = [] }
-            return parts
-        }
+        var parts: [Part] = []
+        eventsByShard.close(appendingTo: &parts)
+        return parts
     }
 
     /// Decides the answer, unless it was decided already: true when this call decided it
@@ -791,8 +792,8 @@ final class StoreWriter: @unchecked Sendable {
     private func refuse(_ replies: [DeferredReply], reason: String) {
         guard !replies.isEmpty else { return }
         let answers = replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) }
-        context.switchboard.cancel(replies, wall: context.clock.wallMilliseconds(), answers: answers, loops: loops)
-        for reply in replies { _ = reply.takeParts() }  // the cancellation has its events
+        context.switchboard.cancel(
+            replies.map { ($0, $0.takeParts()) }, wall: context.clock.wallMilliseconds(), answers: answers, loops: loops)
     }
 
     // MARK: Loop 0
