@@ -93,10 +93,11 @@ extension SwitchboardState {
 
     /// Whether a message to `recipient` must go through `fanOut` steps rather than be
     /// queued in the hold that admits it: the user has more devices than one chunk, or a
-    /// fan-out to the user is in progress (a message must not overtake it). With a store
+    /// fan-out to the user is in progress (a message must not overtake it), or a claim of
+    /// the user's held messages (`awaitsClaim`: the message goes after them). With a store
     /// too: the chunks' units form the message's commit group (`FanOut.committedWith`).
     func fansOutInChunks(to recipient: String) -> Bool {
-        if activities[recipient]?.fanOut != nil { return true }
+        if activities[recipient]?.fanOut != nil || awaitsClaim(recipient) { return true }
         var count = 0
         for _ in devices(of: recipient) {
             count += 1

@@ -98,8 +98,11 @@ extension SwitchboardState {
     /// The recipient's step of a message from another shard's user: queued to every device
     /// of the recipient (or held), or refused with nothing queued.
     /// A recipient with more devices than one hold takes gets them in chunks (`FanOut`), and
-    /// a message to a user whose fan-out is in progress waits for it.
+    /// a message to a user whose fan-out, or claim of held messages, is in progress waits
+    /// for it.
     mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
+        // After every message held for the user (`HeldClaim`).
+        if awaitsClaim(message.recipient) { return helpClaim(of: message.recipient, before: .deliverMessage(message)) }
         if let inProgress = activities[message.recipient]?.fanOut {
             return helpFanOut(inProgress, before: .deliverMessage(message), now: now)
         }
