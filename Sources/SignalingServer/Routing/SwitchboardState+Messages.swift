@@ -108,14 +108,18 @@ extension SwitchboardState {
         }
         if fansOutInChunks(to: message.recipient) { return startFanOut(message, now: now) }
         let recipients = Array(devices(of: message.recipient))
+        // A note to oneself skips the sending device, as `send` does (it comes here when it
+        // waited for a claim or a fan-out).
+        let targets = message.recipient == message.sender
+            ? recipients.filter { $0.deviceID != message.senderDevice } : recipients
         let accepted: Bool
         var outcome: StepOutcome
-        if let refusal = refusalToQueue(message, targets: recipients, copies: [], holdForUser: recipients.isEmpty) {
+        if let refusal = refusalToQueue(message, targets: targets, copies: [], holdForUser: recipients.isEmpty) {
             accepted = false
             outcome = .answered(.failure(refusal))
         } else {
             let event = messageEvent(message)
-            queue(event, for: message.recipient, targets: recipients, holdForUser: recipients.isEmpty, now: now)
+            queue(event, for: message.recipient, targets: targets, holdForUser: recipients.isEmpty, now: now)
             counters.messagesAccepted += 1
             accepted = true
             outcome = .answered(.success(message.serverTime))
