@@ -72,11 +72,12 @@ extension SwitchboardState {
         return StepOutcome(reply: nil, next: claimChunk(activity, user: user).map { [$0] } ?? [])
     }
 
-    /// Whether a message to `user` must wait for a claim of held messages: one is in
-    /// progress, or held messages wait for a user that has devices (after a restart).
+    /// Whether a message to `user` must wait for a claim of held messages: messages are
+    /// held for a user that has a device (a claim is in progress, or was cut short by a
+    /// restart; a claim lasts until the list is empty).
     func awaitsClaim(_ user: String) -> Bool {
-        guard let activity = activities[user] else { return false }
-        return activity.claim != nil || (!activity.held.isEmpty && users[user] != nil)
+        guard let activity = activities[user], !activity.held.isEmpty else { return false }
+        return users[user] != nil
     }
 
     /// A message to a user whose held messages are being claimed (`awaitsClaim`) waits:
