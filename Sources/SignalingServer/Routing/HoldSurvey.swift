@@ -2,7 +2,7 @@ import SignalingProtocol
 import SignalingSupport
 
 /// The holds whose work grows with an input that is not chunked (docs/LOAD-TESTING.md,
-/// "Bounded holds"), each timed on the real `Switchboard` (two shards, its locks, its
+/// "Bounded holds"), and the claim of held messages in one hold against in chunks, each timed on the real `Switchboard` (two shards, its locks, its
 /// steps) without sockets: what `Tools/routing-bench` prints after the fan-out and ACK
 /// cases. Public for that executable only; the server never calls it.
 public enum HoldSurvey {
@@ -20,7 +20,8 @@ public enum HoldSurvey {
     /// user's devices and `held` messages for the case that grows with those.
     public static func run(devices: Int, held: Int, rounds: Int) -> [Figure] {
         [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds),
-         claimingHeld(held, rounds: rounds)].flatMap { $0 }
+         claimingHeld(held, rounds: rounds, chunk: Int.max),
+         claimingHeld(held, rounds: rounds, chunk: SwitchboardState.fanOutChunk)].flatMap { $0 }
     }
 
     /// A bench of two shards; `user(prefix, shard)` names a user on `shard`.
@@ -29,8 +30,9 @@ public enum HoldSurvey {
         let now = Instant(nanoseconds: 1_000_000_000)
         private var slot: UInt32 = 0
 
-        init() {
-            switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2)
+        /// `chunk`: events per hold of a claim of held messages (`Int.max`: one hold).
+        init(chunk: Int = SwitchboardState.fanOutChunk) {
+            switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2) { $0.fanOutChunk = chunk }
         }
 
         func user(_ prefix: String, onShard index: Int) -> String {
@@ -38,12 +40,17 @@ public enum HoldSurvey {
         }
 
         mutating func attach(_ user: String, _ device: String) -> DeviceRecord {
+            attachClaiming(user, device).record
+        }
+
+        /// A handshake, with the step that claims the rest of the held messages (if any).
+        mutating func attachClaiming(_ user: String, _ device: String) -> (record: DeviceRecord, claim: ShardStep?) {
             slot += 1
             let connection = ConnectionRef(loop: 0, slot: slot, generation: 1)
             return switchboard.withState(of: user, wall: 0) { board in
                 let grant = try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now).get()
                 _ = board.takeEffects()
-                return grant.record
+                return (grant.record, grant.claim)
             }
         }
 
@@ -147,11 +154,11 @@ public enum HoldSurvey {
     }
 
     /// `held` messages wait for a user with no device; its first device's handshake
-    /// queues them all.
-    static func claimingHeld(_ held: Int, rounds: Int) -> [Figure] {
+    /// queues them, `chunk` a hold (`HeldClaim`), the claim's steps the rest.
+    static func claimingHeld(_ held: Int, rounds: Int, chunk: Int) -> [Figure] {
         var claim = HoldTimes()
         for round in 0..<rounds {
-            var bench = Bench()
+            var bench = Bench(chunk: chunk)
             let sender = bench.user("sender", onShard: 0), recipient = bench.user("new", onShard: 1)
             let sending = bench.attach(sender, "d")
             var untimed = HoldTimes()
@@ -165,8 +172,10 @@ public enum HoldSurvey {
                 untimed.run(handOff, on: bench.switchboard, now: bench.now)
             }
             claim.startOperation()
-            _ = claim.timed { bench.attach(recipient, "first") }
+            let rest = claim.timed { bench.attachClaiming(recipient, "first").claim }
+            claim.run(rest.map { [$0] } ?? [], on: bench.switchboard, now: bench.now)
         }
-        return [Figure(operation: "first device claiming held messages", size: held, longestHold: claim.longest, meanLongestHold: claim.meanLongest)]
+        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        return [Figure(operation: "first device claiming held messages (\(how))", size: held, longestHold: claim.longest, meanLongestHold: claim.meanLongest)]
     }
 }
