@@ -64,10 +64,11 @@ for journaling in [false, true] {
 // holds"): 1,000 devices of one user; and 10,000 messages held for a user with no device,
 // claimed by its first device in one hold (as before chunks) and in chunks.
 print()
-print("operation                                                 size     longest hold µs  mean longest µs")
+print("operation                                                 size     longest hold µs  mean longest µs  holds/op  mean hold µs")
 for figure in HoldSurvey.run(devices: 1_000, held: 10_000, rounds: max(3, messages / 5)) {
     print(
         figure.operation.padding(toLength: 58, withPad: " ", startingAt: 0)
             + String(figure.size).padding(toLength: 9, withPad: " ", startingAt: 0)
-            + String(format: "%15.1f  %15.1f", Double(figure.longestHold) / 1000, figure.meanLongestHold / 1000))
+            + String(format: "%15.1f  %15.1f  %8.1f  %12.1f", Double(figure.longestHold) / 1000, figure.meanLongestHold / 1000,
+                figure.holdsPerOperation, figure.meanHold / 1000))
 }

@@ -14,6 +14,19 @@ public enum HoldSurvey {
         /// round's longest (ns).
         public let longestHold: UInt64
         public let meanLongestHold: Double
+        /// Holds per operation, and the mean hold (ns): what a hold costs without the
+        /// preemptions that make the longest on a loaded host.
+        public let holdsPerOperation: Double
+        public let meanHold: Double
+
+        init(_ operation: String, size: Int, _ times: HoldTimes) {
+            self.operation = operation
+            self.size = size
+            longestHold = times.longest
+            meanLongestHold = times.meanLongest
+            holdsPerOperation = times.operations == 0 ? 0 : Double(times.count) / Double(times.operations)
+            meanHold = times.count == 0 ? 0 : Double(times.total) / Double(times.count)
+        }
     }
 
     /// Every case, `rounds` times each, with `devices` devices where a case grows with a
@@ -106,9 +119,9 @@ public enum HoldSurvey {
             bench.acknowledgeAll(others + [sending])
         }
         return [
-            Figure(operation: "synced copies: sender's first hold", size: devices, longestHold: first.longest, meanLongestHold: first.meanLongest),
-            Figure(operation: "synced copies: settle step", size: devices, longestHold: settle.longest, meanLongestHold: settle.meanLongest),
-            Figure(operation: "receipt to every sender device", size: devices, longestHold: receipt.longest, meanLongestHold: receipt.meanLongest),
+            Figure("synced copies: sender's first hold", size: devices, first),
+            Figure("synced copies: settle step", size: devices, settle),
+            Figure("receipt to every sender device", size: devices, receipt),
         ]
     }
 
@@ -148,8 +161,8 @@ public enum HoldSurvey {
             bench.acknowledgeAll(calleeDevices + [callingDevice])
         }
         return [
-            Figure(operation: "ringing a callee's devices", size: devices, longestHold: ring.longest, meanLongestHold: ring.meanLongest),
-            Figure(operation: "accept: answeredElsewhere to the others", size: devices, longestHold: accept.longest, meanLongestHold: accept.meanLongest),
+            Figure("ringing a callee's devices", size: devices, ring),
+            Figure("accept: answeredElsewhere to the others", size: devices, accept),
         ]
     }
 
@@ -176,6 +189,6 @@ public enum HoldSurvey {
             claim.run(rest.map { [$0] } ?? [], on: bench.switchboard, now: bench.now)
         }
         let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
-        return [Figure(operation: "first device claiming held messages (\(how))", size: held, longestHold: claim.longest, meanLongestHold: claim.meanLongest)]
+        return [Figure("first device claiming held messages (\(how))", size: held, claim)]
     }
 }

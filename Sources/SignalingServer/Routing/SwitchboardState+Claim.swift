@@ -104,8 +104,10 @@ extension SwitchboardState {
         guard let claim = activity.claim else { return nil }
         let count = min(activity.held.count, configuration.fanOutChunk)
         let sharesTracked = sharesTracked(.held(user), count: activity.held.count)
-        let chunk = activity.held.prefix(count)
-        activity.held.removeFirst(count)
+        // Slices of the one buffer: taking the chunk copies no event.
+        let end = activity.held.startIndex + count
+        let chunk = activity.held[..<end]
+        activity.held = activity.held[end...]
         var ordinal = activity.firstHeldOrdinal
         for event in chunk {
             if event !== QueuedEvent.placeholder { counters.pendingEvents -= 1 }  // again as it is enqueued
