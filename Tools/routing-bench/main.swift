@@ -8,7 +8,8 @@
 //   swift build -c release --product routing-bench && .build/release/routing-bench [MESSAGES]
 //
 // MESSAGES: fan-out messages per case (default 50); the ACK cases run MESSAGES / 5 ACKs
-// (at least 3), and so do the cases of the last table (holds not chunked).
+// (at least 3), and so do the cases of the last table (holds not chunked, and a first
+// device's claim of 10,000 held messages in one hold against in chunks).
 //
 //   .build/release/routing-bench scaling [--threads "1 2"] [--users 64] [--devices 16]
 //       [--messages 20000] [--window 4] [--rounds 3]
