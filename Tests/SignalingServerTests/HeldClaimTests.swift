@@ -252,3 +252,31 @@ struct EmbeddedHeldClaimTests {
         #expect(bob.staysSilent)
     }
 }
+
+/// The server's path (the handshake's hold, then the claim's steps with a chain of their
+/// own) over real sockets, with the store a test controls (`ModelEventStore`).
+@Suite("Held messages claimed in chunks with a store over real sockets")
+struct HeldClaimStoreEndToEndTests {
+    @Test("300 messages held with a store reach the first device in order; once acknowledged and committed, a restart holds and sends none of them again")
+    func claimedCommittedAndNotRepeated() throws {
+        let store = ModelEventStore()
+        let clock = ManualClock()
+        do {
+            let server = try TestServer(store: store, clock: clock)
+            let (alice, _) = try server.connect(user: "alice")
+            for index in 0..<300 {
+                #expect(try alice.request(UInt32(index + 1), .identifiedMessage("m\(index)", to: "bob")).isOK)
+            }
+            #expect(try store.loadSnapshot().held["bob"]?.count == 300)
+            let (bob, _) = try server.connect(user: "bob")
+            #expect(try alice.request(1_000, .identifiedMessage("late", to: "bob")).isOK)
+            #expect(try bob.nextMessageIDs(301) == HeldClaimBench.ids(0..<300) + ["late"])
+            try server.waitFor("the claim and the acknowledgements to be committed") { _ in
+                (try? store.loadSnapshot()).map { $0.held["bob"] == nil } == true && store.events(user: "bob", device: "d1").isEmpty
+            }
+        }
+        let server = try TestServer(store: store, clock: clock)
+        let (bob, _) = try server.connect(user: "bob")
+        #expect(try bob.staysSilent(for: .milliseconds(100)), "a claimed and acknowledged message again after the restart")
+    }
+}
