@@ -461,9 +461,11 @@ struct SwitchboardState {
             lastSeq: record.lastSeq, needsPump: needsPump, next: receipts, claim: claim))
     }
 
-    /// A callee device that connects while a call rings is rung too.
+    /// A callee device that connects while a call rings is rung too (now, and not again by
+    /// the call's next chunk if it was still to be rung).
     private mutating func ringIfCalled(_ device: DeviceRecord, _ activity: UserActivity) {
         for call in activity.calls where call.callee == device.userID && call.state.isUnanswered {
+            if let waiting = call.toRing.firstIndex(where: { $0 === device }) { call.toRing.remove(at: waiting) }
             if !call.rungDevices.contains(where: { $0 === device }) {
                 call.rungDevices.append(device)
                 enqueue(call.invitation, to: device)
