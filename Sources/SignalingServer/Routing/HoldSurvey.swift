@@ -32,7 +32,8 @@ public enum HoldSurvey {
     /// Every case, `rounds` times each, with `devices` devices where a case grows with a
     /// user's devices and `held` messages for the case that grows with those.
     public static func run(devices: Int, held: Int, rounds: Int) -> [Figure] {
-        [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds),
+        [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds, chunk: Int.max),
+         ringing(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
          claimingHeld(held, rounds: rounds, chunk: Int.max),
          claimingHeld(held, rounds: rounds, chunk: SwitchboardState.fanOutChunk)].flatMap { $0 }
     }
@@ -43,7 +44,8 @@ public enum HoldSurvey {
         let now = Instant(nanoseconds: 1_000_000_000)
         private var slot: UInt32 = 0
 
-        /// `chunk`: events per hold of a claim of held messages (`Int.max`: one hold).
+        /// `chunk`: events per hold of a claim of held messages, devices per hold of a ring
+        /// (`Int.max`: one hold).
         init(chunk: Int = SwitchboardState.fanOutChunk) {
             switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2) { $0.fanOutChunk = chunk }
         }
@@ -126,9 +128,10 @@ public enum HoldSurvey {
     }
 
     /// A call to a user with `devices` connected devices on the other shard: the callee's
-    /// step rings them all; the first accept tells the others answeredElsewhere.
-    static func ringing(devices: Int, rounds: Int) -> [Figure] {
-        var bench = Bench()
+    /// step rings them, `chunk` a hold (the rest in `continueRing` steps); the first accept
+    /// tells the others answeredElsewhere.
+    static func ringing(devices: Int, rounds: Int, chunk: Int) -> [Figure] {
+        var bench = Bench(chunk: chunk)
         let caller = bench.user("caller", onShard: 0), callee = bench.user("callee", onShard: 1)
         let callingDevice = bench.attach(caller, "d")
         let calleeDevices = (0..<devices).map { bench.attach(callee, "d\($0)") }
@@ -160,10 +163,9 @@ public enum HoldSurvey {
             untimed.run(hungUp, on: bench.switchboard, now: bench.now)
             bench.acknowledgeAll(calleeDevices + [callingDevice])
         }
-        return [
-            Figure("ringing a callee's devices", size: devices, ring),
-            Figure("accept: answeredElsewhere to the others", size: devices, accept),
-        ]
+        let ringing = Figure("ringing a callee's devices (\(chunk == Int.max ? "one hold" : "chunks of \(chunk)"))", size: devices, ring)
+        // The accept does not depend on the chunk: one row, with the chunked ring.
+        return chunk == Int.max ? [ringing] : [ringing, Figure("accept: answeredElsewhere to the others", size: devices, accept)]
     }
 
     /// `held` messages wait for a user with no device; its first device's handshake
