@@ -25,8 +25,9 @@ struct SwitchboardConfiguration: Sendable {
     /// Bytes of undelivered events the server may hold before it refuses new messages and
     /// calls (`MemoryLedger`).
     var memoryBudget = Int.max
-    /// Devices per hold of a fan-out (`SwitchboardState.fanOutChunk`; a benchmark sets
-    /// `Int.max` to measure a fan-out in one hold, as it was before chunks).
+    /// Devices per hold of a fan-out and of a ring, held messages per hold of a claim
+    /// (`SwitchboardState.fanOutChunk`; a benchmark sets `Int.max` to measure one in one
+    /// hold, as it was before chunks).
     var fanOutChunk = SwitchboardState.fanOutChunk
     /// Events per hold of an acknowledgement (`SwitchboardState.ackChunk`; a benchmark
     /// sets `Int.max` to measure an ACK in one hold, as it was before chunks).
