@@ -8,7 +8,8 @@
 //   swift build -c release --product routing-bench && .build/release/routing-bench [MESSAGES]
 //
 // MESSAGES: fan-out messages per case (default 50); the ACK cases run MESSAGES / 5 ACKs
-// (at least 3), and so do the cases of the last table (holds not chunked).
+// (at least 3), and so do the cases of the last table (holds not chunked, and a first
+// device's claim of 10,000 held messages in one hold against in chunks).
 //
 //   .build/release/routing-bench scaling [--threads "1 2"] [--users 64] [--devices 16]
 //       [--messages 20000] [--window 4] [--rounds 3]
@@ -61,12 +62,14 @@ for journaling in [false, true] {
 }
 
 // The holds that grow with an input and are not chunked (docs/ARCHITECTURE.md, "Bounded
-// holds"): 1,000 devices of one user, 10,000 messages held for a user with no device.
+// holds"): 1,000 devices of one user; and 10,000 messages held for a user with no device,
+// claimed by its first device in one hold (as before chunks) and in chunks.
 print()
-print("operation                                    size     longest hold µs  mean longest µs")
+print("operation                                                 size     longest hold µs  mean longest µs  holds/op  mean hold µs")
 for figure in HoldSurvey.run(devices: 1_000, held: 10_000, rounds: max(3, messages / 5)) {
     print(
-        figure.operation.padding(toLength: 45, withPad: " ", startingAt: 0)
+        figure.operation.padding(toLength: 58, withPad: " ", startingAt: 0)
             + String(figure.size).padding(toLength: 9, withPad: " ", startingAt: 0)
-            + String(format: "%15.1f  %15.1f", Double(figure.longestHold) / 1000, figure.meanLongestHold / 1000))
+            + String(format: "%15.1f  %15.1f  %8.1f  %12.1f", Double(figure.longestHold) / 1000, figure.meanLongestHold / 1000,
+                figure.holdsPerOperation, figure.meanHold / 1000))
 }

@@ -256,6 +256,11 @@ extension EventLoop {
             // (committed with the resume's acknowledgement).
             let chain = StepChain(now: now, wall: wall, requester: nil, group: receipts)
             effects += context.switchboard.run(grant.next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects
+            if let claim = grant.claim {
+                // The rest of the held messages, a chunk a hold, each committed on its own.
+                let claiming = StepChain(now: now, wall: wall, requester: nil, group: nil)
+                effects += context.switchboard.run([claim], chain: claiming, on: self, writerWake: .afterCallback(of: self)).effects
+            }
         }
         switch outcome {
         case .failure(let violation):

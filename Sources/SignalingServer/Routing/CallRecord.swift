@@ -29,6 +29,10 @@ final class CallRecord: @unchecked Sendable {
     var state: State = .inviting
     /// Callee devices that were sent CALL_INCOMING.
     var rungDevices: [DeviceRecord] = []
+    /// Callee devices connected when the call reached the callee's shard and not rung yet:
+    /// a hold rings at most a chunk of them (`fanOutChunk`), `ShardStep.continueRing` the
+    /// rest, while the call is unanswered (`SwitchboardState.ringChunk`).
+    var toRing: ArraySlice<DeviceRecord> = []
     /// The number of the last notice sent to the caller's shard (`ShardStep.toCaller`).
     private(set) var noticesToCaller: UInt32 = 0
     /// For each callee device that lost its connection during the call, when the grace of

@@ -162,8 +162,10 @@ final class UserActivity: @unchecked Sendable {
     /// Calls placed by this user's devices that have not ended (their state is in the
     /// callee's shard, perhaps another one).
     var outgoingCalls: [OutgoingCall] = []
-    /// Messages for this user that arrived while the server knew none of its devices.
-    var held: [QueuedEvent] = []
+    /// Messages for this user that arrived while the server knew none of its devices, in
+    /// the order they arrived. A slice: a claim (`HeldClaim`) and the expiry take events
+    /// from the front, each in O(1), not by moving every event behind them.
+    var held: ArraySlice<QueuedEvent> = []
     /// Ordinal of `held.first` (the store orders held events by ordinal).
     var firstHeldOrdinal: UInt64 = 1
     /// messageId → server time, for de-duplicating this user's sends.
@@ -175,12 +177,15 @@ final class UserActivity: @unchecked Sendable {
     /// The fan-out of a message to this user that is in progress (its shard's): other
     /// messages to the user wait for it (`FanOut`).
     var fanOut: FanOut?
+    /// A device of this user taking the held messages, a chunk per hold, in progress:
+    /// other messages to the user wait for it (`HeldClaim`).
+    var claim: HeldClaim?
     /// Paces this user's messages and calls (`--sender-rate`; nil until the first one).
     var sendBucket: TokenBucket?
 
     var isEmpty: Bool {
         calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty && undecidedMessages.isEmpty
-            && fanOut == nil
+            && fanOut == nil && claim == nil
     }
 
     /// Held messages, not counting the placeholders of ordinals a restart lost.

@@ -95,7 +95,7 @@ struct HoldTimes {
     private(set) var total: UInt64 = 0
     private(set) var longest: UInt64 = 0
     private var sumOfLongest: UInt64 = 0
-    private var operations = 0
+    private(set) var operations = 0
     private var operationLongest: UInt64 = 0
 
     /// The mean over operations of each one's longest hold (ns).

@@ -2,7 +2,7 @@ import SignalingProtocol
 import SignalingSupport
 
 /// The holds whose work grows with an input that is not chunked (docs/LOAD-TESTING.md,
-/// "Bounded holds"), each timed on the real `Switchboard` (two shards, its locks, its
+/// "Bounded holds"), and the claim of held messages in one hold against in chunks, each timed on the real `Switchboard` (two shards, its locks, its
 /// steps) without sockets: what `Tools/routing-bench` prints after the fan-out and ACK
 /// cases. Public for that executable only; the server never calls it.
 public enum HoldSurvey {
@@ -14,13 +14,28 @@ public enum HoldSurvey {
         /// round's longest (ns).
         public let longestHold: UInt64
         public let meanLongestHold: Double
+        /// Holds per operation, and the mean hold (ns): what a hold costs without the
+        /// preemptions that make the longest on a loaded host.
+        public let holdsPerOperation: Double
+        public let meanHold: Double
+
+        init(_ operation: String, size: Int, _ times: HoldTimes) {
+            self.operation = operation
+            self.size = size
+            longestHold = times.longest
+            meanLongestHold = times.meanLongest
+            holdsPerOperation = times.operations == 0 ? 0 : Double(times.count) / Double(times.operations)
+            meanHold = times.count == 0 ? 0 : Double(times.total) / Double(times.count)
+        }
     }
 
     /// Every case, `rounds` times each, with `devices` devices where a case grows with a
     /// user's devices and `held` messages for the case that grows with those.
     public static func run(devices: Int, held: Int, rounds: Int) -> [Figure] {
-        [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds),
-         claimingHeld(held, rounds: rounds)].flatMap { $0 }
+        [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds, chunk: Int.max),
+         ringing(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
+         claimingHeld(held, rounds: rounds, chunk: Int.max),
+         claimingHeld(held, rounds: rounds, chunk: SwitchboardState.fanOutChunk)].flatMap { $0 }
     }
 
     /// A bench of two shards; `user(prefix, shard)` names a user on `shard`.
@@ -29,8 +44,10 @@ public enum HoldSurvey {
         let now = Instant(nanoseconds: 1_000_000_000)
         private var slot: UInt32 = 0
 
-        init() {
-            switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2)
+        /// `chunk`: events per hold of a claim of held messages, devices per hold of a ring
+        /// (`Int.max`: one hold).
+        init(chunk: Int = SwitchboardState.fanOutChunk) {
+            switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2) { $0.fanOutChunk = chunk }
         }
 
         func user(_ prefix: String, onShard index: Int) -> String {
@@ -38,12 +55,17 @@ public enum HoldSurvey {
         }
 
         mutating func attach(_ user: String, _ device: String) -> DeviceRecord {
+            attachClaiming(user, device).record
+        }
+
+        /// A handshake, with the step that claims the rest of the held messages (if any).
+        mutating func attachClaiming(_ user: String, _ device: String) -> (record: DeviceRecord, claim: ShardStep?) {
             slot += 1
             let connection = ConnectionRef(loop: 0, slot: slot, generation: 1)
             return switchboard.withState(of: user, wall: 0) { board in
                 let grant = try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now).get()
                 _ = board.takeEffects()
-                return grant.record
+                return (grant.record, grant.claim)
             }
         }
 
@@ -99,16 +121,17 @@ public enum HoldSurvey {
             bench.acknowledgeAll(others + [sending])
         }
         return [
-            Figure(operation: "synced copies: sender's first hold", size: devices, longestHold: first.longest, meanLongestHold: first.meanLongest),
-            Figure(operation: "synced copies: settle step", size: devices, longestHold: settle.longest, meanLongestHold: settle.meanLongest),
-            Figure(operation: "receipt to every sender device", size: devices, longestHold: receipt.longest, meanLongestHold: receipt.meanLongest),
+            Figure("synced copies: sender's first hold", size: devices, first),
+            Figure("synced copies: settle step", size: devices, settle),
+            Figure("receipt to every sender device", size: devices, receipt),
         ]
     }
 
     /// A call to a user with `devices` connected devices on the other shard: the callee's
-    /// step rings them all; the first accept tells the others answeredElsewhere.
-    static func ringing(devices: Int, rounds: Int) -> [Figure] {
-        var bench = Bench()
+    /// step rings them, `chunk` a hold (the rest in `continueRing` steps); the first accept
+    /// tells the others answeredElsewhere.
+    static func ringing(devices: Int, rounds: Int, chunk: Int) -> [Figure] {
+        var bench = Bench(chunk: chunk)
         let caller = bench.user("caller", onShard: 0), callee = bench.user("callee", onShard: 1)
         let callingDevice = bench.attach(caller, "d")
         let calleeDevices = (0..<devices).map { bench.attach(callee, "d\($0)") }
@@ -140,18 +163,17 @@ public enum HoldSurvey {
             untimed.run(hungUp, on: bench.switchboard, now: bench.now)
             bench.acknowledgeAll(calleeDevices + [callingDevice])
         }
-        return [
-            Figure(operation: "ringing a callee's devices", size: devices, longestHold: ring.longest, meanLongestHold: ring.meanLongest),
-            Figure(operation: "accept: answeredElsewhere to the others", size: devices, longestHold: accept.longest, meanLongestHold: accept.meanLongest),
-        ]
+        let ringing = Figure("ringing a callee's devices (\(chunk == Int.max ? "one hold" : "chunks of \(chunk)"))", size: devices, ring)
+        // The accept does not depend on the chunk: one row, with the chunked ring.
+        return chunk == Int.max ? [ringing] : [ringing, Figure("accept: answeredElsewhere to the others", size: devices, accept)]
     }
 
     /// `held` messages wait for a user with no device; its first device's handshake
-    /// queues them all.
-    static func claimingHeld(_ held: Int, rounds: Int) -> [Figure] {
+    /// queues them, `chunk` a hold (`HeldClaim`), the claim's steps the rest.
+    static func claimingHeld(_ held: Int, rounds: Int, chunk: Int) -> [Figure] {
         var claim = HoldTimes()
         for round in 0..<rounds {
-            var bench = Bench()
+            var bench = Bench(chunk: chunk)
             let sender = bench.user("sender", onShard: 0), recipient = bench.user("new", onShard: 1)
             let sending = bench.attach(sender, "d")
             var untimed = HoldTimes()
@@ -165,8 +187,10 @@ public enum HoldSurvey {
                 untimed.run(handOff, on: bench.switchboard, now: bench.now)
             }
             claim.startOperation()
-            _ = claim.timed { bench.attach(recipient, "first") }
+            let rest = claim.timed { bench.attachClaiming(recipient, "first").claim }
+            claim.run(rest.map { [$0] } ?? [], on: bench.switchboard, now: bench.now)
         }
-        return [Figure(operation: "first device claiming held messages", size: held, longestHold: claim.longest, meanLongestHold: claim.meanLongest)]
+        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        return [Figure("first device claiming held messages (\(how))", size: held, claim)]
     }
 }

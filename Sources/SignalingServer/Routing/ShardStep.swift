@@ -33,6 +33,12 @@ enum ShardStep: Sendable, Equatable {
     /// The next chunk of an acknowledgement that covers more events than one hold takes
     /// (`Acknowledgement`), run on the shard of the acknowledging device's user.
     case continueAcknowledgement(user: String, id: UInt64)
+    /// The next chunk of a device's claim of the messages held for its user (`HeldClaim`),
+    /// run on the user's shard.
+    case continueClaim(user: String, id: UInt64)
+    /// The next chunk of the devices a call rings (`CallRecord.toRing`), run on the
+    /// callee's shard.
+    indirect case continueRing(callee: String, callID: String)
     /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
     /// shard, which releases its copies and remembers its id, or cancels them and frees it.
     indirect case settleMessage(DeliveredMessage, accepted: Bool)
@@ -63,6 +69,8 @@ enum ShardStep: Sendable, Equatable {
         case .settleMessage(let message, _): message.sender
         case .continueFanOut(let recipient, _): recipient
         case .continueAcknowledgement(let user, _): user
+        case .continueClaim(let user, _): user
+        case .continueRing(let callee, _): callee
         case .receipts(let batch): batch.sender
         case .invite(let invitation): invitation.callee
         case .callerRequest(_, _, let callee, _): callee
@@ -172,6 +180,10 @@ extension SwitchboardState {
             return continueFanOut(recipient, id: id, now: now!)
         case .continueAcknowledgement(let user, let id):
             return continueAcknowledgement(user, id: id)
+        case .continueClaim(let user, let id):
+            return continueClaim(user, id: id)
+        case .continueRing(let callee, let callID):
+            return continueRing(callee: callee, callID: callID)
         case .settleMessage(let message, let accepted):
             settleMessage(message, accepted: accepted, now: now!)
             return StepOutcome(reply: nil)
@@ -192,11 +204,11 @@ extension SwitchboardState {
 
 extension ShardStep {
     /// Whether the step is the next chunk of work split into bounded holds (a fan-out's
-    /// devices, an ACK's events): its owner runs it as a task of its own, not right after
-    /// the chunk before it.
+    /// devices, an ACK's events, a claim's held messages, a call's devices to ring): its
+    /// owner runs it as a task of its own, not right after the chunk before it.
     var isNextChunk: Bool {
         switch self {
-        case .continueFanOut, .continueAcknowledgement: true
+        case .continueFanOut, .continueAcknowledgement, .continueClaim, .continueRing: true
         default: false
         }
     }
@@ -206,7 +218,7 @@ extension ShardStep {
     var needsClock: Bool {
         switch self {
         case .deliverMessage, .continueFanOut, .settleMessage, .invite: true
-        case .receipts, .continueAcknowledgement, .callerRequest, .callerVanished, .toCaller: false
+        case .receipts, .continueAcknowledgement, .continueClaim, .continueRing, .callerRequest, .callerVanished, .toCaller: false
         }
     }
 }

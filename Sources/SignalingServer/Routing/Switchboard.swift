@@ -291,7 +291,9 @@ final class Switchboard: Sendable {
         while let first = carried.take() ?? here.pop() {
             var lastHasRest = false
             let effects = withState(shard: first.shard, wall: first.chain.wall, writerWake: writerWake) { board in
-                let budget = board.counters.eventsQueued + board.configuration.fanOutChunk
+                // Saturating: a benchmark's chunk of `Int.max` (one hold) overflowed the sum.
+                let (sum, overflow) = board.counters.eventsQueued.addingReportingOverflow(board.configuration.fanOutChunk)
+                let budget = overflow ? Int.max : sum
                 var posted = first
                 while true {
                     board.currentWall = posted.chain.wall

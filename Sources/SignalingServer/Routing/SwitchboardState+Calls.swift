@@ -57,14 +57,38 @@ extension SwitchboardState {
         }
         calls[callID] = call
         activity(callee).calls.append(call)
-        for target in online {
-            call.rungDevices.append(target)
-            enqueue(invitationEvent, to: target)
-        }
+        call.toRing = online[...]
         // Offline devices are rung when they connect (see `attach`); wake them now.
         for target in wakeable { wakeUpOffline(target, .call) }
         scheduleRingTimeout(call, now: now)
+        outcome.next += ringChunk(call)
         return outcome
+    }
+
+    /// Rings the next chunk of the devices the call still has to ring (`CallRecord.toRing`),
+    /// if it is still unanswered; returns the step for the rest (none: done, or answered,
+    /// cancelled or ended meanwhile: the rest is never rung). A device that lost its
+    /// connection meanwhile (or was forgotten) is skipped, rung when it connects again.
+    mutating func ringChunk(_ call: CallRecord) -> [ShardStep] {
+        guard call.isLive, call.state.isUnanswered else {
+            call.toRing = []
+            return []
+        }
+        let end = min(call.toRing.endIndex, call.toRing.startIndex + configuration.fanOutChunk)
+        for target in call.toRing[..<end] where target.isOnline {
+            call.rungDevices.append(target)
+            enqueue(call.invitation, to: target)
+        }
+        call.toRing = call.toRing[end...]
+        guard call.toRing.isEmpty else { return [.continueRing(callee: call.callee, callID: call.callID)] }
+        call.toRing = []  // frees the slice's buffer
+        return []
+    }
+
+    /// The next chunk of call `callID`'s ringing (nothing if the call is gone).
+    mutating func continueRing(callee: String, callID: String) -> StepOutcome {
+        guard let call = calls[callID], call.callee == callee else { return StepOutcome(reply: nil) }
+        return StepOutcome(reply: nil, next: ringChunk(call))
     }
 
     mutating func ringing(callID: String, from device: DeviceRecord) -> StepOutcome {
@@ -180,8 +204,11 @@ extension SwitchboardState {
             outcome.merge(end(call, .peerDisconnected))
             return outcome
         case .inviting, .ringing:
-            // The callee is gone only when every device that was ringing is gone.
-            guard !call.rungDevices.contains(where: \.isOnline) else { return StepOutcome(reply: nil) }
+            // The callee is gone only when every device that was ringing, or is still to
+            // be rung, is gone.
+            guard !call.rungDevices.contains(where: \.isOnline) && !call.toRing.contains(where: \.isOnline) else {
+                return StepOutcome(reply: nil)
+            }
             var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
             for rung in call.rungDevices { enqueue(callEnded(call, .noAnswer, peer: call.caller.user), to: rung) }
             outcome.merge(end(call, .peerDisconnected))

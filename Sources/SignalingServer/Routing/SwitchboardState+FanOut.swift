@@ -84,7 +84,8 @@ final class FanOut: @unchecked Sendable {
 
 extension SwitchboardState {
     /// How many devices one hold of a shard queues a message to, wakes, or withdraws it
-    /// from. A fan-out costs about 0.5 µs per device in one hold (1,000 devices ≈ 524 µs,
+    /// from (and rings a call on, `ringChunk`, or how many held messages it claims,
+    /// `HeldClaim`: the same cost per event). A fan-out costs about 0.5 µs per device in one hold (1,000 devices ≈ 524 µs,
     /// 10,000 ≈ 3 ms, measured with `Tools/bench-lock-holds`), during which every loop that
     /// needs the recipient's shard waits; 128 devices keep a hold near 60 µs, while the
     /// extra hold and step per chunk (a lock round and a dictionary lookup, well under a
@@ -93,10 +94,11 @@ extension SwitchboardState {
 
     /// Whether a message to `recipient` must go through `fanOut` steps rather than be
     /// queued in the hold that admits it: the user has more devices than one chunk, or a
-    /// fan-out to the user is in progress (a message must not overtake it). With a store
+    /// fan-out to the user is in progress (a message must not overtake it), or a claim of
+    /// the user's held messages (`awaitsClaim`: the message goes after them). With a store
     /// too: the chunks' units form the message's commit group (`FanOut.committedWith`).
     func fansOutInChunks(to recipient: String) -> Bool {
-        if activities[recipient]?.fanOut != nil { return true }
+        if activities[recipient]?.fanOut != nil || awaitsClaim(recipient) { return true }
         var count = 0
         for _ in devices(of: recipient) {
             count += 1

@@ -98,21 +98,28 @@ extension SwitchboardState {
     /// The recipient's step of a message from another shard's user: queued to every device
     /// of the recipient (or held), or refused with nothing queued.
     /// A recipient with more devices than one hold takes gets them in chunks (`FanOut`), and
-    /// a message to a user whose fan-out is in progress waits for it.
+    /// a message to a user whose fan-out, or claim of held messages, is in progress waits
+    /// for it.
     mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
+        // After every message held for the user (`HeldClaim`).
+        if awaitsClaim(message.recipient) { return helpClaim(of: message.recipient, before: .deliverMessage(message)) }
         if let inProgress = activities[message.recipient]?.fanOut {
             return helpFanOut(inProgress, before: .deliverMessage(message), now: now)
         }
         if fansOutInChunks(to: message.recipient) { return startFanOut(message, now: now) }
         let recipients = Array(devices(of: message.recipient))
+        // A note to oneself skips the sending device, as `send` does (it comes here when it
+        // waited for a claim or a fan-out).
+        let targets = message.recipient == message.sender
+            ? recipients.filter { $0.deviceID != message.senderDevice } : recipients
         let accepted: Bool
         var outcome: StepOutcome
-        if let refusal = refusalToQueue(message, targets: recipients, copies: [], holdForUser: recipients.isEmpty) {
+        if let refusal = refusalToQueue(message, targets: targets, copies: [], holdForUser: recipients.isEmpty) {
             accepted = false
             outcome = .answered(.failure(refusal))
         } else {
             let event = messageEvent(message)
-            queue(event, for: message.recipient, targets: recipients, holdForUser: recipients.isEmpty, now: now)
+            queue(event, for: message.recipient, targets: targets, holdForUser: recipients.isEmpty, now: now)
             counters.messagesAccepted += 1
             accepted = true
             outcome = .answered(.success(message.serverTime))

@@ -25,8 +25,9 @@ struct SwitchboardConfiguration: Sendable {
     /// Bytes of undelivered events the server may hold before it refuses new messages and
     /// calls (`MemoryLedger`).
     var memoryBudget = Int.max
-    /// Devices per hold of a fan-out (`SwitchboardState.fanOutChunk`; a benchmark sets
-    /// `Int.max` to measure a fan-out in one hold, as it was before chunks).
+    /// Devices per hold of a fan-out and of a ring, held messages per hold of a claim
+    /// (`SwitchboardState.fanOutChunk`; a benchmark sets `Int.max` to measure one in one
+    /// hold, as it was before chunks).
     var fanOutChunk = SwitchboardState.fanOutChunk
     /// Events per hold of an acknowledgement (`SwitchboardState.ackChunk`; a benchmark
     /// sets `Int.max` to measure an ACK in one hold, as it was before chunks).
@@ -57,6 +58,10 @@ struct AttachGrant {
     let needsPump: Bool
     /// Receipts of what the resume point acknowledged, for senders on other shards.
     let next: [ShardStep]
+    /// The rest of the device's claim of the messages held for its user, for this shard
+    /// (nil: nothing more to claim). Run on its own, not with `next`: each chunk's changes
+    /// are committed on their own (`HeldClaim`).
+    var claim: ShardStep? = nil
 }
 
 /// Operations whose commit units the store writer commits in one transaction: the holds
@@ -191,6 +196,8 @@ struct SwitchboardState {
     /// each takes its answer; `nextFanOutID` numbers them.
     var fanOuts: [UInt64: FanOut] = [:]
     var nextFanOutID: UInt64 = 0
+    /// Numbers claims of held messages (`HeldClaim.id`).
+    var nextClaimID: UInt64 = 0
     /// Acknowledgements taking their events out in chunks (`Acknowledgement`), from the
     /// hold that received each until its last chunk.
     var acknowledgements = Acknowledgements()
@@ -294,6 +301,15 @@ struct SwitchboardState {
         unit.closesGroup = answers
     }
 
+    /// The current operation's commit unit is committed on its own after all: a hold that
+    /// a message's step spends on work that is no part of the message (a claim of held
+    /// messages, `helpClaim`), whose changes must not be undone if the message is refused.
+    mutating func commitsAlone() {
+        unit.reply = nil
+        unit.group = nil
+        unit.closesGroup = true
+    }
+
     /// The message whose deferred OK the current operation's commit unit is tied to (nil:
     /// none), for a fan-out that ties its later holds' units to it too (`FanOut`).
     var deferredMessage: DeferredReply? { unit.reply }
@@ -370,6 +386,7 @@ struct SwitchboardState {
             current?.next = device.next
         }
         device.next = nil
+        activities[device.userID]?.claimingDeviceForgotten(device, next: users[device.userID])
         pushRegistrations[ObjectIdentifier(device)] = nil
         stopTrackingShares(of: .device(ObjectIdentifier(device)), events: device.forEachEvent)
         counters.pendingEvents -= device.queue.count
@@ -433,34 +450,23 @@ struct SwitchboardState {
         let needsPump = record.writableSeq > sentSeq
         record.wakePending = needsPump
 
+        var claim: ShardStep?
         if let activity = activities[userID] {
-            claimHeld(activity, for: record)
+            // Messages that waited for this user's first device: the first chunk now, the
+            // rest in steps of their own (a call rings at once, ahead of the rest).
+            claim = startClaim(activity, for: record)
             ringIfCalled(record, activity)
         }
         return .success(AttachGrant(
             record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: acknowledgedSeq(of: record), sentSeq: sentSeq,
-            lastSeq: record.lastSeq, needsPump: needsPump, next: receipts))
+            lastSeq: record.lastSeq, needsPump: needsPump, next: receipts, claim: claim))
     }
 
-    /// Messages that waited for this user's first device.
-    private mutating func claimHeld(_ activity: UserActivity, for device: DeviceRecord) {
-        guard !activity.held.isEmpty else { return }
-        let lastOrdinal = activity.nextHeldOrdinal - 1
-        stopTrackingShares(of: .held(device.userID), events: activity.forEachHeld)
-        counters.pendingEvents -= activity.heldEventCount  // counted again as each is enqueued
-        for (index, event) in activity.held.enumerated() {
-            guard !event.isCancelled else { continue }
-            event.wasClaimed = true
-            enqueue(event, to: device, heldOrdinal: activity.firstHeldOrdinal + UInt64(index))
-        }
-        activity.held = []
-        activity.firstHeldOrdinal = lastOrdinal + 1
-        journal(.releaseHeld(user: device.userID, through: lastOrdinal))
-    }
-
-    /// A callee device that connects while a call rings is rung too.
+    /// A callee device that connects while a call rings is rung too (now, and not again by
+    /// the call's next chunk if it was still to be rung).
     private mutating func ringIfCalled(_ device: DeviceRecord, _ activity: UserActivity) {
         for call in activity.calls where call.callee == device.userID && call.state.isUnanswered {
+            if let waiting = call.toRing.firstIndex(where: { $0 === device }) { call.toRing.remove(at: waiting) }
             if !call.rungDevices.contains(where: { $0 === device }) {
                 call.rungDevices.append(device)
                 enqueue(call.invitation, to: device)
@@ -800,6 +806,7 @@ struct SwitchboardState {
 
     mutating func hold(_ event: QueuedEvent, for userID: String, now: Instant) {
         let activity = activity(userID)
+        assert(activity.claim == nil, "a message to \(userID) was held while a device claims the held ones")
         let ordinal = activity.nextHeldOrdinal
         activity.held.append(event)
         event.waitedForDevice = true
