@@ -117,7 +117,7 @@ public struct ServerConfiguration: Sendable {
     /// *i*-th CPU the process may use, the store writer and the store's own threads on the
     /// others, so that the store's work never takes a loop's CPU (`ThreadPlacement`).
     /// `loopCPUs` wins over it. A refused placement is a warning, never a failed start.
-    public var threadPlacement = ThreadPlacementMode.auto
+    public var threadPlacement = ThreadPlacementMode.off
     /// Where push wake-ups go for devices with no connection (nil: none are sent).
     public var pushGateway: PushGatewayConfiguration?
     /// Push key files a reload could not read (`ServerOptions.configuration(from:running:)`);

@@ -88,7 +88,7 @@ public enum ServerOptions {
             OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
             OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
             OptionSpec("loop-cpus", value: "LIST", help: "Run event loop i only on the i-th CPU of LIST (such as 1 or 2-5,7), for loops on cores of their own. (default: any CPU)"),
-            OptionSpec("thread-placement", value: "auto|off", default: "auto", help: "auto: with a store and more CPUs than loops, run loop i on the i-th CPU the process may use and the store's threads on the others, so that store work never delays a loop (a refusal is logged, not fatal); off: the scheduler places every thread. --loop-cpus wins over it."),
+            OptionSpec("thread-placement", value: "auto|off", default: "off", help: "off: the scheduler places every thread; auto: with a store and more CPUs than loops, run loop i on the i-th CPU the process may use and the store's threads on the others, so that store work never delays a loop (a refusal is logged, not fatal; helps a busy host, costs a quiet one: docs/LOAD-TESTING.md). --loop-cpus wins over it."),
             OptionSpec("cpu-latency-limit", value: "MICROSECONDS", help: "While running, keep the host's CPUs able to wake within this (PM QoS; 0 = idle CPUs poll, lowest push latency on VMs, more power). Needs root."),
             OptionSpec("log-level", value: "LEVEL", default: "info", help: "debug, info, warn or error."),
             OptionSpec("log-format", value: "kv|json", default: "kv", help: "Log lines as key=value pairs or as one JSON object per line."),

@@ -17,9 +17,12 @@ public enum ThreadPlacementMode: String, Sendable, CaseIterable {
 ///
 /// Why auto exists: on a small host, the store writer (a burst of SQLite work after each
 /// group commit) and the WAL checkpointer were put by the scheduler on the loop's CPU
-/// as often as not, and the loop waited for them: on 2 cores the default configuration's
-/// push p99 was 2-4 times the memory store's (docs/LOAD-TESTING.md, "Thread placement").
-/// Each loop on a CPU of its own and the store's threads on the others keeps them apart.
+/// as often as not, and the loop waited for them. Each loop on a CPU of its own and the
+/// store's threads on the others keeps them apart. Why it is not the default: a pinned
+/// loop also cannot leave its CPU when something else (the clients on the same host, a
+/// neighbour) runs there, and on a quiet 2-core host that cost more than it saved: paced
+/// push p99 2-3 times worse, p50 3-4 µs worse, closed-loop p99 a little better
+/// (docs/LOAD-TESTING.md, "Thread placement"). It pays on a busy host.
 struct ThreadPlacement: Equatable, Sendable {
     enum Source: String, Sendable {
         /// `--loop-cpus`: the loops where the operator said; nothing else moved.
