@@ -142,7 +142,16 @@ final class Connection: Sendable {
             pendingWrite.append(contentsOf: more)
             if !pendingWrite.isEmpty {
                 switch writeSome(&pendingWrite) {
-                case .ended(let end): return end
+                case .ended(let end):
+                    // A write that finds the connection gone can follow the server's CLOSE,
+                    // still unread in the receive buffer (the server closed with our bytes
+                    // unread, so its kernel reset the connection): read what arrived
+                    // first, so that the CLOSE and its advice reach the core before the end.
+                    guard case .closedByPeer = end else { return end }
+                    for _ in 0..<16 {
+                        guard case .delivered = readOnce(&readBuffer, &reader, deliver) else { break }
+                    }
+                    return end
                 case .waiting(let readiness): writeWaitsFor = readiness
                 case .done: break
                 }
@@ -161,27 +170,48 @@ final class Connection: Sendable {
             guard readable else { continue }
             // One read, then more while TLS holds decrypted bytes that no poll will announce.
             repeat {
-                switch readBuffer.withUnsafeMutableBytes({ stream.read(into: $0) }) {
-                case .moved(let count):
-                    readWaitsFor = .readable
-                    // Decoded straight out of the read buffer; only a partial frame is kept.
-                    let decoded = readBuffer.withUnsafeBytes { bytes in
-                        Result { () throws(ProtocolViolation) in try reader.drain(UnsafeRawBufferPointer(rebasing: bytes[..<count])) }
-                    }
-                    switch decoded {
-                    case .success(let frames): if !frames.isEmpty { deliver(.frames(frames)) }
-                    case .failure(let violation): return .protocolViolation(violation.description)
-                    }
-                case .wait(let readiness):
-                    readWaitsFor = readiness
-                case .closed, .failed(.socket(errno: ECONNRESET)):
-                    return .closedByPeer
-                case .failed(.socket(let code)):
-                    return .failed(errno: code)
-                case .failed(.tls(let error)):
-                    return .tlsFailed(error.message)
+                switch readOnce(&readBuffer, &reader, deliver) {
+                case .delivered: readWaitsFor = .readable
+                case .waiting(let readiness): readWaitsFor = readiness
+                case .ended(let end): return end
                 }
             } while stream.hasBufferedInput
+        }
+    }
+
+    private enum ReadProgress {
+        /// Bytes were read and their whole frames delivered.
+        case delivered
+        /// Nothing to read; the next read waits for this readiness.
+        case waiting(SocketStream.Readiness)
+        case ended(ConnectionEnd)
+    }
+
+    /// One read from the stream, its whole frames decoded straight out of the read buffer
+    /// (only a partial frame is kept) and delivered.
+    private func readOnce(
+        _ readBuffer: inout [UInt8], _ reader: inout FrameAssembler, _ deliver: @Sendable (ConnectionInput) -> Void
+    ) -> ReadProgress {
+        switch readBuffer.withUnsafeMutableBytes({ stream.read(into: $0) }) {
+        case .moved(let count):
+            let decoded = readBuffer.withUnsafeBytes { bytes in
+                Result { () throws(ProtocolViolation) in try reader.drain(UnsafeRawBufferPointer(rebasing: bytes[..<count])) }
+            }
+            switch decoded {
+            case .success(let frames):
+                if !frames.isEmpty { deliver(.frames(frames)) }
+                return .delivered
+            case .failure(let violation):
+                return .ended(.protocolViolation(violation.description))
+            }
+        case .wait(let readiness):
+            return .waiting(readiness)
+        case .closed, .failed(.socket(errno: ECONNRESET)):
+            return .ended(.closedByPeer)
+        case .failed(.socket(let code)):
+            return .ended(.failed(errno: code))
+        case .failed(.tls(let error)):
+            return .ended(.tlsFailed(error.message))
         }
     }
 
