@@ -443,7 +443,7 @@ struct AdminAPITests {
         #expect(family.type == "histogram")
         let labels = ["routing_shard", "loop_ownership", "store_progress",
                       "call_directory", "log_throttle",
-                      "push_inbox", "relay_directory", "front_route"]
+                      "relay_directory", "front_route"]
         for lock in labels {
             let buckets = family.samples.filter { $0.name == "voipserver_lock_hold_seconds_bucket" && $0.labels["lock"] == lock }
             #expect(buckets.count == 20, "\(lock): 19 bounds and +Inf")

@@ -22,10 +22,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
     case callDirectory
     /// A `LogThrottle` (refused handshakes and requests, a line a second at most).
     case logThrottle
-    /// The push gateway's submission inbox (`GatewayInbox.entries`): each wake-up of a
-    /// device by push, and the gateway's thread taking the batch. Timed by SignalingPush
-    /// through `PushGateway.init(submissionHolds:)`.
-    case pushInbox
     /// `RelayDirectory.state`, on a cluster's routing node: each relay frame from a front
     /// (the link's thread), each drain, move and release of a relayed connection (loops).
     case relayDirectory
@@ -42,7 +38,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .storeProgress: "store_progress"
         case .callDirectory: "call_directory"
         case .logThrottle: "log_throttle"
-        case .pushInbox: "push_inbox"
         case .relayDirectory: "relay_directory"
         case .frontRoute: "front_route"
         }
