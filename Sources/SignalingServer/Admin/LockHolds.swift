@@ -18,7 +18,9 @@ enum SharedLock: Int, CaseIterable, Sendable {
     /// units through a lock-free queue (the `store_inbox` lock that was there is gone);
     /// timed to show that what is left of the writer's locking stays short.
     case storeProgress
-    /// The server's live call ids (`CallDirectory`): call requests and call endings.
+    /// The overflow of the server's live call ids (`CallDirectory.overflow`): only the
+    /// call ids its lock-free table cannot hold (longer than 48 bytes, a full window), not
+    /// the per-call path of short ids (no lock).
     case callDirectory
     /// A `LogThrottle` (refused handshakes and requests, a line a second at most).
     case logThrottle
