@@ -1,79 +1,101 @@
 import CLinuxShims
+import SignalingSupport
 import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
 
-// Locks of this file (docs/ARCHITECTURE.md, "Locks"): `entries` and `credentials` are
-// leaves, never held together. `entries` is taken by every event loop and the store writer
-// for each wake-up they submit (after their routing shard's lock is released) and by the
-// gateway's thread to take the batch; `credentials` on a reload. Holds of `entries` are
-// timed when the gateway's owner asks (`PushGateway.init(submissionHolds:)`: the server's
-// `push_inbox` lock label).
+// Locks of this file (docs/ARCHITECTURE.md, "Locks"): only `credentials`, a leaf taken on
+// a reload and by the gateway's thread after each wake. Submissions take no lock: `queue`
+// is a lock-free `MPSCQueue` and `waiting` an atomic count.
+//
+// Ownership: any thread pushes (`add`); only the gateway's thread takes (`takeAll`) and
+// closes (`close`) while it runs; once it has exited (joined) or before it ever started,
+// the thread that stops the gateway is the consumer instead (`PushGateway.stop`).
 
-/// The one place other threads reach into the gateway: a locked, coalescing inbox and the
-/// eventfd that wakes the gateway's thread. Shared by `PushGateway` (writers) and
+/// The one place other threads reach into the gateway: a lock-free inbox of wake-ups and
+/// the eventfd that wakes the gateway's thread. Shared by `PushGateway` (writers) and
 /// `GatewayLoop` (the reader), so the loop needs no reference back to the gateway.
+///
+/// A submission is one atomic add (`waiting`) and one push (one allocation and one
+/// compare-and-exchange); only the push that finds the queue empty writes the eventfd (one
+/// wake-up per batch, as the store writer's inbox does). Nothing is coalesced here: the
+/// gateway's thread folds each batch per device when it takes it (`WakeUpCoalescer`), so
+/// a burst for one device costs one entry per submission until the gateway takes it.
 final class GatewayInbox: Sendable {
-    private let entries = Mutex(SubmissionInbox())
+    private let queue = MPSCQueue<WakeUp>()
+    /// Submissions queued (or being queued) and not yet taken by the gateway's thread: a
+    /// submitter adds 1 before its push (and takes it back if refused), the consumer
+    /// subtracts what it took after the take. So it never undercounts what is queued, and
+    /// `add` refuses once `capacity` are waiting: the inbox holds at most `capacity`
+    /// wake-ups whatever the number of submitting threads.
+    private let waiting = Atomic<Int>(0)
     /// Readable when the inbox has something new or a stop was requested.
     let wakeFD: Int32
     private let capacity: Int
-    /// Called after each hold of `entries` with its length in nanoseconds, on the thread
-    /// that held it (nil: holds are not timed).
-    private let holds: (@Sendable (UInt64) -> Void)?
 
-    init(capacity: Int, holds: (@Sendable (UInt64) -> Void)? = nil) throws(PushGatewayError) {
+    init(capacity: Int) throws(PushGatewayError) {
         let fd = shim_eventfd()
         guard fd >= 0 else { throw PushGatewayError("cannot create an eventfd: \(String(cString: strerror(errno)))") }
         wakeFD = fd
         self.capacity = capacity
-        self.holds = holds
     }
 
-    /// Runs `body` under the lock of `entries`, timing the hold when `holds` is set: one
-    /// monotonic clock read after taking the lock and one before releasing it.
-    @inline(__always)
-    private func withEntries<Result>(_ body: (inout SubmissionInbox) -> sending Result) -> sending Result {
-        guard let holds else { return entries.withLock { body(&$0) } }
-        var hold: (start: UInt64, end: UInt64) = (0, 0)
-        let result = entries.withLock { inbox -> sending Result in
-            hold.start = Self.monotonicNanoseconds()
-            defer { hold.end = Self.monotonicNanoseconds() }
-            return body(&inbox)
+    deinit { Glibc.close(wakeFD) }
+
+    /// What `add` did.
+    enum Admission: Equatable {
+        /// Queued for the gateway's thread.
+        case queued
+        /// `capacity` submissions are waiting for the gateway's thread already.
+        case full
+        /// The gateway has stopped.
+        case closed
+    }
+
+    /// Any thread: queues `wakeUp` for the gateway's thread, unless `capacity` submissions
+    /// are waiting or the inbox is closed.
+    func add(_ wakeUp: WakeUp) -> Admission {
+        // Reserve a place before pushing, so that submitters racing for the last place
+        // cannot overshoot it: one of them sees the count at capacity and gives it back.
+        guard waiting.wrappingAdd(1, ordering: .relaxed).oldValue < capacity else {
+            waiting.wrappingSubtract(1, ordering: .relaxed)
+            return .full
         }
-        holds(hold.end &- hold.start)
-        return result
+        switch queue.push(wakeUp) {
+        case .queuedFirst:
+            // One eventfd write per batch: the gateway's thread has not emptied the queue
+            // since an earlier push, which did write it.
+            shim_eventfd_signal(wakeFD)
+            return .queued
+        case .queued:
+            return .queued
+        case .refused:
+            waiting.wrappingSubtract(1, ordering: .relaxed)
+            return .closed
+        }
     }
 
-    private static func monotonicNanoseconds() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
-    }
-
-    deinit { close(wakeFD) }
-
-    func add(_ wakeUp: WakeUp) -> SubmissionInbox.Admission {
-        let admission = withEntries { $0.add(wakeUp, capacity: capacity) }
-        // One eventfd write per batch: a thread that has not emptied the inbox yet will
-        // see the new entry anyway.
-        if case .added(wasEmpty: true) = admission { shim_eventfd_signal(wakeFD) }
-        return admission
-    }
-
-    /// On the gateway's thread, when `wakeFD` is readable.
-    func takeAll() -> [WakeUp] {
+    /// Consumer only (the gateway's thread, when `wakeFD` is readable): appends every
+    /// wake-up queued to `batch`, in the order each submitter queued them.
+    func takeAll(appendingTo batch: inout [WakeUp]) {
         shim_eventfd_drain(wakeFD)
-        // Swap under the lock, copy and free outside it: submitters never wait for a batch.
-        let taken = withEntries { $0.takeAll() }
-        return taken.wakeUps
+        let before = batch.count
+        queue.takeAll(appendingTo: &batch)
+        waiting.wrappingSubtract(batch.count - before, ordering: .relaxed)
     }
 
-    /// Refuses every later submission; returns how many wake-ups were still waiting.
-    func refuseFurtherSubmissions() -> Int {
-        entries.withLock { $0.close() }.count
+    /// Consumer only: refuses every later submission; returns how many wake-ups were still
+    /// waiting (dropped). Closing twice returns 0 the second time.
+    func close() -> Int {
+        var left: [WakeUp] = []
+        queue.close(appendingTo: &left)
+        waiting.wrappingSubtract(left.count, ordering: .relaxed)
+        return left.count
     }
+
+    /// Submissions waiting for the gateway's thread (any thread, as a hint).
+    var waitingCount: Int { waiting.load(ordering: .relaxed) }
 
     func wake() { shim_eventfd_signal(wakeFD) }
 

@@ -8,7 +8,8 @@ import Synchronization
 /// libcurl's HTTP/2 connections to APNs and FCM (`HTTP2Client`).
 ///
 /// Concurrency: everything here is confined to the loop's thread except `requestStop`
-/// (an atomic flag, followed by an eventfd wake) and the `ticks`/`finished` atomics.
+/// (an atomic flag, followed by an eventfd wake) and the `ticks`/`finished` atomics. The
+/// loop's thread is the inbox's only consumer while it runs (takes and closes it).
 /// `@unchecked Sendable` only so that the object can be handed to its thread.
 final class GatewayLoop: @unchecked Sendable {
     let configuration: PushGatewayConfiguration
@@ -41,6 +42,10 @@ final class GatewayLoop: @unchecked Sendable {
     let onTokenInvalid: @Sendable (WakeUp, PushRegistration, String) -> Void
     /// The last time each rejection reason was logged, to log each at most once a minute.
     var rejectionLog: [String: (at: Instant, suppressed: Int)] = [:]
+    /// The wake-ups taken from the inbox, folded per device, before the scheduler takes
+    /// them (kept between batches for its storage; at most `maxQueuedDevices`).
+    private var batch: [WakeUp] = []
+    private var coalescer = WakeUpCoalescer()
 
     private var wakeEvent: OpaquePointer?
     private var tickEvent: OpaquePointer?
@@ -121,9 +126,12 @@ final class GatewayLoop: @unchecked Sendable {
             if let new = credentials.apns { apns?.replaceCredentials(new) }
             if let new = credentials.fcm { fcm?.replaceCredentials(new) }
         }
-        let wakeUps = inbox.takeAll()
+        inbox.takeAll(appendingTo: &batch)
+        // Folded here, not by the submitters, who share no lock (see `GatewayInbox`).
+        counters.coalesced.increment(by: coalescer.coalesce(&batch))
         let now = clock.now()
-        for wakeUp in wakeUps { scheduler.accept(wakeUp, now: now) }
+        for wakeUp in batch { scheduler.accept(wakeUp, now: now) }
+        batch.removeAll(keepingCapacity: true)
         pump()
     }
 
@@ -202,6 +210,9 @@ final class GatewayLoop: @unchecked Sendable {
         queued = [:]
         _ = fcm?.dropWaiting()
         counters.droppedStopped.increment(by: scheduler.removeAll())
+        // This thread is the inbox's consumer, the one that may close it; later
+        // submissions are refused.
+        counters.droppedStopped.increment(by: inbox.close())
         vs_event_base_loopbreak(base)
     }
 }

@@ -15,9 +15,10 @@ import Glibc
 ///
 /// The gateway runs its own libevent `event_base` on its own thread; its HTTP requests are
 /// non-blocking, so a gateway that is down, slow or hanging delays nothing but its own
-/// wake-ups. `submit` is the only entry from other threads: it folds the wake-up into a
-/// locked, per-device coalescing inbox (O(1)) and wakes the thread through an eventfd.
-/// Everything else (schedule, connections, requests) is confined to the gateway's thread.
+/// wake-ups. `submit` is the only entry from other threads: it pushes the wake-up onto a
+/// lock-free inbox (O(1), no lock: `GatewayInbox`) and wakes the thread through an eventfd
+/// when the inbox was empty. Everything else (coalescing per device, schedule,
+/// connections, requests) is confined to the gateway's thread.
 ///
 /// A server without a configured gateway simply creates none (see `WakeUpSubmitter`).
 public final class PushGateway: WakeUpSubmitter, Sendable {
@@ -40,16 +41,12 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
     ///   - clock: read for every interval and back-off decision (tests inject a
     ///     `ManualClock`; the loop looks at it every `tickInterval`). The request timeout
     ///     is real time: it guards real I/O.
-    ///   - submissionHolds: called after each hold of the submission inbox's lock, with its
-    ///     length in nanoseconds, on the thread that held it (the server's lock-hold
-    ///     histograms, `push_inbox`); nil: not timed.
     public init(
-        configuration: PushGatewayConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger(),
-        submissionHolds: (@Sendable (UInt64) -> Void)? = nil
+        configuration: PushGatewayConfiguration, clock: any Clock = SystemClock(), logger: Logger = Logger()
     ) throws(UsageError) {
         try configuration.validate()
         do {
-            inbox = try GatewayInbox(capacity: configuration.maxQueuedDevices, holds: submissionHolds)
+            inbox = try GatewayInbox(capacity: configuration.maxQueuedDevices)
         } catch {
             throw UsageError(error.description)
         }
@@ -68,15 +65,17 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
         let alreadyStarted = run.withLock { $0.started || $0.stopped }
         guard !alreadyStarted else { throw PushGatewayError("a push gateway can be started only once") }
         let address = try configuration.endpoint.map { endpoint throws(PushGatewayError) in try HostResolver.numericAddress(of: endpoint.host) }
-        let onTokenInvalid = run.withLock { $0.onTokenInvalid }
-        let loop = try GatewayLoop(
-            configuration: configuration, address: address, inbox: inbox, counters: counters, clock: clock, logger: logger,
-            onTokenInvalid: onTokenInvalid)
-        let thread = JoinableThread(name: "vs-push") { loop.run() }
-        run.withLock {
-            $0.loop = loop
-            $0.thread = thread
-            $0.started = true
+        // The thread starts under `run`, so that a `stop` racing with this start either
+        // finds the thread to stop or makes this start fail: never a thread running after
+        // `stop` has closed the inbox from its own thread (only one consumer at a time).
+        try run.withLock { state throws(PushGatewayError) in
+            guard !state.started && !state.stopped else { throw PushGatewayError("a push gateway can be started only once") }
+            let loop = try GatewayLoop(
+                configuration: configuration, address: address, inbox: inbox, counters: counters, clock: clock, logger: logger,
+                onTokenInvalid: state.onTokenInvalid)
+            state.loop = loop
+            state.thread = JoinableThread(name: "vs-push") { loop.run() }
+            state.started = true
         }
         logger.info("push_gateway_started", [
             "webhook": configuration.endpoint?.description ?? "-", "address": address ?? "-",
@@ -96,37 +95,44 @@ public final class PushGateway: WakeUpSubmitter, Sendable {
         run.withLock { $0.onTokenInvalid = handler }
     }
 
-    /// Stops: later submissions are refused, requests in flight are cancelled, and every
-    /// wake-up not yet delivered is dropped (counted in `droppedStopped`; the events
-    /// themselves stay queued on the server for the device's next connection). Returns
+    /// Stops: requests in flight are cancelled, every wake-up not yet delivered is dropped
+    /// (counted in `droppedStopped`; the events themselves stay queued on the server for
+    /// the device's next connection), and submissions are refused from the moment the
+    /// gateway's thread shuts down (those that land while `stop` runs are queued and then
+    /// dropped, counted the same way; after `stop` returns every one is refused). Returns
     /// when the thread has exited and freed its connections. Harmless to call twice.
     public func stop() {
-        let (thread, loop) = run.withLock { state -> (JoinableThread?, GatewayLoop?) in
-            guard !state.stopped else { return (nil, nil) }
+        let (thread, loop, wasStopped) = run.withLock { state -> (JoinableThread?, GatewayLoop?, Bool) in
+            guard !state.stopped else { return (nil, nil, true) }
             state.stopped = true
             defer { state.thread = nil }
-            return (state.thread, state.loop)
+            return (state.thread, state.loop, false)
         }
-        counters.droppedStopped.increment(by: inbox.refuseFurtherSubmissions())
-        guard let thread, let loop else { return }
-        loop.requestStop()
-        inbox.wake()
-        thread.join()
-        logger.info("push_gateway_stopped", ["stats": statistics.description])
+        guard !wasStopped else { return }
+        if let thread, let loop {
+            // The gateway's thread closes the inbox itself when it shuts down (it is the
+            // inbox's consumer, the only thread that may take or close).
+            loop.requestStop()
+            inbox.wake()
+            thread.join()
+        }
+        // The thread has exited (or never ran): this thread is the consumer now. Closes
+        // the inbox of a gateway that never started (a second close takes nothing).
+        counters.droppedStopped.increment(by: inbox.close())
+        if thread != nil { logger.info("push_gateway_stopped", ["stats": statistics.description]) }
     }
 
-    /// Hands a wake-up to the gateway's thread. Any thread; never blocks on I/O; O(1).
-    /// A second wake-up for a device whose first has not been taken yet is folded into
-    /// it (higher-ranked kind, latest counter). Returns false when it was refused at once:
-    /// `maxQueuedDevices` devices are waiting in the inbox, or the gateway has stopped.
+    /// Hands a wake-up to the gateway's thread. Any thread; takes no lock, never blocks on
+    /// I/O; O(1). Wake-ups for one device that wait in the inbox together are folded into
+    /// one (higher-ranked kind, latest counter) on the gateway's thread when it takes
+    /// them, each fold counted in `coalesced` there. Returns false when it was refused at
+    /// once: `maxQueuedDevices` submissions are waiting in the inbox (not yet taken by the
+    /// gateway's thread, whatever their devices), or the gateway has stopped.
     @discardableResult
     public func submit(_ wakeUp: WakeUp) -> Bool {
         counters.submitted.increment()
         switch inbox.add(wakeUp) {
-        case .added:
-            return true
-        case .merged:
-            counters.coalesced.increment()
+        case .queued:
             return true
         case .full:
             counters.droppedQueueFull.increment()

@@ -9,7 +9,8 @@ import Synchronization
 public struct PushStatistics: Sendable, Equatable, CustomStringConvertible {
     /// `submit` calls.
     public var submitted = 0
-    /// Submissions merged into a wake-up already waiting for the same device.
+    /// Submissions merged into a wake-up already waiting for the same device (counted on
+    /// the gateway's thread when it takes them from the inbox).
     public var coalesced = 0
     /// Wake-ups held back by the per-device minimum interval (counted once each).
     public var rateLimited = 0
@@ -23,7 +24,9 @@ public struct PushStatistics: Sendable, Equatable, CustomStringConvertible {
     public var rejected = 0
     /// Wake-ups whose JSON body would exceed the size cap: never sent.
     public var droppedOversize = 0
-    /// Wake-ups for a new device while `maxQueuedDevices` devices were tracked.
+    /// Submissions refused because `maxQueuedDevices` submissions were waiting in the
+    /// inbox for the gateway's thread, and wake-ups for a new device while
+    /// `maxQueuedDevices` devices were tracked.
     public var droppedQueueFull = 0
     /// Wake-ups given up after `maxAttempts` failures or past `maxAge`, and calls whose
     /// ring was over before their push could go.

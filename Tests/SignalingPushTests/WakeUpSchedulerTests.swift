@@ -263,36 +263,3 @@ struct RetryPolicyTests {
         #expect(RetryPolicy.retryAfter(header: nil) == nil)
     }
 }
-
-@Suite("Submission inbox")
-struct SubmissionInboxTests {
-    @Test("one entry per device, merged in place; wake only for the first; bounded; closable")
-    func inbox() {
-        var inbox = SubmissionInbox()
-        #expect(inbox.add(wakeUp(device: "a", kind: .call, pending: 1), capacity: 2) == .added(wasEmpty: true))
-        #expect(inbox.add(wakeUp(device: "a", kind: .message, pending: 2), capacity: 2) == .merged)
-        #expect(inbox.add(wakeUp(device: "b"), capacity: 2) == .added(wasEmpty: false))
-        #expect(inbox.add(wakeUp(device: "c"), capacity: 2) == .full)
-        #expect(inbox.add(wakeUp(device: "b", pending: 5), capacity: 2) == .merged)
-        let taken = inbox.takeAll().wakeUps
-        #expect(taken.map(\.deviceID) == ["a", "b"])
-        #expect(taken[0].kind == .call && taken[0].pendingEvents == 2)
-        #expect(inbox.count == 0)
-        #expect(inbox.add(wakeUp(device: "c"), capacity: 2) == .added(wasEmpty: true))
-        #expect(inbox.close().count == 1)
-        #expect(inbox.add(wakeUp(device: "d"), capacity: 2) == .closed)
-    }
-
-    @Test("the gateway's inbox reports each hold of its lock to its owner when asked: submissions and the batch taken")
-    func timedHolds() throws {
-        let holds = Mutex<[UInt64]>([])
-        let inbox = try GatewayInbox(capacity: 4) { nanoseconds in holds.withLock { $0.append(nanoseconds) } }
-        #expect(inbox.add(wakeUp(device: "a")) == .added(wasEmpty: true))
-        #expect(inbox.add(wakeUp(device: "a")) == .merged)
-        #expect(inbox.takeAll().map(\.deviceID) == ["a"])
-        #expect(holds.withLock { $0.count } == 3)
-        #expect(holds.withLock { $0.allSatisfy { $0 < 1_000_000_000 } }, "lengths, not instants")
-        let untimed = try GatewayInbox(capacity: 4)
-        #expect(untimed.add(wakeUp(device: "b")) == .added(wasEmpty: true))
-    }
-}

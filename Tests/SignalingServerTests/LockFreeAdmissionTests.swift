@@ -1,5 +1,6 @@
 import SignalingSupport
 import Synchronization
+import TestSupport
 import Testing
 @testable import SignalingServer
 
@@ -8,20 +9,6 @@ import Testing
 /// against what a lock would guarantee.
 @Suite("Lock-free admission and handshake state")
 struct LockFreeAdmissionTests {
-    /// Runs `body(thread)` on `count` threads at once and waits for all of them.
-    static func onThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
-        let started = Atomic<Int>(0)
-        let threads = (0..<count).map { thread in
-            JoinableThread {
-                // All start together, so that they really contend.
-                started.add(1, ordering: .relaxed)
-                while started.load(ordering: .relaxed) < count {}
-                body(thread)
-            }
-        }
-        for thread in threads { thread.join() }
-    }
-
     final class Cell: Sendable {
         let value = Atomic<Int>(0)
     }
@@ -53,7 +40,7 @@ struct LockFreeAdmissionTests {
                 for address in addresses where counts.count(of: address) > limit { tally.overLimit.add(1, ordering: .relaxed) }
             }
         }
-        Self.onThreads(4) { thread in
+        onThreads(4) { thread in
             var random = FastRandom(seed: UInt64(thread + 1))
             var held: [Int] = []
             for _ in 0..<50_000 {
@@ -133,7 +120,7 @@ struct LockFreeAdmissionTests {
             for (now, expected) in [(start, 100_000), (start + .milliseconds(10), 1_000)] {
                 let granted = Atomic<Int>(0)
                 // Four threads, 60,000 takes each at the same instant: more than there are tokens.
-                Self.onThreads(4) { _ in
+                onThreads(4) { _ in
                     var mine = 0
                     for _ in 0..<60_000 where bucket.tryTake(now: now) { mine += 1 }
                     granted.add(mine, ordering: .relaxed)
@@ -206,7 +193,7 @@ struct LockFreeAdmissionTests {
         let refused = Atomic<Int>(0)
         let pushed = Atomic<Int>(0)
         let taken = Mutex<[DeferredReply.Part]>([])
-        Self.onThreads(4) { thread in
+        onThreads(4) { thread in
             if thread == 0 {
                 // The settler, once the others have pushed some, while they push more.
                 while pushed.load(ordering: .relaxed) < 3_000 {}

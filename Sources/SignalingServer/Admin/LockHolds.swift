@@ -18,14 +18,12 @@ enum SharedLock: Int, CaseIterable, Sendable {
     /// units through a lock-free queue (the `store_inbox` lock that was there is gone);
     /// timed to show that what is left of the writer's locking stays short.
     case storeProgress
-    /// The server's live call ids (`CallDirectory`): call requests and call endings.
+    /// The overflow of the server's live call ids (`CallDirectory.overflow`): only the
+    /// call ids its lock-free table cannot hold (longer than 48 bytes, a full window), not
+    /// the per-call path of short ids (no lock).
     case callDirectory
     /// A `LogThrottle` (refused handshakes and requests, a line a second at most).
     case logThrottle
-    /// The push gateway's submission inbox (`GatewayInbox.entries`): each wake-up of a
-    /// device by push, and the gateway's thread taking the batch. Timed by SignalingPush
-    /// through `PushGateway.init(submissionHolds:)`.
-    case pushInbox
     /// `RelayDirectory.state`, on a cluster's routing node: each relay frame from a front
     /// (the link's thread), each drain, move and release of a relayed connection (loops).
     case relayDirectory
@@ -42,7 +40,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
         case .storeProgress: "store_progress"
         case .callDirectory: "call_directory"
         case .logThrottle: "log_throttle"
-        case .pushInbox: "push_inbox"
         case .relayDirectory: "relay_directory"
         case .frontRoute: "front_route"
         }

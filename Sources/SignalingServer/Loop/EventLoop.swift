@@ -16,7 +16,8 @@ import Glibc
 //   its user's home loop, which owns the user's shard, so no loop writes to another's
 //   connections (tests and the admin API's counts read under it, rarely).
 // - Under `ownership` a loop may take, one at a time and each for a moment: a routing
-//   shard (and under that only the `CallDirectory`), the handshake holders
+//   shard (and under that only the `CallDirectory`'s overflow, for ids its lock-free
+//   table cannot hold), the handshake holders
 //   (`ServerContext`, once after each reload), a `LogThrottle`. The store writer's inbox,
 //   a `DeferredReply`'s parts and the admission control (`AdmissionControl`) are no locks.
 // Every hold of `ownership` is timed (`SharedLock.loopOwnership`). The loop's `inbox` is

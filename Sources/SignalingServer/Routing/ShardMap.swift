@@ -1,5 +1,4 @@
 import SignalingSupport
-import Synchronization
 
 /// Which routing shard holds a user (docs/ARCHITECTURE.md, "Routing shards").
 ///
@@ -36,35 +35,5 @@ struct ShardMap: Sendable, Equatable {
     /// Whether this shard holds `userID`.
     func owns(_ userID: String) -> Bool {
         count == 1 || Self.shard(of: userID, count: count) == index
-    }
-}
-
-/// The live call ids of the whole server. A call lives in its callee's shard, but its id
-/// is unique server-wide (docs/PROTOCOL.md 6.1: `callIdInUse`), and a device that is no
-/// party to a call learns `notCallParticipant`, not `unknownCall`, whichever shard it is
-/// on: both need to know ids of other shards' calls.
-///
-/// Lock order: taken under a shard lock (never the other way round), for one dictionary
-/// operation, and only by call requests and call endings, never by messages,
-/// acknowledgements or pumps. With shards on several nodes this is the one piece to share
-/// (a Redis set with SET NX).
-final class CallDirectory: Sendable {
-    private let ids = Mutex<Set<String>>([])
-
-    init() {}
-
-    /// Claims `callID` for a new call; false if a live call has it.
-    func claim(_ callID: String) -> Bool {
-        ids.withLock(timing: .callDirectory) { $0.insert(callID).inserted }
-    }
-
-    /// The call ended (or was never set up).
-    func release(_ callID: String) {
-        _ = ids.withLock(timing: .callDirectory) { $0.remove(callID) }
-    }
-
-    /// Whether a live call has `callID`.
-    func contains(_ callID: String) -> Bool {
-        ids.withLock(timing: .callDirectory) { $0.contains(callID) }
     }
 }

@@ -29,7 +29,8 @@ import Glibc
 ///   shard locks directly: that is why the locks stay.
 /// - No thread ever holds two shard locks (checked at run time in debug builds:
 ///   `RoutingShard.holder`), so they cannot deadlock.
-/// - The `CallDirectory`'s lock may be taken under a shard lock; no other lock is held
+/// - The `CallDirectory`'s overflow lock may be taken under a shard lock (only for ids its
+///   lock-free table cannot hold: rare); no other lock is held
 ///   when a shard lock is taken. A loop's inbox, the store writer's and a `DeferredReply`'s
 ///   parts are no locks (lock-free queues, `MPSCQueue`).
 ///

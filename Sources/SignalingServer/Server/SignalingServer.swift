@@ -75,9 +75,7 @@ public final class SignalingServer: Sendable {
             // A call's push is worth delivering only while the call rings.
             push.callLifetime = configuration.ringTimeout
             do {
-                pushGateway = try PushGateway(
-                    configuration: push, clock: clock, logger: logger,
-                    submissionHolds: { LockHolds.record(.pushInbox, nanoseconds: $0) })
+                pushGateway = try PushGateway(configuration: push, clock: clock, logger: logger)
             } catch {
                 throw ServerError("push gateway: \(error.message)")
             }
