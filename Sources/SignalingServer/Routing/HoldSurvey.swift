@@ -33,7 +33,8 @@ public enum HoldSurvey {
     /// Every case, `rounds` times each, with `devices` devices where a case grows with a
     /// user's devices and `held` messages for the case that grows with those.
     public static func run(devices: Int, held: Int, rounds: Int) -> [Figure] {
-        [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds, chunk: Int.max),
+        [syncedCopies(devices: devices, rounds: rounds, chunk: Int.max),
+         syncedCopies(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk), ringing(devices: devices, rounds: rounds, chunk: Int.max),
          ringing(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
          ringTimeout(devices: devices, rounds: rounds, chunk: Int.max),
          ringTimeout(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
@@ -88,9 +89,12 @@ public enum HoldSurvey {
 
     /// A user with `devices` devices besides the sending one sends to a user of the other
     /// shard: the sender's first hold queues the synced copies, its settle step releases
-    /// them; then the recipient's acknowledgement sends a receipt to every sender device.
-    static func syncedCopies(devices: Int, rounds: Int) -> [Figure] {
-        var bench = Bench()
+    /// them; then the recipient's acknowledgement sends a receipt to every sender device,
+    /// `chunk` devices a hold (the rest by its `continueBroadcast` step), every hold of it
+    /// timed. The synced copies do not depend on the chunk: their rows come with the
+    /// chunked receipt only.
+    static func syncedCopies(devices: Int, rounds: Int, chunk: Int) -> [Figure] {
+        var bench = Bench(chunk: chunk)
         let sender = bench.user("many", onShard: 0), recipient = bench.user("one", onShard: 1)
         let sending = bench.attach(sender, "sending")
         let others = (0..<devices).map { bench.attach(sender, "d\($0)") }
@@ -123,10 +127,13 @@ public enum HoldSurvey {
             receipt.run(receipts, on: bench.switchboard, now: bench.now)
             bench.acknowledgeAll(others + [sending])
         }
+        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        let receipts = Figure("receipt to every sender device (\(how))", size: devices, receipt)
+        guard chunk != Int.max else { return [receipts] }
         return [
             Figure("synced copies: sender's first hold", size: devices, first),
             Figure("synced copies: settle step", size: devices, settle),
-            Figure("receipt to every sender device", size: devices, receipt),
+            receipts,
         ]
     }
 

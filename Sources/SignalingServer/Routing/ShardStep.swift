@@ -220,6 +220,12 @@ extension ShardStep {
         }
     }
 
+    /// Whether the step is a chunk of a `DeviceBroadcast` (its hold's unit may belong to
+    /// another broadcast's group: it shares no hold with a store, `Switchboard.sharesHold`).
+    var isBroadcastChunk: Bool {
+        if case .continueBroadcast = self { true } else { false }
+    }
+
     /// Whether the step sets a deadline (a held message's expiry, a message id's window,
     /// a ring timeout), so needs the current time.
     var needsClock: Bool {

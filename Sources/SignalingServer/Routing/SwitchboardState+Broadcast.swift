@@ -105,10 +105,25 @@ extension SwitchboardState {
     }
 
     /// Queues `event` to every device of `user`, as `broadcast(_:to:of:skipping:)` does,
-    /// walking the user's device list (no copy of it).
-    mutating func broadcastToEveryDevice(_ event: QueuedEvent, of user: String) -> [ShardStep] {
+    /// walking the user's device list (no copy of it). With none in progress for the user,
+    /// the first chunk goes now and nothing is allocated unless devices are left after it
+    /// (the usual case: a handful of devices, a receipt for every message). `startsGroup`:
+    /// with a store, a broadcast that takes several holds starts a commit group with the
+    /// current hold's unit if it has none (`start`).
+    mutating func broadcastToEveryDevice(_ event: QueuedEvent, of user: String, startsGroup: Bool = false) -> [ShardStep] {
         guard let first = users[user] else { return [] }
-        return start(event, of: user, listed: [], cursor: first, skipping: nil)
+        guard !broadcastInProgress(for: user) else {
+            return start(event, of: user, listed: [], cursor: first, skipping: nil, startsGroup: startsGroup)
+        }
+        var next: DeviceRecord? = first
+        var budget = configuration.fanOutChunk
+        while budget > 0, let device = next {
+            enqueue(event, to: device)
+            next = device.next
+            budget -= 1
+        }
+        guard let rest = next else { return [] }
+        return start(event, of: user, listed: [], cursor: rest, skipping: nil, startsGroup: startsGroup, firstChunkDone: true)
     }
 
     private func broadcastInProgress(for user: String) -> Bool {
@@ -116,19 +131,31 @@ extension SwitchboardState {
     }
 
     /// Enters a broadcast behind the user's others (if any), runs its first chunk if it is
-    /// the only one, and returns its step (none: finished in this hold).
+    /// the only one (and the caller has not: `firstChunkDone`), and returns its step (none:
+    /// finished in this hold). Its group, with a store, is the current hold's (nil for a
+    /// call's decision: its chunks are committed each on its own), or, with `startsGroup`,
+    /// one it starts for the current hold if that has none: for the hold that receives an
+    /// acknowledgement, whose group is closed by the chain that runs the steps it hands on
+    /// (`group(for:)` returns this one then). A step's hold has joined its chain's group
+    /// before it runs (`Switchboard.run`), so it starts none.
     private mutating func start(
-        _ event: QueuedEvent, of user: String, listed: ArraySlice<DeviceRecord>, cursor: DeviceRecord?, skipping: DeviceRecord?
+        _ event: QueuedEvent, of user: String, listed: ArraySlice<DeviceRecord>, cursor: DeviceRecord?, skipping: DeviceRecord?,
+        startsGroup: Bool = false, firstChunkDone: Bool = false
     ) -> [ShardStep] {
+        var group = journaling ? committingGroup : nil
+        if journaling && group == nil && startsGroup {
+            let started = CommitGroup()
+            join(started)
+            group = started
+        }
         nextBroadcastID += 1
         let broadcast = DeviceBroadcast(
-            id: nextBroadcastID, user: user, event: event, listed: listed, cursor: cursor, skipping: skipping,
-            group: journaling ? committingGroup : nil)
+            id: nextBroadcastID, user: user, event: event, listed: listed, cursor: cursor, skipping: skipping, group: group)
         let activity = activity(user)
         let waits = !activity.broadcasts.isEmpty
         activity.broadcasts.push(broadcast)
         broadcasts[broadcast.id] = broadcast
-        if !waits { broadcastChunk(of: activity) }
+        if !waits && !firstChunkDone { broadcastChunk(of: activity) }
         guard broadcasts[broadcast.id] != nil else { return [] }
         return [.continueBroadcast(user: user, id: broadcast.id)]
     }

@@ -335,6 +335,8 @@ struct SwitchboardState {
     /// to put the steps' units in and close; nil without a store or steps.
     mutating func group(for next: [ShardStep]) -> CommitGroup? {
         guard journaling, !next.isEmpty else { return nil }
+        // Started already by a receipt whose copies take several holds (`deliverReceipt`).
+        if let started = unit.group { return started }
         let group = CommitGroup()
         join(group)
         return group
@@ -716,10 +718,15 @@ struct SwitchboardState {
         journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
     }
 
-    /// MESSAGE_DELIVERED to every device of the message's sender; returns how many devices
-    /// that is.
+    /// MESSAGE_DELIVERED to every device of the message's sender, a chunk of them in this
+    /// hold (`DeviceBroadcast`: a sender with more devices, or with a broadcast in
+    /// progress, gets the rest from the returned step, the sender's receipts in the order
+    /// they were made on every device); returns how many copies this hold queued, and the
+    /// step. With a store, every hold of it joins the acknowledgement's commit group (one
+    /// is started for the current hold if it has none: `group(for:)` takes it on), so
+    /// the acknowledgement and every copy of its receipts are still committed together.
     @discardableResult
-    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) -> Int {
+    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) -> (copies: Int, next: [ShardStep]) {
         // Not counted in the memory ledger: a receipt is small and made for every
         // delivery (a fan-out makes thousands a second), and what a device can hold of
         // them is bounded by --max-pending.
@@ -728,12 +735,9 @@ struct SwitchboardState {
                 messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: recipientDevice,
                 serverTime: serverTime),
             createdAt: currentWall)
-        var count = 0
-        for senderDevice in devices(of: receipt.sender) {
-            enqueue(delivered, to: senderDevice)
-            count += 1
-        }
-        return count
+        let before = counters.eventsQueued
+        let next = broadcastToEveryDevice(delivered, of: receipt.sender, startsGroup: true)
+        return (counters.eventsQueued - before, next)
     }
 
     /// Whether the callee's `device` takes part in `call` (rung, or answered it).
