@@ -46,28 +46,6 @@ struct CallEndingChunkTests {
         #expect(TwoShards.isOK(invited))
     }
 
-    /// Runs one step on its shard; returns the events it queued on bob's shard and what it hands on.
-    func hold(_ step: ShardStep, _ shards: inout TwoShards) -> (queued: Int, next: [ShardStep]) {
-        let before = shards.states[1].counters.eventsQueued
-        let next = shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(3)).next
-        return (shards.states[1].counters.eventsQueued - before, next)
-    }
-
-    /// Runs `steps` and what they hand on, one hold each, first in first out; returns the
-    /// events each hold of bob's shard queued (holds that queued none left out).
-    @discardableResult
-    func drain(_ steps: [ShardStep], _ shards: inout TwoShards) throws -> [Int] {
-        var pending = steps, perHold: [Int] = [], holds = 0
-        while !pending.isEmpty {
-            let (queued, next) = hold(pending.removeFirst(), &shards)
-            if queued > 0 { perHold.append(queued) }
-            pending += next
-            holds += 1
-            try #require(holds < 1_000)
-        }
-        return perHold
-    }
-
     /// bob's device `device` accepts `callID`: the events the accept's hold queued, and the
     /// steps it hands on.
     func accept(_ callID: String, _ device: DeviceRecord, _ shards: inout TwoShards) -> (queued: Int, reply: Result<UInt64, RequestError>?, next: [ShardStep]) {
@@ -85,7 +63,7 @@ struct CallEndingChunkTests {
         let answering = callee[0]
         let accepted = accept("c1", answering, &shards)
         #expect(TwoShards.isOK(accepted.reply))
-        let perHold = try [accepted.queued] + drain(accepted.next, &shards)
+        let perHold = try [accepted.queued] + shards.eventsPerHold(accepted.next, on: 1)
         #expect(perHold == [128, 128, 43])
         #expect(perHold.allSatisfy { $0 <= Self.chunk })
         #expect(endings(answering).isEmpty)
@@ -100,7 +78,7 @@ struct CallEndingChunkTests {
         for device in callee.prefix(100) { shards.states[1].detach(device, connection: device.connection!, now: TwoShards.at(3)) }
         let before = shards.states[1].counters.eventsQueued
         let pass = shards.states[1].expire(now: TwoShards.at(63), budget: SwitchboardState.expiryBudget)
-        let perHold = try [shards.states[1].counters.eventsQueued - before] + drain(pass.next, &shards)
+        let perHold = try [shards.states[1].counters.eventsQueued - before] + shards.eventsPerHold(pass.next, on: 1)
         #expect(perHold == [128, 128, 44])
         for device in callee { #expect(endings(device) == [.noAnswer]) }
     }
@@ -115,7 +93,7 @@ struct CallEndingChunkTests {
         #expect(endings(callee[172]) == [.noAnswer] && endings(callee[171]).isEmpty)
         let forgotten = [callee[171], callee[50]]  // the walk's next device, and a later one
         for device in forgotten { shards.states[1].removeDevice(device) }
-        let perHold = try drain(pass.next, &shards)
+        let perHold = try shards.eventsPerHold(pass.next, on: 1)
         #expect(perHold == [128, 42])
         for device in callee {
             #expect(endings(device) == (forgotten.contains { $0 === device } ? [] : [.noAnswer]), "\(device.deviceID)")
@@ -145,7 +123,7 @@ struct CallEndingChunkTests {
         }
         #expect(passes.count == 2, "the third timeout waits for a second pass")
         #expect(passes.allSatisfy { $0 <= SwitchboardState.expiryBudget + Self.chunk })
-        try drain(steps, &shards)
+        try shards.eventsPerHold(steps, on: 1)
         for device in rung { #expect(endings(device) == [.noAnswer]) }
     }
 
@@ -159,7 +137,7 @@ struct CallEndingChunkTests {
         let second = accept("c1", late, &shards)
         #expect(TwoShards.code(second.reply) == .illegalCallTransition)
         #expect(second.queued == 0 && second.next.isEmpty)
-        try drain(accepted.next, &shards)
+        try shards.eventsPerHold(accepted.next, on: 1)
         #expect(endings(callee[0]).isEmpty)
         for device in callee.dropFirst() { #expect(endings(device) == [.answeredElsewhere]) }
     }
@@ -182,7 +160,7 @@ struct CallEndingChunkTests {
                 now: TwoShards.at(3)
             ).get()
         }
-        try drain(accepted.next, &shards)
+        try shards.eventsPerHold(accepted.next, on: 1)
         for device in callee.dropFirst() {
             #expect(endings(device) == [.answeredElsewhere])
             #expect(invitations(device, of: "c1") == 1)
@@ -199,7 +177,7 @@ struct CallEndingChunkTests {
         let pending = shards.states[1].counters.pendingEvents
         shards.states[1].removeDevice(forgotten)
         #expect(shards.states[1].counters.pendingEvents == pending - forgotten.queue.count)
-        try drain(accepted.next, &shards)
+        try shards.eventsPerHold(accepted.next, on: 1)
         #expect(endings(forgotten).isEmpty)
         for device in callee.dropFirst() where device !== forgotten { #expect(endings(device) == [.answeredElsewhere]) }
         #expect(shards.states[1].activities[bob]?.broadcasts.isEmpty ?? true, "the broadcast is over")
@@ -218,7 +196,7 @@ struct CallEndingChunkTests {
         ringAll(&shards, "c2", from: caller)
         let cancelled = shards.request(alice, at: 3) { $0.cancel(callID: "c2", from: caller) }
         #expect(TwoShards.isOK(cancelled))
-        try drain(accepted.next, &shards)
+        try shards.eventsPerHold(accepted.next, on: 1)
         for device in callee where invitations(device, of: "c2") == 1 {
             let expected = device === callee[0] ? ["c2"] : ["c1", "c2"]
             #expect(endedCalls(device) == expected, "\(device.deviceID)")

@@ -41,22 +41,6 @@ struct ReceiptChunkTests {
         }
     }
 
-    /// Runs `steps` and what they hand on, one hold each, first in first out; returns the
-    /// events each hold of alice's shard queued (holds that queued none left out).
-    func drain(_ steps: [ShardStep], _ shards: inout TwoShards) throws -> [Int] {
-        var pending = steps, perHold: [Int] = [], holds = 0
-        while !pending.isEmpty {
-            let step = pending.removeFirst()
-            let before = shards.states[0].counters.eventsQueued
-            pending += shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(3)).next
-            let queued = shards.states[0].counters.eventsQueued - before
-            if queued > 0 { perHold.append(queued) }
-            holds += 1
-            try #require(holds < 1_000)
-        }
-        return perHold
-    }
-
     /// `device` acknowledges everything it has: the events the ACK's hold queued on alice's
     /// shard, and the steps it hands on.
     func acknowledgeAll(_ device: DeviceRecord, _ shards: inout TwoShards) -> (queued: Int, next: [ShardStep]) {
@@ -74,7 +58,7 @@ struct ReceiptChunkTests {
         send(["m1"], to: bob, from: senders[0], &shards)
         let acked = acknowledgeAll(recipient, &shards)
         #expect(acked.queued == 0, "the receipt is alice's shard's step")
-        let perHold = try drain(acked.next, &shards)
+        let perHold = try shards.eventsPerHold(acked.next, on: 0)
         #expect(perHold == [128, 128, 44])
         for device in senders { #expect(receipts(device) == ["m1"], "\(device.deviceID)") }
     }
@@ -86,7 +70,7 @@ struct ReceiptChunkTests {
         let ids = ["m1", "m2", "m3"]
         send(ids, to: bob, from: senders[0], &shards)
         let acked = acknowledgeAll(recipient, &shards)
-        let perHold = try drain(acked.next, &shards)
+        let perHold = try shards.eventsPerHold(acked.next, on: 0)
         #expect(perHold.allSatisfy { $0 <= Self.chunk })
         #expect(perHold.reduce(0, +) == 3 * 300)
         for device in senders { #expect(receipts(device) == ids, "\(device.deviceID)") }
@@ -98,7 +82,7 @@ struct ReceiptChunkTests {
         let (senders, recipient) = try devices(&shards, recipient: carol)
         send(["m1", "m2"], to: carol, from: senders[0], &shards)
         let acked = acknowledgeAll(recipient, &shards)
-        let perHold = try [acked.queued] + drain(acked.next, &shards)
+        let perHold = try [acked.queued] + shards.eventsPerHold(acked.next, on: 0)
         #expect(perHold.allSatisfy { $0 <= Self.chunk + 1 }, "a chunk of copies, and an event taken out")
         #expect(perHold.reduce(0, +) == 2 * 300)
         for device in senders { #expect(receipts(device) == ["m1", "m2"], "\(device.deviceID)") }
@@ -122,7 +106,7 @@ struct ReceiptChunkTests {
                 connection: TwoShards.connection(UInt32(9_000 + number)), now: TwoShards.at(3)
             ).get()
         }
-        _ = try drain(pending, &shards)
+        _ = try shards.eventsPerHold(pending, on: 0)
         for device in senders { #expect(receipts(device) == ["m1"], "\(device.deviceID)") }
     }
 
