@@ -41,6 +41,11 @@ public struct FIFOQueue<Element> {
         }
         return element
     }
+
+    /// Hands `body` every element, the first first.
+    public func forEach(_ body: (Element) throws -> Void) rethrows {
+        for element in storage[head...] { try body(element) }
+    }
 }
 
 extension FIFOQueue: Sendable where Element: Sendable {}

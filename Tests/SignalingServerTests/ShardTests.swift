@@ -77,6 +77,24 @@ struct TwoShards {
         return reply
     }
 
+    /// Runs `steps` and those they hand on, one hold each, first in first out, at 3 s; returns
+    /// how many events each hold queued on shard `index`, leaving out the holds that queued
+    /// none there (what a test of an operation in chunks counts per hold).
+    @discardableResult
+    mutating func eventsPerHold(_ steps: [ShardStep], on index: Int) throws -> [Int] {
+        var pending = steps, perHold: [Int] = [], holds = 0
+        while !pending.isEmpty {
+            let step = pending.removeFirst()
+            let before = states[index].counters.eventsQueued
+            pending += states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: Self.at(3)).next
+            let queued = states[index].counters.eventsQueued - before
+            if queued > 0 { perHold.append(queued) }
+            holds += 1
+            try #require(holds < 1_000, "the steps do not end")
+        }
+        return perHold
+    }
+
     /// Runs a request that answers with a `StepOutcome`: its reply, wherever it came from.
     mutating func request(_ user: String, at seconds: Double, _ body: (inout SwitchboardState) -> StepOutcome) -> Swift.Result<UInt64, RequestError>? {
         let (first, reply) = on(user, at: seconds) { state -> (StepOutcome, [ShardStep]) in

@@ -27,11 +27,18 @@ final class CallRecord: @unchecked Sendable {
     let invitation: QueuedEvent
     let startedAt: Instant
     var state: State = .inviting
-    /// Callee devices that were sent CALL_INCOMING.
-    var rungDevices: [DeviceRecord] = []
+    /// Callee devices that were sent CALL_INCOMING, in the order they were rung
+    /// (`markRung`).
+    private(set) var rungDevices: [DeviceRecord] = []
+    /// The same devices, to tell in O(1) whether one was rung (a device that connects
+    /// during the ring, `ringIfCalled`; a device's disconnect, `involves`), where a walk of
+    /// `rungDevices` grew with the callee's devices. The records are kept alive by
+    /// `rungDevices`, so no identifier is reused while it is here.
+    private var rung: Set<ObjectIdentifier> = []
     /// Callee devices connected when the call reached the callee's shard and not rung yet:
     /// a hold rings at most a chunk of them (`fanOutChunk`), `ShardStep.continueRing` the
-    /// rest, while the call is unanswered (`SwitchboardState.ringChunk`).
+    /// rest, while the call is unanswered (`SwitchboardState.ringChunk`). One rung meanwhile
+    /// (it connected again) stays here and is skipped by its chunk (`markRung`).
     var toRing: ArraySlice<DeviceRecord> = []
     /// The number of the last notice sent to the caller's shard (`ShardStep.toCaller`).
     private(set) var noticesToCaller: UInt32 = 0
@@ -47,6 +54,15 @@ final class CallRecord: @unchecked Sendable {
         self.invitation = invitation
         self.startedAt = startedAt
     }
+
+    /// Records that `device` is rung; false if it already was (it must not be rung twice).
+    func markRung(_ device: DeviceRecord) -> Bool {
+        guard rung.insert(ObjectIdentifier(device)).inserted else { return false }
+        rungDevices.append(device)
+        return true
+    }
+
+    func wasRung(_ device: DeviceRecord) -> Bool { rung.contains(ObjectIdentifier(device)) }
 
     /// The number of the next notice to the caller's shard.
     func nextNoticeNumber() -> UInt32 {

@@ -180,12 +180,16 @@ final class UserActivity: @unchecked Sendable {
     /// A device of this user taking the held messages, a chunk per hold, in progress:
     /// other messages to the user wait for it (`HeldClaim`).
     var claim: HeldClaim?
+    /// Events for many of this user's devices being queued a chunk per hold (a call's
+    /// ending), the one in progress first, the others waiting for it in the order they were
+    /// decided (`DeviceBroadcast`).
+    var broadcasts = FIFOQueue<DeviceBroadcast>()
     /// Paces this user's messages and calls (`--sender-rate`; nil until the first one).
     var sendBucket: TokenBucket?
 
     var isEmpty: Bool {
         calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty && undecidedMessages.isEmpty
-            && fanOut == nil && claim == nil
+            && fanOut == nil && claim == nil && broadcasts.isEmpty
     }
 
     /// Held messages, not counting the placeholders of ordinals a restart lost.

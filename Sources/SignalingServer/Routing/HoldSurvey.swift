@@ -2,9 +2,10 @@ import SignalingProtocol
 import SignalingSupport
 
 /// The holds whose work grows with an input that is not chunked (docs/LOAD-TESTING.md,
-/// "Bounded holds"), and the claim of held messages in one hold against in chunks, each timed on the real `Switchboard` (two shards, its locks, its
-/// steps) without sockets: what `Tools/routing-bench` prints after the fan-out and ACK
-/// cases. Public for that executable only; the server never calls it.
+/// "Bounded holds"), and those chunked since (a claim of held messages, a ring, a call's
+/// ending) in one hold against in chunks, each timed on the real `Switchboard` (two
+/// shards, its locks, its steps) without sockets: what `Tools/routing-bench` prints after
+/// the fan-out and ACK cases. Public for that executable only; the server never calls it.
 public enum HoldSurvey {
     public struct Figure: Sendable {
         /// What was timed, and how big its input was.
@@ -32,8 +33,11 @@ public enum HoldSurvey {
     /// Every case, `rounds` times each, with `devices` devices where a case grows with a
     /// user's devices and `held` messages for the case that grows with those.
     public static func run(devices: Int, held: Int, rounds: Int) -> [Figure] {
-        [syncedCopies(devices: devices, rounds: rounds), ringing(devices: devices, rounds: rounds, chunk: Int.max),
+        [syncedCopies(devices: devices, rounds: rounds, chunk: Int.max),
+         syncedCopies(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk), ringing(devices: devices, rounds: rounds, chunk: Int.max),
          ringing(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
+         ringTimeout(devices: devices, rounds: rounds, chunk: Int.max),
+         ringTimeout(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
          claimingHeld(held, rounds: rounds, chunk: Int.max),
          claimingHeld(held, rounds: rounds, chunk: SwitchboardState.fanOutChunk)].flatMap { $0 }
     }
@@ -45,7 +49,7 @@ public enum HoldSurvey {
         private var slot: UInt32 = 0
 
         /// `chunk`: events per hold of a claim of held messages, devices per hold of a ring
-        /// (`Int.max`: one hold).
+        /// or of a call's ending (`Int.max`: one hold).
         init(chunk: Int = SwitchboardState.fanOutChunk) {
             switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2) { $0.fanOutChunk = chunk }
         }
@@ -85,9 +89,12 @@ public enum HoldSurvey {
 
     /// A user with `devices` devices besides the sending one sends to a user of the other
     /// shard: the sender's first hold queues the synced copies, its settle step releases
-    /// them; then the recipient's acknowledgement sends a receipt to every sender device.
-    static func syncedCopies(devices: Int, rounds: Int) -> [Figure] {
-        var bench = Bench()
+    /// them; then the recipient's acknowledgement sends a receipt to every sender device,
+    /// `chunk` devices a hold (the rest by its `continueBroadcast` step), every hold of it
+    /// timed. The synced copies do not depend on the chunk: their rows come with the
+    /// chunked receipt only.
+    static func syncedCopies(devices: Int, rounds: Int, chunk: Int) -> [Figure] {
+        var bench = Bench(chunk: chunk)
         let sender = bench.user("many", onShard: 0), recipient = bench.user("one", onShard: 1)
         let sending = bench.attach(sender, "sending")
         let others = (0..<devices).map { bench.attach(sender, "d\($0)") }
@@ -120,16 +127,20 @@ public enum HoldSurvey {
             receipt.run(receipts, on: bench.switchboard, now: bench.now)
             bench.acknowledgeAll(others + [sending])
         }
+        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        let receipts = Figure("receipt to every sender device (\(how))", size: devices, receipt)
+        guard chunk != Int.max else { return [receipts] }
         return [
             Figure("synced copies: sender's first hold", size: devices, first),
             Figure("synced copies: settle step", size: devices, settle),
-            Figure("receipt to every sender device", size: devices, receipt),
+            receipts,
         ]
     }
 
     /// A call to a user with `devices` connected devices on the other shard: the callee's
     /// step rings them, `chunk` a hold (the rest in `continueRing` steps); the first accept
-    /// tells the others answeredElsewhere.
+    /// tells the others answeredElsewhere, `chunk` a hold (the rest in `continueBroadcast`
+    /// steps), every hold of it timed.
     static func ringing(devices: Int, rounds: Int, chunk: Int) -> [Figure] {
         var bench = Bench(chunk: chunk)
         let caller = bench.user("caller", onShard: 0), callee = bench.user("callee", onShard: 1)
@@ -153,8 +164,8 @@ public enum HoldSurvey {
                     return outcome.next
                 }
             }
+            accept.run(answered, on: bench.switchboard, now: bench.now)
             var untimed = HoldTimes()
-            untimed.run(answered, on: bench.switchboard, now: bench.now)
             let hungUp = bench.switchboard.withState(of: callee, wall: 0) { board -> [ShardStep] in
                 let outcome = board.hangUp(callID: callID, from: calleeDevices[0])
                 _ = board.takeEffects()
@@ -163,9 +174,46 @@ public enum HoldSurvey {
             untimed.run(hungUp, on: bench.switchboard, now: bench.now)
             bench.acknowledgeAll(calleeDevices + [callingDevice])
         }
-        let ringing = Figure("ringing a callee's devices (\(chunk == Int.max ? "one hold" : "chunks of \(chunk)"))", size: devices, ring)
-        // The accept does not depend on the chunk: one row, with the chunked ring.
-        return chunk == Int.max ? [ringing] : [ringing, Figure("accept: answeredElsewhere to the others", size: devices, accept)]
+        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        return [
+            Figure("ringing a callee's devices (\(how))", size: devices, ring),
+            Figure("accept: answeredElsewhere to the others (\(how))", size: devices, accept),
+        ]
+    }
+
+    /// A call to a user with `devices` connected devices on the other shard rings them all
+    /// (not timed); nobody answers, and the ring timeout tells every device noAnswer,
+    /// `chunk` devices a hold (the rest in `continueBroadcast` steps), every hold timed
+    /// (the timeout's own: an `expire` pass).
+    static func ringTimeout(devices: Int, rounds: Int, chunk: Int) -> [Figure] {
+        var bench = Bench(chunk: chunk)
+        let caller = bench.user("caller", onShard: 0), callee = bench.user("callee", onShard: 1)
+        let callingDevice = bench.attach(caller, "d")
+        let calleeDevices = (0..<devices).map { bench.attach(callee, "d\($0)") }
+        let timeout = bench.switchboard.withState(of: callee, wall: 0) { $0.configuration.ringTimeout }
+        var ended = HoldTimes()
+        for round in 0..<rounds {
+            let invite = bench.switchboard.withState(of: caller, wall: 0) { board -> [ShardStep] in
+                let outcome = board.invite(callID: "t\(round)", callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now)
+                _ = board.takeEffects()
+                return outcome.next
+            }
+            var untimed = HoldTimes()
+            untimed.run(invite, on: bench.switchboard, now: bench.now)
+            ended.startOperation()
+            let later = bench.now + timeout + .seconds(1)
+            let next = ended.timed {
+                bench.switchboard.withState(of: callee, wall: 0) { board -> [ShardStep] in
+                    let pass = board.expire(now: later)
+                    _ = board.takeEffects()
+                    return pass.next
+                }
+            }
+            ended.run(next, on: bench.switchboard, now: later)
+            bench.acknowledgeAll(calleeDevices + [callingDevice])
+        }
+        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        return [Figure("ring timeout: noAnswer to every device (\(how))", size: devices, ended)]
     }
 
     /// `held` messages wait for a user with no device; its first device's handshake

@@ -39,6 +39,9 @@ enum ShardStep: Sendable, Equatable {
     /// The next chunk of the devices a call rings (`CallRecord.toRing`), run on the
     /// callee's shard.
     indirect case continueRing(callee: String, callID: String)
+    /// The next chunk of an event for many devices of one user (`DeviceBroadcast`: a call's
+    /// ending to the callee's devices), run on the user's shard.
+    case continueBroadcast(user: String, id: UInt64)
     /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
     /// shard, which releases its copies and remembers its id, or cancels them and frees it.
     indirect case settleMessage(DeliveredMessage, accepted: Bool)
@@ -71,6 +74,7 @@ enum ShardStep: Sendable, Equatable {
         case .continueAcknowledgement(let user, _): user
         case .continueClaim(let user, _): user
         case .continueRing(let callee, _): callee
+        case .continueBroadcast(let user, _): user
         case .receipts(let batch): batch.sender
         case .invite(let invitation): invitation.callee
         case .callerRequest(_, _, let callee, _): callee
@@ -184,6 +188,8 @@ extension SwitchboardState {
             return continueClaim(user, id: id)
         case .continueRing(let callee, let callID):
             return continueRing(callee: callee, callID: callID)
+        case .continueBroadcast(let user, let id):
+            return continueBroadcast(user, id: id)
         case .settleMessage(let message, let accepted):
             settleMessage(message, accepted: accepted, now: now!)
             return StepOutcome(reply: nil)
@@ -204,13 +210,20 @@ extension SwitchboardState {
 
 extension ShardStep {
     /// Whether the step is the next chunk of work split into bounded holds (a fan-out's
-    /// devices, an ACK's events, a claim's held messages, a call's devices to ring): its
-    /// owner runs it as a task of its own, not right after the chunk before it.
+    /// devices, an ACK's events, a claim's held messages, a call's devices to ring, a call
+    /// ending's devices): its owner runs it as a task of its own, not right after the
+    /// chunk before it.
     var isNextChunk: Bool {
         switch self {
-        case .continueFanOut, .continueAcknowledgement, .continueClaim, .continueRing: true
+        case .continueFanOut, .continueAcknowledgement, .continueClaim, .continueRing, .continueBroadcast: true
         default: false
         }
+    }
+
+    /// Whether the step is a chunk of a `DeviceBroadcast` (its hold's unit may belong to
+    /// another broadcast's group: it shares no hold with a store, `Switchboard.sharesHold`).
+    var isBroadcastChunk: Bool {
+        if case .continueBroadcast = self { true } else { false }
     }
 
     /// Whether the step sets a deadline (a held message's expiry, a message id's window,
@@ -218,7 +231,7 @@ extension ShardStep {
     var needsClock: Bool {
         switch self {
         case .deliverMessage, .continueFanOut, .settleMessage, .invite: true
-        case .receipts, .continueAcknowledgement, .continueClaim, .continueRing, .callerRequest, .callerVanished, .toCaller: false
+        case .receipts, .continueAcknowledgement, .continueClaim, .continueRing, .continueBroadcast, .callerRequest, .callerVanished, .toCaller: false
         }
     }
 }

@@ -300,8 +300,9 @@ final class Switchboard: Sendable {
                     board.currentWall = posted.chain.wall
                     let outcome = run(posted, on: &board)
                     batch.append((posted.chain, outcome))
-                    if case .receipts = posted.step, let rest = outcome.next.first {
-                        // Over the chunk: the hold ends, the rest comes first in the next.
+                    if case .receipts = posted.step, let rest = outcome.next.first, case .receipts = rest {
+                        // Over the chunk: the hold ends, the rest comes first in the next
+                        // (after it, the steps of receipts whose copies take several holds).
                         carried = PostedStep(step: rest, chain: posted.chain, shard: posted.shard)
                         lastHasRest = true
                         break
@@ -320,7 +321,9 @@ final class Switchboard: Sendable {
                 loop?.metrics.stepsRun.add(1)
                 if let reply = outcome.reply, let answer = chain.decide(reply) { ran.answers.append((chain, answer)) }
                 if lastHasRest && position == batch.count - 1 {
-                    chain.expect(1)  // the rest (`carried`), counted as a step of its own
+                    // The rest (`carried`) counts as a step of its own.
+                    chain.expect(outcome.next.count)
+                    for next in outcome.next.dropFirst() { route(next, chain: chain, from: loop, into: &here) }
                 } else {
                     chain.expect(outcome.next.count)
                     for next in outcome.next { route(next, chain: chain, from: loop, into: &here) }
@@ -339,23 +342,29 @@ final class Switchboard: Sendable {
         // Tied before the step runs: a fan-out it starts keeps the message for its later
         // holds, and a hold that helps another message's fan-out ties its unit to that
         // message instead (`FanOut.committedWith`).
+        // The same for a group (an acknowledgement's receipts): a receipt whose copies take
+        // several holds ties them to the group (`DeviceBroadcast.group`), and a hold that
+        // runs another broadcast's chunk ties its unit to that one's instead.
         let journalsMessage = chain.message != nil && board.journaling
-        if let message = chain.message, journalsMessage { board.deferReply(message, answers: false, queued: nil) }
-        let outcome = board.handle(posted.step, now: chain.now)
-        if let message = chain.message, journalsMessage, let queued = outcome.queued {
-            board.recordPart(queued, of: message)
-        } else if let group = chain.group, !journalsMessage {
+        if let message = chain.message, journalsMessage {
+            board.deferReply(message, answers: false, queued: nil)
+        } else if let group = chain.group {
             board.join(group)
         }
+        let outcome = board.handle(posted.step, now: chain.now)
+        if let message = chain.message, journalsMessage, let queued = outcome.queued { board.recordPart(queued, of: message) }
         return outcome
     }
 
     /// Whether `next` may run in the hold `first` started. Without a store, any step of the
     /// same shard may: a hold's only trace is its effects, in order. With one, a hold is one
     /// commit unit, tied to one group or message: only steps of the same chain that is no
-    /// message's (the receipts of one acknowledgement) share it.
+    /// message's (the receipts of one acknowledgement) share it, and never a broadcast's
+    /// chunk, which may tie its hold's unit to another broadcast's group (`DeviceBroadcast`).
     private func sharesHold(_ first: PostedStep, _ next: PostedStep, journaling: Bool) -> Bool {
-        !journaling || (next.chain === first.chain && first.chain.message == nil)
+        !journaling
+            || (next.chain === first.chain && first.chain.message == nil && !first.step.isBroadcastChunk
+                && !next.step.isBroadcastChunk)
     }
 
     /// The last step of `chain` has run (on whichever loop): an operation that awaited an

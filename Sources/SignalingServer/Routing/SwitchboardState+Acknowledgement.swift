@@ -151,8 +151,10 @@ extension SwitchboardState {
     /// returned as one step per sender for the others (`ShardStep.receipts`). Stops after `ackChunk` units of work, an event
     /// and each MESSAGE_DELIVERED copy a receipt queues here counting one: a sender of the
     /// same shard with 1,000 devices made a chunk of 128 receipts 128,000 copies in one
-    /// hold. At least one event goes per hold, so a hold is at most a chunk, or one receipt
-    /// (the sender's devices).
+    /// hold. At least one event goes per hold, and a receipt queues at most a chunk of
+    /// copies in it (the rest by its own step, `deliverReceipt`): a hold is at most about
+    /// two chunks. Returns the receipts' steps for other shards' senders, then the steps of
+    /// receipts whose copies take several holds.
     private mutating func takeAcknowledgedChunk(of device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
         let shareQueue = ShareQueue.device(ObjectIdentifier(device))
         let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
@@ -176,7 +178,9 @@ extension SwitchboardState {
             // Delivered after the removal: a note to oneself puts its receipt in this queue.
             guard let receipt else { continue }
             if shardMap.owns(receipt.sender) {
-                work += deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
+                let delivered = deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
+                work += delivered.copies
+                next += delivered.next
             } else {
                 let made = ReceiptBatch.Receipt(receipt: receipt, recipientDevice: device.deviceID, serverTime: currentWall)
                 Self.append(made, for: receipt.sender, to: &next)
@@ -204,21 +208,26 @@ extension SwitchboardState {
     }
 
     /// A batch of receipts for a sender this shard holds (`ShardStep.receipts`), the oldest
-    /// first: each queues MESSAGE_DELIVERED to every device of the sender. Stops after
-    /// `ackChunk` copies (at least one receipt per hold, as `takeAcknowledgedChunk` counts
-    /// its own shard's), returning the rest as the one step handed on, which its runner
-    /// runs before anything else for this shard (`Switchboard.drive`): the sender's
-    /// devices get the receipts in the batch's order.
+    /// first: each queues MESSAGE_DELIVERED to every device of the sender (at most a chunk
+    /// of them in this hold, the rest by the receipt's own step, `DeviceBroadcast`). Stops
+    /// after `ackChunk` copies (at least one receipt per hold, as `takeAcknowledgedChunk`
+    /// counts its own shard's), returning the rest as the first step handed on, which its
+    /// runner runs before anything else for this shard (`Switchboard.drive`), then the
+    /// receipts' own steps: the sender's devices get the receipts in the batch's order
+    /// (a receipt made while another's copies are still going out waits for them).
     mutating func deliverReceipts(_ batch: ReceiptBatch) -> StepOutcome {
         var work = 0
         var delivered = 0
+        var broadcasts: [ShardStep] = []
         for item in batch.receipts {
             guard work < configuration.ackChunk else { break }
-            work += max(1, deliverReceipt(item.receipt, recipientDevice: item.recipientDevice, serverTime: item.serverTime))
+            let made = deliverReceipt(item.receipt, recipientDevice: item.recipientDevice, serverTime: item.serverTime)
+            work += max(1, made.copies)
+            broadcasts += made.next
             delivered += 1
         }
-        guard delivered < batch.receipts.count else { return StepOutcome(reply: nil) }
+        guard delivered < batch.receipts.count else { return StepOutcome(reply: nil, next: broadcasts) }
         let rest = ReceiptBatch(sender: batch.sender, receipts: Array(batch.receipts[delivered...]))
-        return StepOutcome(reply: nil, next: [.receipts(rest)])
+        return StepOutcome(reply: nil, next: [.receipts(rest)] + broadcasts)
     }
 }

@@ -89,6 +89,9 @@ extension SwitchboardState {
                 activity.held = []
             }
             for messageID in Array(activity.recentMessageIDs.keys) { forgetMessageID(messageID, sender: userID) }
+            // Every device they were for is gone.
+            activity.broadcasts.forEach { broadcasts[$0.id] = nil }
+            activity.broadcasts = FIFOQueue()
             compactActivity(userID)
         }
         return (.success(removed.count), ended.next)

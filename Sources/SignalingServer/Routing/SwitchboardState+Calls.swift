@@ -68,15 +68,16 @@ extension SwitchboardState {
     /// Rings the next chunk of the devices the call still has to ring (`CallRecord.toRing`),
     /// if it is still unanswered; returns the step for the rest (none: done, or answered,
     /// cancelled or ended meanwhile: the rest is never rung). A device that lost its
-    /// connection meanwhile (or was forgotten) is skipped, rung when it connects again.
+    /// connection meanwhile (or was forgotten) is skipped, rung when it connects again;
+    /// one rung meanwhile because it connected again (`ringIfCalled`) is not rung twice.
     mutating func ringChunk(_ call: CallRecord) -> [ShardStep] {
         guard call.isLive, call.state.isUnanswered else {
             call.toRing = []
             return []
         }
         let end = min(call.toRing.endIndex, call.toRing.startIndex + configuration.fanOutChunk)
-        for target in call.toRing[..<end] where target.isOnline {
-            call.rungDevices.append(target)
+        // A device rung meanwhile (it connected again, `ringIfCalled`) is not rung twice.
+        for target in call.toRing[..<end] where target.isOnline && call.markRung(target) {
             enqueue(call.invitation, to: target)
         }
         call.toRing = call.toRing[end...]
@@ -116,7 +117,7 @@ extension SwitchboardState {
         call.state = .active(answeredBy: device.deviceID)
         var outcome = StepOutcome.answered(.success(currentWall))
         outcome.merge(toCaller(call, .callAccepted(callID: callID, device: device.deviceID, answer: answer)))
-        notifyOtherCalleeDevices(of: call, except: device, reason: .answeredElsewhere)
+        outcome.next += notifyOtherCalleeDevices(of: call, except: device, reason: .answeredElsewhere)
         return outcome
     }
 
@@ -129,7 +130,7 @@ extension SwitchboardState {
         guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "reject"))) }
         var outcome = StepOutcome.answered(.success(currentWall))
         outcome.merge(toCaller(call, callEnded(call, reason, peer: call.callee)))
-        notifyOtherCalleeDevices(of: call, except: device, reason: .declinedElsewhere)
+        outcome.next += notifyOtherCalleeDevices(of: call, except: device, reason: .declinedElsewhere)
         outcome.merge(end(call, reason))
         return outcome
     }
@@ -168,8 +169,8 @@ extension SwitchboardState {
         switch request {
         case .cancel:
             guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "cancel"))) }
-            notifyOtherCalleeDevices(of: call, except: nil, reason: .cancelled)
-            return .answered(.success(currentWall), next: end(call, .cancelled).next)
+            let ending = notifyOtherCalleeDevices(of: call, except: nil, reason: .cancelled)
+            return .answered(.success(currentWall), next: ending + end(call, .cancelled).next)
         case .hangUp:
             guard case .active(let answeredBy) = call.state else {
                 return .answered(.failure(illegal(call, "hang up (use cancel before it is answered)")))
@@ -187,10 +188,10 @@ extension SwitchboardState {
     mutating func ringTimedOut(_ call: CallRecord) -> StepOutcome {
         let reason: CallEndReason = call.rungDevices.isEmpty ? .unreachable : .noAnswer
         var outcome = toCaller(call, callEnded(call, reason, peer: call.callee))
-        // Every device of the callee learns of the missed call, connected or not.
-        for device in devices(of: call.callee) {
-            enqueue(callEnded(call, .noAnswer, peer: call.caller.user), to: device)
-        }
+        // Every device of the callee learns of the missed call, connected or not (a chunk
+        // a hold: `DeviceBroadcast`).
+        let missed = makeEvent(callEnded(call, .noAnswer, peer: call.caller.user))
+        outcome.next += broadcastToEveryDevice(missed, of: call.callee)
         outcome.merge(end(call, reason))
         return outcome
     }
@@ -210,7 +211,8 @@ extension SwitchboardState {
                 return StepOutcome(reply: nil)
             }
             var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
-            for rung in call.rungDevices { enqueue(callEnded(call, .noAnswer, peer: call.caller.user), to: rung) }
+            let missed = makeEvent(callEnded(call, .noAnswer, peer: call.caller.user))
+            outcome.next += broadcast(missed, to: call.rungDevices, of: call.callee)
             outcome.merge(end(call, .peerDisconnected))
             return outcome
         default:
@@ -222,14 +224,17 @@ extension SwitchboardState {
     /// the callee's step, which ends the call for the callee's devices.
     mutating func callerVanished(callID: String, caller: DeviceAddress) -> StepOutcome {
         guard let call = calls[callID], call.caller == caller, call.isLive else { return StepOutcome(reply: nil) }
+        var ending: [ShardStep] = []
         if case .active(let answeredBy) = call.state {
             if let answering = self.device(call.callee, answeredBy) {
                 enqueue(callEnded(call, .peerDisconnected, peer: caller.user), to: answering)
             }
         } else {
-            notifyOtherCalleeDevices(of: call, except: nil, reason: .peerDisconnected)
+            ending = notifyOtherCalleeDevices(of: call, except: nil, reason: .peerDisconnected)
         }
-        return end(call, .peerDisconnected)
+        var outcome = end(call, .peerDisconnected)
+        outcome.next = ending + outcome.next
+        return outcome
     }
 
     /// The calling device `device` is gone for good: the steps that end its calls.
@@ -300,9 +305,11 @@ extension SwitchboardState {
         enqueue(makeEvent(event), to: device)
     }
 
-    private mutating func notifyOtherCalleeDevices(of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason) {
+    /// CALL_ENDED `reason` to every rung device of the call but `device`, a chunk a hold
+    /// (`DeviceBroadcast`); returns the step for the chunks after the first.
+    private mutating func notifyOtherCalleeDevices(of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason) -> [ShardStep] {
         let event = makeEvent(callEnded(call, reason, peer: call.caller.user))
-        for rung in call.rungDevices where rung !== device { enqueue(event, to: rung) }
+        return broadcast(event, to: call.rungDevices, of: call.callee, skipping: device)
     }
 
     /// Drops a call from the callee's shard; the caller's shard forgets it in the step

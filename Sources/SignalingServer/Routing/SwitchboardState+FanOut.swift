@@ -84,8 +84,8 @@ final class FanOut: @unchecked Sendable {
 
 extension SwitchboardState {
     /// How many devices one hold of a shard queues a message to, wakes, or withdraws it
-    /// from (and rings a call on, `ringChunk`, or how many held messages it claims,
-    /// `HeldClaim`: the same cost per event). A fan-out costs about 0.5 µs per device in one hold (1,000 devices ≈ 524 µs,
+    /// from (and rings a call on, `ringChunk`, or tells of a call's end, `DeviceBroadcast`,
+    /// or how many held messages it claims, `HeldClaim`: the same cost per event). A fan-out costs about 0.5 µs per device in one hold (1,000 devices ≈ 524 µs,
     /// 10,000 ≈ 3 ms, measured with `Tools/bench-lock-holds`), during which every loop that
     /// needs the recipient's shard waits; 128 devices keep a hold near 60 µs, while the
     /// extra hold and step per chunk (a lock round and a dictionary lookup, well under a

@@ -25,9 +25,9 @@ struct SwitchboardConfiguration: Sendable {
     /// Bytes of undelivered events the server may hold before it refuses new messages and
     /// calls (`MemoryLedger`).
     var memoryBudget = Int.max
-    /// Devices per hold of a fan-out and of a ring, held messages per hold of a claim
-    /// (`SwitchboardState.fanOutChunk`; a benchmark sets `Int.max` to measure one in one
-    /// hold, as it was before chunks).
+    /// Devices per hold of a fan-out, of a ring and of a call's ending, held messages per
+    /// hold of a claim (`SwitchboardState.fanOutChunk`; a benchmark sets `Int.max` to
+    /// measure one in one hold, as it was before chunks).
     var fanOutChunk = SwitchboardState.fanOutChunk
     /// Events per hold of an acknowledgement (`SwitchboardState.ackChunk`; a benchmark
     /// sets `Int.max` to measure an ACK in one hold, as it was before chunks).
@@ -198,6 +198,10 @@ struct SwitchboardState {
     var nextFanOutID: UInt64 = 0
     /// Numbers claims of held messages (`HeldClaim.id`).
     var nextClaimID: UInt64 = 0
+    /// Events being queued to many devices of a user in chunks (`DeviceBroadcast`) by id,
+    /// from their start until their last chunk; `nextBroadcastID` numbers them.
+    var broadcasts: [UInt64: DeviceBroadcast] = [:]
+    var nextBroadcastID: UInt64 = 0
     /// Acknowledgements taking their events out in chunks (`Acknowledgement`), from the
     /// hold that received each until its last chunk.
     var acknowledgements = Acknowledgements()
@@ -314,6 +318,10 @@ struct SwitchboardState {
     /// none), for a fan-out that ties its later holds' units to it too (`FanOut`).
     var deferredMessage: DeferredReply? { unit.reply }
 
+    /// The group the current operation's commit unit belongs to (nil: none), for work
+    /// that goes on in later holds whose units must join it too (`DeviceBroadcast`).
+    var committingGroup: CommitGroup? { unit.group }
+
     /// Makes the current operation's commit unit one step of `group`, which a later unit
     /// closes (with a store; without one, nothing).
     mutating func join(_ group: CommitGroup) {
@@ -327,6 +335,8 @@ struct SwitchboardState {
     /// to put the steps' units in and close; nil without a store or steps.
     mutating func group(for next: [ShardStep]) -> CommitGroup? {
         guard journaling, !next.isEmpty else { return nil }
+        // Started already by a receipt whose copies take several holds (`deliverReceipt`).
+        if let started = unit.group { return started }
         let group = CommitGroup()
         join(group)
         return group
@@ -377,6 +387,7 @@ struct SwitchboardState {
 
     mutating func removeDevice(_ device: DeviceRecord) {
         activities[device.userID]?.fanOut?.forget(device)  // before `next` is cleared
+        activities[device.userID]?.broadcastDeviceForgotten(device)  // the same
         forgetAcknowledgement(of: device)
         if users[device.userID] === device {
             users[device.userID] = device.next
@@ -463,14 +474,11 @@ struct SwitchboardState {
     }
 
     /// A callee device that connects while a call rings is rung too (now, and not again by
-    /// the call's next chunk if it was still to be rung).
+    /// the call's next chunk if it was still to be rung: `CallRecord.markRung`). Costs a
+    /// set look-up per call ringing the user, whatever the number of its devices.
     private mutating func ringIfCalled(_ device: DeviceRecord, _ activity: UserActivity) {
-        for call in activity.calls where call.callee == device.userID && call.state.isUnanswered {
-            if let waiting = call.toRing.firstIndex(where: { $0 === device }) { call.toRing.remove(at: waiting) }
-            if !call.rungDevices.contains(where: { $0 === device }) {
-                call.rungDevices.append(device)
-                enqueue(call.invitation, to: device)
-            }
+        for call in activity.calls where call.callee == device.userID && call.state.isUnanswered && call.markRung(device) {
+            enqueue(call.invitation, to: device)
         }
     }
 
@@ -710,10 +718,15 @@ struct SwitchboardState {
         journal(.withdrawEvent(user: device.userID, device: device.deviceID, seq: seq))
     }
 
-    /// MESSAGE_DELIVERED to every device of the message's sender; returns how many devices
-    /// that is.
+    /// MESSAGE_DELIVERED to every device of the message's sender, a chunk of them in this
+    /// hold (`DeviceBroadcast`: a sender with more devices, or with a broadcast in
+    /// progress, gets the rest from the returned step, the sender's receipts in the order
+    /// they were made on every device); returns how many copies this hold queued, and the
+    /// step. With a store, every hold of it joins the acknowledgement's commit group (one
+    /// is started for the current hold if it has none: `group(for:)` takes it on), so
+    /// the acknowledgement and every copy of its receipts are still committed together.
     @discardableResult
-    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) -> Int {
+    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) -> (copies: Int, next: [ShardStep]) {
         // Not counted in the memory ledger: a receipt is small and made for every
         // delivery (a fan-out makes thousands a second), and what a device can hold of
         // them is bounded by --max-pending.
@@ -722,19 +735,16 @@ struct SwitchboardState {
                 messageID: receipt.messageID, recipient: receipt.recipient, recipientDevice: recipientDevice,
                 serverTime: serverTime),
             createdAt: currentWall)
-        var count = 0
-        for senderDevice in devices(of: receipt.sender) {
-            enqueue(delivered, to: senderDevice)
-            count += 1
-        }
-        return count
+        let before = counters.eventsQueued
+        let next = broadcastToEveryDevice(delivered, of: receipt.sender, startsGroup: true)
+        return (counters.eventsQueued - before, next)
     }
 
     /// Whether the callee's `device` takes part in `call` (rung, or answered it).
     func involves(_ call: CallRecord, _ device: DeviceRecord) -> Bool {
         guard call.callee == device.userID else { return false }
         switch call.state {
-        case .inviting, .ringing: return call.rungDevices.contains { $0 === device }
+        case .inviting, .ringing: return call.wasRung(device)
         case .active(let answeredBy): return answeredBy == device.deviceID
         case .ended: return false
         }
@@ -826,7 +836,8 @@ struct SwitchboardState {
 
     /// Runs the deadlines that have passed at `now`, at most `budget` entries of them (an
     /// entry that turns out stale, such as the expiry of a device that came back, counts
-    /// too), and returns whether more are due: the caller then calls again, in a new hold
+    /// too; so does each event a call's ending queues in the pass, at most a chunk per
+    /// call), and returns whether more are due: the caller then calls again, in a new hold
     /// of the lock, so that other loops get the lock in between. Called by one event loop
     /// per tick (`EventLoop.tick`), until it returns false.
     ///
@@ -840,10 +851,18 @@ struct SwitchboardState {
         var budget = budget
         var outcome = StepOutcome(reply: nil)
         let nowSecond = second(now)
+        // A call's ending queues its first chunk of devices here (`DeviceBroadcast`): those
+        // events count against the budget too, so that a pass that ends many calls is
+        // still about one budget of work.
+        var counted = counters.eventsQueued
         while budget > 0, let entry = ringExpiry.first, entry.deadline <= now {
             budget -= 1
             ringExpiry.pop()
-            if entry.call.isLive && entry.call.state.isUnanswered { outcome.merge(ringTimedOut(entry.call)) }
+            if entry.call.isLive && entry.call.state.isUnanswered {
+                outcome.merge(ringTimedOut(entry.call))
+                budget = max(0, budget - (counters.eventsQueued - counted))
+                counted = counters.eventsQueued
+            }
         }
         while budget > 0, let entry = graceChecks.first, entry.deadline <= now {
             budget -= 1
@@ -853,6 +872,8 @@ struct SwitchboardState {
             // another loss, the earlier check would end the call early.
             if entry.call.isLive && !device.isOnline && entry.call.graceDeadline(of: device) == entry.deadline {
                 outcome.merge(partyVanished(entry.call, device))
+                budget = max(0, budget - (counters.eventsQueued - counted))
+                counted = counters.eventsQueued
             }
         }
         while budget > 0, let entry = callerGraceChecks.first, entry.deadline <= now {
