@@ -119,6 +119,31 @@ final class RedisConnection: @unchecked Sendable {
         return replies
     }
 
+    /// Pages through a cursor command (`SCAN`, `SSCAN`: `arguments` without the cursor,
+    /// which goes at `cursorIndex`) until the cursor comes back to 0, handing `body` each
+    /// element of each page until it returns false. A reply that is not a page (a Redis
+    /// error among them) throws `malformed(reply)`. Elements may come twice (Redis's
+    /// guarantee for a keyspace that changes meanwhile).
+    func scan(
+        _ arguments: [String], cursorAt cursorIndex: Int, malformed: (RedisReply) -> StoreError,
+        _ body: (RedisReply) throws(StoreError) -> Bool
+    ) throws(StoreError) {
+        var cursor = "0"
+        repeat {
+            var command = RedisCommand()
+            for (index, argument) in arguments.enumerated() {
+                if index == cursorIndex { command.append(cursor) }
+                command.append(argument)
+            }
+            if cursorIndex == arguments.count { command.append(cursor) }
+            let reply = try run(command)
+            guard case .array(let page) = reply, page.count == 2, let next = page[0].text, case .array(let elements) = page[1]
+            else { throw malformed(reply) }
+            for element in elements where try !body(element) { return }
+            cursor = next
+        } while cursor != "0"
+    }
+
     /// Why the connection failed, as an `.io` error.
     private func failure() -> StoreError {
         var text = [CChar](repeating: 0, count: 256)

@@ -176,21 +176,19 @@ public struct RedisRebalance {
         return reply
     }
 
-    /// Pages through `SCAN`/`SSCAN` (`arguments` are the command without its cursor,
-    /// which goes at `cursorIndex`) and hands `body` each element, until it returns false.
+    /// `RedisConnection.scan` handing `body` each element's bytes: a Redis error is thrown
+    /// as such, and a page that is not one, or holds an element that is not a string,
+    /// throws `.other`.
     private func scan(_ connection: RedisConnection, _ arguments: [String], cursorAt cursorIndex: Int, _ body: ([UInt8]) -> Bool) throws(StoreError) {
-        var cursor = "0"
-        repeat {
-            var words = arguments
-            words.insert(cursor, at: cursorIndex)
-            var command = RedisCommand()
-            for word in words { command.append(word) }
-            guard case .array(let page) = try reply(connection, command), page.count == 2, let next = page[0].text,
-                  case .array(let elements) = page[1]
-            else { throw StoreError(.other, "Redis at \(connection.endpoint.address): \(arguments[0]) did not answer with a page") }
-            for case .string(let element) in elements where !body(element) { return }
-            cursor = next
-        } while cursor != "0"
+        let address = connection.endpoint.address
+        func malformed(_ reply: RedisReply) -> StoreError {
+            if case .error(let message) = reply { return RedisEventStore.error(fromReply: message, address: address) }
+            return StoreError(.other, "Redis at \(address): \(arguments[0]) did not answer with a page of strings")
+        }
+        try connection.scan(arguments, cursorAt: cursorIndex, malformed: malformed) { element throws(StoreError) in
+            guard case .string(let bytes) = element else { throw malformed(element) }
+            return body(bytes)
+        }
     }
 
     /// Each instance must be where one of the lists says, or hold this move's marker (an

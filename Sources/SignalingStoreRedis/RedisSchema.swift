@@ -137,17 +137,14 @@ enum RedisSchema {
         }
         guard size > 0 else { return nil }
         let presencePrefix = RedisNodeLink.presenceKey(of: "")
-        var cursor = "0"
-        repeat {
-            guard case .array(let page) = try connection.run(RedisCommand("SCAN", cursor, "COUNT", "100")), page.count == 2,
-                  let next = page[0].text, case .array(let keys) = page[1]
-            else { throw StoreError(.other, "\(address): SCAN did not answer with a page") }
-            for key in keys {
-                guard let name = key.text else { continue }
-                if !clusterKeys.contains(name) && !name.hasPrefix(presencePrefix) { return name }
-            }
-            cursor = next
-        } while cursor != "0"
-        return nil
+        var found: String?
+        try connection.scan(["SCAN", "COUNT", "100"], cursorAt: 1, malformed: { _ in
+            StoreError(.other, "\(address): SCAN did not answer with a page")
+        }) { key in
+            guard let name = key.text, !clusterKeys.contains(name), !name.hasPrefix(presencePrefix) else { return true }
+            found = name
+            return false
+        }
+        return found
     }
 }

@@ -46,18 +46,12 @@ struct RedisSnapshotReader {
     /// SSCAN, not SMEMBERS: Redis serves other clients between the pages.
     private func readUsers() throws(StoreError) -> [String] {
         var users = Set<String>()  // SSCAN may return a member twice
-        var cursor = "0"
-        repeat {
-            let reply = try connection.run(RedisCommand("SSCAN", RedisLayout.usersKey, cursor, "COUNT", "1000"))
-            guard case .array(let page) = reply, page.count == 2, let next = page[0].text, case .array(let members) = page[1] else {
-                throw unexpected("SSCAN", reply)
-            }
-            for member in members {
-                guard case .string(let bytes) = member else { throw unexpected("SSCAN", reply) }
-                users.insert(String(decoding: bytes, as: UTF8.self))
-            }
-            cursor = next
-        } while cursor != "0"
+        try connection.scan(["SSCAN", RedisLayout.usersKey, "COUNT", "1000"], cursorAt: 2, malformed: { unexpected("SSCAN", $0) }) {
+            member throws(StoreError) in
+            guard case .string(let bytes) = member else { throw unexpected("SSCAN", member) }
+            users.insert(String(decoding: bytes, as: UTF8.self))
+            return true
+        }
         return users.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
     }
 
