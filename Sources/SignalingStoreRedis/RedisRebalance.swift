@@ -166,6 +166,10 @@ public struct RedisRebalance {
         }
     }
 
+    /// The instances that hold a lease: the first of each list (one, when both lists
+    /// start with the same instance).
+    private var leaseInstances: Set<Place> { [Place(options.from[0]), Place(options.to[0])] }
+
     private func connection(of place: Place) -> RedisConnection {
         instances.first { $0.place == place }!.connection
     }
@@ -240,7 +244,7 @@ public struct RedisRebalance {
     /// on the first instance of either list, unless `force`.
     private func checkNothingServes() throws(StoreError) {
         guard !options.force else { return }
-        for place in Set([Place(options.from[0]), Place(options.to[0])]) {
+        for place in leaseInstances {
             let connection = connection(of: place)
             if let holder = try reply(connection, RedisCommand("GET", RedisLayout.leaseKey)).text, !holder.hasPrefix("rebalance/") {
                 throw StoreError(.other, "node \(holder) holds the lease on Redis at \(connection.endpoint.address): stop every "
@@ -261,7 +265,7 @@ public struct RedisRebalance {
     /// Holds the lease on the first instance of both lists, fences every instance with a
     /// term above any it has seen, and marks every instance.
     private func takeOver() throws(StoreError) {
-        for place in Set([Place(options.from[0]), Place(options.to[0])]) {
+        for place in leaseInstances {
             _ = try reply(connection(of: place), RedisCommand("SET", RedisLayout.leaseKey, ownerID))
         }
         var term: Int64 = 0
@@ -368,7 +372,7 @@ public struct RedisRebalance {
             let place = to.firstIndex(of: instance.place).map { "\($0)/\(to.count)" } ?? Self.retired
             _ = try reply(instance.connection, RedisCommand("SET", RedisLayout.instanceKey, place))
         }
-        for place in Set([Place(options.from[0]), Place(options.to[0])]) {
+        for place in leaseInstances {
             _ = try reply(connection(of: place), RedisCommand("EVAL", RedisLease.releaseScript, "1", RedisLayout.leaseKey, ownerID))
         }
     }
