@@ -60,9 +60,14 @@ extension SwitchboardState {
     /// the rest (nil: nothing left).
     mutating func startClaim(_ activity: UserActivity, for device: DeviceRecord) -> ShardStep? {
         guard !activity.held.isEmpty, activity.claim == nil else { return nil }
+        beginClaim(activity, for: device)
+        return claimChunk(activity, user: device.userID)
+    }
+
+    /// Makes `device` the one claiming the user's held messages, under a new claim id.
+    private mutating func beginClaim(_ activity: UserActivity, for device: DeviceRecord) {
         nextClaimID += 1
         activity.claim = HeldClaim(id: nextClaimID, device: device)
-        return claimChunk(activity, user: device.userID)
     }
 
     /// The next chunk of claim `id` of `user`'s held messages; nothing if the claim is over
@@ -87,10 +92,7 @@ extension SwitchboardState {
     mutating func helpClaim(of user: String, before message: ShardStep) -> StepOutcome {
         commitsAlone()
         if let activity = activities[user] {
-            if activity.claim == nil, let newest = users[user] {
-                nextClaimID += 1
-                activity.claim = HeldClaim(id: nextClaimID, device: newest)
-            }
+            if activity.claim == nil, let newest = users[user] { beginClaim(activity, for: newest) }
             // The claim's own step (if it has one) finds it over, or goes on.
             _ = claimChunk(activity, user: user)
         }
