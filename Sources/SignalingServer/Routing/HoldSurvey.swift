@@ -33,14 +33,16 @@ public enum HoldSurvey {
     /// Every case, `rounds` times each, with `devices` devices where a case grows with a
     /// user's devices and `held` messages for the case that grows with those.
     public static func run(devices: Int, held: Int, rounds: Int) -> [Figure] {
-        [syncedCopies(devices: devices, rounds: rounds, chunk: Int.max),
-         syncedCopies(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk), ringing(devices: devices, rounds: rounds, chunk: Int.max),
-         ringing(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
-         ringTimeout(devices: devices, rounds: rounds, chunk: Int.max),
-         ringTimeout(devices: devices, rounds: rounds, chunk: SwitchboardState.fanOutChunk),
-         claimingHeld(held, rounds: rounds, chunk: Int.max),
-         claimingHeld(held, rounds: rounds, chunk: SwitchboardState.fanOutChunk)].flatMap { $0 }
+        let cases: [(Int) -> [Figure]] = [
+            { syncedCopies(devices: devices, rounds: rounds, chunk: $0) }, { ringing(devices: devices, rounds: rounds, chunk: $0) },
+            { ringTimeout(devices: devices, rounds: rounds, chunk: $0) }, { claimingHeld(held, rounds: rounds, chunk: $0) },
+        ]
+        // Each case in one hold (as before chunks), then in chunks.
+        return cases.flatMap { run in [Int.max, SwitchboardState.fanOutChunk].flatMap(run) }
     }
+
+    /// How a row's holds were cut: "one hold" (`chunk` `Int.max`) or "chunks of N".
+    private static func chunking(_ chunk: Int) -> String { chunk == Int.max ? "one hold" : "chunks of \(chunk)" }
 
     /// A bench of two shards; `user(prefix, shard)` names a user on `shard`.
     private struct Bench {
@@ -127,7 +129,7 @@ public enum HoldSurvey {
             receipt.run(receipts, on: bench.switchboard, now: bench.now)
             bench.acknowledgeAll(others + [sending])
         }
-        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        let how = chunking(chunk)
         let receipts = Figure("receipt to every sender device (\(how))", size: devices, receipt)
         guard chunk != Int.max else { return [receipts] }
         return [
@@ -174,7 +176,7 @@ public enum HoldSurvey {
             untimed.run(hungUp, on: bench.switchboard, now: bench.now)
             bench.acknowledgeAll(calleeDevices + [callingDevice])
         }
-        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        let how = chunking(chunk)
         return [
             Figure("ringing a callee's devices (\(how))", size: devices, ring),
             Figure("accept: answeredElsewhere to the others (\(how))", size: devices, accept),
@@ -212,7 +214,7 @@ public enum HoldSurvey {
             ended.run(next, on: bench.switchboard, now: later)
             bench.acknowledgeAll(calleeDevices + [callingDevice])
         }
-        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        let how = chunking(chunk)
         return [Figure("ring timeout: noAnswer to every device (\(how))", size: devices, ended)]
     }
 
@@ -238,7 +240,7 @@ public enum HoldSurvey {
             let rest = claim.timed { bench.attachClaiming(recipient, "first").claim }
             claim.run(rest.map { [$0] } ?? [], on: bench.switchboard, now: bench.now)
         }
-        let how = chunk == Int.max ? "one hold" : "chunks of \(chunk)"
+        let how = chunking(chunk)
         return [Figure("first device claiming held messages (\(how))", size: held, claim)]
     }
 }
