@@ -213,11 +213,6 @@ extension SwitchboardState {
         }
     }
 
-    /// The store could not commit an accepted message in time: it was refused after all.
-    /// Its events are never written to anyone, and the sender may send it again. Run on
-    /// every shard the message touched (those of `DeferredReply.add`, and the sender's), with the message's events
-    /// of this shard (`events`): the sender's shard frees the id, the recipient's counts the
-    /// cancellation.
     /// Records `queued`, the event this hold queued for `message`, as one of the message's
     /// parts (with a store, in `Switchboard.run`). If the writer refused the message
     /// meanwhile (its store deadline), its cancellation may have passed this shard before
@@ -232,6 +227,11 @@ extension SwitchboardState {
         if message.isRefused { cancelMessage([queued], sender: message.sender, messageID: message.messageID) }
     }
 
+    /// The store could not commit an accepted message in time: it was refused after all.
+    /// Its events are never written to anyone, and the sender may send it again. Run on
+    /// every shard the message touched (those of its parts, `DeferredReply.takeParts`, and
+    /// the sender's), with the message's events of this shard (`events`): the sender's
+    /// shard frees the id, the recipient's counts the cancellation.
     mutating func cancelMessage(_ events: [QueuedEvent], sender: String, messageID: String) {
         if shardMap.owns(sender) {
             activities[sender]?.recentMessageIDs[messageID] = nil
