@@ -429,8 +429,8 @@ struct AdminAPITests {
             }?.value
         }
         let before = try scrape()
-        // Handshakes, messages with a store (routing, the commits under way, their
-        // release posted to a loop's inbox), ACKs and receipts, and a call.
+        // Handshakes, messages with a store (routing, their commits' release posted to a
+        // loop's inbox), ACKs and receipts, and a call.
         let (alice, _) = try server.connect(user: "alice")
         let (bob, _) = try server.connect(user: "bob")
         for index in 1...3 { #expect(try alice.request(UInt32(index), message("m\(index)", to: "bob")).isOK) }
@@ -441,7 +441,7 @@ struct AdminAPITests {
 
         let family = try #require(after["voipserver_lock_hold_seconds"])
         #expect(family.type == "histogram")
-        let labels = ["routing_shard", "loop_ownership", "store_progress",
+        let labels = ["routing_shard", "loop_ownership",
                       "call_directory", "log_throttle",
                       "relay_directory", "front_route"]
         for lock in labels {
@@ -455,7 +455,7 @@ struct AdminAPITests {
         #expect(Set(family.samples.compactMap { $0.labels["lock"] }) == Set(labels))
         // (`call_directory` is the call directory's overflow, which a short call id never
         // takes: "Call directory" suite.)
-        for lock in ["routing_shard", "loop_ownership", "store_progress"] {
+        for lock in ["routing_shard", "loop_ownership"] {
             let grown = (holds(after, lock) ?? 0) - (holds(before, lock) ?? 0)
             #expect(grown >= 1, "\(lock): \(grown) holds")
         }

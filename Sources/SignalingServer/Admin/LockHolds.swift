@@ -13,11 +13,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
     case routingShard
     /// An `EventLoop`'s `ownership`, held by its own thread for a whole callback.
     case loopOwnership
-    /// The `StoreWriter`'s commit under way (`progress`): the writer twice per commit,
-    /// loop 0 once per tick. Not on any per-event path: the loops hand the writer their
-    /// units through a lock-free queue (the `store_inbox` lock that was there is gone);
-    /// timed to show that what is left of the writer's locking stays short.
-    case storeProgress
     /// The overflow of the server's live call ids (`CallDirectory.overflow`): only the
     /// call ids its lock-free table cannot hold (longer than 48 bytes, a full window), not
     /// the per-call path of short ids (no lock).
@@ -37,7 +32,6 @@ enum SharedLock: Int, CaseIterable, Sendable {
         switch self {
         case .routingShard: "routing_shard"
         case .loopOwnership: "loop_ownership"
-        case .storeProgress: "store_progress"
         case .callDirectory: "call_directory"
         case .logThrottle: "log_throttle"
         case .relayDirectory: "relay_directory"

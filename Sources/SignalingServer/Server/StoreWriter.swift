@@ -13,9 +13,10 @@ import Glibc
 // - The writer's thread ("vs-store") owns the commit pipeline (`pending`, `bodyRequests`,
 //   `failures`, the back-off and gathering state) and is the one consumer of `arrivals`.
 // - Loop 0, the supervisor (`loops[0]`), owns the deadline list of the deferred OKs
-//   (`deadlines`) and is the one consumer of `deadlineArrivals`: it runs
-//   `superviseCommits` at every tick, whatever the writer is doing, even waiting for a
-//   write that never returns, and `dropSettledReplies` after each of its callbacks.
+//   (`deadlines`) and what its ticks saw of the commit under way (`watched`), and is the
+//   one consumer of `deadlineArrivals`: it runs `superviseCommits` at every tick, whatever
+//   the writer is doing, even waiting for a write that never returns, and
+//   `dropSettledReplies` after each of its callbacks.
 // - Any thread produces (a loop under its shard's lock, or under none for a group's
 //   closing unit; the admin API; start-up): `enqueue` pushes a commit unit onto
 //   `arrivals` and, for a message's answering unit, its `DeferredReply` onto
@@ -28,9 +29,9 @@ import Glibc
 //   loop 0's deadline check, a step that declines it): the two owners never need to
 //   agree on anything else about it.
 //
-// Locks (none of them taken by every loop per event):
-// - `progress`: the writer's commit under way, taken by the writer twice per commit and by
-//   loop 0 once per tick; never held with another lock. Timed (`SharedLock.storeProgress`).
+// Locks: none. The commit under way (`watch`, a `CommitWatch`) is one atomic word that the
+// writer sets at each commit's start and end and loop 0 reads at each tick (it replaced the
+// `progress` lock, `store_progress`).
 // A `DeferredReply`'s parts (`eventsByShard`) are no lock: a lock-free queue pushed to by
 // the holds of one message's steps (under their shard's lock) and closed by the thread
 // that settles it. The writer takes a shard's lock only with no lock of its own held
@@ -262,27 +263,18 @@ final class StoreWriter: @unchecked Sendable {
     /// Loop 0's buffer for taking `deadlineArrivals` (kept, so a take allocates nothing).
     private var arrivedDeadlines: [DeferredReply] = []
     /// The commit under way, if any: written by the writer around `apply`, read by loop 0.
-    private struct CommitProgress {
-        var started: Instant?
-        var changes = 0
-        /// Loop 0 saw this commit running at its previous tick (a commit is declared
-        /// stalled only across two ticks, so a test that moves its clock far ahead while
-        /// an ordinary commit runs does not see one).
-        var seenByTick = false
-        /// Loop 0 declared it stalled (`stalled` is set while this is).
-        var stalled = false
-        var nextWarning: Instant?
-        /// Messages refused at their deadline while it ran.
-        var refused = 0
-    }
-    private let progress = Mutex(CommitProgress())
+    /// The commit under way: begun and ended by the writer, declared stalled by loop 0.
+    private let watch = CommitWatch()
+    /// Loop 0's: the commit its previous tick saw running (a commit is declared stalled
+    /// only across two ticks, so a test that moves its clock far ahead while an ordinary
+    /// commit runs does not see one), the messages refused at their deadline while it ran,
+    /// and when `store_stalled` is next repeated.
+    private var watched: (number: UInt64, refused: Int, nextWarning: Instant?)?
     private let wakeFD: Int32
     private let stopping = Atomic<Bool>(false)
     private let healthy = Atomic<Bool>(true)
     /// Set once by `fence()`, never cleared: this node lost its store lease.
     private let fenced = Atomic<Bool>(false)
-    /// A commit has been running longer than `stallThreshold`.
-    private let stalled = Atomic<Bool>(false)
     /// A commit running this long is stalled: half the store timeout, at most 1 s.
     private let stallThreshold: Duration
     /// How often `store_stalled` is repeated while the commit does not return.
@@ -345,7 +337,7 @@ final class StoreWriter: @unchecked Sendable {
 
     /// False while commits fail or a commit is stalled, and for ever once fenced: new
     /// messages and calls are refused at once.
-    var isHealthy: Bool { healthy.load(ordering: .relaxed) && !stalled.load(ordering: .relaxed) && !isFenced }
+    var isHealthy: Bool { healthy.load(ordering: .relaxed) && !watch.isStalled && !isFenced }
 
     /// True once `fence()` was called.
     var isFenced: Bool { fenced.load(ordering: .acquiring) }
@@ -470,7 +462,7 @@ final class StoreWriter: @unchecked Sendable {
         if collected > 0 {
             StoreBatch.compact(&changes)
             let started = context.clock.now()
-            progress.withLock(timing: .storeProgress) { $0 = CommitProgress(started: started, changes: changes.count) }
+            watch.begin(at: started, changes: changes.count)
             let applyStarted = LoopMetrics.now()
             do {
                 defer { commitLatency.record(nanoseconds: LoopMetrics.now() &- applyStarted) }
@@ -770,14 +762,9 @@ final class StoreWriter: @unchecked Sendable {
 
     /// The commit under way returned (committed or failed): it is no longer stalled.
     private func commitReturned() {
-        let now = context.clock.now()
-        let stalledFor: Duration? = progress.withLock(timing: .storeProgress) { progress in
-            defer { progress = CommitProgress() }
-            guard progress.stalled, let started = progress.started else { return nil }
-            stalled.store(false, ordering: .relaxed)
-            return now - started
+        if let started = watch.end() {
+            context.logger.warning("store_stall_ended", ["commit_ms": (context.clock.now() - started).milliseconds])
         }
-        if let stalledFor { context.logger.warning("store_stall_ended", ["commit_ms": stalledFor.milliseconds]) }
     }
 
     private func refuseAll(reason: String) {
@@ -819,29 +806,25 @@ final class StoreWriter: @unchecked Sendable {
         // back-off.
         if !overdue.isEmpty { wake() }
 
-        let warning: (running: Duration, changes: Int, refused: Int)? = progress.withLock(timing: .storeProgress) { progress in
-            guard let started = progress.started else { return nil }
-            progress.refused += overdue.count
-            guard progress.seenByTick else {
-                progress.seenByTick = true
-                return nil
-            }
-            let running = now - started
-            guard running >= stallThreshold else { return nil }
-            if !progress.stalled {
-                progress.stalled = true
-                stalled.store(true, ordering: .relaxed)
-            }
-            if let next = progress.nextWarning, now < next { return nil }
-            progress.nextWarning = now + Self.stallWarningInterval
-            return (running, progress.changes, progress.refused)
+        guard let commit = watch.running else {
+            watched = nil
+            return
         }
-        if let warning {
-            context.logger.warning("store_stalled", [
-                "commit_running_ms": warning.running.milliseconds, "changes": warning.changes,
-                "refused": warning.refused,
-            ])
+        guard var seen = watched, seen.number == commit.number else {
+            watched = (commit.number, overdue.count, nil)
+            return
         }
+        seen.refused += overdue.count
+        defer { watched = seen }
+        let running = now - commit.started
+        guard running >= stallThreshold else { return }
+        // Declaring fails when the commit returned since it was read: nothing to say then.
+        guard commit.stalled || watch.declareStalled(commit.number) else { return }
+        if let next = seen.nextWarning, now < next { return }
+        seen.nextWarning = now + Self.stallWarningInterval
+        context.logger.warning("store_stalled", [
+            "commit_running_ms": running.milliseconds, "changes": commit.changes, "refused": seen.refused,
+        ])
     }
 
     /// Run by loop 0 after each of its callbacks, outside its `ownership`: drops the settled
