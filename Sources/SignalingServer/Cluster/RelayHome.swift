@@ -221,8 +221,9 @@ final class RelayHome: Sendable {
         self.context = context
     }
 
-    /// The server's loops, once started (packets before that are dropped: no front can
-    /// know this node as a home before it serves).
+    /// The server's loops, once started (packets before that are dropped: a node listens
+    /// as its lease owner id, the name fronts address, only once its server runs, and a
+    /// front addresses it only once it has heard that it listens: `FrontRelay`).
     func attach(_ loops: [EventLoop]) {
         self.loops.withLock { $0 = loops }
     }
@@ -231,7 +232,7 @@ final class RelayHome: Sendable {
         switch event {
         case .packet(let bytes):
             receivePacket(bytes)
-        case .up:
+        case .up, .listening:
             break
         case .down(let reason):
             // Bytes may have been lost either way: every relayed device is offline.
