@@ -464,7 +464,7 @@ final class RelayIO: ConnectionIO {
     private func forget(_ connection: Connection) {
         if !connection.finished { append(.release(connection: connection.key.connection), for: connection.key.front) }
         home.directory.remove(connection.key)
-        home.connectionReleased()
+        home.connectionReleased(tls: connection.tls)
     }
 }
 
@@ -473,6 +473,15 @@ extension RelayHome {
         wake([(key, loop)])
     }
 
-    func connectionOpened() { context.counters.relayedConnections.increment() }
-    func connectionReleased() { context.counters.relayedConnections.decrement() }
+    /// `voipserver_relayed_connections{transport}`: a relayed connection took a slot here
+    /// (`tls`: its device reached its front over TLS), or gave it up.
+    func connectionOpened(tls: Bool) {
+        context.counters.relayedConnections.increment()
+        if tls { context.counters.relayedTLSConnections.increment() }
+    }
+
+    func connectionReleased(tls: Bool) {
+        context.counters.relayedConnections.decrement()
+        if tls { context.counters.relayedTLSConnections.decrement() }
+    }
 }

@@ -118,6 +118,7 @@ extension EventLoop {
         relay.waiting[slot] = nil
         if epoch != relay.epoch { abandonRelayed(movingTo: epoch) }
         relay.opened[slot] = generation
+        countRelayed(slot, opened: true)
         let connection = reference(slot).packed
         relay.outbox.append(.open(
             connection: connection, peer: peerDescription(slot), tls: state.pointee.flags.contains(.tls)), for: relay.epoch)
@@ -167,6 +168,7 @@ extension EventLoop {
         relay.epoch = epoch
         let frame = relayGoingAway("the routing node changed or cannot be reached")
         for (slot, generation) in abandoned where table.isLive(slot, generation: generation) {
+            countRelayed(slot, opened: false)
             closeConnection(slot, with: frame)
         }
     }
@@ -199,6 +201,7 @@ extension EventLoop {
                 linger(slot)
             case .release:
                 relay.opened[slot] = nil
+                countRelayed(slot, opened: false)
                 if phase != .closing { destroy(slot) }
             case .open, .closed, .reset:
                 continue
@@ -214,7 +217,23 @@ extension EventLoop {
         if relay.waiting[slot] == generation { relay.waiting[slot] = nil }
         guard relay.opened[slot] == generation else { return }
         relay.opened[slot] = nil
+        countRelayed(slot, opened: false)
         relay.outbox.append(.closed(connection: reference(slot).packed), for: relay.epoch)
+    }
+
+    /// `voipserver_front_relayed_connections{transport}`: a live connection of `slot`
+    /// entered or left `LoopRelay.opened` (every entry is counted once each way: an entry
+    /// leaves before its slot is freed, `relayEnded`).
+    private func countRelayed(_ slot: UInt32, opened: Bool) {
+        let counters = context.counters
+        let tls = table.state(slot).pointee.flags.contains(.tls)
+        if opened {
+            counters.relayedConnections.increment()
+            if tls { counters.relayedTLSConnections.increment() }
+        } else {
+            counters.relayedConnections.decrement()
+            if tls { counters.relayedTLSConnections.decrement() }
+        }
     }
 
     /// Sends this callback's frames to the home, one packet (end of `owned`).

@@ -62,7 +62,7 @@ extension EventLoop {
         }
         table.state(slot).pointee.flags.insert(.relayed)
         relayIO.attach(RelayIO.Connection(key: key, peer: peer, tls: tls), in: slot)
-        relayIO.home.connectionOpened()
+        relayIO.home.connectionOpened(tls: tls)
         open(slot, fd: -1, addressHash: RelayHome.addressHash(ofPeer: peer), proxied: false)
         return slot
     }

@@ -186,7 +186,8 @@ public final class LeasedNode: Sendable {
                     token: settings.token, role: .front, readiness: { [weak self] in self?.frontReadiness ?? Readiness() },
                     frontConnections: { [weak self] in
                         self?.state.withLock { $0.frontServer }?.openConnectionsPerLoop.reduce(0, +) ?? 0
-                    })
+                    },
+                    frontMetrics: { [weak self] out in self?.state.withLock { $0.frontServer }?.frontMetrics(into: &out) })
             } else {
                 api = StandbyAdminAPI(token: settings.token) { [weak self] in self?.state.withLock { $0.standbyReason } ?? "stopped" }
             }

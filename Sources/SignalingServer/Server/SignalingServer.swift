@@ -681,6 +681,17 @@ public final class SignalingServer: Sendable {
         return statistics
     }
 
+    /// A front's families in its node's `/metrics` (`StandbyAdminAPI`; a front runs no
+    /// `AdminAPI` of its own): the connections it relays to the home by how the device
+    /// reached it, and its listeners' socket and TLS families, named as on the home.
+    func frontMetrics(into out: inout PrometheusText) {
+        let counters = context.counters
+        out.family("voipserver_front_relayed_connections", .gauge, "Device connections a front relays to the home (announced to it, not ended), by how the device reached the front: plain TCP or TLS.")
+        AdminAPI.sampleByTransport(
+            "voipserver_front_relayed_connections", all: counters.relayedConnections.value, tls: counters.relayedTLSConnections.value, into: &out)
+        AdminAPI.socketMetrics(context, loops: state.withLock { $0.loops }, into: &out)
+    }
+
     /// How many times a thread that is not an event loop (the store writer, the admin API,
     /// start-up) has held the routing lock: for tests.
     var routingLockHoldsOffLoops: UInt64 { context.switchboard.otherThreadHolds.snapshot().count }
