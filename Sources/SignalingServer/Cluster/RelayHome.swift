@@ -407,9 +407,14 @@ final class RelayIO: ConnectionIO {
 
     /// A front's connection this loop has no slot for: told to end at once.
     func refuse(_ key: RelayKey, with close: Close) {
+        end(key, with: close)
+        home.directory.remove(key)
+    }
+
+    /// `close`, then `.finish`: the front writes the CLOSE and ends the stream.
+    private func end(_ key: RelayKey, with close: Close) {
         append(.data(connection: key.connection, bytes: FrameEncoder.encode(.close(close))), for: key.front)
         append(.finish(connection: key.connection), for: key.front)
-        home.directory.remove(key)
     }
 
     /// Sends what the callback gathered, one packet per front.
@@ -456,9 +461,15 @@ final class RelayIO: ConnectionIO {
         }
     }
 
-    /// A connection handed over that this loop could not take (no slot): it ends.
-    func abandon(_ moved: AnyObject) {
-        forget(moved as! Connection)
+    /// A connection handed over that this loop could not take (no slot): it ends with
+    /// `close` (its device gets it, then the end of the stream).
+    func abandon(_ moved: AnyObject, with close: Close) {
+        let connection = moved as! Connection
+        if !connection.finished {
+            end(connection.key, with: close)
+            connection.finished = true
+        }
+        forget(connection)
     }
 
     private func forget(_ connection: Connection) {

@@ -38,6 +38,10 @@ public final class SignalingServer: Sendable {
     /// The routing node's end of relayed connections (`enableRelay`; nil: none). Set before
     /// `start`; a leaf lock held for the copy of a reference.
     private let relayHome = Mutex<RelayHome?>(nil)
+    /// Each loop's connection-table capacity, read by `start`. Tests only, set before
+    /// `start`: the real one (2^24 slots) is beyond any descriptor limit, and what a full
+    /// table does must be testable. Not a configuration knob: nobody has a use for it.
+    let connectionSlotsPerLoop = Atomic<Int>(ConnectionTable.maximumSlots)
 
     private struct RunState: ~Copyable {
         var loops: [EventLoop] = []
@@ -194,7 +198,9 @@ public final class SignalingServer: Sendable {
                 if tlsFD >= 0 { tlsPort = UInt16(shim_local_port(tlsFD)) }
             }
             do {
-                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd, tlsListenFD: tlsFD, relay: relay))
+                loops.append(try EventLoop(
+                    index: UInt16(index), context: context, listenFD: fd, tlsListenFD: tlsFD, relay: relay,
+                    connectionSlots: connectionSlotsPerLoop.load(ordering: .relaxed)))
             } catch {
                 for descriptor in [fd, tlsFD] where descriptor >= 0 { close(descriptor) }
                 for loop in loops { loop.stopListening() }

@@ -76,7 +76,7 @@ final class FrontFixture {
     let home: TestHome
     let server: SignalingServer
 
-    init(clock: any Clock = SystemClock(), _ configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
+    init(clock: any Clock = SystemClock(), connectionSlotsPerLoop: Int? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
         link = bus.makeLink(named: "front")
         relay = FrontRelay(link: link)
         home = TestHome(bus: bus, name: "lease-owner-1")
@@ -90,6 +90,7 @@ final class FrontFixture {
         configuration.drainTimeout = .seconds(1)
         configure(&configuration)
         server = try SignalingServer(configuration: configuration, clock: clock, logger: .silent, front: relay)
+        if let connectionSlotsPerLoop { server.connectionSlotsPerLoop.store(connectionSlotsPerLoop, ordering: .relaxed) }
         try server.start()
         try eventually("the link is up") { relay.unavailableReason == nil }
     }
