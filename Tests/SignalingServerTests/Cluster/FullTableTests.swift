@@ -51,6 +51,28 @@ struct FullTableTests {
         #expect(try next.next() == .pong)
     }
 
+    @Test("a socket device whose move to its user's loop finds no slot gets CLOSE overloaded, as one that finds none at accept; the device that has the slot is unharmed")
+    func socketMoveFindsNoSlot() throws {
+        let server = try TestServer(workers: 2, connectionSlotsPerLoop: 1)
+        let (staying, _) = try server.connect(user: user("staying", homedOn: 1))  // wherever accepted, it ends on loop 1
+        // The kernel spreads connections over the loops (SO_REUSEPORT): each device lands on
+        // loop 1 (full: refused at accept) or on loop 0 (moved, and refused by loop 1).
+        // Both must look the same to the device; go on until one has taken the second way.
+        let moved = server.server.connectionsMovedPerLoop[0]
+        var attempts = 0
+        while server.server.connectionsMovedPerLoop[0] == moved && attempts < 64 {
+            attempts += 1
+            let device = try server.client()
+            try device.send(.hello(Hello(userID: user("moving", homedOn: 1), deviceID: "d\(attempts)")))
+            let close = try device.expectClose()
+            #expect(close.code == .overloaded && close.message == "server full", "attempt \(attempts): \(close)")
+        }
+        #expect(server.server.connectionsMovedPerLoop[0] > moved, "no device landed on loop 0 in \(attempts) attempts")
+        try staying.send(.ping)
+        #expect(try staying.next() == .pong)
+        try server.waitFor("only the staying device open") { $0.openConnections == 1 }
+    }
+
     @Test("a front whose own table is full refuses a device with CLOSE overloaded at accept; the home never hears of it and the front's other device is unharmed")
     func frontTableFull() throws {
         let front = try FrontFixture(connectionSlotsPerLoop: 1) { $0.workers = 1 }
