@@ -20,8 +20,9 @@ import Synchronization
 /// - **Cluster member** (`--cluster`, docs/CLUSTER.md "Fronts"): made with a `NodeLink`,
 ///   the node serves devices in every role. While another node holds the lease it is a
 ///   **front**: a `SignalingServer` in front mode relays its devices to the lease holder
-///   (the *home*), which it learns at each poll; `/readyz` is 200 while the link is up and
-///   a home exists. When it takes the lease it drains its front connections (CLOSE
+///   (the *home*), which it learns at each poll (asking the link, while the home is not
+///   heard listening yet, whether it listens: `FrontRelay`); `/readyz` is 200 while the
+///   link is up and a home exists and listens. When it takes the lease it drains its front connections (CLOSE
 ///   goingAway) and starts its home server, then listens on the link as its lease owner id
 ///   for the term (fronts address it once they hear that it listens); after stepping down
 ///   it stops listening as that id and is a front again.
