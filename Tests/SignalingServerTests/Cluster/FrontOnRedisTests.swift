@@ -1,3 +1,4 @@
+import Dispatch
 import SignalingProtocol
 @testable import SignalingServer
 import SignalingStore
@@ -60,5 +61,54 @@ struct FrontOnRedisTests {
         }
         #expect(home.server.statistics.openConnections == 2, "both devices are relayed to the home")
         #expect(frontLink.statistics().undeliverable == 0, "nothing was sent to the home before it listened")
+    }
+
+    @Test("a takeover on a real Redis lease and link: a device that reaches a front while the new home still loads its store is held, then served by it once it listens")
+    func frontHoldsDevicesWhileTheNewHomeLoads() throws {
+        let redis = try RedisServer(settings: [])
+        let endpoint = try RedisEndpoint(url: redis.url())
+        var configuration = ServerConfiguration()
+        configuration.host = "127.0.0.1"
+        configuration.port = 0
+        configuration.workers = 2
+        configuration.threadPlacement = .off
+        configuration.tickInterval = .milliseconds(5)
+        configuration.drainTimeout = .seconds(1)
+        configuration.storage.redisLeaseTTL = .seconds(2)
+        func member(openStore: @escaping @Sendable (String) throws(StoreError) -> any EventStore) throws -> LeasedNode {
+            let link = try RedisNodeLink(endpoint: endpoint, presenceTTL: .seconds(8), logger: .silent)
+            return LeasedNode(
+                configuration: configuration, lease: RedisLease(endpoint: endpoint, ttl: .seconds(2)), logger: .silent, link: link,
+                openStore: openStore)
+        }
+        // The home takes the lease first; its store opens only when the test says (a long
+        // snapshot load), so it cannot listen on the link yet.
+        let storeOpens = DispatchSemaphore(value: 0)
+        let home = try member { _ throws(StoreError) in
+            storeOpens.wait()
+            return ModelEventStore()
+        }
+        home.start()
+        defer { home.stop() }
+        let holder = RedisLease(endpoint: endpoint, ttl: .seconds(2))
+        #expect(eventually { holder.holder() != nil }, "the home took the lease")
+
+        let front = try member { _ throws(StoreError) in ModelEventStore() }
+        front.start()
+        defer { front.stop() }
+        #expect(eventually { front.role == .front && front.frontServer?.isRunning == true })
+        #expect(eventually { front.frontReadiness.noRoute?.contains("does not listen") == true }, "\(front.frontReadiness.reasons)")
+        let device = try TestClient(port: try #require(front.frontServer?.port))
+        try device.send(.hello(Hello(userID: "alice", deviceID: "d1")))
+        #expect(try device.staysSilent(for: .milliseconds(300)), "held: neither answered nor closed")
+
+        storeOpens.signal()
+        guard case .welcome? = try device.read(timeout: .seconds(20)) else {
+            Issue.record("the held device was not served by the new home")
+            return
+        }
+        #expect(home.role == .active && front.frontReadiness.isReady)
+        try device.send(.ping)
+        #expect(try device.next() == .pong)
     }
 }
