@@ -191,6 +191,8 @@ let package = Package(
             dependencies: [
                 "SignalingServer", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport", "CLinuxShims",
                 "TestSupport", "SignalingCrypto", "SignalingTLS",
+                // The relay between a front and its home over a real Redis link (FrontOnRedisTests).
+                "SignalingStoreRedis",
             ]
         ),
         .testTarget(

@@ -21,12 +21,20 @@ public protocol NodeLink: AnyObject, Sendable {
     /// own thread, one event at a time, in order; it must not block (post to a loop).
     func start(_ handler: @escaping @Sendable (NodeLinkEvent) -> Void)
     /// Also listens on the channel `name` (a routing node's lease owner id, which devices'
-    /// relays address), until `stopListening(as:)`.
+    /// relays address), until `stopListening(as:)`. It takes effect a moment later (on Redis,
+    /// once the store has run the subscription): a packet sent to `name` before that comes
+    /// back undeliverable. A sender that must not lose its first packets asks first
+    /// (`checkListener`).
     func listen(as name: String)
     func stopListening(as name: String)
     /// Queues `packet` for the channel of `node`. Returns at once; any thread. A packet for
     /// a node that nobody listens as comes back as `NodeLinkEvent.undeliverable`.
     func send(_ packet: [UInt8], to node: String)
+    /// Asks whether anyone listens as `name` now: if so, the answer comes back as
+    /// `NodeLinkEvent.listening(name)`, and every packet sent after that answer reaches
+    /// that listener unless it stops listening; if not, nothing comes back (ask again
+    /// later). Asked while the link is down, it is not answered. Returns at once; any thread.
+    func checkListener(_ name: String)
     /// Asks which of `nodes` have no presence key any more: each comes back as
     /// `NodeLinkEvent.gone`. Returns at once; any thread.
     func checkPresence(of nodes: [String])
@@ -49,4 +57,6 @@ public enum NodeLinkEvent: Sendable, Equatable {
     case undeliverable(node: String)
     /// `node`'s presence key has expired (`checkPresence`).
     case gone(node: String)
+    /// Somebody listens as `node` (`checkListener`): packets sent to it from now on reach it.
+    case listening(node: String)
 }

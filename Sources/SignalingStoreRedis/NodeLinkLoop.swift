@@ -50,6 +50,8 @@ final class NodeLinkLoop: @unchecked Sendable {
         case probe
         case presenceRefresh
         case presenceCheck(node: String)
+        /// `PUBSUB NUMSUB` of a name's channel (`checkListener`).
+        case listenerCheck(node: String)
         case presenceDelete
     }
 
@@ -434,6 +436,14 @@ final class NodeLinkLoop: @unchecked Sendable {
                 return
             }
             if exists == 0 { deliver(.gone(node: node)) }
+        case .listenerCheck(let node):
+            // [channel, subscribers]. Redis runs this connection's commands in order, so a
+            // PUBLISH written after this reply finds the same subscriber.
+            guard case .array(let parts) = reply, parts.count == 2, case .integer(let subscribers) = parts[1] else {
+                fail("Redis at \(address): PUBSUB NUMSUB answered \(reply)")
+                return
+            }
+            if subscribers > 0 { deliver(.listening(node: node)) }
         case .presenceDelete:
             if phase == .stopping, let teardownEvent { vs_event_activate(teardownEvent, Int16(VS_EV_TIMEOUT)) }
         }
@@ -477,6 +487,11 @@ final class NodeLinkLoop: @unchecked Sendable {
                 if let subscriber, phase == .connecting || phase == .up {
                     send(RedisCommand("UNSUBSCRIBE", channel), on: subscriber, at: now, expecting: .unsubscribe)
                 }
+            case .checkListener(let node):
+                // While down nobody can say, as for presence.
+                guard phase == .up, let publisher else { continue }
+                send(RedisCommand("PUBSUB", "NUMSUB", RedisNodeLink.channel(of: node, database: database)), on: publisher, at: now,
+                     expecting: .listenerCheck(node: node))
             case .checkPresence(let nodes):
                 // While down nobody can say: the caller asks again at its next interval.
                 guard phase == .up, let publisher else { continue }

@@ -99,6 +99,8 @@ public final class RedisNodeLink: NodeLink, Sendable {
 
     public func send(_ packet: [UInt8], to node: String) { inbox.post(.packet(packet, to: node)) }
 
+    public func checkListener(_ name: String) { inbox.post(.checkListener(name)) }
+
     public func checkPresence(of nodes: [String]) {
         guard !nodes.isEmpty else { return }
         inbox.post(.checkPresence(nodes))
@@ -145,6 +147,7 @@ final class NodeLinkInbox: Sendable {
         case listen(String)
         case stopListening(String)
         case checkPresence([String])
+        case checkListener(String)
     }
 
     struct Taken {

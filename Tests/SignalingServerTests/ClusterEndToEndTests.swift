@@ -70,7 +70,7 @@ struct ClusterEndToEndTests {
         if topology == .cluster {
             // Both sockets are on fronts: the home serves them as relayed connections.
             let metrics = try cluster.admin(0, "/metrics").text
-            #expect(metrics.contains("voipserver_relayed_connections 2\n"), "the home does not serve 2 relayed connections")
+            #expect(metrics.contains("voipserver_relayed_connections{transport=\"plain\"} 2\n"), "the home does not serve 2 relayed connections")
         }
 
         try alice.send("a1", to: "bob")
@@ -83,6 +83,45 @@ struct ClusterEndToEndTests {
         #expect(alice.deliveryProblems(expected: ["b1"]) == [])
         #expect(bob.deliveryProblems(expected: ["a1"]) == [])
         #expect(alice.connections == 1 && bob.connections == 1, "nobody had to reconnect")
+    }
+
+    @Test("/metrics on each node: a front counts the devices it relays, the home the devices relayed to it, each by transport (plain or TLS), and both count a device down when it leaves")
+    func relayedConnectionsByTransport() throws {
+        let certificates = try TestCertificates()
+        let cluster = try ClusterProcesses(topology: .cluster, tls: certificates)
+        /// The value of `metric{labels}` on node `index` (nil: no such sample).
+        func sample(_ index: Int, _ metric: String, _ labels: String) throws -> Int? {
+            let prefix = "\(metric){\(labels)} "
+            let text = try cluster.admin(index, "/metrics").text
+            return text.split(separator: "\n").first { $0.hasPrefix(prefix) }.flatMap { Int($0.dropFirst(prefix.count)) }
+        }
+        func gauge(_ index: Int, _ metric: String, _ transport: String) throws -> Int? {
+            try sample(index, metric, "transport=\"\(transport)\"")
+        }
+        let home = "voipserver_relayed_connections", front = "voipserver_front_relayed_connections"
+
+        let plainOnOne = try TestClient(port: cluster.devicePort(1))
+        try plainOnOne.hello(user: "bob")
+        let plainOnTwo = try TestClient(port: cluster.devicePort(2))
+        try plainOnTwo.hello(user: "carol")
+        let direct = try TestClient(port: cluster.devicePort(0))
+        try direct.hello(user: "dave")  // the home's own socket: not relayed
+        do {
+            let secure = try TestClient(port: try #require(cluster.nodes[1].tlsPort), tls: TestTLS(caFile: certificates.caFile))
+            try secure.hello(user: "alice")
+            #expect(try gauge(0, home, "plain") == 2 && gauge(0, home, "tls") == 1, "the home: bob and carol plain, alice over TLS")
+            #expect(try gauge(1, front, "plain") == 1 && gauge(1, front, "tls") == 1, "node 1 relays bob's plain and alice's TLS device")
+            #expect(try gauge(2, front, "plain") == 1 && gauge(2, front, "tls") == 0, "node 2 relays carol's plain device")
+            #expect(try sample(0, "voipserver_connections", "state=\"established\",transport=\"tls\"") == 0,
+                    "the home holds no TLS socket: the TLS is the front's")
+            // The front's listeners, as the home's: its TLS handshake and its certificate.
+            #expect(try sample(1, "voipserver_tls_handshakes_total", "result=\"full\"") == 1)
+            #expect(try gauge(1, "voipserver_connections_accepted_total", "tls") == 1)
+            #expect(try cluster.admin(1, "/metrics").text.contains("voipserver_tls_certificate_expiry_timestamp_seconds "))
+        }  // alice's socket closes
+        #expect(eventually { (try? gauge(0, home, "tls")) == 0 && (try? gauge(1, front, "tls")) == 0 }, "alice left: counted down on both")
+        #expect(try gauge(0, home, "plain") == 2 && gauge(1, front, "plain") == 1)
+        _ = (plainOnOne, plainOnTwo, direct)
     }
 
     @Test("with --cluster-link the relay rides on a Redis of its own: messages cross nodes through it, and the store's Redis holds no presence key")

@@ -106,6 +106,33 @@ struct RedisNodeLinkTests {
         #expect(heard.snapshot.packets == [[1, 2, 3], [6]], "nothing sent to a name given up reaches the link")
     }
 
+    @Test("checkListener: no answer while nobody listens as the name, .listening once the listener's SUBSCRIBE is in, and a packet sent after that answer arrives")
+    func checkListener() throws {
+        let redis = try RedisServer(settings: [])
+        let (sender, asked) = try Self.upLink(redis.url())
+        let (home, heard) = try Self.upLink(redis.url())
+        defer { sender.stop(); home.stop() }
+
+        // Answered in order: the sender's own name (always listened) comes after the question before it.
+        sender.checkListener("lease-owner-1")
+        sender.checkListener(sender.nodeID)
+        #expect(asked.wait { $0.others.contains(.listening(node: sender.nodeID)) })
+        #expect(!asked.snapshot.others.contains(.listening(node: "lease-owner-1")), "nobody listens as it yet")
+
+        home.listen(as: "lease-owner-1")
+        let clock = SystemClock()
+        let deadline = clock.now() + .seconds(10)
+        while !asked.snapshot.others.contains(.listening(node: "lease-owner-1")), clock.now() < deadline {
+            sender.checkListener("lease-owner-1")  // as a front asks at each poll
+            clock.sleep(until: clock.now() + .milliseconds(5))
+        }
+        #expect(asked.snapshot.others.contains(.listening(node: "lease-owner-1")))
+        sender.send([1], to: "lease-owner-1")
+        #expect(heard.wait { $0.packets == [[1]] })
+        #expect(!asked.snapshot.others.contains { $0.kind == "undeliverable" }, "\(asked.snapshot.others)")
+        #expect(home.statistics().packetsIn == 1)
+    }
+
     @Test("presence: a link killed without cleanup is gone once its TTL lapses, a cleanly stopped one at once, a live one never")
     func presence() throws {
         let redis = try RedisServer(settings: [])
@@ -312,6 +339,7 @@ extension NodeLinkEvent {
         case .down: return "down"
         case .undeliverable: return "undeliverable"
         case .gone: return "gone"
+        case .listening: return "listening"
         }
     }
 }

@@ -40,13 +40,16 @@ public final class ClusterProcesses {
         public let index: Int
         public let devicePort: UInt16
         public let adminPort: UInt16
+        /// The TLS device listener's port, when the cluster was made with certificates.
+        public let tlsPort: UInt16?
         /// The running process; nil once killed (until `restartNode`).
         public fileprivate(set) var process: ServerProcess?
 
-        init(index: Int, devicePort: UInt16, adminPort: UInt16) {
+        init(index: Int, devicePort: UInt16, adminPort: UInt16, tlsPort: UInt16?) {
             self.index = index
             self.devicePort = devicePort
             self.adminPort = adminPort
+            self.tlsPort = tlsPort
         }
 
         public var isRunning: Bool { process.map { $0.process.poll() == nil } ?? false }
@@ -78,6 +81,8 @@ public final class ClusterProcesses {
     public let leaseTTL: Double
     /// More `voipserver` options for every node (`--ring-timeout 2`, `--store-timeout 1`...).
     public let extraArguments: [String]
+    /// Every node's TLS listener serves this server certificate (nil: no TLS listener).
+    public let certificates: TestCertificates?
     public let nodes: [Node]
 
     /// The text a cluster test fails with when `voipserver` does not know `--cluster`.
@@ -92,10 +97,14 @@ public final class ClusterProcesses {
 
     /// A node's command line: the one place it is made.
     public static func arguments(
-        topology: Topology, redisURL: String, leaseTTL: Double, devicePort: UInt16, adminPort: UInt16, extra: [String]
+        topology: Topology, redisURL: String, leaseTTL: Double, devicePort: UInt16, adminPort: UInt16,
+        tls: (port: UInt16, certificates: TestCertificates)? = nil, extra: [String]
     ) -> [String] {
         let store = topology == .cluster ? ["--cluster", redisURL] : ["--store", redisURL]
-        return store + [
+        let tlsListener = tls.map { tls in
+            ["--tls-listen", "127.0.0.1:\(tls.port)", "--tls-cert", tls.certificates.serverChainFile, "--tls-key", tls.certificates.serverKeyFile]
+        } ?? []
+        return store + tlsListener + [
             "--redis-lease-ttl", String(leaseTTL),
             "--listen", "127.0.0.1:\(devicePort)",
             "--admin-listen", "127.0.0.1:\(adminPort)",
@@ -108,15 +117,18 @@ public final class ClusterProcesses {
     /// Starts Redis (durable: AOF, fsync always) and `count` nodes, and waits until node 0
     /// holds the lease and every node serves (`waitUntilServing`).
     /// `redisInstances`: how many Redis the store spreads its users over (one by default).
+    /// `tls`: every node also listens for devices over TLS (`Node.tlsPort`) with this
+    /// server certificate.
     public init(
         nodes count: Int = 3, topology: Topology = .cluster, leaseTTL: Double = 1, extra: [String] = [],
-        redisInstances instanceCount: Int = 1, timeoutSeconds: Double = 30
+        redisInstances instanceCount: Int = 1, tls: TestCertificates? = nil, timeoutSeconds: Double = 30
     ) throws {
         if topology == .cluster { try Self.requireClusterOption() }
         redisInstances = try (0..<instanceCount).map { _ in try RedisServer() }
         self.topology = topology
         self.leaseTTL = leaseTTL
         extraArguments = extra
+        certificates = tls
         var nodes: [Node] = []
         var taken = Set(redisInstances.map(\.port))
         func freshPort() throws -> UInt16 {
@@ -126,7 +138,8 @@ public final class ClusterProcesses {
             }
         }
         for index in 0..<count {
-            nodes.append(Node(index: index, devicePort: try freshPort(), adminPort: try freshPort()))
+            nodes.append(Node(
+                index: index, devicePort: try freshPort(), adminPort: try freshPort(), tlsPort: tls == nil ? nil : try freshPort()))
         }
         self.nodes = nodes
         try start(nodes[0])
@@ -209,7 +222,7 @@ public final class ClusterProcesses {
     private func start(_ node: Node) throws {
         let arguments = Self.arguments(
             topology: topology, redisURL: redisInstances.map { $0.url("/0") }.joined(separator: ","), leaseTTL: leaseTTL, devicePort: node.devicePort,
-            adminPort: node.adminPort, extra: extraArguments)
+            adminPort: node.adminPort, tls: node.tlsPort.flatMap { port in certificates.map { (port: port, certificates: $0) } }, extra: extraArguments)
         // Every role starts its admin API first (a standby or front its own, the home the
         // server's), so that line says the process is up whatever its role.
         node.process = try ServerProcess(arguments, until: "admin_listening")

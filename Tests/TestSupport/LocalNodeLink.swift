@@ -74,6 +74,14 @@ public final class LocalNodeBus: Sendable {
         }
     }
 
+    /// Whether `asker` (not cut off) can see a listener of `name` (not cut off either).
+    func isListened(_ name: String, by asker: LocalNodeLink) -> Bool {
+        state.withLock { state in
+            guard !state.cut.contains(asker.nodeID), let listener = state.listeners[name] else { return false }
+            return !state.cut.contains(listener.nodeID)
+        }
+    }
+
     func isPresent(_ node: String) -> Bool {
         state.withLock { state in !state.expired.contains(node) }
     }
@@ -111,6 +119,10 @@ public final class LocalNodeLink: NodeLink, Sendable {
 
     public func send(_ packet: [UInt8], to node: String) {
         bus.route(packet, from: self, to: node)
+    }
+
+    public func checkListener(_ name: String) {
+        if bus.isListened(name, by: self) { deliver(.listening(node: name)) }
     }
 
     public func checkPresence(of nodes: [String]) {

@@ -7,6 +7,35 @@ import SignalingPush
 /// short hold of the switchboard lock (its counters are a copied struct), never a walk over
 /// devices or connections.
 extension AdminAPI {
+    /// Two samples of `name`, `transport="plain"` and `transport="tls"`, from a total and
+    /// its TLS part (read apart, so never below 0).
+    static func sampleByTransport(_ name: String, all: Int, tls: Int, into out: inout PrometheusText) {
+        out.sample(name, ["transport": "plain"], max(0, all - tls))
+        out.sample(name, ["transport": "tls"], tls)
+    }
+
+    /// What the sockets of a node's device listeners did, the same on a home and a front
+    /// (a front's `SignalingServer.frontMetrics`): connections accepted by transport, TLS
+    /// handshakes by result and failures by reason, the certificate's expiry.
+    static func socketMetrics(_ context: ServerContext, loops: [EventLoop], into out: inout PrometheusText) {
+        let counters = context.counters
+        let accepted = counters.acceptedConnections.value
+        out.family("voipserver_connections_accepted_total", .counter, "Device connections accepted, by transport.")
+        sampleByTransport("voipserver_connections_accepted_total", all: accepted, tls: counters.acceptedTLSConnections.value, into: &out)
+        out.family("voipserver_tls_handshakes_total", .counter, "TLS handshakes on the device listener by result: full, resumed (a session ticket), failed.")
+        out.sample("voipserver_tls_handshakes_total", ["result": "full"], counters.tlsHandshakesFull.value)
+        out.sample("voipserver_tls_handshakes_total", ["result": "resumed"], counters.tlsHandshakesResumed.value)
+        out.sample("voipserver_tls_handshakes_total", ["result": "failed"], counters.tlsHandshakesFailed.value)
+        out.family("voipserver_tls_handshake_failures_total", .counter, "Failed TLS handshakes by reason: not_tls, version, alpn, cipher, certificate (the client refused ours), socket, closed, timeout, other.")
+        for reason in TLSHandshakeFailure.allCases {
+            out.sample("voipserver_tls_handshake_failures_total", ["reason": reason.rawValue], loops.reduce(0) { $0 + $1.metrics.tlsHandshakesFailed(reason) })
+        }
+        if let expiry = context.tlsContext?.certificateNotAfter {
+            out.family("voipserver_tls_certificate_expiry_timestamp_seconds", .gauge, "When the certificate new TLS connections get expires (Unix time): alert well before it.")
+            out.sample("voipserver_tls_certificate_expiry_timestamp_seconds", [:], expiry)
+        }
+    }
+
     func metrics() -> String {
         let counters = context.counters
         let routing = context.switchboard.counters
@@ -29,34 +58,19 @@ extension AdminAPI {
 
         let openTLS = counters.openTLSConnections.value
         let establishedTLS = counters.establishedTLSConnections.value
-        let accepted = counters.acceptedConnections.value
-        let acceptedTLS = counters.acceptedTLSConnections.value
         out.family("voipserver_connections", .gauge, "Open device connections by state (handshake includes closing ones) and transport (plain TCP or TLS).")
         out.sample("voipserver_connections", ["state": "handshake", "transport": "plain"], max(0, (open - openTLS) - (established - establishedTLS)))
         out.sample("voipserver_connections", ["state": "established", "transport": "plain"], max(0, established - establishedTLS))
         out.sample("voipserver_connections", ["state": "handshake", "transport": "tls"], max(0, openTLS - establishedTLS))
         out.sample("voipserver_connections", ["state": "established", "transport": "tls"], establishedTLS)
-        out.family("voipserver_connections_accepted_total", .counter, "Device connections accepted, by transport.")
-        out.sample("voipserver_connections_accepted_total", ["transport": "plain"], max(0, accepted - acceptedTLS))
-        out.sample("voipserver_connections_accepted_total", ["transport": "tls"], acceptedTLS)
-        out.family("voipserver_tls_handshakes_total", .counter, "TLS handshakes on the device listener by result: full, resumed (a session ticket), failed.")
-        out.sample("voipserver_tls_handshakes_total", ["result": "full"], counters.tlsHandshakesFull.value)
-        out.sample("voipserver_tls_handshakes_total", ["result": "resumed"], counters.tlsHandshakesResumed.value)
-        out.sample("voipserver_tls_handshakes_total", ["result": "failed"], counters.tlsHandshakesFailed.value)
-        out.family("voipserver_tls_handshake_failures_total", .counter, "Failed TLS handshakes by reason: not_tls, version, alpn, cipher, certificate (the client refused ours), socket, closed, timeout, other.")
-        for reason in TLSHandshakeFailure.allCases {
-            out.sample("voipserver_tls_handshake_failures_total", ["reason": reason.rawValue], loops.reduce(0) { $0 + $1.metrics.tlsHandshakesFailed(reason) })
-        }
-        if let expiry = context.tlsContext?.certificateNotAfter {
-            out.family("voipserver_tls_certificate_expiry_timestamp_seconds", .gauge, "When the certificate new TLS connections get expires (Unix time): alert well before it.")
-            out.sample("voipserver_tls_certificate_expiry_timestamp_seconds", [:], expiry)
-        }
+        Self.socketMetrics(context, loops: loops, into: &out)
         out.family("voipserver_connections_moved_total", .counter, "Connections a loop accepted and handed over, once their HELLO was verified, to their user's home loop (the loop that owns the user's routing shard), by the loop that accepted them.")
         for (index, loop) in loops.enumerated() {
             out.sample("voipserver_connections_moved_total", ["loop": String(index)], loop.metrics.connectionsMoved.value)
         }
-        out.family("voipserver_relayed_connections", .gauge, "Relayed connections open here as a cluster's routing node: devices whose sockets a front node holds (of the connections above).")
-        out.sample("voipserver_relayed_connections", [:], counters.relayedConnections.value)
+        out.family("voipserver_relayed_connections", .gauge, "Relayed connections open here as a cluster's routing node: devices whose sockets a front node holds (of the connections above), by how the device reached its front: plain TCP or TLS.")
+        Self.sampleByTransport(
+            "voipserver_relayed_connections", all: counters.relayedConnections.value, tls: counters.relayedTLSConnections.value, into: &out)
         out.family("voipserver_relay_frames_total", .counter, "Relay frames (open, data, closed, finish, release, reset) exchanged with front nodes, by direction.")
         out.sample("voipserver_relay_frames_total", ["direction": "received"], counters.relayFramesReceived.value)
         out.sample("voipserver_relay_frames_total", ["direction": "sent"], counters.relayFramesSent.value)

@@ -18,15 +18,19 @@ final class StandbyAdminAPI: AdminRequestHandler {
     private let readiness: @Sendable () -> Readiness
     /// A front's open device connections (nil: a standby, which has none).
     private let frontConnections: (@Sendable () -> Int)?
+    /// A front's own families (`SignalingServer.frontMetrics`: what it relays, its
+    /// listeners' sockets and TLS); writes nothing between its front terms.
+    private let frontMetrics: (@Sendable (inout PrometheusText) -> Void)?
 
     init(
         token: String?, role: Role = .standby, readiness: @escaping @Sendable () -> Readiness,
-        frontConnections: (@Sendable () -> Int)? = nil
+        frontConnections: (@Sendable () -> Int)? = nil, frontMetrics: (@Sendable (inout PrometheusText) -> Void)? = nil
     ) {
         self.token = token.map { Array($0.utf8) }
         self.role = role
         self.readiness = readiness
         self.frontConnections = frontConnections
+        self.frontMetrics = frontMetrics
     }
 
     /// A standby's: never ready, for `reason` (who holds the lease, or that the store
@@ -57,6 +61,7 @@ final class StandbyAdminAPI: AdminRequestHandler {
             out.family("voipserver_front_connections", .gauge, "Device connections a front holds open and relays to the home (or is accepting).")
             out.sample("voipserver_front_connections", [:], frontConnections())
         }
+        frontMetrics?(&out)
         respond(AdminAPI.allowing(request, [.get, .head])
             ?? AdminResponse(status: 200, contentType: PrometheusText.contentType, body: Array(out.text.utf8)))
     }

@@ -221,8 +221,9 @@ final class RelayHome: Sendable {
         self.context = context
     }
 
-    /// The server's loops, once started (packets before that are dropped: no front can
-    /// know this node as a home before it serves).
+    /// The server's loops, once started (packets before that are dropped: a node listens
+    /// as its lease owner id, the name fronts address, only once its server runs, and a
+    /// front addresses it only once it has heard that it listens: `FrontRelay`).
     func attach(_ loops: [EventLoop]) {
         self.loops.withLock { $0 = loops }
     }
@@ -231,7 +232,7 @@ final class RelayHome: Sendable {
         switch event {
         case .packet(let bytes):
             receivePacket(bytes)
-        case .up:
+        case .up, .listening:
             break
         case .down(let reason):
             // Bytes may have been lost either way: every relayed device is offline.
@@ -406,9 +407,14 @@ final class RelayIO: ConnectionIO {
 
     /// A front's connection this loop has no slot for: told to end at once.
     func refuse(_ key: RelayKey, with close: Close) {
+        end(key, with: close)
+        home.directory.remove(key)
+    }
+
+    /// `close`, then `.finish`: the front writes the CLOSE and ends the stream.
+    private func end(_ key: RelayKey, with close: Close) {
         append(.data(connection: key.connection, bytes: FrameEncoder.encode(.close(close))), for: key.front)
         append(.finish(connection: key.connection), for: key.front)
-        home.directory.remove(key)
     }
 
     /// Sends what the callback gathered, one packet per front.
@@ -455,15 +461,21 @@ final class RelayIO: ConnectionIO {
         }
     }
 
-    /// A connection handed over that this loop could not take (no slot): it ends.
-    func abandon(_ moved: AnyObject) {
-        forget(moved as! Connection)
+    /// A connection handed over that this loop could not take (no slot): it ends with
+    /// `close` (its device gets it, then the end of the stream).
+    func abandon(_ moved: AnyObject, with close: Close) {
+        let connection = moved as! Connection
+        if !connection.finished {
+            end(connection.key, with: close)
+            connection.finished = true
+        }
+        forget(connection)
     }
 
     private func forget(_ connection: Connection) {
         if !connection.finished { append(.release(connection: connection.key.connection), for: connection.key.front) }
         home.directory.remove(connection.key)
-        home.connectionReleased()
+        home.connectionReleased(tls: connection.tls)
     }
 }
 
@@ -472,6 +484,15 @@ extension RelayHome {
         wake([(key, loop)])
     }
 
-    func connectionOpened() { context.counters.relayedConnections.increment() }
-    func connectionReleased() { context.counters.relayedConnections.decrement() }
+    /// `voipserver_relayed_connections{transport}`: a relayed connection took a slot here
+    /// (`tls`: its device reached its front over TLS), or gave it up.
+    func connectionOpened(tls: Bool) {
+        context.counters.relayedConnections.increment()
+        if tls { context.counters.relayedTLSConnections.increment() }
+    }
+
+    func connectionReleased(tls: Bool) {
+        context.counters.relayedConnections.decrement()
+        if tls { context.counters.relayedTLSConnections.decrement() }
+    }
 }

@@ -18,6 +18,9 @@ import SignalingTLS
 /// Used only while the owning event loop's `ownership` lock is held (see `EventLoop`).
 struct ConnectionTable {
     static let chunkSize = 1024
+    /// The most slots a table can hold: `ConnectionRef` packs 24-bit slots. Beyond any
+    /// descriptor limit, so a full table is reached only with a smaller `capacity` (tests).
+    static let maximumSlots = 1 << 24
 
     private var stateChunks: [UnsafeMutablePointer<ConnectionState>] = []
     private var eventChunks: [UnsafeMutableRawPointer] = []
@@ -26,20 +29,28 @@ struct ConnectionTable {
     private let holdsTLS: Bool
     private var freeSlots: [UInt32] = []
     private var nextUnused: UInt32 = 0
+    /// Slots this table hands out at most (`maximumSlots` but in tests).
+    private let capacity: UInt32
     private let eventSize = Int(vs_event_struct_size())
     private(set) var liveCount = 0
 
-    init(holdsTLS: Bool = false) {
+    /// - Parameter capacity: the slots it hands out at most, 1 to `maximumSlots`: smaller
+    ///   only in tests (`SignalingServer.connectionSlotsPerLoop`), so that a full table
+    ///   can be reached.
+    init(holdsTLS: Bool = false, capacity: Int = ConnectionTable.maximumSlots) {
+        precondition((1...Self.maximumSlots).contains(capacity), "a connection table holds 1 to 2^24 slots")
         self.holdsTLS = holdsTLS
+        self.capacity = UInt32(capacity)
     }
 
-    /// A free slot, with a fresh generation; the caller fills in the state.
+    /// A free slot, with a fresh generation; the caller fills in the state. Nil when all
+    /// `capacity` slots are in use.
     mutating func allocate() -> UInt32? {
         let slot: UInt32
         if let reused = freeSlots.popLast() {
             slot = reused
         } else {
-            guard nextUnused < 1 << 24 else { return nil }  // ConnectionRef packs 24-bit slots
+            guard nextUnused < capacity else { return nil }
             slot = nextUnused
             nextUnused += 1
             if Int(slot) / Self.chunkSize == stateChunks.count { addChunk() }

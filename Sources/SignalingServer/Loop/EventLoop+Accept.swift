@@ -42,7 +42,7 @@ extension EventLoop {
             // No slot even to linger in: a best-effort CLOSE (there is no TLS session to
             // carry one on the TLS listener).
             if tlsContext == nil {
-                refuseImmediately(fd, Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full"))
+                refuseImmediately(fd, Self.serverFull)
             } else {
                 close(fd)
             }
@@ -160,7 +160,11 @@ extension EventLoop {
     }
 
     /// Best-effort CLOSE to a connection we will not keep, then close.
-    private func refuseImmediately(_ fd: Int32, _ frame: Close) {
+    /// The CLOSE of a connection that finds no free slot in its loop's table (at accept, at
+    /// a hand-over, at a relayed `open`).
+    static let serverFull = Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full")
+
+    func refuseImmediately(_ fd: Int32, _ frame: Close) {
         let bytes = FrameEncoder.encode(.close(frame))
         _ = bytes.withUnsafeBytes { SocketCalls.send(fd, $0, flags: Int32(MSG_DONTWAIT)) }
         shutdown(fd, Int32(SHUT_WR))

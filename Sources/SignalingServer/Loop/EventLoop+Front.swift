@@ -5,14 +5,18 @@ import SignalingSupport
 /// Loop-thread state, touched only under the loop's `ownership`.
 ///
 /// Cost: one dictionary entry (slot → generation, about 16 bytes with the table's
-/// overhead) per relayed connection; nothing in `ConnectionState`, whose flag bits are
-/// all taken.
+/// overhead) per relayed connection (and per held one, with the bytes it sent while
+/// held); nothing in `ConnectionState`, whose flag bits are all taken.
 final class LoopRelay {
     let front: FrontRelay
     /// Connections announced to the home (`.open`) under `epoch` and not ended since:
     /// slot → generation. Only these get `.closed` when they end, and only these take
     /// the home's frames.
     var opened: [UInt32: UInt32] = [:]
+    /// Connections held until the home is known to listen (`FrontRelay.Admission.wait`):
+    /// slot → generation. Their bytes wait in their `inbound`; announced (`.open`, then
+    /// those bytes) when the route says so, closed at their handshake deadline otherwise.
+    var waiting: [UInt32: UInt32] = [:]
     /// The route epoch (`FrontRelay`) the connections of `opened` were opened under.
     var epoch: UInt64 = 0
     /// Frames for the home gathered during the current callback, under `epoch` (the home
@@ -44,6 +48,10 @@ final class LoopRelay {
 /// - When the route breaks (`FrontRelay`), every connection opened under the old epoch
 ///   gets CLOSE goingAway with the drain's reconnect advice, and nothing more is sent
 ///   for them; a device that arrives while there is no route gets the same CLOSE.
+/// - A device that arrives while the home is not known to listen yet is held (`waiting`):
+///   what it sends waits in its `inbound` (at most `--max-frame-length` bytes: a HELLO
+///   and a little more) and is relayed behind its `.open` once the home listens; at its
+///   handshake deadline it gets CLOSE goingAway with the drain's advice.
 extension EventLoop {
     /// Bytes from the device of `slot` (the front's `consume`).
     func relayInput(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
@@ -61,40 +69,92 @@ extension EventLoop {
                 return
             }
             guard table.isLive(slot, generation: generation), state.pointee.phase == .awaitingHello else { return }
+            if used < buffered.count { state.pointee.inbound = Array(buffered[used...]) }
             openRelay(slot)
-            if used < buffered.count, relay.opened[slot] == generation {
-                relay.outbox.appendData(buffered[used...], connection: reference(slot).packed, for: relay.epoch)
-            }
             return
         }
-        guard bytes.count > 0, relay.opened[slot] == state.pointee.generation else { return }
-        relay.outbox.appendData(bytes, connection: reference(slot).packed, for: relay.epoch)
+        guard bytes.count > 0 else { return }
+        let generation = state.pointee.generation
+        if relay.opened[slot] == generation {
+            relay.outbox.appendData(bytes, connection: reference(slot).packed, for: relay.epoch)
+        } else if relay.waiting[slot] == generation {
+            hold(slot, bytes)
+        }
+    }
+
+    /// Keeps what a held device sent until the home listens: at most `--max-frame-length`
+    /// bytes (its HELLO fits), past which it is closed as for no route.
+    private func hold(_ slot: UInt32, _ bytes: UnsafeRawBufferPointer) {
+        let state = table.state(slot)
+        let held = state.pointee.inbound?.count ?? 0
+        guard held + bytes.count <= context.configuration.maxFrameLength else {
+            closeConnection(slot, with: relayGoingAway("the routing node does not listen yet, and more than one frame waits for it"))
+            return
+        }
+        if state.pointee.inbound == nil { state.pointee.inbound = [] }
+        state.pointee.inbound!.append(contentsOf: bytes)
     }
 
     /// Announces the connection to the home once its PROXY header (if any) and TLS
-    /// handshake are done; without a route, refuses it (CLOSE goingAway).
+    /// handshake are done, with the bytes it sent meanwhile (`inbound`); holds it while the
+    /// home is not known to listen; without a route, refuses it (CLOSE goingAway).
     func openRelay(_ slot: UInt32) {
         guard let relay = frontRelay else { return }
         let state = table.state(slot)
         let generation = state.pointee.generation
-        guard let epoch = relay.front.currentEpoch() else {
+        let epoch: UInt64
+        switch relay.front.admission() {
+        case .refuse:
+            relay.waiting[slot] = nil
             forgetProxiedPeer(slot, generation: generation)
             closeConnection(slot, with: relayGoingAway("no routing node is reachable from this node"))
             return
+        case .wait:
+            relay.waiting[slot] = generation  // its PROXY-named address is kept for the `.open`
+            return
+        case .relay(let current):
+            epoch = current
         }
+        relay.waiting[slot] = nil
         if epoch != relay.epoch { abandonRelayed(movingTo: epoch) }
         relay.opened[slot] = generation
+        countRelayed(slot, opened: true)
+        let connection = reference(slot).packed
         relay.outbox.append(.open(
-            connection: reference(slot).packed, peer: peerDescription(slot), tls: state.pointee.flags.contains(.tls)), for: relay.epoch)
+            connection: connection, peer: peerDescription(slot), tls: state.pointee.flags.contains(.tls)), for: relay.epoch)
+        if let held = state.pointee.inbound {
+            state.pointee.inbound = nil
+            relay.outbox.appendData(held[...], connection: connection, for: relay.epoch)
+        }
         forgetProxiedPeer(slot, generation: generation)
     }
 
     /// The route changed (`LoopTask.relayRouteChanged`): close what was relayed under an
-    /// older epoch.
+    /// older epoch, and announce the held devices if the home is now known to listen.
     func relayRouteChanged() {
         guard let relay = frontRelay else { return }
         let epoch = relay.front.epoch
         if epoch != relay.epoch { abandonRelayed(movingTo: epoch) }
+        guard !relay.waiting.isEmpty, relay.front.admission() != .wait else { return }
+        refreshTime()
+        for (slot, generation) in relay.waiting {
+            guard table.isLive(slot, generation: generation), table.state(slot).pointee.phase == .awaitingHello else {
+                relay.waiting[slot] = nil
+                continue
+            }
+            openRelay(slot)
+        }
+    }
+
+    /// Whether `slot` is a device held until the home listens (its handshake deadline
+    /// closes it with CLOSE goingAway rather than handshakeTimeout).
+    func isHeldForRoute(_ slot: UInt32, generation: UInt32) -> Bool {
+        frontRelay?.waiting[slot] == generation
+    }
+
+    /// The CLOSE of a device held past its handshake deadline: the home never listened.
+    func heldTooLong() -> Close {
+        relayGoingAway("the routing node did not listen within \(context.configuration.handshakeTimeout.wholeSecondsRoundedUp) s")
     }
 
     /// Closes every connection opened under the loop's epoch with CLOSE goingAway (bytes
@@ -108,6 +168,7 @@ extension EventLoop {
         relay.epoch = epoch
         let frame = relayGoingAway("the routing node changed or cannot be reached")
         for (slot, generation) in abandoned where table.isLive(slot, generation: generation) {
+            countRelayed(slot, opened: false)
             closeConnection(slot, with: frame)
         }
     }
@@ -140,6 +201,7 @@ extension EventLoop {
                 linger(slot)
             case .release:
                 relay.opened[slot] = nil
+                countRelayed(slot, opened: false)
                 if phase != .closing { destroy(slot) }
             case .open, .closed, .reset:
                 continue
@@ -152,9 +214,26 @@ extension EventLoop {
     func relayEnded(_ slot: UInt32) {
         guard let relay = frontRelay else { return }
         let generation = table.state(slot).pointee.generation
+        if relay.waiting[slot] == generation { relay.waiting[slot] = nil }
         guard relay.opened[slot] == generation else { return }
         relay.opened[slot] = nil
+        countRelayed(slot, opened: false)
         relay.outbox.append(.closed(connection: reference(slot).packed), for: relay.epoch)
+    }
+
+    /// `voipserver_front_relayed_connections{transport}`: a live connection of `slot`
+    /// entered or left `LoopRelay.opened` (every entry is counted once each way: an entry
+    /// leaves before its slot is freed, `relayEnded`).
+    private func countRelayed(_ slot: UInt32, opened: Bool) {
+        let counters = context.counters
+        let tls = table.state(slot).pointee.flags.contains(.tls)
+        if opened {
+            counters.relayedConnections.increment()
+            if tls { counters.relayedTLSConnections.increment() }
+        } else {
+            counters.relayedConnections.decrement()
+            if tls { counters.relayedTLSConnections.decrement() }
+        }
     }
 
     /// Sends this callback's frames to the home, one packet (end of `owned`).

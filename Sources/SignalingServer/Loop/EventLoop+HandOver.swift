@@ -192,8 +192,14 @@ extension EventLoop {
         }
     }
 
-    /// No slot for a connection handed over (a table of 2^24 connections: beyond any
-    /// descriptor limit): it ends here as `destroy` would end it.
+    /// No slot for a connection handed over (the table holds 2^24 slots per loop: beyond
+    /// any descriptor limit for sockets, and beyond the home's memory for relayed
+    /// connections, which hold no descriptor here; reached only in tests, with a smaller
+    /// table, `SignalingServer.connectionSlotsPerLoop`): it ends here as `destroy` would
+    /// end it, after CLOSE overloaded, as when no slot is free at accept. Its HELLO was
+    /// verified but not registered: no device to detach. A relayed one gets its CLOSE
+    /// through its front (then `.finish`); a plain socket as at accept (best effort, it
+    /// has nothing unsent before it); a TLS socket just closes, as at accept.
     private func dropAdoption(_ moving: MovingConnection) {
         context.logger.error("handover_failed", ["error": "no free connection slot", "open": table.liveCount])
         if let tls = moving.tls {
@@ -201,9 +207,13 @@ extension EventLoop {
             context.counters.openTLSConnections.decrement()
         }
         if moving.flags.contains(.relayed), let transport = moving.transport {
-            relayIO?.abandon(transport)
+            relayIO?.abandon(transport, with: Self.serverFull)
         } else if moving.transport == nil {
-            Glibc.close(moving.fd)
+            if moving.tls == nil, moving.outbound == nil {
+                refuseImmediately(moving.fd, Self.serverFull)
+            } else {
+                Glibc.close(moving.fd)
+            }
         }
         if moving.flags.contains(.countsTowardAddress) { context.admission.releaseConnection(from: moving.addressHash) }
         context.counters.openConnections.decrement()

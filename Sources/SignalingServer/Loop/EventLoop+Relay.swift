@@ -57,12 +57,12 @@ extension EventLoop {
     private func openRelayed(_ key: RelayKey, peer: String, tls: Bool) -> UInt32? {
         guard let relayIO else { return nil }
         guard let slot = table.allocate() else {
-            relayIO.refuse(key, with: Close(code: .overloaded, retryAfterMs: 5_000, retryJitterMs: 30_000, message: "server full"))
+            relayIO.refuse(key, with: Self.serverFull)
             return nil
         }
         table.state(slot).pointee.flags.insert(.relayed)
         relayIO.attach(RelayIO.Connection(key: key, peer: peer, tls: tls), in: slot)
-        relayIO.home.connectionOpened()
+        relayIO.home.connectionOpened(tls: tls)
         open(slot, fd: -1, addressHash: RelayHome.addressHash(ofPeer: peer), proxied: false)
         return slot
     }

@@ -14,6 +14,10 @@ extension EventLoop {
             guard table.isLive(due.slot, generation: due.generation),
                   table.state(due.slot).pointee.phase == .awaitingHello
             else { continue }
+            if isHeldForRoute(due.slot, generation: due.generation) {
+                closeConnection(due.slot, with: heldTooLong())
+                continue
+            }
             context.counters.handshakeTimeouts.increment()
             let flags = table.state(due.slot).pointee.flags
             let inTLSHandshake = flags.contains(.tls) && !isTLSEstablished(due.slot)

@@ -205,9 +205,10 @@ final class EventLoop: @unchecked Sendable {
 
     /// - Parameter embeddedIO: the transport of a loop without sockets (see `embeddedIO`):
     ///   it is never `run`; its owner calls the inputs (ConnectionIO.swift) itself.
+    /// - Parameter connectionSlots: the connection table's capacity (smaller only in tests).
     init(
         index: UInt16, context: ServerContext, listenFD: Int32, tlsListenFD: Int32 = -1,
-        embeddedIO: (any ConnectionIO)? = nil, relay: RelayHome? = nil
+        embeddedIO: (any ConnectionIO)? = nil, relay: RelayHome? = nil, connectionSlots: Int = ConnectionTable.maximumSlots
     ) throws(ServerError) {
         guard let base = vs_event_base_new() else { throw ServerError("cannot create an event base") }
         let wakeFD = shim_eventfd()
@@ -220,7 +221,7 @@ final class EventLoop: @unchecked Sendable {
         self.base = base
         self.listenFD = listenFD
         self.tlsListenFD = tlsListenFD
-        self.table = ConnectionTable(holdsTLS: tlsListenFD >= 0)
+        self.table = ConnectionTable(holdsTLS: tlsListenFD >= 0, capacity: connectionSlots)
         self.wakeFD = wakeFD
         self.embeddedIO = embeddedIO
         self.relayIO = relay.map { RelayIO(home: $0, loop: index) }

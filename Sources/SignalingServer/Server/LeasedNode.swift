@@ -20,10 +20,12 @@ import Synchronization
 /// - **Cluster member** (`--cluster`, docs/CLUSTER.md "Fronts"): made with a `NodeLink`,
 ///   the node serves devices in every role. While another node holds the lease it is a
 ///   **front**: a `SignalingServer` in front mode relays its devices to the lease holder
-///   (the *home*), which it learns at each poll; `/readyz` is 200 while the link is up and
-///   a home exists. When it takes the lease it drains its front connections (CLOSE
-///   goingAway) and starts its home server, listening on the link as its lease owner id
-///   for the term; after stepping down it stops listening as that id and is a front again.
+///   (the *home*), which it learns at each poll (asking the link, while the home is not
+///   heard listening yet, whether it listens: `FrontRelay`); `/readyz` is 200 while the
+///   link is up and a home exists and listens. When it takes the lease it drains its front connections (CLOSE
+///   goingAway) and starts its home server, then listens on the link as its lease owner id
+///   for the term (fronts address it once they hear that it listens); after stepping down
+///   it stops listening as that id and is a front again.
 ///
 /// Threading: one thread (`vs-lease`) runs the roles and the lease; a second one starts
 /// the server of a term, so that a long snapshot load (or a front's drain) does not stop
@@ -185,7 +187,8 @@ public final class LeasedNode: Sendable {
                     token: settings.token, role: .front, readiness: { [weak self] in self?.frontReadiness ?? Readiness() },
                     frontConnections: { [weak self] in
                         self?.state.withLock { $0.frontServer }?.openConnectionsPerLoop.reduce(0, +) ?? 0
-                    })
+                    },
+                    frontMetrics: { [weak self] out in self?.state.withLock { $0.frontServer }?.frontMetrics(into: &out) })
             } else {
                 api = StandbyAdminAPI(token: settings.token) { [weak self] in self?.state.withLock { $0.standbyReason } ?? "stopped" }
             }
@@ -280,12 +283,13 @@ public final class LeasedNode: Sendable {
                 do throws(StoreError) { store = try openStore(token) } catch { throw ServerError("cannot open the store: \(error)") }
                 let server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
                 if let link {
-                    // Fronts address the home by the lease owner id.
-                    link.listen(as: token)
                     server.enableRelay(over: link)
                     self?.state.withLock { $0.linkedHome = server }
                 }
                 try server.start()
+                // Fronts address the home by the lease owner id, once they hear that it
+                // listens (FrontRelay): only now that its loops take what they send.
+                link?.listen(as: token)
                 result = .success(server)
             } catch {
                 result = .failure(error)

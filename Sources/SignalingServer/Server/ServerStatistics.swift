@@ -60,8 +60,11 @@ public struct ServerStatistics: Sendable, Equatable {
     public var tlsHandshakesResumed = 0
     public var tlsHandshakesFailed = 0
     /// Relayed connections open on this node as the routing node of a cluster (a front
-    /// holds their sockets), and the relay frames received from fronts and sent to them.
+    /// holds their sockets), or, on a front, the connections it has announced to the home
+    /// and not ended; and the relay frames received from fronts and sent to them.
     public var relayedConnections = 0
+    /// Of `relayedConnections`: the devices that reached their front over TLS.
+    public var relayedTLSConnections = 0
     public var relayFramesReceived = 0
     public var relayFramesSent = 0
 }
@@ -93,7 +96,10 @@ final class StatisticsCounters: Sendable {
     let tlsHandshakesFull: StripedCounter
     let tlsHandshakesResumed: StripedCounter
     let tlsHandshakesFailed: StripedCounter
+    /// As the routing node: connections relayed here; as a front: connections relayed by it
+    /// (a server is one or the other). Of them, those whose device came over TLS.
     let relayedConnections: StripedCounter
+    let relayedTLSConnections: StripedCounter
     let relayFramesReceived: StripedCounter
     let relayFramesSent: StripedCounter
 
@@ -122,6 +128,7 @@ final class StatisticsCounters: Sendable {
         tlsHandshakesResumed = counter()
         tlsHandshakesFailed = counter()
         relayedConnections = counter()
+        relayedTLSConnections = counter()
         relayFramesReceived = counter()
         relayFramesSent = counter()
     }
@@ -163,6 +170,7 @@ final class StatisticsCounters: Sendable {
             tlsHandshakesResumed: tlsHandshakesResumed.value,
             tlsHandshakesFailed: tlsHandshakesFailed.value,
             relayedConnections: relayedConnections.value,
+            relayedTLSConnections: relayedTLSConnections.value,
             relayFramesReceived: relayFramesReceived.value,
             relayFramesSent: relayFramesSent.value)
     }

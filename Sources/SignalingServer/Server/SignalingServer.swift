@@ -38,6 +38,10 @@ public final class SignalingServer: Sendable {
     /// The routing node's end of relayed connections (`enableRelay`; nil: none). Set before
     /// `start`; a leaf lock held for the copy of a reference.
     private let relayHome = Mutex<RelayHome?>(nil)
+    /// Each loop's connection-table capacity, read by `start`. Tests only, set before
+    /// `start`: the real one (2^24 slots) is beyond any descriptor limit, and what a full
+    /// table does must be testable. Not a configuration knob: nobody has a use for it.
+    let connectionSlotsPerLoop = Atomic<Int>(ConnectionTable.maximumSlots)
 
     private struct RunState: ~Copyable {
         var loops: [EventLoop] = []
@@ -194,7 +198,9 @@ public final class SignalingServer: Sendable {
                 if tlsFD >= 0 { tlsPort = UInt16(shim_local_port(tlsFD)) }
             }
             do {
-                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: fd, tlsListenFD: tlsFD, relay: relay))
+                loops.append(try EventLoop(
+                    index: UInt16(index), context: context, listenFD: fd, tlsListenFD: tlsFD, relay: relay,
+                    connectionSlots: connectionSlotsPerLoop.load(ordering: .relaxed)))
             } catch {
                 for descriptor in [fd, tlsFD] where descriptor >= 0 { close(descriptor) }
                 for loop in loops { loop.stopListening() }
@@ -679,6 +685,17 @@ public final class SignalingServer: Sendable {
         var statistics = context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.ledger.bytes)
         statistics.storeHealthy = writer?.isHealthy ?? true
         return statistics
+    }
+
+    /// A front's families in its node's `/metrics` (`StandbyAdminAPI`; a front runs no
+    /// `AdminAPI` of its own): the connections it relays to the home by how the device
+    /// reached it, and its listeners' socket and TLS families, named as on the home.
+    func frontMetrics(into out: inout PrometheusText) {
+        let counters = context.counters
+        out.family("voipserver_front_relayed_connections", .gauge, "Device connections a front relays to the home (announced to it, not ended), by how the device reached the front: plain TCP or TLS.")
+        AdminAPI.sampleByTransport(
+            "voipserver_front_relayed_connections", all: counters.relayedConnections.value, tls: counters.relayedTLSConnections.value, into: &out)
+        AdminAPI.socketMetrics(context, loops: state.withLock { $0.loops }, into: &out)
     }
 
     /// How many times a thread that is not an event loop (the store writer, the admin API,

@@ -59,7 +59,7 @@ struct ClusterMemberTests {
         #expect(try again.read(timeout: .seconds(10)) == .pong)
     }
 
-    @Test("a front without a home (the lease free, another node's being taken) is not ready; a standby is never a front")
+    @Test("a front without a home (the lease free, another node's being taken), or whose home does not listen yet, is not ready; a standby is never a front")
     func readiness() throws {
         let bus = LocalNodeBus()
         let relay = FrontRelay(link: bus.makeLink())
@@ -67,6 +67,10 @@ struct ClusterMemberTests {
         relay.receive(.up)
         #expect(relay.unavailableReason?.contains("no routing node") == true)
         relay.setHome("someone")
+        #expect(relay.unavailableReason?.contains("someone does not listen") == true, "the home must be heard listening first")
+        relay.receive(.listening(node: "other"))  // an answer about another node changes nothing
+        #expect(relay.unavailableReason != nil)
+        relay.receive(.listening(node: "someone"))  // the link's answer
         #expect(relay.unavailableReason == nil)
         relay.receive(.down(reason: "test"))
         #expect(relay.unavailableReason?.contains("link") == true)
@@ -89,6 +93,8 @@ struct ClusterMemberTests {
         let clock = ManualClock()
         let lease = FakeLease(ttl: Self.ttl, clock: clock, holder: "other-node")
         let bus = LocalNodeBus()
+        let other = TestHome(bus: bus, name: "other-node")
+        defer { other.stop() }
         let link = bus.makeLink(named: "member")
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"

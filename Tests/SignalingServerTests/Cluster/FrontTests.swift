@@ -13,14 +13,15 @@ final class TestHome: Sendable {
     let name: String
     private let packets = Mutex<[RelayPacket]>([])
 
-    init(bus: LocalNodeBus, name: String) {
+    /// - Parameter listening: listens as `name` at once (else the test calls `link.listen(as:)`).
+    init(bus: LocalNodeBus, name: String, listening: Bool = true) {
         link = bus.makeLink(named: "home")
         self.name = name
         link.start { [weak self] event in
             guard case .packet(let bytes) = event, let packet = try? RelayPacket(decoding: bytes) else { return }
             self?.packets.withLock { $0.append(packet) }
         }
-        link.listen(as: name)
+        if listening { link.listen(as: name) }
     }
 
     var received: [RelayPacket] { packets.withLock { $0 } }
@@ -75,7 +76,7 @@ final class FrontFixture {
     let home: TestHome
     let server: SignalingServer
 
-    init(clock: any Clock = SystemClock(), _ configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
+    init(clock: any Clock = SystemClock(), connectionSlotsPerLoop: Int? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
         link = bus.makeLink(named: "front")
         relay = FrontRelay(link: link)
         home = TestHome(bus: bus, name: "lease-owner-1")
@@ -89,6 +90,7 @@ final class FrontFixture {
         configuration.drainTimeout = .seconds(1)
         configure(&configuration)
         server = try SignalingServer(configuration: configuration, clock: clock, logger: .silent, front: relay)
+        if let connectionSlotsPerLoop { server.connectionSlotsPerLoop.store(connectionSlotsPerLoop, ordering: .relaxed) }
         try server.start()
         try eventually("the link is up") { relay.unavailableReason == nil }
     }
@@ -237,6 +239,69 @@ struct FrontTests {
         front.home.link.stopListening(as: front.home.name)
         try device.send(.ping)
         #expect(closeCode(try readToEnd(device).first) == .goingAway)
+    }
+
+    @Test("a home that does not listen yet: new devices are held, nothing is sent to it; once it listens each is announced with the bytes it sent meanwhile")
+    func heldUntilTheHomeListens() throws {
+        let front = try FrontFixture()
+        let newHome = TestHome(bus: front.bus, name: "lease-owner-2", listening: false)
+        defer { newHome.stop() }
+        front.relay.setHome(newHome.name)
+        try front.eventually("/readyz says the home does not listen") {
+            front.relay.unavailableReason?.contains("does not listen") == true
+        }
+        let talking = try front.device()
+        let hello = FrameEncoder.encode(.hello(Hello(userID: "alice", deviceID: "d1")))
+        try talking.sendRaw(Array(hello[..<5]))
+        try talking.sendRaw(Array(hello[5...]))
+        let silent = try front.device()
+        try front.eventually("both devices are accepted") { front.server.openConnectionsPerLoop.reduce(0, +) == 2 }
+        front.relay.setHome(newHome.name)  // a poll: the home still does not listen
+        #expect(try silent.staysSilent(), "a held device is not closed")
+        #expect(newHome.received.isEmpty, "nothing is sent to a home that does not listen")
+
+        newHome.link.listen(as: newHome.name)
+        front.relay.setHome(newHome.name)  // the lease thread's next poll asks the link
+        _ = try newHome.waitForOpen(1)
+        #expect(newHome.received.first?.frames.first == .reset)
+        let opens = newHome.frames.compactMap { frame -> UInt64? in
+            if case .open(let connection, _, _) = frame { return connection }
+            return nil
+        }
+        try newHome.waitFor("alice's HELLO, as she sent it") { _ in opens.contains { newHome.bytes(of: $0) == hello } }
+        let alice = try #require(opens.first { newHome.bytes(of: $0) == hello })
+        front.sendFrames([.pong], to: alice)
+        #expect(try talking.read(timeout: .seconds(10)) == .pong, "the held device is relayed, not closed")
+        let other = try #require(opens.first { $0 != alice })
+        front.sendFrames([.pong], to: other)
+        #expect(try silent.read(timeout: .seconds(10)) == .pong)
+    }
+
+    @Test("a device held while the home does not listen gets CLOSE goingAway with the drain's advice at its handshake deadline, and the home hears nothing of it")
+    func heldPastItsDeadline() throws {
+        let clock = ManualClock()
+        let front = try FrontFixture(clock: clock) {
+            $0.handshakeTimeout = .seconds(10)
+            $0.drainRetryAfter = .seconds(3)
+        }
+        let newHome = TestHome(bus: front.bus, name: "lease-owner-2", listening: false)
+        defer { newHome.stop() }
+        front.relay.setHome(newHome.name)
+        try front.eventually("the route waits for the home") { front.relay.unavailableReason?.contains("does not listen") == true }
+        let device = try front.device()
+        try device.send(.hello(Hello(userID: "alice", deviceID: "d1")))
+        try front.eventually("the device is accepted") { front.server.openConnectionsPerLoop.reduce(0, +) == 1 }
+        clock.advance(by: .seconds(11))
+        let frames = try readToEnd(device)
+        #expect(frames.count == 1 && closeCode(frames.first) == .goingAway, "\(frames)")
+        if case .close(let close)? = frames.first {
+            #expect(close.retryAfterMs == 3_000 && close.message.contains("did not listen"), "\(close)")
+        }
+        #expect(front.server.statistics.handshakeTimeouts == 0, "the device was not slow: the route was")
+        newHome.link.listen(as: newHome.name)
+        front.relay.setHome(newHome.name)
+        try front.eventually("the route is ready") { front.relay.unavailableReason == nil }
+        #expect(newHome.received.isEmpty, "the closed device is never announced")
     }
 
     @Test("a device that does not read while the home sends more than --max-queued-bytes: CLOSE slowConsumer by the front, .closed to the home")

@@ -17,9 +17,9 @@ final class RelayTestBed {
     let home: TestServer
     let front: TestFront
 
-    init(workers: Int = 2, _ configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
+    init(workers: Int = 2, connectionSlotsPerLoop: Int? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
         homeLink = bus.makeLink(named: "home")
-        home = try TestServer(workers: workers, relay: homeLink, configure)
+        home = try TestServer(workers: workers, relay: homeLink, connectionSlotsPerLoop: connectionSlotsPerLoop, configure)
         let server = home.server
         homeLink.start { server.receive($0) }
         front = TestFront(bus: bus, home: homeLink.nodeID)

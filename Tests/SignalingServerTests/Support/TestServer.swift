@@ -20,10 +20,11 @@ final class TestServer {
     ///     relayed connections (`SignalingServer.enableRelay`; the test starts the link).
     ///   - allowedCPUs: start as if the process could use only these CPUs (thread
     ///     placement; nil: the process's real mask).
+    ///   - connectionSlotsPerLoop: a smaller connection table per loop, to fill it.
     init(
         workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
         logger: Logger = .silent, relay: (any NodeLink)? = nil, allowedCPUs: [Int]? = nil,
-        _ configure: (inout ServerConfiguration) -> Void = { _ in }
+        connectionSlotsPerLoop: Int? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }
     ) throws {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
@@ -38,6 +39,7 @@ final class TestServer {
         self.clock = clock
         server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
         if let relay { server.enableRelay(over: relay) }
+        if let connectionSlotsPerLoop { server.connectionSlotsPerLoop.store(connectionSlotsPerLoop, ordering: .relaxed) }
         try server.start(allowedCPUs: allowedCPUs ?? CPUList.allowed())
     }
 
