@@ -166,6 +166,19 @@ final class EventLoop: @unchecked Sendable {
     /// reply posted here goes out before any event that what it decided causes later for
     /// the same connection (the OK of CALL_INVITE, then CALL_RANG). One atomic load.
     var inboxHasTasks: Bool { !inbox.isEmpty }
+    /// The loop thread is asleep in epoll_wait, or may go to sleep without looking at its
+    /// inbox again: a poster whose push found the inbox empty writes the eventfd. False
+    /// while the loop runs callbacks (set by `owned` on the loop's own thread): it looks at
+    /// its inbox before it sleeps again (`prepareToSleep`), so a post meanwhile costs no
+    /// system call on either side (the poster's write, the loop's epoll wake-up and
+    /// drain). Under load that is most cross-loop posts: a step handed to a busy loop.
+    ///
+    /// The handshake that loses no wake-up (Dekker's): the loop stores true and then reads
+    /// the inbox; a poster pushes and then reads this; both orders sequentially consistent,
+    /// so at least one sees the other's write: the loop finds the task, or the poster wakes it.
+    private let mayBeAsleep = Atomic<Bool>(true)
+    /// Eventfd writes posters made to wake this loop (any thread; tests and benchmarks).
+    let wakeUpsWritten = Atomic<Int>(0)
     /// Steps for other loops' shards handed on during the current callback, by destination
     /// loop (`postStep`): posted when the callback ends, one batch per loop (one inbox push,
     /// at most one eventfd write). Loop-thread state.
@@ -255,6 +268,10 @@ final class EventLoop: @unchecked Sendable {
     /// Runs one libevent callback of this loop with `ownership` held.
     @inline(__always)
     func owned(_ callback: () -> Void) {
+        // Awake: posts until the loop next prepares to sleep need not write the eventfd.
+        // Only the loop's own thread may say so (tests and benchmarks run callbacks of a
+        // loop from theirs while the loop itself sleeps).
+        if shim_current_loop() == unmanagedSelf { mayBeAsleep.store(false, ordering: .relaxed) }
         ownership.withLock(timing: .loopOwnership) { _ in
             callback()
             if hasOutgoingSteps { postOutgoingSteps() }
@@ -347,6 +364,11 @@ final class EventLoop: @unchecked Sendable {
         var lastActivity = clock.now()
         var seen = activity
         while vs_event_base_got_break(base) == 0 {
+            // Tasks posted while the loop ran its callbacks wrote no eventfd: run them now.
+            if !prepareToSleep() {
+                owned { runInbox() }
+                continue
+            }
             if window > .zero && clock.now() - lastActivity < window {
                 if vs_event_base_loop(base, VS_EVLOOP_ONCE | VS_EVLOOP_NONBLOCK) < 0 { return }
             } else {
@@ -374,13 +396,28 @@ final class EventLoop: @unchecked Sendable {
         case .refused:
             return false
         case .queuedFirst:
-            // One eventfd write per batch: the push that found the inbox empty wakes the
-            // loop; a loop that has not taken its inbox yet will see later tasks anyway.
-            shim_eventfd_signal(wakeFD)
+            // At most one eventfd write per batch: the push that found the inbox empty wakes
+            // the loop, if it may be asleep; a loop that has not taken its inbox yet will see
+            // later tasks anyway, and an awake one looks before it sleeps (`mayBeAsleep`).
+            atomicMemoryFence(ordering: .sequentiallyConsistent)
+            if mayBeAsleep.load(ordering: .sequentiallyConsistent) {
+                shim_eventfd_signal(wakeFD)
+                wakeUpsWritten.add(1, ordering: .relaxed)
+            }
             return true
         case .queued:
             return true
         }
+    }
+
+    /// Called by the loop's thread before it may block waiting for events (epoll_wait, or a
+    /// benchmark's poll of the eventfd): true when nothing waits, and from now on a post
+    /// writes the eventfd; false when tasks wait (run them first: no eventfd write may
+    /// have announced them). See `mayBeAsleep`.
+    func prepareToSleep() -> Bool {
+        mayBeAsleep.store(true, ordering: .sequentiallyConsistent)
+        atomicMemoryFence(ordering: .sequentiallyConsistent)
+        return !hasPostedTasks
     }
 
     /// Tasks wait to be run, in the inbox or taken from it: what an embedded loop's owner

@@ -316,7 +316,7 @@ extension EventLoop {
     /// `milliseconds` have passed: what `run` does in epoll, for a loop driven by a
     /// benchmark's thread (`FanOutScaling`).
     fileprivate func waitForInbox(milliseconds: Int32) {
-        guard !hasPostedTasks else { return }
+        guard prepareToSleep() else { return }
         var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
         _ = poll(&descriptor, 1, milliseconds)
     }
