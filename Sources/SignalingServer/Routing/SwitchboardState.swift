@@ -386,7 +386,7 @@ struct SwitchboardState {
     }
 
     mutating func removeDevice(_ device: DeviceRecord) {
-        activities[device.userID]?.fanOut?.forget(device)  // before `next` is cleared
+        activities[device.userID]?.fanOutDeviceForgotten(device)  // before `next` is cleared
         activities[device.userID]?.broadcastDeviceForgotten(device)  // the same
         forgetAcknowledgement(of: device)
         if users[device.userID] === device {
