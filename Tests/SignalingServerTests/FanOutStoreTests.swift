@@ -173,6 +173,36 @@ struct FanOutStoreTests {
         }
     }
 
+    @Test("a message from a sender with more other devices than a chunk, with a store: every synced copy, the recipient's event and the id in one commit, the OK only after it; then every device gets it once")
+    func syncedCopiesInOneCommit() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.storeTimeout = .seconds(30) }
+        let senders = try (0..<Self.deviceCount).map { try server.connect(user: alice, device: "d\($0)").0 }
+        let (recipient, _) = try server.connect(user: fan, device: "phone")
+        try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == Self.deviceCount + 1 }
+
+        store.closeGate()
+        defer { store.openGate() }
+        try senders[0].send(.request(id: 1, message("m1")))
+        try server.waitFor("the commit to reach the store") { _ in store.appliesWaitingAtGate == 1 }
+        let commit = store.lastAttempt
+        let copied = commit.compactMap { change -> String? in
+            guard case .appendEvent(alice, let device, _) = change, isMessage("m1")(change) else { return nil }
+            return device
+        }
+        #expect(copied.count == Self.deviceCount - 1 && Set(copied).count == copied.count, "\(copied.count) synced copies in the commit")
+        #expect(commit.contains { change in if case .appendEvent(fan, _, _) = change { isMessage("m1")(change) } else { false } }, "the recipient's event")
+        #expect(commit.contains { if case .rememberMessageID(let id) = $0 { id.messageID == "m1" } else { false } }, "the id")
+        #expect(try senders[0].staysSilent(for: .milliseconds(50)), "OK before the commit")
+
+        store.openGate()
+        #expect(try senders[0].reply(to: 1).isOK)
+        for device in [recipient] + senders.dropFirst() {
+            guard case .message(let delivered) = try device.nextEvent().event else { Issue.record("not delivered"); return }
+            #expect(delivered.messageID == "m1")
+        }
+    }
+
     @Test("a fan-out in chunks whose commit fails is refused at the store timeout and undone in every chunk: nothing stored or delivered, the id free, the retry delivered once")
     func storeFailureWithdrawsEveryChunk() throws {
         let store = ModelEventStore()
