@@ -267,3 +267,22 @@ struct SyncedCopyChunkTests {
         #expect(message.takeParts().contains { $0.shard == 0 && $0.event.receipt?.messageID == "m1" })
     }
 }
+
+/// `Tools/routing-bench`'s table of holds (`HoldSurvey`) runs the synced copies in one hold
+/// and in chunks: counted here, not timed.
+@Suite("The hold survey's synced copies: one hold against a hold per chunk (counted, not timed)")
+struct SyncedCopyHoldSurveyTests {
+    func holds(_ figures: [HoldSurvey.Figure], _ prefix: String) -> Double? {
+        figures.first { $0.operation.hasPrefix(prefix) }?.holdsPerOperation
+    }
+
+    @Test("300 other devices: queueing the copies takes 3 holds in chunks of 128 (1 in one hold), the settle step 4 (1)")
+    func holdsPerOperation() {
+        let chunked = HoldSurvey.syncedCopies(devices: 300, rounds: 2, chunk: SwitchboardState.fanOutChunk)
+        #expect(holds(chunked, "synced copies: queueing them (chunks of 128)") == 3)
+        #expect(holds(chunked, "synced copies: settle step (chunks of 128)") == 4)
+        let whole = HoldSurvey.syncedCopies(devices: 300, rounds: 2, chunk: Int.max)
+        #expect(holds(whole, "synced copies: queueing them (one hold)") == 1)
+        #expect(holds(whole, "synced copies: settle step (one hold)") == 1)
+    }
+}

@@ -263,7 +263,8 @@ extension SwitchboardState {
         var outcome = StepOutcome(reply: nil)
         switch fanOut.phase {
         case .queueing:
-            if let first = activities[fanOut.user]?.syncing.first { outcome = advance(first, now: now) }
+            // (Never itself missing from the list while queueing; if it were, it goes on alone.)
+            outcome = advance(activities[fanOut.user]?.syncing.first ?? fanOut, now: now)
         case .awaitingDecision: break
         default:
             outcome = advance(fanOut, now: now)
