@@ -83,6 +83,43 @@ struct FanOutCommitGroupTests {
         #expect(StoreWriter.committable(units + [CommitUnit(closing: m1), CommitUnit(closing: m2)]) == units.count + 2)
     }
 
+    @Test("a fan-out decided by the hold of another message that helps it: its sender's settle step (the id remembered) is still a unit of its own message's group, handed on by its own step")
+    func settleInItsOwnGroupWhenAHelperDecides() throws {
+        var shards = TwoShards(journaling: true)
+        let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
+        let bobDevice = try shards.attach(bob, "d1", slot: 2, at: 1)
+        _ = try (0..<(2 * Self.chunk + 10)).map { try shards.attach(fan, "d\($0)", slot: UInt32(100 + $0), at: 1) }
+        for index in 0..<2 { _ = shards.states[index].takeCommitUnit() }
+        // m1 from bob, on the other shard (its settle step is a step of its own there);
+        // m2 from alice, on fan's.
+        let (m1Step, m1) = try shards.sendDeferred("m1", to: fan, from: bobDevice)
+        let (m2Step, m2) = try shards.sendDeferred("m2", to: fan, from: laptop)
+        var units: [CommitUnit] = []
+        for index in 0..<2 { if let unit = shards.states[index].takeCommitUnit() { units.append(unit) } }
+        /// Runs `step` in a hold tied to `message`, as `Switchboard.run` does; what it hands on.
+        func hold(_ step: ShardStep, _ message: DeferredReply) -> [ShardStep] {
+            let shard = ShardMap.shard(of: step.user, count: 2)
+            shards.states[shard].deferReply(message, answers: false, queued: nil)
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
+            if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: message) }
+            if let unit = shards.states[shard].takeCommitUnit() { units.append(unit) }
+            return outcome.next
+        }
+        // m1's first hold starts the fan-out; m2's step then helps it twice, the second
+        // time with its last chunk, which decides m1.
+        var m1Steps = hold(m1Step, m1)
+        var m2Steps = hold(m2Step, m2)
+        m2Steps = m2Steps.flatMap { hold($0, m2) }
+        while !m2Steps.isEmpty { m2Steps = m2Steps.flatMap { hold($0, m2) } }
+        while !m1Steps.isEmpty { m1Steps = m1Steps.flatMap { hold($0, m1) } }
+        let remembering = units.filter { unit in
+            unit.changes.contains { if case .rememberMessageID(let id) = $0 { id.messageID == "m1" } else { false } }
+        }
+        #expect(remembering.count == 1)
+        #expect(remembering.allSatisfy { $0.reply === m1 && $0.group === m1 }, "m1's id was remembered in another message's group")
+        #expect(shards.states[1].activities[bob]?.recentMessageIDs["m1"] != nil)
+    }
+
     @Test("a fan-out refused by the store (its deadline) while its chunks are still being queued: no copy is ever written, and the sender's settle step does not remember the id, so a retry is a new message")
     func storeRefusalDuringTheChunks() throws {
         var shards = TwoShards(journaling: true)

@@ -67,6 +67,10 @@ final class FanOut: @unchecked Sendable {
     var phase = Phase.queueing
     /// The answer to the sender, once decided (on the sender's side: only a refusal).
     var reply: Result<UInt64, RequestError>?
+    /// The recipient's side, decided: the sender's settle step, for the fan-out's own step
+    /// to hand on (in its message's chain, whose group the settle's unit joins), whichever
+    /// message's hold decided it.
+    var settle: ShardStep?
 
     enum Side {
         /// The recipient's devices: the last chunk decides the message.
@@ -204,7 +208,7 @@ extension SwitchboardState {
     /// Returns the step that queues the rest and then takes the message to the recipient's
     /// shard; or the refusal, with nothing queued, if the first chunk found a full queue.
     mutating func startCopies(
-        of message: DeliveredMessage, sending: DeviceRecord?, now: Instant
+        of message: DeliveredMessage, sending: DeviceRecord?
     ) -> Result<MessageAcceptance, RequestError> {
         let event = messageEvent(message)
         event.awaitsDecision = true
@@ -216,7 +220,7 @@ extension SwitchboardState {
         activity.copies[fanOut.id] = fanOut
         activity.syncing.push(fanOut)
         activity.undecidedMessages[message.messageID] = UndecidedMessage(serverTime: message.serverTime, copies: fanOut)
-        if activity.syncing.count == 1 { _ = queueChunk(of: fanOut, now: now) }
+        if activity.syncing.count == 1 { queueChunk(of: fanOut) }
         if case .withdrawing = fanOut.phase, case .failure(let refusal)? = fanOut.reply {
             // Refused by the first chunk, which queued nothing: as one hold would.
             finish(fanOut)
@@ -240,11 +244,13 @@ extension SwitchboardState {
     /// its other devices) runs its next chunk, or takes its answer when another message's
     /// holds have finished it.
     mutating func continueFanOut(_ user: String, id: UInt64, now: Instant) -> StepOutcome {
-        if let copies = activities[user]?.copies[id] { return continueCopies(copies, now: now) }
+        if let copies = activities[user]?.copies[id] { return continueCopies(copies) }
         guard let fanOut = fanOuts[id] else {
             return .answered(.failure(RequestError(.internalError, "fan-out \(id) to \(user) is gone")))
         }
-        var outcome = advance(fanOut, now: now)
+        advance(fanOut)
+        var outcome = StepOutcome(reply: nil)
+        if let settle = fanOut.settle.take() { outcome.merge(handOn(settle, now: now)) }
         if case .finished = fanOut.phase {
             fanOuts[id] = nil
             outcome.reply = fanOut.reply
@@ -259,15 +265,15 @@ extension SwitchboardState {
     /// own, or the one it waits behind); once all are, the message goes to the recipient's
     /// shard (in this message's own chain, whichever step queued its last chunk); once it
     /// is decided (`settleMessage`), the next chunk to wake or withdraw.
-    private mutating func continueCopies(_ fanOut: FanOut, now: Instant) -> StepOutcome {
+    private mutating func continueCopies(_ fanOut: FanOut) -> StepOutcome {
         var outcome = StepOutcome(reply: nil)
         switch fanOut.phase {
         case .queueing:
             // (Never itself missing from the list while queueing; if it were, it goes on alone.)
-            outcome = advance(activities[fanOut.user]?.syncing.first ?? fanOut, now: now)
+            advance(activities[fanOut.user]?.syncing.first ?? fanOut)
         case .awaitingDecision: break
         default:
-            outcome = advance(fanOut, now: now)
+            advance(fanOut)
         }
         if case .finished = fanOut.phase {
             outcome.reply = fanOut.reply
@@ -281,11 +287,10 @@ extension SwitchboardState {
 
     /// A message to a user whose fan-out is in progress waits for it: this hold runs that
     /// fan-out's next chunk, and the message tries again in a hold of its own.
-    mutating func helpFanOut(_ fanOut: FanOut, before message: ShardStep, now: Instant) -> StepOutcome {
-        var outcome = advance(fanOut, now: now)
-        outcome.reply = nil  // the other fan-out's answer is its own step's (`continueFanOut`)
-        outcome.next.append(message)
-        return outcome
+    mutating func helpFanOut(_ fanOut: FanOut, before message: ShardStep) -> StepOutcome {
+        // The other fan-out's answer, and its settle step, are its own step's (`continueFanOut`).
+        advance(fanOut)
+        return StepOutcome(reply: nil, next: [message])
     }
 
     /// The sender's shard settles a message whose copies went in chunks: accepted, every
@@ -303,15 +308,16 @@ extension SwitchboardState {
         return StepOutcome(reply: nil, next: [.continueFanOut(user: fanOut.user, id: fanOut.id)])
     }
 
-    /// One chunk of `fanOut`'s current phase. Returns the steps its decision hands on (the
-    /// sender's shard settles its copies); the answer is in `fanOut.reply` once finished.
-    /// With a store, the hold's changes are a unit of the fan-out's message, whichever
-    /// message's step runs it (a hold that helps another message's fan-out does nothing
-    /// else: that message tries again in a hold of its own).
-    private mutating func advance(_ fanOut: FanOut, now: Instant) -> StepOutcome {
+    /// One chunk of `fanOut`'s current phase. What its decision hands on waits in the
+    /// fan-out for its own step (`FanOut.settle`, or `Phase.awaitingDecision` on the
+    /// sender's side); the answer is in `fanOut.reply` once finished. With a store, the
+    /// hold's changes are a unit of the fan-out's message, whichever message's step runs it
+    /// (a hold that helps another message's fan-out does nothing else: that message tries
+    /// again in a hold of its own).
+    private mutating func advance(_ fanOut: FanOut) {
         if let message = fanOut.committedWith { deferReply(message, answers: false, queued: nil) }
         switch fanOut.phase {
-        case .queueing: return queueChunk(of: fanOut, now: now)
+        case .queueing: queueChunk(of: fanOut)
         case .announcing(let chunk):
             if chunk < fanOut.copiedTo.count {
                 for (device, seq) in fanOut.copiedTo[chunk] where isLiveCopy(of: fanOut, device, seq) {
@@ -332,13 +338,12 @@ extension SwitchboardState {
             if chunk + 1 < fanOut.copiedTo.count { fanOut.phase = .withdrawing(chunk: chunk + 1) } else { finish(fanOut) }
         case .awaitingDecision, .finished: break
         }
-        return StepOutcome(reply: nil)
     }
 
     /// Queues the copy to the next chunk of devices, all or none of them, and decides the
     /// message (the recipient's side), or ends the copying (the sender's), when it has
     /// reached the last device or found one it cannot take.
-    private mutating func queueChunk(of fanOut: FanOut, now: Instant) -> StepOutcome {
+    private mutating func queueChunk(of fanOut: FanOut) {
         let message = fanOut.message
         var chunk: [DeviceRecord] = []
         chunk.reserveCapacity(configuration.fanOutChunk)
@@ -348,29 +353,32 @@ extension SwitchboardState {
             if !fanOut.skips(device) { chunk.append(device) }
         }
         if let full = chunk.first(where: { !hasRoom($0) }) {
-            return decide(fanOut, .failure(backlogFull(full)), now: now)
+            return decide(fanOut, .failure(backlogFull(full)))
         }
         // A sender's share counts what it queues to others, not its own devices' copies.
         if !fanOut.isSenders, let refusal = checkSenderShare(message.sender, recipient: message.recipient, devices: chunk) {
             counters.refusedSenderQuota += 1
-            return decide(fanOut, .failure(refusal), now: now)
+            return decide(fanOut, .failure(refusal))
         }
         var copied: [(device: DeviceRecord, seq: UInt64)] = []
         copied.reserveCapacity(chunk.count)
         for device in chunk where enqueue(fanOut.event, to: device) { copied.append((device, device.lastSeq)) }
         fanOut.copiedTo.append(copied)
         fanOut.cursor = next
-        guard next == nil else { return StepOutcome(reply: nil) }
-        return decide(fanOut, .success(message.serverTime), now: now)
+        guard next == nil else { return }
+        decide(fanOut, .success(message.serverTime))
     }
 
     /// The recipient's side: accepted, every copy becomes writable at once (one flag of the
     /// one event), and the devices are woken from the next hold on; refused, no copy will
     /// ever be written (the event is cancelled), and they are withdrawn from the next hold
-    /// on. Either way the sender's shard settles its own copies now.
+    /// on. Either way the sender's shard settles its own copies: the settle step goes out
+    /// with the fan-out's own step (`FanOut.settle`), at once if this hold is that step's,
+    /// else from its next hold. (Handed on by a helping message's hold, it ran in that
+    /// message's chain, and with a store remembered the id in that message's group.)
     /// The sender's side (`decideCopies`): the copying is over, the next message of the
     /// user's may start its own.
-    private mutating func decide(_ fanOut: FanOut, _ reply: Result<UInt64, RequestError>, now: Instant) -> StepOutcome {
+    private mutating func decide(_ fanOut: FanOut, _ reply: Result<UInt64, RequestError>) {
         if fanOut.isSenders { return decideCopies(fanOut, reply) }
         fanOut.reply = reply
         fanOut.event.awaitsDecision = false
@@ -387,7 +395,7 @@ extension SwitchboardState {
             fanOut.event.isCancelled = true
             fanOut.phase = .withdrawing(chunk: 0)
         }
-        return handOn(.settleMessage(fanOut.message, accepted: accepted), now: now)
+        fanOut.settle = .settleMessage(fanOut.message, accepted: accepted)
     }
 
     /// The sender's side: every copy is queued (the message goes on to the recipient's
@@ -395,8 +403,8 @@ extension SwitchboardState {
     /// refused here, nothing goes to the recipient, the copies are withdrawn from the next
     /// hold on (none is ever written) and the id is free again. Either way the user's next
     /// message waiting to be copied starts with the next step that runs.
-    private mutating func decideCopies(_ fanOut: FanOut, _ result: Result<UInt64, RequestError>) -> StepOutcome {
-        guard let activity = activities[fanOut.user] else { return StepOutcome(reply: nil) }
+    private mutating func decideCopies(_ fanOut: FanOut, _ result: Result<UInt64, RequestError>) {
+        guard let activity = activities[fanOut.user] else { return }
         if activity.syncing.first === fanOut { activity.syncing.pop() }
         if case .failure = result {
             fanOut.reply = result
@@ -407,7 +415,6 @@ extension SwitchboardState {
         } else {
             fanOut.phase = .awaitingDecision(handedOn: false)
         }
-        return StepOutcome(reply: nil)
     }
 
     /// Every device is woken or withdrawn: other messages to the user may go on.

@@ -61,7 +61,7 @@ extension SwitchboardState {
         let syncs = message.recipient != sender
         // More copies than one hold takes: a chunk a hold, then the recipient's side as a step.
         if syncs && copiesInChunks(of: sender, sending: sendingDevice) {
-            return startCopies(of: delivered, sending: sendingDevice, now: now)
+            return startCopies(of: delivered, sending: sendingDevice)
         }
         let copies = syncs ? devices(of: sender).filter { $0 !== sendingDevice } : []
         // To another shard's user, or to one whose fan-out takes several holds: the recipient's
@@ -111,7 +111,7 @@ extension SwitchboardState {
         // After every message held for the user (`HeldClaim`).
         if awaitsClaim(message.recipient) { return helpClaim(of: message.recipient, before: .deliverMessage(message)) }
         if let inProgress = activities[message.recipient]?.fanOut {
-            return helpFanOut(inProgress, before: .deliverMessage(message), now: now)
+            return helpFanOut(inProgress, before: .deliverMessage(message))
         }
         if fansOutInChunks(to: message.recipient) { return startFanOut(message, now: now) }
         let recipients = Array(devices(of: message.recipient))
