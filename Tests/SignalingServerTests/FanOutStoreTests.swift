@@ -83,6 +83,43 @@ struct FanOutCommitGroupTests {
         #expect(StoreWriter.committable(units + [CommitUnit(closing: m1), CommitUnit(closing: m2)]) == units.count + 2)
     }
 
+    @Test("a fan-out decided by the hold of another message that helps it: its sender's settle step (the id remembered) is still a unit of its own message's group, handed on by its own step")
+    func settleInItsOwnGroupWhenAHelperDecides() throws {
+        var shards = TwoShards(journaling: true)
+        let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
+        let bobDevice = try shards.attach(bob, "d1", slot: 2, at: 1)
+        _ = try (0..<(2 * Self.chunk + 10)).map { try shards.attach(fan, "d\($0)", slot: UInt32(100 + $0), at: 1) }
+        for index in 0..<2 { _ = shards.states[index].takeCommitUnit() }
+        // m1 from bob, on the other shard (its settle step is a step of its own there);
+        // m2 from alice, on fan's.
+        let (m1Step, m1) = try shards.sendDeferred("m1", to: fan, from: bobDevice)
+        let (m2Step, m2) = try shards.sendDeferred("m2", to: fan, from: laptop)
+        var units: [CommitUnit] = []
+        for index in 0..<2 { if let unit = shards.states[index].takeCommitUnit() { units.append(unit) } }
+        /// Runs `step` in a hold tied to `message`, as `Switchboard.run` does; what it hands on.
+        func hold(_ step: ShardStep, _ message: DeferredReply) -> [ShardStep] {
+            let shard = ShardMap.shard(of: step.user, count: 2)
+            shards.states[shard].deferReply(message, answers: false, queued: nil)
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
+            if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: message) }
+            if let unit = shards.states[shard].takeCommitUnit() { units.append(unit) }
+            return outcome.next
+        }
+        // m1's first hold starts the fan-out; m2's step then helps it twice, the second
+        // time with its last chunk, which decides m1.
+        var m1Steps = hold(m1Step, m1)
+        var m2Steps = hold(m2Step, m2)
+        m2Steps = m2Steps.flatMap { hold($0, m2) }
+        while !m2Steps.isEmpty { m2Steps = m2Steps.flatMap { hold($0, m2) } }
+        while !m1Steps.isEmpty { m1Steps = m1Steps.flatMap { hold($0, m1) } }
+        let remembering = units.filter { unit in
+            unit.changes.contains { if case .rememberMessageID(let id) = $0 { id.messageID == "m1" } else { false } }
+        }
+        #expect(remembering.count == 1)
+        #expect(remembering.allSatisfy { $0.reply === m1 && $0.group === m1 }, "m1's id was remembered in another message's group")
+        #expect(shards.states[1].activities[bob]?.recentMessageIDs["m1"] != nil)
+    }
+
     @Test("a fan-out refused by the store (its deadline) while its chunks are still being queued: no copy is ever written, and the sender's settle step does not remember the id, so a retry is a new message")
     func storeRefusalDuringTheChunks() throws {
         var shards = TwoShards(journaling: true)
@@ -168,6 +205,36 @@ struct FanOutStoreTests {
         store.openGate()
         #expect(try laptop.reply(to: 1).isOK)
         for device in devices {
+            guard case .message(let delivered) = try device.nextEvent().event else { Issue.record("not delivered"); return }
+            #expect(delivered.messageID == "m1")
+        }
+    }
+
+    @Test("a message from a sender with more other devices than a chunk, with a store: every synced copy, the recipient's event and the id in one commit, the OK only after it; then every device gets it once")
+    func syncedCopiesInOneCommit() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(store: store) { $0.storeTimeout = .seconds(30) }
+        let senders = try (0..<Self.deviceCount).map { try server.connect(user: alice, device: "d\($0)").0 }
+        let (recipient, _) = try server.connect(user: fan, device: "phone")
+        try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == Self.deviceCount + 1 }
+
+        store.closeGate()
+        defer { store.openGate() }
+        try senders[0].send(.request(id: 1, message("m1")))
+        try server.waitFor("the commit to reach the store") { _ in store.appliesWaitingAtGate == 1 }
+        let commit = store.lastAttempt
+        let copied = commit.compactMap { change -> String? in
+            guard case .appendEvent(alice, let device, _) = change, isMessage("m1")(change) else { return nil }
+            return device
+        }
+        #expect(copied.count == Self.deviceCount - 1 && Set(copied).count == copied.count, "\(copied.count) synced copies in the commit")
+        #expect(commit.contains { change in if case .appendEvent(fan, _, _) = change { isMessage("m1")(change) } else { false } }, "the recipient's event")
+        #expect(commit.contains { if case .rememberMessageID(let id) = $0 { id.messageID == "m1" } else { false } }, "the id")
+        #expect(try senders[0].staysSilent(for: .milliseconds(50)), "OK before the commit")
+
+        store.openGate()
+        #expect(try senders[0].reply(to: 1).isOK)
+        for device in [recipient] + senders.dropFirst() {
             guard case .message(let delivered) = try device.nextEvent().event else { Issue.record("not delivered"); return }
             #expect(delivered.messageID == "m1")
         }

@@ -134,4 +134,36 @@ struct ReceiptChunkTests {
         }
         #expect(units == 2, "the receipt's second and third chunks")
     }
+
+    @Test("receipts waiting behind a sender's broadcast in progress count against --memory-budget until they have gone out: past it a new message is refused with capacityExceeded")
+    func waitingReceiptsCountAgainstTheBudget() throws {
+        var shards = TwoShards()
+        let (senders, recipient) = try devices(&shards, recipient: bob)
+        let ids = (1...5).map { "m\($0)" }
+        send(ids, to: bob, from: senders[0], &shards)
+        let acked = acknowledgeAll(recipient, &shards)
+        let ledger = shards.states[0].ledger
+        let before = ledger.bytes
+        // The receipts' step (a hold each, the rest of the batch first in the next): the
+        // first receipt's first chunk goes out, the others wait behind it.
+        var pending = acked.next
+        while let step = pending.first, case .receipts = step {
+            pending.removeFirst()
+            pending = shards.states[0].handle(step, now: TwoShards.at(3)).next + pending
+        }
+        let receiptCost = DeviceBroadcast.footprint + QueuedEvent.footprint(of: EncodedEvent(
+            .messageDelivered(messageID: "m1", recipient: bob, recipientDevice: "d1", serverTime: 1)))
+        #expect(ledger.bytes - before >= ids.count * DeviceBroadcast.footprint)
+        #expect(ledger.bytes - before <= ids.count * (receiptCost + 16))
+        // With the budget just below what the server holds now, a message is refused.
+        shards.states[0].configuration.memoryBudget = ledger.bytes
+        let refused = shards.states[0].send(TwoShards.message("late", to: bob), from: senders[0], now: TwoShards.at(3))
+        #expect(TwoShards.code(refused.map { $0.serverTime }) == .capacityExceeded)
+        // Once every receipt has gone out, their memory is free again.
+        _ = try shards.eventsPerHold(pending, on: 0)
+        #expect(ledger.bytes == before)
+        for device in senders { #expect(receipts(device) == ids, "\(device.deviceID)") }
+        #expect(TwoShards.isOK(shards.run([try #require(try shards.states[0].send(
+            TwoShards.message("later", to: bob), from: senders[0], now: TwoShards.at(4)).get().handOff)], at: 4)))
+    }
 }

@@ -87,4 +87,57 @@ struct RingChunkTests {
         while !pending.isEmpty { pending += hold(pending.removeFirst(), &shards).next }
         #expect(callee.allSatisfy { invitations($0) == 1 })
     }
+
+    /// Rings all of bob's `count` devices (every step run).
+    func rungCall(_ shards: inout TwoShards, devices count: Int) throws -> (caller: DeviceRecord, callee: [DeviceRecord], call: CallRecord) {
+        let (caller, callee, steps) = try setUp(&shards, devices: count)
+        var pending = steps
+        while !pending.isEmpty { pending += hold(pending.removeFirst(), &shards).next }
+        return (caller, callee, try #require(shards.states[1].calls["c1"]))
+    }
+
+    /// Runs bob's shard's expiry at `seconds`, and the steps it hands on.
+    func expire(_ shards: inout TwoShards, at seconds: Double) {
+        let pass = shards.states[1].expire(now: TwoShards.at(seconds))
+        _ = shards.run(pass.next, at: seconds)
+    }
+
+    @Test("a call's count of connected rung devices follows every loss, reconnect, takeover and operator's forget of a rung device (a grace check reads it, not a walk of the devices)")
+    func connectedRungCounted() throws {
+        var shards = TwoShards()
+        let (_, callee, call) = try rungCall(&shards, devices: 300)
+        #expect(call.connectedRung == 300)
+        for device in callee { shards.states[1].detach(device, connection: device.connection!, now: TwoShards.at(3)) }
+        #expect(call.connectedRung == 0)
+        // Back with its session, then taken over by a new connection of the same device.
+        let back = callee[7]
+        _ = try shards.states[1].attach(
+            userID: bob, deviceID: back.deviceID, resume: ResumePoint(sessionID: back.sessionID, lastReceivedSeq: 0),
+            connection: TwoShards.connection(9_000), now: TwoShards.at(4)).get()
+        #expect(call.connectedRung == 1)
+        _ = try shards.states[1].attach(
+            userID: bob, deviceID: back.deviceID, resume: nil, connection: TwoShards.connection(9_001), now: TwoShards.at(4)).get()
+        #expect(call.connectedRung == 1, "a takeover is no new connection of the device")
+        #expect(invitations(back) == 1, "not rung twice")
+    }
+
+    @Test("300 rung devices that lose their connection: the call lives while one is back within its grace, and ends with peerDisconnected at the last one's grace check")
+    func endsAtTheLastGraceCheck() throws {
+        var shards = TwoShards()
+        let (caller, callee, call) = try rungCall(&shards, devices: 300)
+        let grace = shards.states[1].configuration.callGrace
+        let graceSeconds = Double(grace.components.seconds)
+        for device in callee { shards.states[1].detach(device, connection: device.connection!, now: TwoShards.at(3)) }
+        let back = callee[100]
+        _ = try shards.states[1].attach(
+            userID: bob, deviceID: back.deviceID, resume: ResumePoint(sessionID: back.sessionID, lastReceivedSeq: 0),
+            connection: TwoShards.connection(9_000), now: TwoShards.at(4)).get()
+        expire(&shards, at: 3 + graceSeconds + 1)
+        #expect(call.isLive, "one rung device is back")
+        #expect(!TwoShards.events(caller).contains { TwoShards.isCallEnded($0, .peerDisconnected, peer: bob) })
+        shards.states[1].detach(back, connection: back.connection!, now: TwoShards.at(20))
+        expire(&shards, at: 20 + graceSeconds + 1)
+        #expect(!call.isLive)
+        #expect(TwoShards.events(caller).contains { TwoShards.isCallEnded($0, .peerDisconnected, peer: bob) })
+    }
 }

@@ -17,7 +17,7 @@ import Testing
             "--server", "127.0.0.9:9000", "--devices", "5000", "--workers", "4", "--connect-rate", "2500",
             "--max-in-flight", "64", "--source-addresses", "200", "--auth-secret", "k", "--keepalive", "900",
             "--events", "10", "--rate", "50", "--event-mix", "call", "--payload-bytes", "32", "--loss-deadline", "2",
-            "--probe-priority", "realtime",
+            "--probe-priority", "realtime", "--call-answer", "accept", "--push-users", "16",
             "--fanout-devices", "100", "--fanout-users", "4", "--fanout-seconds", "3", "--fanout-window", "8", "--storm", "restart",
             "--storm-deadline", "30", "--server-bin", "/bin/true", "--server-log", "/tmp/s.log", "--json", "--quiet",
             "--", "--workers", "2",
@@ -28,6 +28,9 @@ import Testing
         #expect(config.fanoutDevices == 100 && config.fanoutUsers == 4 && config.fanoutWindow == 8 && config.storm == .restart)
         #expect(config.serverBinary == "/bin/true" && config.serverArguments == ["--workers", "2"])
         #expect(config.json && !config.progress)
+        #expect(config.callAnswer == .accept && config.pushUsers == 16)
+        let (defaults, _) = try LoadConfiguration.parse([])
+        #expect(defaults.callAnswer == .reject && defaults.pushUsers == 0)
     }
 
     @Test func serverListInOrder() throws {
@@ -45,6 +48,7 @@ import Testing
         (["--storm", "sometimes"], "none, drop or restart"),
         (["--event-mix", "video"], "message, call or both"),
         (["--probe-priority", "high"], "normal or realtime"),
+        (["--call-answer", "maybe"], "reject or accept"),
         (["--devices", "30000", "--workers", "2"], "use --workers 3"),
         (["--fanout-devices", "10", "--fanout-users", "4"], "must divide --fanout-devices"),
         (["--devices", "50000", "--source-addresses", "1", "--workers", "5"], "raise --source-addresses"),

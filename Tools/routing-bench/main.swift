@@ -8,10 +8,10 @@
 //   swift build -c release --product routing-bench && .build/release/routing-bench [MESSAGES]
 //
 // MESSAGES: fan-out messages per case (default 50); the ACK cases run MESSAGES / 5 ACKs
-// (at least 3), and so do the cases of the last table (holds not chunked, and those
-// chunked since in one hold against in chunks: a first device's claim of 10,000 held
-// messages, a ring of 1,000 devices, an accept's answeredElsewhere and a ring timeout's
-// noAnswer to them).
+// (at least 3), and so do the cases of the last table (holds chunked since the fan-out, in
+// one hold against in chunks: a message's synced copies to 1,000 devices of its sender and
+// their settle step, a receipt to them, a first device's claim of 10,000 held messages, a
+// ring of 1,000 devices, an accept's answeredElsewhere and a ring timeout's noAnswer to them).
 //
 //   .build/release/routing-bench scaling [--threads "1 2"] [--users 64] [--devices 16]
 //       [--messages 20000] [--window 4] [--rounds 3]
@@ -63,10 +63,11 @@ for journaling in [false, true] {
     }
 }
 
-// The holds that grow with an input and are not chunked (docs/ARCHITECTURE.md, "Bounded
-// holds"): 1,000 devices of one user; and, in one hold (as before chunks) and in chunks,
-// 10,000 messages held for a user with no device claimed by its first device, and a call
-// to a user with 1,000 devices: its ring, an accept's and a ring timeout's endings.
+// The holds that grew with an input (docs/ARCHITECTURE.md, "Bounded holds"), in one hold
+// (as before chunks) and in chunks: a message's synced copies to 1,000 devices of its
+// sender, their settle step and a receipt to them; 10,000 messages held for a user with no
+// device claimed by its first device; and a call to a user with 1,000 devices: its ring,
+// an accept's and a ring timeout's endings.
 print()
 print("operation                                                 size     longest hold µs  mean longest µs  holds/op  mean hold µs")
 for figure in HoldSurvey.run(devices: 1_000, held: 10_000, rounds: max(3, messages / 5)) {

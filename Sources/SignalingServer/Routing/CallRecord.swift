@@ -35,6 +35,13 @@ final class CallRecord: @unchecked Sendable {
     /// `rungDevices` grew with the callee's devices. The records are kept alive by
     /// `rungDevices`, so no identifier is reused while it is here.
     private var rung: Set<ObjectIdentifier> = []
+    /// How many of `rungDevices` are connected while the call is unanswered (a device is
+    /// rung only while connected, `markRung`; its connects and disconnects since are counted
+    /// by `rungDeviceConnected` and `rungDeviceDisconnected`), so that a grace check asks in
+    /// O(1) whether any rung device is still there, where a walk of `rungDevices` grew with
+    /// the callee's devices (each of 1,000 devices' checks walked them all once every device
+    /// had gone). Not kept once the call is answered: nothing reads it then.
+    private(set) var connectedRung = 0
     /// Callee devices connected when the call reached the callee's shard and not rung yet:
     /// a hold rings at most a chunk of them (`fanOutChunk`), `ShardStep.continueRing` the
     /// rest, while the call is unanswered (`SwitchboardState.ringChunk`). One rung meanwhile
@@ -45,7 +52,10 @@ final class CallRecord: @unchecked Sendable {
     /// For each callee device that lost its connection during the call, when the grace of
     /// its latest loss ends. A grace check acts only if its deadline is still the one kept
     /// here: after a resume and a second loss, the first loss's check must not end the call.
-    private var graceDeadlines: [(device: DeviceRecord, deadline: Instant)] = []
+    /// By the record's identity, with the record (which keeps the identity from being
+    /// reused while it is here): a look-up per check, where a list walked per check grew
+    /// with the devices that had lost their connection.
+    private var graceDeadlines: [ObjectIdentifier: (device: DeviceRecord, deadline: Instant)] = [:]
 
     init(callID: String, caller: DeviceAddress, callee: String, invitation: QueuedEvent, startedAt: Instant) {
         self.callID = callID
@@ -55,11 +65,25 @@ final class CallRecord: @unchecked Sendable {
         self.startedAt = startedAt
     }
 
-    /// Records that `device` is rung; false if it already was (it must not be rung twice).
+    /// Records that `device`, connected, is rung; false if it already was (it must not be
+    /// rung twice).
     func markRung(_ device: DeviceRecord) -> Bool {
+        assert(device.isOnline, "a call rings connected devices only")
         guard rung.insert(ObjectIdentifier(device)).inserted else { return false }
         rungDevices.append(device)
+        connectedRung += 1
         return true
+    }
+
+    /// `device`, of the callee, connected again (it had no connection) while the call is
+    /// unanswered.
+    func rungDeviceConnected(_ device: DeviceRecord) {
+        if wasRung(device) { connectedRung += 1 }
+    }
+
+    /// `device`, of the callee, lost its connection while the call is unanswered.
+    func rungDeviceDisconnected(_ device: DeviceRecord) {
+        if wasRung(device) { connectedRung -= 1 }
     }
 
     func wasRung(_ device: DeviceRecord) -> Bool { rung.contains(ObjectIdentifier(device)) }
@@ -71,15 +95,11 @@ final class CallRecord: @unchecked Sendable {
     }
 
     func graceDeadline(of device: DeviceRecord) -> Instant? {
-        graceDeadlines.first { $0.device === device }?.deadline
+        graceDeadlines[ObjectIdentifier(device)]?.deadline
     }
 
     func setGraceDeadline(_ deadline: Instant, of device: DeviceRecord) {
-        if let index = graceDeadlines.firstIndex(where: { $0.device === device }) {
-            graceDeadlines[index].deadline = deadline
-        } else {
-            graceDeadlines.append((device, deadline))
-        }
+        graceDeadlines[ObjectIdentifier(device)] = (device, deadline)
     }
 
     var isLive: Bool {

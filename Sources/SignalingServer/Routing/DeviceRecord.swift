@@ -177,6 +177,12 @@ final class UserActivity: @unchecked Sendable {
     /// The fan-out of a message to this user that is in progress (its shard's): other
     /// messages to the user wait for it (`FanOut`).
     var fanOut: FanOut?
+    /// This user's messages whose copies to its other devices go a chunk per hold (`FanOut`,
+    /// the sender's side), by id, until every copy is woken or withdrawn.
+    var copies: [UInt64: FanOut] = [:]
+    /// Those of `copies` still being queued, in the order they were sent: the first is in
+    /// progress, the others wait for it (`SwitchboardState.copiesInChunks`).
+    var syncing = FIFOQueue<FanOut>()
     /// A device of this user taking the held messages, a chunk per hold, in progress:
     /// other messages to the user wait for it (`HeldClaim`).
     var claim: HeldClaim?
@@ -189,7 +195,7 @@ final class UserActivity: @unchecked Sendable {
 
     var isEmpty: Bool {
         calls.isEmpty && outgoingCalls.isEmpty && held.isEmpty && recentMessageIDs.isEmpty && undecidedMessages.isEmpty
-            && fanOut == nil && claim == nil && broadcasts.isEmpty
+            && fanOut == nil && copies.isEmpty && claim == nil && broadcasts.isEmpty
     }
 
     /// Held messages, not counting the placeholders of ordinals a restart lost.
@@ -207,10 +213,15 @@ final class UserActivity: @unchecked Sendable {
 /// so that the recipient's shard's decision needs no room that may be gone by then.
 struct UndecidedMessage {
     let serverTime: UInt64
-    /// The copy queued to the sender's other devices (nil: the sender has no other device).
-    let copy: QueuedEvent?
+    /// The copy queued to the sender's other devices (nil: the sender has no other device,
+    /// or its copies go in chunks, `copies`).
+    var copy: QueuedEvent? = nil
     /// Where the copy went: each device and the number it has there.
-    let copiedTo: [(device: DeviceRecord, seq: UInt64)]
+    var copiedTo: [(device: DeviceRecord, seq: UInt64)] = []
+    /// The copies, when they go a chunk per hold (more than a chunk of devices, or other
+    /// messages of the sender copied in chunks ahead of this one): they were all queued
+    /// before the message went on to the recipient's shard.
+    var copies: FanOut? = nil
     /// The store refused the message (its deadline passed) before the recipient's shard
     /// decided it (`cancelMessage`): settled as refused whatever that shard decides, so
     /// the id is not remembered for a message the sender was told is not accepted.

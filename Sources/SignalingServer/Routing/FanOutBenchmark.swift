@@ -120,11 +120,21 @@ struct HoldTimes {
     }
 
     /// Runs `steps` and those they hand on, one timed hold each, in the order
-    /// `Switchboard.run` takes them (first in, first out).
-    mutating func run(_ steps: [ShardStep], on switchboard: Switchboard, now: Instant) {
+    /// `Switchboard.run` takes them (first in, first out); stops before the first step for
+    /// which `stop` is true, and returns it with those after it (not run).
+    @discardableResult
+    mutating func run(
+        _ steps: [ShardStep], on switchboard: Switchboard, now: Instant, stoppingAt stop: (ShardStep) -> Bool = { _ in false }
+    ) -> [ShardStep] {
         var pending = FIFOQueue<ShardStep>()
         for step in steps { pending.push(step) }
-        while let step = pending.pop() {
+        while let step = pending.first {
+            if stop(step) {
+                var rest: [ShardStep] = []
+                while let left = pending.pop() { rest.append(left) }
+                return rest
+            }
+            _ = pending.pop()
             let next = timed {
                 switchboard.withState(of: step.user, wall: 0) { board -> [ShardStep] in
                     let next = board.handle(step, now: now).next
@@ -134,5 +144,6 @@ struct HoldTimes {
             }
             for step in next { pending.push(step) }
         }
+        return []
     }
 }

@@ -90,31 +90,35 @@ public enum HoldSurvey {
     }
 
     /// A user with `devices` devices besides the sending one sends to a user of the other
-    /// shard: the sender's first hold queues the synced copies, its settle step releases
-    /// them; then the recipient's acknowledgement sends a receipt to every sender device,
-    /// `chunk` devices a hold (the rest by its `continueBroadcast` step), every hold of it
-    /// timed. The synced copies do not depend on the chunk: their rows come with the
-    /// chunked receipt only.
+    /// shard: the sender's shard queues the synced copies, `chunk` devices a hold (the
+    /// first hold's, then its `continueFanOut` steps until the message goes on), and its
+    /// settle step wakes them, `chunk` devices a hold after a hold that touches none; then
+    /// the recipient's acknowledgement sends a receipt to every sender device, `chunk`
+    /// devices a hold (the rest by its `continueBroadcast` step). Every hold of the three
+    /// timed; the recipient's step is not.
     static func syncedCopies(devices: Int, rounds: Int, chunk: Int) -> [Figure] {
         var bench = Bench(chunk: chunk)
         let sender = bench.user("many", onShard: 0), recipient = bench.user("one", onShard: 1)
         let sending = bench.attach(sender, "sending")
         let others = (0..<devices).map { bench.attach(sender, "d\($0)") }
         let recipientDevice = bench.attach(recipient, "d")
-        var first = HoldTimes(), settle = HoldTimes(), receipt = HoldTimes()
+        var copies = HoldTimes(), settle = HoldTimes(), receipt = HoldTimes()
         for round in 0..<rounds {
             let message = OutgoingMessage(messageID: "m\(round)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
-            first.startOperation()
-            let handOff = first.timed {
+            copies.startOperation()
+            let handOff = copies.timed {
                 bench.switchboard.withState(of: sender, wall: 0) { board -> ShardStep in
                     let acceptance = try! board.send(message, from: sending, now: bench.now).get()
                     _ = board.takeEffects()
                     return acceptance.handOff!
                 }
             }
+            let delivery = copies.run([handOff], on: bench.switchboard, now: bench.now) { step in
+                if case .deliverMessage = step { true } else { false }
+            }
             // The recipient's step (not timed), then the sender's settle step.
             let settleSteps = bench.switchboard.withState(of: recipient, wall: 0) { board -> [ShardStep] in
-                let next = board.handle(handOff, now: bench.now).next
+                let next = board.handle(delivery[0], now: bench.now).next
                 _ = board.takeEffects()
                 return next
             }
@@ -130,12 +134,10 @@ public enum HoldSurvey {
             bench.acknowledgeAll(others + [sending])
         }
         let how = chunking(chunk)
-        let receipts = Figure("receipt to every sender device (\(how))", size: devices, receipt)
-        guard chunk != Int.max else { return [receipts] }
         return [
-            Figure("synced copies: sender's first hold", size: devices, first),
-            Figure("synced copies: settle step", size: devices, settle),
-            receipts,
+            Figure("synced copies: queueing them (\(how))", size: devices, copies),
+            Figure("synced copies: settle step (\(how))", size: devices, settle),
+            Figure("receipt to every sender device (\(how))", size: devices, receipt),
         ]
     }
 

@@ -65,6 +65,9 @@ final class QueuedEvent: @unchecked Sendable {
         ledger?.add(-Self.footprint(of: encoded))
     }
 
+    /// Whether this event's memory is counted in a ledger (a delivery receipt's is not).
+    var isCounted: Bool { ledger != nil }
+
     /// Drops the body from memory; the store has it (`isDurable`).
     func evictBody() {
         guard isResident else { return }

@@ -29,7 +29,9 @@ enum ShardStep: Sendable, Equatable {
     indirect case deliverMessage(DeliveredMessage)
     /// The next chunk of a fan-out to a recipient with more devices than one hold takes
     /// (`FanOut`), run on the recipient's shard; the step that finds it finished answers.
-    case continueFanOut(recipient: String, id: UInt64)
+    /// Or of a message's copies to its sender's other devices (`FanOut`, the sender's
+    /// side), run on the sender's shard, which takes the message on to the recipient's.
+    case continueFanOut(user: String, id: UInt64)
     /// The next chunk of an acknowledgement that covers more events than one hold takes
     /// (`Acknowledgement`), run on the shard of the acknowledging device's user.
     case continueAcknowledgement(user: String, id: UInt64)
@@ -70,7 +72,7 @@ enum ShardStep: Sendable, Equatable {
         switch self {
         case .deliverMessage(let message): message.recipient
         case .settleMessage(let message, _): message.sender
-        case .continueFanOut(let recipient, _): recipient
+        case .continueFanOut(let user, _): user
         case .continueAcknowledgement(let user, _): user
         case .continueClaim(let user, _): user
         case .continueRing(let callee, _): callee
@@ -180,8 +182,8 @@ extension SwitchboardState {
         switch step {
         case .deliverMessage(let message):
             return deliverMessage(message, now: now!)
-        case .continueFanOut(let recipient, let id):
-            return continueFanOut(recipient, id: id, now: now!)
+        case .continueFanOut(let user, let id):
+            return continueFanOut(user, id: id, now: now!)
         case .continueAcknowledgement(let user, let id):
             return continueAcknowledgement(user, id: id)
         case .continueClaim(let user, let id):
@@ -191,8 +193,7 @@ extension SwitchboardState {
         case .continueBroadcast(let user, let id):
             return continueBroadcast(user, id: id)
         case .settleMessage(let message, let accepted):
-            settleMessage(message, accepted: accepted, now: now!)
-            return StepOutcome(reply: nil)
+            return settleMessage(message, accepted: accepted, now: now!)
         case .receipts(let batch):
             return deliverReceipts(batch)
         case .invite(let invitation):

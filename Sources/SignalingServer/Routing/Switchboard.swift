@@ -37,8 +37,9 @@ import Glibc
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
 /// sockets are written by each connection's own loop after the lock is released. Work
 /// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth; a fan-out: 128 devices a hold, `FanOut`; an ACK:
-/// 128 events a hold, `Acknowledgement`; each chunk a task of its owner's inbox;
+/// the user index: incremental growth; a fan-out, and a message's copies to its sender's
+/// other devices: 128 devices a hold, `FanOut`; an ACK: 128 events a hold,
+/// `Acknowledgement`; each chunk a task of its owner's inbox;
 /// docs/ARCHITECTURE.md, "Bounded holds"). Every hold is timed: `LoopMetrics.routingLockHold`
 /// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
 /// (`voipserver_routing_lock_hold_seconds`).

@@ -75,6 +75,9 @@ extension SwitchboardState {
                 effects.append(.close(connection, Close(
                     code: .sessionUnknown, message: "the operator removed this user; start a new session")))
                 // The connection's loop detaches nothing when it closes: the record is gone.
+                for call in activities[userID]?.calls ?? [] where call.isLive && call.state.isUnanswered {
+                    call.rungDeviceDisconnected(device)
+                }
                 device.connection = nil
             }
             removeDevice(device)

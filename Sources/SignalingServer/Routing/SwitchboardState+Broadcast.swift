@@ -40,6 +40,13 @@ import SignalingSupport
 ///   (`FanOut.committedWith`). Calls are not stored: after a crash mid-way the call is gone
 ///   with or without its ending on the devices not reached.
 ///
+/// Memory: a broadcast counts in the memory ledger (`--memory-budget`) while it lives, its
+/// event too if that is not counted already (a receipt's is not): the receipts of a sender
+/// with more devices than a chunk wait behind the broadcast in progress as objects of
+/// their own, one per acknowledged message, not yet copies in the devices' queues, so
+/// `--max-pending` does not bound them; the budget does (past it, new messages and calls
+/// are refused until they have gone out).
+///
 /// Guarded by the lock of the user's shard, like the records it points to.
 final class DeviceBroadcast: @unchecked Sendable {
     /// Names the broadcast in its shard (`SwitchboardState.broadcasts`) and in its step.
@@ -56,10 +63,18 @@ final class DeviceBroadcast: @unchecked Sendable {
     let group: CommitGroup?
     /// Devices of `listed` forgotten since it started (their queues were counted out).
     var forgotten: Set<ObjectIdentifier> = []
+    /// Where its memory is counted, and how much (`footprint`, and its event's if the event
+    /// counts nowhere else).
+    private let ledger: MemoryLedger
+    private let charged: Int
+
+    /// What a broadcast costs in memory, near enough for a budget: the object, its entries
+    /// in its user's list and its shard's table, and its step waiting in an inbox.
+    static let footprint = 256
 
     init(
         id: UInt64, user: String, event: QueuedEvent, listed: ArraySlice<DeviceRecord>, cursor: DeviceRecord?,
-        skipping: DeviceRecord?, group: CommitGroup?
+        skipping: DeviceRecord?, group: CommitGroup?, ledger: MemoryLedger
     ) {
         self.id = id
         self.user = user
@@ -68,6 +83,13 @@ final class DeviceBroadcast: @unchecked Sendable {
         self.cursor = cursor
         self.skipping = skipping
         self.group = group
+        self.ledger = ledger
+        charged = Self.footprint + (event.isCounted ? 0 : QueuedEvent.footprint(of: event.encoded))
+        ledger.add(charged)
+    }
+
+    deinit {
+        ledger.add(-charged)
     }
 
     var isFinished: Bool { listed.isEmpty && cursor == nil }
@@ -150,7 +172,8 @@ extension SwitchboardState {
         }
         nextBroadcastID += 1
         let broadcast = DeviceBroadcast(
-            id: nextBroadcastID, user: user, event: event, listed: listed, cursor: cursor, skipping: skipping, group: group)
+            id: nextBroadcastID, user: user, event: event, listed: listed, cursor: cursor, skipping: skipping, group: group,
+            ledger: ledger)
         let activity = activity(user)
         let waits = !activity.broadcasts.isEmpty
         activity.broadcasts.push(broadcast)

@@ -206,8 +206,11 @@ extension SwitchboardState {
             return outcome
         case .inviting, .ringing:
             // The callee is gone only when every device that was ringing, or is still to
-            // be rung, is gone.
-            guard !call.rungDevices.contains(where: \.isOnline) && !call.toRing.contains(where: \.isOnline) else {
+            // be rung, is gone: a count for the rung ones (O(1)); those still to be rung
+            // are a walk, but their chunks are rung within microseconds of the invite, so
+            // a check, seconds after a loss, finds none.
+            assert(call.connectedRung == call.rungDevices.count(where: \.isOnline), "connected rung devices miscounted")
+            guard call.connectedRung == 0 && !call.toRing.contains(where: \.isOnline) else {
                 return StepOutcome(reply: nil)
             }
             var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))

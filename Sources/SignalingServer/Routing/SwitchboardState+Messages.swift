@@ -53,12 +53,17 @@ extension SwitchboardState {
             return .success(MessageAcceptance(serverTime: original, event: nil))
         }
         if let refusal = admitSender(sender, bytes: message.body.count, now: now) { return .failure(refusal) }
-        // A note to oneself already reaches the sender's other devices as the recipient's.
-        let copies = message.recipient == sender ? [] : devices(of: sender).filter { $0 !== sendingDevice }
         let delivered = DeliveredMessage(
             messageID: message.messageID, sender: sender, senderDevice: senderDevice,
             recipient: message.recipient, contentType: message.contentType, body: message.body,
             serverTime: currentWall)
+        // A note to oneself already reaches the sender's other devices as the recipient's.
+        let syncs = message.recipient != sender
+        // More copies than one hold takes: a chunk a hold, then the recipient's side as a step.
+        if syncs && copiesInChunks(of: sender, sending: sendingDevice) {
+            return startCopies(of: delivered, sending: sendingDevice)
+        }
+        let copies = syncs ? devices(of: sender).filter { $0 !== sendingDevice } : []
         // To another shard's user, or to one whose fan-out takes several holds: the recipient's
         // side is a step of its own (`deliverMessage`).
         guard shardMap.owns(message.recipient), !fansOutInChunks(to: message.recipient) else {
@@ -92,6 +97,8 @@ extension SwitchboardState {
         guard journaling, acceptance.event != nil || acceptance.handOff != nil else { return nil }
         let reply = make()
         deferReply(reply, answers: acceptance.handOff == nil, queued: acceptance.event)
+        // Copies in chunks: every later hold of them is a unit of this message too.
+        activities[reply.sender]?.undecidedMessages[reply.messageID]?.copies?.committedWith = reply
         return reply
     }
 
@@ -104,7 +111,7 @@ extension SwitchboardState {
         // After every message held for the user (`HeldClaim`).
         if awaitsClaim(message.recipient) { return helpClaim(of: message.recipient, before: .deliverMessage(message)) }
         if let inProgress = activities[message.recipient]?.fanOut {
-            return helpFanOut(inProgress, before: .deliverMessage(message), now: now)
+            return helpFanOut(inProgress, before: .deliverMessage(message))
         }
         if fansOutInChunks(to: message.recipient) { return startFanOut(message, now: now) }
         let recipients = Array(devices(of: message.recipient))
@@ -130,9 +137,10 @@ extension SwitchboardState {
     }
 
     /// The sender's first step of a message to another shard's user: its copy queued to
-    /// each of `copies` (which have room), not to be written before the decision.
+    /// each of `copies` (which have room, and fit in one hold), not to be written before
+    /// the decision.
     private mutating func queueUndecidedCopies(of message: DeliveredMessage, to copies: [DeviceRecord]) -> UndecidedMessage {
-        guard !copies.isEmpty else { return UndecidedMessage(serverTime: message.serverTime, copy: nil, copiedTo: []) }
+        guard !copies.isEmpty else { return UndecidedMessage(serverTime: message.serverTime) }
         let copy = messageEvent(message)
         copy.awaitsDecision = true
         var copiedTo: [(device: DeviceRecord, seq: UInt64)] = []
@@ -143,12 +151,17 @@ extension SwitchboardState {
     /// The sender's last step of a message to another shard's user: the copies queued in
     /// its first step go out and its id is remembered, or (refused) the copies are
     /// cancelled and the id is free again. Nothing if the sender was forgotten meanwhile.
-    mutating func settleMessage(_ message: DeliveredMessage, accepted decided: Bool, now: Instant) {
+    /// Copies that went in chunks are woken or withdrawn in chunks too, by the returned step
+    /// (`settleCopies`).
+    mutating func settleMessage(_ message: DeliveredMessage, accepted decided: Bool, now: Instant) -> StepOutcome {
         guard let activity = activities[message.sender],
             let undecided = activity.undecidedMessages.removeValue(forKey: message.messageID)
-        else { return }
+        else { return StepOutcome(reply: nil) }
         let accepted = decided && !undecided.refusedByStore
-        if let copy = undecided.copy {
+        var outcome = StepOutcome(reply: nil)
+        if let copies = undecided.copies {
+            outcome = settleCopies(copies, accepted: accepted)
+        } else if let copy = undecided.copy {
             copy.awaitsDecision = false
             if !accepted { copy.isCancelled = true }
             // Devices forgotten meanwhile are left alone (their queues were counted out).
@@ -169,6 +182,7 @@ extension SwitchboardState {
         } else {
             compactActivity(message.sender)
         }
+        return outcome
     }
 
     /// Why `message` cannot be queued to `targets` and `copies` (or held for its recipient,

@@ -386,7 +386,7 @@ struct SwitchboardState {
     }
 
     mutating func removeDevice(_ device: DeviceRecord) {
-        activities[device.userID]?.fanOut?.forget(device)  // before `next` is cleared
+        activities[device.userID]?.fanOutDeviceForgotten(device)  // before `next` is cleared
         activities[device.userID]?.broadcastDeviceForgotten(device)  // the same
         forgetAcknowledgement(of: device)
         if users[device.userID] === device {
@@ -450,6 +450,7 @@ struct SwitchboardState {
             reserve(record, through: record.lastSeq + window)
         }
 
+        let reconnected = record.connection == nil
         if let old = record.connection, old != connection {
             effects.append(.close(old, Close(
                 code: .replaced, message: "another connection of device \(deviceID) took over this session")))
@@ -466,7 +467,7 @@ struct SwitchboardState {
             // Messages that waited for this user's first device: the first chunk now, the
             // rest in steps of their own (a call rings at once, ahead of the rest).
             claim = startClaim(activity, for: record)
-            ringIfCalled(record, activity)
+            ringIfCalled(record, activity, reconnected: reconnected)
         }
         return .success(AttachGrant(
             record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: acknowledgedSeq(of: record), sentSeq: sentSeq,
@@ -474,11 +475,16 @@ struct SwitchboardState {
     }
 
     /// A callee device that connects while a call rings is rung too (now, and not again by
-    /// the call's next chunk if it was still to be rung: `CallRecord.markRung`). Costs a
-    /// set look-up per call ringing the user, whatever the number of its devices.
-    private mutating func ringIfCalled(_ device: DeviceRecord, _ activity: UserActivity) {
-        for call in activity.calls where call.callee == device.userID && call.state.isUnanswered && call.markRung(device) {
-            enqueue(call.invitation, to: device)
+    /// the call's next chunk if it was still to be rung: `CallRecord.markRung`); one rung
+    /// before that had lost its connection (`reconnected`) counts as connected again. Costs
+    /// a set look-up per call ringing the user, whatever the number of its devices.
+    private mutating func ringIfCalled(_ device: DeviceRecord, _ activity: UserActivity, reconnected: Bool) {
+        for call in activity.calls where call.callee == device.userID && call.state.isUnanswered {
+            if call.markRung(device) {
+                enqueue(call.invitation, to: device)
+            } else if reconnected {
+                call.rungDeviceConnected(device)
+            }
         }
     }
 
@@ -494,6 +500,7 @@ struct SwitchboardState {
         journal(.upsertDevice(user: device.userID, device: device.deviceID, sessionID: device.sessionID, lastSeen: currentWall))
         let graceDeadline = now + configuration.callGrace
         for call in activities[device.userID]?.calls ?? [] where call.isLive && involves(call, device) {
+            if call.state.isUnanswered { call.rungDeviceDisconnected(device) }
             call.setGraceDeadline(graceDeadline, of: device)
             graceChecks.push((call, device, graceDeadline))
         }

@@ -113,6 +113,9 @@ public final class Coordinator {
         if let push {
             if push.lost > 0 { problems.append("\(push.lost) of \(push.sent) probes lost (not arrived within \(config.lossDeadline) s)") }
             if push.refused > 0 { problems.append("\(push.refused) probes refused by the server") }
+            if let refused = push.pushProbesRefused, refused > 0 {
+                problems.append("\(refused) probes to devices with no connection refused by the server")
+            }
         }
         if let fanout, fanout.lost > 0 {
             problems.append("\(fanout.lost) fan-out events lost (of \(fanout.messages) messages × \(fanout.devices / fanout.users) devices, plus receipts)")
@@ -151,7 +154,8 @@ public final class Coordinator {
                 idleDevices: config.idleDevices, fanoutDevices: config.fanoutDevices, fanoutUsers: config.fanoutUsers,
                 sourceAddresses: config.sourceAddresses, connectRate: config.connectRate / Double(count),
                 maxInFlight: config.maxInFlight, connectTimeoutSeconds: config.connectTimeout,
-                payloadBytes: config.payloadBytes, runID: runID, probePriority: config.probePriority, tls: config.tls)))
+                payloadBytes: config.payloadBytes, runID: runID, probePriority: config.probePriority, tls: config.tls,
+                callAnswer: config.callAnswer, pushUsers: config.pushUsers)))
         }
     }
 
@@ -221,7 +225,8 @@ public final class Coordinator {
         try pump(label: "waiting for the last probes", timeout: config.lossDeadline, until: { [self] in
             let total = self.total
             return total.probesReceived + total.probesRefused >= total.probesSent
-                && total.probeReceipts + total.callsEnded >= total.probesAccepted
+                && total.probeReceipts + total.callsEnded + total.callsAnswered >= total.probesAccepted
+                && total.pushProbesAccepted + total.pushProbesRefused >= total.pushProbesSent
         }, describe: nil)
         let reports = try collectReports()
         var message = LatencyHistogram(), call = LatencyHistogram(), read = LatencyHistogram()
@@ -250,7 +255,10 @@ public final class Coordinator {
             serverCPUMicrosPerProbe: cpu.flatMap { sent > 0 ? $0 * 1e6 / Double(sent) : nil },
             latency: LoadReport.Latency(all),
             messageLatency: LoadReport.Latency(message), callLatency: LoadReport.Latency(call),
-            readLatency: LoadReport.Latency(read), unstampedEvents: after.unstampedEvents - before.unstampedEvents)
+            readLatency: LoadReport.Latency(read), unstampedEvents: after.unstampedEvents - before.unstampedEvents,
+            callsAnswered: config.callAnswer == .accept ? after.callsAnswered - before.callsAnswered : nil,
+            pushProbes: config.pushUsers > 0 ? after.pushProbesSent - before.pushProbesSent : nil,
+            pushProbesRefused: config.pushUsers > 0 ? after.pushProbesRefused - before.pushProbesRefused : nil)
     }
 
     func measureFanout() throws(LoadError) -> LoadReport.Fanout {

@@ -46,6 +46,8 @@ public struct LoadConfiguration: Sendable, Equatable {
     public var events = 1000
     public var rate: Double = 1000
     public var mix: EventMix = .both
+    public var callAnswer: CallAnswer = .reject
+    public var pushUsers = 0
     public var payloadBytes = 64
     public var lossDeadline: Double = 5
     public var probePriority: ProbePriority = .normal
@@ -109,6 +111,8 @@ public struct LoadConfiguration: Sendable, Equatable {
             OptionSpec("events", value: "N", default: "1000", help: "Push-latency probes to send (0 skips the latency test)."),
             OptionSpec("rate", value: "N", default: "1000", help: "Probes per second, all workers together."),
             OptionSpec("event-mix", value: "message|call|both", default: "both", help: "Probe kind: MESSAGE_SEND, CALL_INVITE, or alternating."),
+            OptionSpec("call-answer", value: "reject|accept", default: "reject", help: "What an idle device does with a call probe: decline it, or ring and accept it (the caller then hangs up)."),
+            OptionSpec("push-users", value: "N", default: "0", help: "Users w0...w<N-1>, registered for push beforehand and not connected: a quarter of the probes go to them (push wake-ups; a call is cancelled once accepted), counted apart from the latency probes."),
             OptionSpec("payload-bytes", value: "N", default: "64", help: "Probe body size (at least 16)."),
             OptionSpec("loss-deadline", value: "SECONDS", default: "5", help: "A probe not arrived this long after the last send is lost."),
             OptionSpec("probe-priority", value: "normal|realtime", default: "normal", help: "Scheduling of the workers while probes run: realtime (SCHED_FIFO, needs root) keeps the server's other threads from delaying the tool when both share a CPU."),
@@ -196,6 +200,11 @@ public struct LoadConfiguration: Sendable, Equatable {
         config.holdSeconds = try options.double("hold", in: 0...86_400) ?? config.holdSeconds
         config.events = try options.int("events", in: 0...100_000_000) ?? config.events
         config.rate = try options.double("rate", in: 1...10_000_000) ?? config.rate
+        if let answer = options.string("call-answer") {
+            guard let value = CallAnswer(rawValue: answer) else { throw UsageError("--call-answer must be reject or accept, got '\(answer)'") }
+            config.callAnswer = value
+        }
+        config.pushUsers = try options.int("push-users", in: 0...1_000_000) ?? config.pushUsers
         if let mix = options.string("event-mix") {
             guard let value = EventMix(rawValue: mix) else { throw UsageError("--event-mix must be message, call or both, got '\(mix)'") }
             config.mix = value

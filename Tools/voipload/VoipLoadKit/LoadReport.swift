@@ -107,6 +107,11 @@ public struct LoadReport: Codable, Sendable {
         public var readLatency: Latency?
         /// Events read without a kernel receive timestamp (their arrival is the read).
         public var unstampedEvents: UInt64?
+        /// Calls answered and hung up (`--call-answer accept`; nil in older reports).
+        public var callsAnswered: UInt64? = nil
+        /// Probes to the push users (`--push-users`): sent, and refused (nil: none).
+        public var pushProbes: UInt64? = nil
+        public var pushProbesRefused: UInt64? = nil
     }
 
     public struct Fanout: Codable, Sendable {

@@ -12,6 +12,17 @@ import SignalingSupport
 ///
 /// and is the last field of both MESSAGE_SEND and CALL_INVITE, so the send time is
 /// written into the already-encoded frame just before it goes to the kernel.
+/// A request of the probe sender's (or an idle device's) whose answer is no latency
+/// probe's: a probe to a push user, or what follows a call.
+enum SpecialRequest {
+    /// A MESSAGE_SEND to a push user.
+    case pushMessage
+    /// A CALL_INVITE to a push user: cancelled once accepted.
+    case pushCall(callID: String)
+    /// CALL_HANGUP or CALL_CANCEL of the probe sender's.
+    case followUp
+}
+
 extension LoadWorker {
     static let probeContentType = "application/x-voipload"
     static let probeHeaderBytes = 16
@@ -25,16 +36,25 @@ extension LoadWorker {
         let due = probe.due(now: now)
         while probe.sent < due && table.state[slot] == .established {
             let number = probe.sent
-            let target = WorkloadLayout.idleUser(random.below(setup.idleDevices))
             let asCall = probe.mix == .call || (probe.mix == .both && number % 2 == 1)
+            // A quarter of the probes to push users, messages and calls alike (with `both`).
+            let toPush = setup.pushUsers > 0 && (number % 8 == 2 || number % 8 == 7)
+            let target = toPush
+                ? WorkloadLayout.pushUser(random.below(setup.pushUsers)) : WorkloadLayout.idleUser(random.below(setup.idleDevices))
+            let callID = "c\(runTag).\(setup.worker).\(number)"
             let request: Request = asCall
-                ? .callInvite(callID: "c\(runTag).\(setup.worker).\(number)", callee: target, offer: probeBody())
+                ? .callInvite(callID: callID, callee: target, offer: probeBody())
                 : .messageSend(OutgoingMessage(
                     messageID: "m\(runTag).\(number)", recipient: target,
                     contentType: Self.probeContentType, body: probeBody()))
+            if toPush {
+                specialRequests[nextRequestID] = asCall ? .pushCall(callID: callID) : .pushMessage
+                status.pushProbesSent += 1
+            } else {
+                status.probesSent += 1
+            }
             sendStamped(request, slot: slot)
             probe.sent += 1
-            status.probesSent += 1
         }
         if !probe.isSending { status.probesDone = true }
     }
@@ -93,15 +113,26 @@ extension LoadWorker {
             callLatency.record(nanoseconds: arrival(sentAt))
             readLatency.record(nanoseconds: currentRead.read &- sentAt)
             status.probesReceived += 1
-            // Decline at once, which ends the call on the server (no ring timeout to wait).
-            send(FrameEncoder.encode(.request(id: nextRequestID, .callReject(callID: callID, reason: .declined))), slot: slot)
-            nextRequestID &+= 1
+            switch setup.callAnswer {
+            case .reject:
+                // Decline at once, which ends the call on the server (no ring timeout to wait).
+                sendRequest(.callReject(callID: callID, reason: .declined), slot: slot)
+            case .accept:
+                sendRequest(.callRinging(callID: callID), slot: slot)
+                sendRequest(.callAccept(callID: callID, answer: [0]), slot: slot)
+            }
         case (.idleDevice, .callEnded):
-            break  // a call that ended before it was declined (e.g. during a storm)
+            break  // a call that ended before it was declined (e.g. during a storm), or was hung up
         case (.probeSender, .messageDelivered):
             status.probeReceipts += 1
         case (.probeSender, .callEnded):
             status.callsEnded += 1
+        case (.probeSender, .callRang):
+            break
+        case (.probeSender, .callAccepted(let callID, _, _)):
+            status.callsAnswered += 1
+            specialRequests[nextRequestID] = .followUp
+            sendRequest(.callHangup(callID: callID), slot: slot)
         case (.fanoutSender, .messageDelivered):
             status.fanoutReceipts += 1
         case (.fanoutDevice, .message(let message)):
@@ -124,8 +155,34 @@ extension LoadWorker {
         return currentRead.arrived > sentAt ? currentRead.arrived - sentAt : 0
     }
 
+    /// Sends a request with the next request id.
+    func sendRequest(_ request: Request, slot: Int) {
+        send(FrameEncoder.encode(.request(id: nextRequestID, request)), slot: slot)
+        nextRequestID &+= 1
+    }
+
     /// OK or ERROR for one of this connection's requests.
     func replied(requestID: UInt32, refused code: ErrorCode?, slot: Int) {
+        if let special = specialRequests.removeValue(forKey: requestID) {
+            switch special {
+            case .pushMessage, .pushCall:
+                if let code {
+                    status.pushProbesRefused += 1
+                    status.failures["push probe refused: \(code)", default: 0] += 1
+                } else {
+                    status.pushProbesAccepted += 1
+                    if case .pushCall(let callID) = special {
+                        // Nobody will answer: the call rang by push only; end it now.
+                        specialRequests[nextRequestID] = .followUp
+                        sendRequest(.callCancel(callID: callID), slot: slot)
+                    }
+                }
+            case .followUp:
+                // An error means the call had already ended (the callee's side ended it).
+                if code != nil { status.unexpectedEvents += 1 }
+            }
+            return
+        }
         switch layout.role(ofSlot: slot) {
         case .probeSender:
             if let code {

@@ -68,6 +68,8 @@ public final class LoadWorker {
     /// The worker runs at SCHED_FIFO for the current probe phase (`ProbePriority`).
     var realtime = false
     var nextRequestID: UInt32 = 1
+    /// Requests whose answer is no latency probe's, by request id (`SpecialRequest`).
+    var specialRequests: [UInt32: SpecialRequest] = [:]
 
     var controlBuffer = LineBuffer()
     var running = true

@@ -36,6 +36,10 @@ extension LoadReport {
             if let cpu = p.serverCPUMicrosPerProbe { lines.append("             server CPU \(format(cpu)) µs per probe (whole exchange)") }
             if p.messageLatency.count > 0 { lines.append("             message \(latencyLine(p.messageLatency))") }
             if p.callLatency.count > 0 { lines.append("             call    \(latencyLine(p.callLatency))") }
+            if let answered = p.callsAnswered { lines.append("             \(answered) calls rung, accepted and hung up") }
+            if let pushed = p.pushProbes {
+                lines.append("             \(pushed) more to devices with no connection (push wake-ups), \(p.pushProbesRefused ?? 0) refused")
+            }
         }
         if let f = fanout {
             let perCore = f.eventsPerCPUSecond.map { "\(Int($0)) events/s per core (server CPU \(format(f.serverCPUSeconds ?? 0)) s)" } ?? "server CPU unknown"

@@ -23,6 +23,10 @@ extension WorkerStatus {
             total.probesReceived += s.probesReceived
             total.probeReceipts += s.probeReceipts
             total.callsEnded += s.callsEnded
+            total.callsAnswered += s.callsAnswered
+            total.pushProbesSent += s.pushProbesSent
+            total.pushProbesAccepted += s.pushProbesAccepted
+            total.pushProbesRefused += s.pushProbesRefused
             total.probesDone = total.probesDone && s.probesDone
             total.realtimeWorkers += s.realtimeWorkers
             total.duplicates += s.duplicates

@@ -33,6 +33,20 @@ public struct WorkerSetup: Codable, Sendable, Equatable {
     public var probePriority: ProbePriority
     /// TLS to the server, its `serverName` already set; nil for plain TCP.
     public var tls: TLSClientConfiguration? = nil
+    /// What an idle device does with a call probe (`--call-answer`).
+    public var callAnswer: CallAnswer = .reject
+    /// Users `w0`...`w<n-1>` with a push token and no connection (`--push-users`): a
+    /// quarter of the probes go to them, each a push wake-up, not a latency probe.
+    public var pushUsers: Int = 0
+}
+
+/// What an idle device does with CALL_INCOMING.
+public enum CallAnswer: String, Codable, Sendable, CaseIterable {
+    /// CALL_REJECT at once: the call ends on the server.
+    case reject
+    /// CALL_RINGING and CALL_ACCEPT; the caller hangs up on CALL_ACCEPTED (a call's whole
+    /// life: ring, answer, hang-up, across the users' shards).
+    case accept
 }
 
 /// How the workers are scheduled during the push-latency phase.
@@ -104,6 +118,13 @@ public struct WorkerStatus: Codable, Sendable, Equatable {
     public var probesReceived: UInt64 = 0
     public var probeReceipts: UInt64 = 0
     public var callsEnded: UInt64 = 0
+    /// Calls answered (CALL_ACCEPTED to the caller, which then hangs up: `CallAnswer.accept`).
+    public var callsAnswered: UInt64 = 0
+    /// Probes to the push users (`WorkerSetup.pushUsers`): each wakes an offline device
+    /// through the push gateway (a call is cancelled once accepted). Not latency probes.
+    public var pushProbesSent: UInt64 = 0
+    public var pushProbesAccepted: UInt64 = 0
+    public var pushProbesRefused: UInt64 = 0
     public var probesDone = false
     /// Workers that ran the probe phase at `ProbePriority.realtime` (a sum over workers).
     public var realtimeWorkers = 0

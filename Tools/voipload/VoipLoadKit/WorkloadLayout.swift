@@ -83,6 +83,9 @@ public struct WorkloadLayout: Sendable, Equatable {
 
     public static func idleUser(_ global: Int) -> String { "d\(global)" }
 
+    /// Push user `index` (`--push-users`): registered for push, never connected by the tool.
+    public static func pushUser(_ index: Int) -> String { "w\(index)" }
+
     /// (userId, deviceId) for a slot. Short enough (≤ 15 bytes) to stay inline in Swift
     /// strings on both sides.
     public func identity(ofSlot slot: Int) -> (user: String, device: String) {
