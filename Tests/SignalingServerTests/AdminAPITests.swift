@@ -383,6 +383,28 @@ struct AdminAPITests {
         #expect(try caller.nextEvent().event == .callAccepted(callID: "c1", device: "phone", answer: [2]))
     }
 
+    @Test("DELETE /v1/users/{id}/devices/{device} of a call's answering device: a new session within its grace stays the answering device, past the grace too")
+    func revokeAnsweringDevice() throws {
+        let server = try adminServer()
+        let (caller, phone, alice, bob) = try ringingCall(server, callerShard: 0)
+        #expect(try phone.request(1, .callAccept(callID: "c1", answer: [2])).isOK)
+        #expect(try caller.nextEvent().event == .callAccepted(callID: "c1", device: "phone", answer: [2]))
+        #expect(try http(server, "DELETE", "/v1/users/\(bob)/devices/phone").status == 200)
+        #expect(try phone.expectClose().code == .sessionUnknown)
+        try server.waitFor("the phone's disconnect") { $0.establishedConnections == 1 }
+        let fresh = try server.client()
+        _ = try fresh.hello(user: bob, device: "phone")
+        try server.advance(by: .seconds(11))
+        #expect(try caller.staysSilent(for: .milliseconds(50)), "the grace check ended the call")
+        #expect(try caller.request(2, .callHangup(callID: "c1")).isOK)
+        var ended: Event?
+        while ended == nil {
+            let event = try fresh.nextEvent().event
+            if case .callEnded = event { ended = event }
+        }
+        guard case .callEnded("c1", .hungUp, alice, _)? = ended else { Issue.record("the new session was not told of the hang-up"); return }
+    }
+
     @Test("DELETE /v1/users/{id}/devices/{device} of a ringing device that stays away: the caller hears peerDisconnected when its grace ends")
     func revokeRingingDeviceStaysAway() throws {
         let server = try adminServer()
