@@ -328,6 +328,98 @@ struct AdminAPITests {
         #expect((devices.json?["devices"] as? [[String: Any]])?.first?["pendingEvents"] as? Int == 0)
     }
 
+    /// alice (of routing shard `callerShard` of two) calls bob (of shard 1), whose phone rings,
+    /// connected. The manual clock stands still from here: neither a grace period nor the
+    /// ring timeout can end the call, so an ending the tests read came at once.
+    func ringingCall(_ server: TestServer, callerShard: Int) throws -> (caller: TestClient, phone: TestClient, alice: String, bob: String) {
+        let alice = TwoShards.user("alice", onShard: callerShard), bob = TwoShards.user("bob", onShard: 1)
+        let (caller, _) = try server.connect(user: alice)
+        let (phone, _) = try server.connect(user: bob, device: "phone")
+        #expect(try caller.request(1, .callInvite(callID: "c1", callee: bob, offer: [1])).isOK)
+        guard case .callIncoming("c1", alice, "d1", _, _) = try phone.nextEvent().event else {
+            throw TestClient.Failure("bob's phone did not ring")
+        }
+        return (caller, phone, alice, bob)
+    }
+
+    @Test("DELETE /v1/users/{id} of a callee whose device rings, connected: the caller hears CALL_ENDED peerDisconnected at once (caller on the other shard, then the same)", arguments: [0, 1])
+    func forgetRingingCallee(callerShard: Int) throws {
+        let server = try adminServer()
+        let (caller, phone, _, bob) = try ringingCall(server, callerShard: callerShard)
+        #expect(try http(server, "DELETE", "/v1/users/\(bob)").status == 200)
+        #expect(try phone.expectClose().code == .sessionUnknown)
+        guard case .callEnded("c1", .peerDisconnected, bob, _) = try caller.nextEvent().event else {
+            Issue.record("the caller was not told the callee is gone"); return
+        }
+        #expect(try caller.request(2, .callCancel(callID: "c1")).errorCode == .unknownCall, "the call is still live")
+    }
+
+    @Test("DELETE /v1/users/{id} of a caller whose call rings: the callee's ringing device hears CALL_ENDED peerDisconnected at once (caller on the other shard, then the same)", arguments: [0, 1])
+    func forgetRingingCaller(callerShard: Int) throws {
+        let server = try adminServer()
+        let (caller, phone, alice, _) = try ringingCall(server, callerShard: callerShard)
+        #expect(try http(server, "DELETE", "/v1/users/\(alice)").status == 200)
+        #expect(try caller.expectClose().code == .sessionUnknown)
+        guard case .callEnded("c1", .peerDisconnected, alice, _) = try phone.nextEvent().event else {
+            Issue.record("the callee was not told the caller is gone"); return
+        }
+        #expect(try phone.request(1, .callAccept(callID: "c1", answer: [2])).errorCode == .unknownCall, "the call is still live")
+    }
+
+    @Test("DELETE /v1/users/{id}/devices/{device} of a ringing device: the call goes on through the device's grace, as after a lost connection; a new session rings and answers")
+    func revokeRingingDevice() throws {
+        let server = try adminServer()
+        let (caller, phone, alice, bob) = try ringingCall(server, callerShard: 0)
+        #expect(try http(server, "DELETE", "/v1/users/\(bob)/devices/phone").status == 200)
+        #expect(try phone.expectClose().code == .sessionUnknown)
+        try server.waitFor("the phone's disconnect") { $0.establishedConnections == 1 }
+        #expect(try caller.staysSilent(for: .milliseconds(50)))
+        let fresh = try server.client()
+        _ = try fresh.hello(user: bob, device: "phone")
+        guard case .callIncoming("c1", alice, "d1", _, _) = try fresh.nextEvent().event else {
+            Issue.record("the new session was not rung"); return
+        }
+        #expect(try fresh.request(1, .callAccept(callID: "c1", answer: [2])).isOK)
+        #expect(try caller.nextEvent().event == .callAccepted(callID: "c1", device: "phone", answer: [2]))
+    }
+
+    @Test("DELETE /v1/users/{id}/devices/{device} of a call's answering device: a new session within its grace stays the answering device, past the grace too")
+    func revokeAnsweringDevice() throws {
+        let server = try adminServer()
+        let (caller, phone, alice, bob) = try ringingCall(server, callerShard: 0)
+        #expect(try phone.request(1, .callAccept(callID: "c1", answer: [2])).isOK)
+        #expect(try caller.nextEvent().event == .callAccepted(callID: "c1", device: "phone", answer: [2]))
+        #expect(try http(server, "DELETE", "/v1/users/\(bob)/devices/phone").status == 200)
+        #expect(try phone.expectClose().code == .sessionUnknown)
+        try server.waitFor("the phone's disconnect") { $0.establishedConnections == 1 }
+        let fresh = try server.client()
+        _ = try fresh.hello(user: bob, device: "phone")
+        try server.advance(by: .seconds(11))
+        #expect(try caller.staysSilent(for: .milliseconds(50)), "the grace check ended the call")
+        #expect(try caller.request(2, .callHangup(callID: "c1")).isOK)
+        var ended: Event?
+        while ended == nil {
+            let event = try fresh.nextEvent().event
+            if case .callEnded = event { ended = event }
+        }
+        guard case .callEnded("c1", .hungUp, alice, _)? = ended else { Issue.record("the new session was not told of the hang-up"); return }
+    }
+
+    @Test("DELETE /v1/users/{id}/devices/{device} of a ringing device that stays away: the caller hears peerDisconnected when its grace ends")
+    func revokeRingingDeviceStaysAway() throws {
+        let server = try adminServer()
+        let (caller, phone, _, bob) = try ringingCall(server, callerShard: 0)
+        #expect(try http(server, "DELETE", "/v1/users/\(bob)/devices/phone").status == 200)
+        #expect(try phone.expectClose().code == .sessionUnknown)
+        try server.waitFor("the phone's disconnect") { $0.establishedConnections == 1 }
+        try server.advance(by: .seconds(9))
+        #expect(try caller.staysSilent(for: .milliseconds(20)))
+        try server.advance(by: .seconds(2))
+        guard case .callEnded("c1", .peerDisconnected, bob, _) = try caller.nextEvent().event else {
+            Issue.record("the caller was not told when the grace ended"); return
+        }
+    }
+
     // MARK: Multi-device sync
 
     @Test("a message a user sends reaches the user's other devices too, and only the recipient's acknowledgements are receipts")

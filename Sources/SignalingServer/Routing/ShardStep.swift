@@ -59,7 +59,8 @@ enum ShardStep: Sendable, Equatable {
     /// The calling device asks the callee's shard to cancel or hang up its call.
     indirect case callerRequest(CallerRequest, callID: String, callee: String, caller: DeviceAddress)
     /// The calling device stayed away past its grace period (or its user was forgotten):
-    /// for the callee's shard, which ends the call as `partyVanished` does.
+    /// for the callee's shard, which ends the call for the callee's devices
+    /// (`callerVanished`).
     indirect case callerVanished(callID: String, callee: String, caller: DeviceAddress)
     /// What the callee's shard tells the caller's about a call: an event for the calling
     /// device, or that the call is over. Numbered per call from 1, so that the caller's

@@ -58,28 +58,36 @@ extension SwitchboardState {
 
     /// Forgets a user: every device (closed with CLOSE sessionUnknown if connected) with
     /// its queue and push registration, the messages held for it, the ids of the messages
-    /// it sent, and the calls it takes part in (ended for the other party as if its
-    /// device had vanished). Returns the number of devices removed, and the steps that end
-    /// its calls in other shards. Messages it sent that wait in other users' queues stay
-    /// theirs.
+    /// it sent, and the calls it takes part in (ended at once for the other party with
+    /// peerDisconnected, as if its device had vanished and its grace had passed). Returns
+    /// the number of devices removed, and the steps that end its calls in other shards.
+    /// Messages it sent that wait in other users' queues stay theirs.
     mutating func forgetUser(_ userID: String, now: Instant) -> (Result<Int, AdminRefusal>, next: [ShardStep]) {
         guard knows(userID) else { return (.failure(.unknownUser(userID)), []) }
         let removed = Array(devices(of: userID))
-        var ended = StepOutcome(reply: nil)
+        // Every connection goes first, so that nothing below sees one of the user's devices
+        // still connected. (The calls were once checked device by device before the
+        // device's connection was cleared: a call ringing a connected device found it
+        // there, and rang on until its timeout for a callee who no longer existed.)
         for device in removed {
-            for call in activities[userID]?.calls ?? [] where call.isLive && involves(call, device) {
-                ended.merge(partyVanished(call, device))
+            guard let connection = device.connection else { continue }
+            effects.append(.close(connection, Close(
+                code: .sessionUnknown, message: "the operator removed this user; start a new session")))
+            // The connection's loop detaches nothing when it closes: the record is gone.
+            for call in activities[userID]?.calls ?? [] where call.isLive && call.state.isUnanswered {
+                call.rungDeviceDisconnected(device)
             }
-            ended.merge(callerGone(device))
-            if let connection = device.connection {
-                effects.append(.close(connection, Close(
-                    code: .sessionUnknown, message: "the operator removed this user; start a new session")))
-                // The connection's loop detaches nothing when it closes: the record is gone.
-                for call in activities[userID]?.calls ?? [] where call.isLive && call.state.isUnanswered {
-                    call.rungDeviceDisconnected(device)
-                }
-                device.connection = nil
-            }
+            device.connection = nil
+        }
+        var ended = StepOutcome(reply: nil)
+        // Calls to the user: nobody is left to answer, whatever its devices were doing
+        // (ringing, still to be rung in a later chunk, woken by push, or in their grace).
+        for call in activities[userID]?.calls ?? [] where call.isLive {
+            ended.merge(calleeVanished(call, missedBy: []))
+        }
+        // Calls from the user: their callees' devices are told in the callees' shards.
+        for device in removed { ended.merge(callerGone(device)) }
+        for device in removed {
             removeDevice(device)
             journal(.removeDevice(user: userID, device: device.deviceID))
         }

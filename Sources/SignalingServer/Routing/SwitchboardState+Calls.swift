@@ -197,13 +197,11 @@ extension SwitchboardState {
     }
 
     /// The callee's `device` lost its connection and did not come back within the grace
-    /// period (or its user was forgotten).
+    /// period.
     mutating func partyVanished(_ call: CallRecord, _ device: DeviceRecord) -> StepOutcome {
         switch call.state {
         case .active(let answeredBy) where answeredBy == device.deviceID:
-            var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
-            outcome.merge(end(call, .peerDisconnected))
-            return outcome
+            return calleeVanished(call, missedBy: [])
         case .inviting, .ringing:
             // The callee is gone only when every device that was ringing, or is still to
             // be rung, is gone: a count for the rung ones (O(1)); those still to be rung
@@ -213,18 +211,29 @@ extension SwitchboardState {
             guard call.connectedRung == 0 && !call.toRing.contains(where: \.isOnline) else {
                 return StepOutcome(reply: nil)
             }
-            var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
-            let missed = makeEvent(callEnded(call, .noAnswer, peer: call.caller.user))
-            outcome.next += broadcast(missed, to: call.rungDevices, of: call.callee)
-            outcome.merge(end(call, .peerDisconnected))
-            return outcome
+            return calleeVanished(call, missedBy: call.rungDevices)
         default:
             return StepOutcome(reply: nil)
         }
     }
 
-    /// The calling device stayed away past its grace period (or its user was forgotten):
-    /// the callee's step, which ends the call for the callee's devices.
+    /// The callee of the live `call` is gone (the devices that rang, or the one that
+    /// answered, stayed away past their grace; or the operator forgot the user): CALL_ENDED
+    /// peerDisconnected to the caller, noAnswer (a missed call) to `missedBy`, and the call
+    /// ends. `missedBy` is empty when there is nobody to tell (an answered call, a user
+    /// forgotten: its devices are being removed).
+    mutating func calleeVanished(_ call: CallRecord, missedBy: [DeviceRecord]) -> StepOutcome {
+        var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
+        if !missedBy.isEmpty {
+            let missed = makeEvent(callEnded(call, .noAnswer, peer: call.caller.user))
+            outcome.next += broadcast(missed, to: missedBy, of: call.callee)
+        }
+        outcome.merge(end(call, .peerDisconnected))
+        return outcome
+    }
+
+    /// The calling device stayed away past its grace period (or its user was forgotten:
+    /// `callerGone`): the callee's step, which ends the call for the callee's devices.
     mutating func callerVanished(callID: String, caller: DeviceAddress) -> StepOutcome {
         guard let call = calls[callID], call.caller == caller, call.isLive else { return StepOutcome(reply: nil) }
         var ending: [ShardStep] = []
