@@ -296,7 +296,8 @@ extension EventLoop {
         guard let device = table.state(slot).pointee.device else { return }
         let ref = reference(slot)
         let wall = context.clock.wallMilliseconds()
-        let (violation, next, receipts, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
+        let (violation, next, receipts, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board in
             let (violation, next) = board.ack(device, connection: ref, through: seq)
             return (violation, next, board.group(for: next), board.takeEffects())
         }
@@ -332,7 +333,8 @@ extension EventLoop {
         // A message to another shard's user, with a store: its OK, deferred until every
         // step's changes are committed (`Switchboard.runMessage`).
         var deferredHandOff: DeferredReply?
-        var (stepOutcome, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
+        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
+        var (stepOutcome, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
             let outcome: StepOutcome
             switch request {
             case .callInvite(let callID, let callee, let offer):

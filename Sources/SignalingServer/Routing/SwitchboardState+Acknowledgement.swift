@@ -177,7 +177,8 @@ extension SwitchboardState {
             work += 1
             // Delivered after the removal: a note to oneself puts its receipt in this queue.
             guard let receipt else { continue }
-            if shardMap.owns(receipt.sender) {
+            // The sender's shard as the receipt carries it: no hash per receipt.
+            if Int(receipt.senderShard) == shardMap.index {
                 let delivered = deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
                 work += delivered.copies
                 next += delivered.next
