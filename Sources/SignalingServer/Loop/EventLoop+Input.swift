@@ -303,8 +303,10 @@ extension EventLoop {
         }
         apply(effects)
         if !next.isEmpty {
-            // Receipts for senders of other shards, committed with the acknowledgement.
-            let chain = StepChain(now: context.clock.now(), wall: wall, requester: nil, group: receipts)
+            // Receipts for senders of other shards, committed with the acknowledgement
+            // (without a store, in the chain of the callback's ACKs).
+            let chain = receipts.map { StepChain(now: context.clock.now(), wall: wall, requester: nil, group: $0) }
+                ?? acknowledgementChain(now: context.clock.now(), wall: wall)
             apply(context.switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
         }
         if let violation { protocolViolation(slot, violation) }

@@ -280,7 +280,7 @@ public enum FanOutScaling {
             }
             loop.apply(effects)
             if !next.isEmpty {
-                loop.apply(switchboard.run(next, chain: StepChain(now: now, wall: wall, requester: nil, group: nil), on: loop).effects)
+                loop.apply(switchboard.run(next, chain: loop.acknowledgementChain(now: now, wall: wall), on: loop).effects)
             }
             return through
         }
