@@ -81,6 +81,23 @@ struct AcknowledgementTests {
         return chunks
     }
 
+    @Test("a device's acknowledgement in progress is found with none, one and several in progress, and no other device's is")
+    func acknowledgementsInProgressByDevice() {
+        let devices = (0..<3).map { DeviceRecord(userID: "u\($0)", deviceID: "d", sessionID: SessionID(high: 0, low: UInt64($0))) }
+        var inProgress = Acknowledgements()
+        #expect(inProgress.of(devices[0]) == nil)
+        let first = inProgress.start(devices[0], through: 10)
+        #expect(inProgress.of(devices[0]) === first)
+        #expect(inProgress.of(devices[1]) == nil)
+        let second = inProgress.start(devices[1], through: 20)
+        #expect(inProgress.of(devices[0]) === first && inProgress.of(devices[1]) === second)
+        #expect(inProgress.of(devices[2]) == nil)
+        inProgress.remove(first)
+        #expect(inProgress.of(devices[0]) == nil && inProgress.of(devices[1]) === second)
+        inProgress.remove(second)
+        #expect(inProgress.of(devices[1]) == nil && inProgress.isEmpty)
+    }
+
     @Test("an ACK of more events than a chunk takes them out a chunk per hold, the rest in holds of their own, and every receipt goes to the sender on the other shard exactly once, in order")
     func chunkedAcrossShards() throws {
         var shards = TwoShards()

@@ -1,3 +1,4 @@
+import SignalingSupport
 import Testing
 @testable import SignalingServer
 
@@ -30,6 +31,30 @@ struct FanOutScalingTests {
         // Half of the users live on the other thread's shard: their steps were posted.
         #expect(figures.stepsPosted > 0)
         #expect(figures.threadCPUSeconds.count == 2)
+    }
+
+    @Test("the ACKs of one callback without a store share one step chain: a new one for another millisecond and for the next callback")
+    func acknowledgementsShareAChainPerCallback() throws {
+        let context = ServerContext(
+            configuration: ServerConfiguration(), clock: ManualClock(), logger: .silent, journaling: false, pushGateway: nil,
+            tokenVerifier: nil)
+        let loop = try EventLoop(index: 0, context: context, listenFD: -1)
+        defer { loop.owned { loop.table.deallocate() } }
+        let now = Instant(nanoseconds: 1)
+        var first: StepChain?
+        var again: StepChain?
+        var later: StepChain?
+        loop.owned {
+            first = loop.acknowledgementChain(now: now, wall: 10)
+            again = loop.acknowledgementChain(now: now, wall: 10)
+            later = loop.acknowledgementChain(now: now, wall: 11)
+        }
+        var next: StepChain?
+        loop.owned { next = loop.acknowledgementChain(now: now, wall: 11) }
+        #expect(first === again)
+        #expect(later !== first && later?.wall == 11)
+        #expect(next !== later, "a chain outlived its callback")
+        #expect(first?.requester == nil && first?.group == nil && first?.awaitsAnswer == false)
     }
 
     @Test("a run on one thread posts no step: everything is its own shard's")

@@ -126,7 +126,7 @@ struct FanOutTests {
         for device in queued { #expect(Self.writable(shards.states[0], device).isEmpty) }
         // A call event for one of them, queued after the copy, waits behind it too.
         let first = try #require(queued.first)
-        shards.states[0].deliverReceipt(DeliveryReceipt(sender: fan, messageID: "x", recipient: bob), recipientDevice: "d", serverTime: 1)
+        shards.states[0].deliverReceipt(DeliveryReceipt(sender: fan, messageID: "x", recipient: bob, shards: shards.states[0].shardMap), recipientDevice: "d", serverTime: 1)
         var written = 0
         _ = shards.states[0].nextBatch(for: first, connection: first.connection!, after: 0, limit: 100) { _, _ in
             written += 1

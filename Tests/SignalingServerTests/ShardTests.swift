@@ -338,7 +338,7 @@ struct ShardStepTests {
         #expect(writable(shards.states[0], phone, slot: 2).isEmpty)
         // Its room is free: the phone takes the next event, and writes it.
         shards.states[0].deliverReceipt(
-            DeliveryReceipt(sender: alice, messageID: "m1", recipient: bob), recipientDevice: "d1", serverTime: 1)
+            DeliveryReceipt(sender: alice, messageID: "m1", recipient: bob, shards: shards.states[0].shardMap), recipientDevice: "d1", serverTime: 1)
         #expect(writable(shards.states[0], phone, slot: 2).map(\.1) == [.messageDelivered])
         #expect(shards.states[0].counters.eventsDropped == 0)
         // The id is free again.

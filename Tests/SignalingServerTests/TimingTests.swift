@@ -94,6 +94,16 @@ struct TimingTests {
         #expect(usable <= 120, "malloc's 8-byte header plus \(usable) usable bytes")
     }
 
+    @Test("a message's event with its receipt (and the sender's shard) fits a 128-byte heap block")
+    func queuedEventSize() {
+        let receipt = DeliveryReceipt(
+            sender: "a sender of twenty-four", messageID: "a message id of 24 bytes", recipient: "a recipient of twenty-4",
+            shards: ShardMap(count: 2, index: 0))
+        let event = QueuedEvent(.callRang(callID: "c", device: "d"), receipt: receipt, createdAt: 0)
+        let usable = shim_malloc_usable_size(Unmanaged.passUnretained(event).toOpaque())
+        #expect(usable <= 120, "malloc's 8-byte header plus \(usable) usable bytes")
+    }
+
     @Test("holes in an event queue cost nothing: only real events are pending, and skipped numbers count as acknowledged")
     func eventQueueHoles() {
         var queue = EventQueue(nextSeq: 6001)

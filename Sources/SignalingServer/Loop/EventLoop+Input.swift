@@ -296,14 +296,17 @@ extension EventLoop {
         guard let device = table.state(slot).pointee.device else { return }
         let ref = reference(slot)
         let wall = context.clock.wallMilliseconds()
-        let (violation, next, receipts, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
+        let (violation, next, receipts, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board in
             let (violation, next) = board.ack(device, connection: ref, through: seq)
             return (violation, next, board.group(for: next), board.takeEffects())
         }
         apply(effects)
         if !next.isEmpty {
-            // Receipts for senders of other shards, committed with the acknowledgement.
-            let chain = StepChain(now: context.clock.now(), wall: wall, requester: nil, group: receipts)
+            // Receipts for senders of other shards, committed with the acknowledgement
+            // (without a store, in the chain of the callback's ACKs).
+            let chain = receipts.map { StepChain(now: context.clock.now(), wall: wall, requester: nil, group: $0) }
+                ?? acknowledgementChain(now: context.clock.now(), wall: wall)
             apply(context.switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
         }
         if let violation { protocolViolation(slot, violation) }
@@ -332,7 +335,8 @@ extension EventLoop {
         // A message to another shard's user, with a store: its OK, deferred until every
         // step's changes are committed (`Switchboard.runMessage`).
         var deferredHandOff: DeferredReply?
-        var (stepOutcome, effects) = context.switchboard.withState(of: device.userID, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
+        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
+        var (stepOutcome, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
             let outcome: StepOutcome
             switch request {
             case .callInvite(let callID, let callee, let offer):

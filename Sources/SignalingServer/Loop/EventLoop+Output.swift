@@ -240,7 +240,8 @@ extension EventLoop {
         out.removeAll(keepingCapacity: true)
         var count = 0
         let writtenAt = LoopMetrics.now()
-        let batch = context.switchboard.withDevices(of: device.userID) { board in
+        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
+        let batch = context.switchboard.withDevices(shard: shard) { board in
             board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
                 FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
                 metrics.recordWrite(event, at: writtenAt)

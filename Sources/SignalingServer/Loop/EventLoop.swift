@@ -274,6 +274,7 @@ final class EventLoop: @unchecked Sendable {
         if shim_current_loop() == unmanagedSelf { mayBeAsleep.store(false, ordering: .relaxed) }
         ownership.withLock(timing: .loopOwnership) { _ in
             callback()
+            sharedAcknowledgementChain = nil
             if hasOutgoingSteps { postOutgoingSteps() }
             // A relayed connection's frames leave before it may move to another loop,
             // whose frames for it must follow them.
@@ -297,6 +298,23 @@ final class EventLoop: @unchecked Sendable {
         if index == 0, let writer = context.switchboard.writer, shim_current_loop() == unmanagedSelf {
             writer.dropSettledReplies()
         }
+    }
+
+    /// The chain for the steps an ACK hands on (its receipts for other shards' senders, the
+    /// rest of a long acknowledgement) that join no commit group (no store): one shared by
+    /// the ACKs of a callback that share its wall-clock millisecond, made by the first, not
+    /// one per ACK allocated here and freed by whichever loop runs its last step (a
+    /// malloc, a free on another core and the reference counts per ACK; callgrind, issue
+    /// 16). Safe to share: such a chain has no requester, no group and no message, so its
+    /// count reaching 0 (perhaps more than once) decides and closes nothing
+    /// (`Switchboard.finish`), and its steps need no clock (`ShardStep.needsClock`), only
+    /// the wall time their events are stamped with. With a store each ACK's chain carries
+    /// its own group: call `StepChain(now:wall:requester:group:)` then.
+    func acknowledgementChain(now: Instant, wall: UInt64) -> StepChain {
+        if let shared = sharedAcknowledgementChain, shared.wall == wall { return shared }
+        let chain = StepChain(now: now, wall: wall, requester: nil, group: nil)
+        sharedAcknowledgementChain = chain
+        return chain
     }
 
     /// Runs the loop on the calling thread until it has drained.
@@ -353,6 +371,9 @@ final class EventLoop: @unchecked Sendable {
     /// A commit unit was queued during the current callback and the store writer must be
     /// woken once it ends (`Switchboard.WriterWake.afterCallback`). Loop-thread state.
     var writerWakePending = false
+    /// The chain of the steps this callback's ACKs handed on without a store
+    /// (`acknowledgementChain`); nil between callbacks. Loop-thread state.
+    private var sharedAcknowledgementChain: StepChain?
 
     /// Runs the event loop until `event_base_loopbreak`. With a busy-poll window, the loop
     /// keeps polling without sleeping for that long after its last activity, so that the

@@ -273,13 +273,14 @@ public enum FanOutScaling {
         /// Returns the sequence number acknowledged through.
         private func acknowledge(_ device: Recipient, on switchboard: Switchboard, now: Instant, wall: UInt64) -> UInt64 {
             let through = device.record.lastSeq
-            let (effects, next) = switchboard.withState(of: device.user, wall: wall) { board in
+            let shard = switchboard.shard(of: device.user, connectedOn: loop)
+            let (effects, next) = switchboard.withState(shard: shard, wall: wall) { board in
                 let next = board.ack(device.record, connection: device.connection, through: through).next
                 return (board.takeEffects(), next)
             }
             loop.apply(effects)
             if !next.isEmpty {
-                loop.apply(switchboard.run(next, chain: StepChain(now: now, wall: wall, requester: nil, group: nil), on: loop).effects)
+                loop.apply(switchboard.run(next, chain: loop.acknowledgementChain(now: now, wall: wall), on: loop).effects)
             }
             return through
         }
@@ -292,7 +293,8 @@ public enum FanOutScaling {
             let message = OutgoingMessage(
                 messageID: "m\(sent)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
             sent += 1
-            let (effects, handOff) = switchboard.withState(of: sender.user, wall: wall) { board in
+            let shard = switchboard.shard(of: sender.user, connectedOn: loop)
+            let (effects, handOff) = switchboard.withState(shard: shard, wall: wall) { board in
                 let acceptance = try! board.send(message, from: sender.record, now: now).get()
                 return (board.takeEffects(), acceptance.handOff)
             }

@@ -133,8 +133,28 @@ final class MemoryLedger: Sendable {
 }
 
 /// Who wants to know that a message reached a device.
+///
+/// Memory: kept in the message's `QueuedEvent` (one per message, shared by its devices'
+/// queues); with `senderShard` the event still fits a 128-byte heap block
+/// (checked by a test).
 struct DeliveryReceipt: Sendable, Equatable {
     let sender: String
     let messageID: String
     let recipient: String
+    /// The shard of `sender` (`ShardMap.shard(of:count:)`): where the receipt goes. Hashed
+    /// once, when the message's event is made, not again by the acknowledgement of each
+    /// device it reached (an id hashed per receipt was a tenth of what crossing shards
+    /// added per event: docs/LOAD-TESTING.md, "Routing on more cores"). In memory only:
+    /// a receipt loaded from a store is placed by the shard count of the process that
+    /// loads it.
+    let senderShard: UInt16
+}
+
+extension DeliveryReceipt {
+    /// The receipt of a message of `sender`, placed among `shards`.
+    init(sender: String, messageID: String, recipient: String, shards: ShardMap) {
+        self.init(
+            sender: sender, messageID: messageID, recipient: recipient,
+            senderShard: UInt16(ShardMap.shard(of: sender, count: shards.count)))
+    }
 }

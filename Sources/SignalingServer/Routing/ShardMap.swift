@@ -21,7 +21,9 @@ struct ShardMap: Sendable, Equatable {
     static let single = ShardMap(count: 1, index: 0)
 
     init(count: Int, index: Int) {
-        precondition(count >= 1 && (0..<count).contains(index), "shard \(index) of \(count)")
+        // At most `UInt16`'s range: a receipt carries its sender's shard in 16 bits
+        // (`DeliveryReceipt.senderShard`; `--workers` is at most 256).
+        precondition(count >= 1 && count <= 1 << 16 && (0..<count).contains(index), "shard \(index) of \(count)")
         self.count = count
         self.index = index
     }

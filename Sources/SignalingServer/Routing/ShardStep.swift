@@ -68,6 +68,13 @@ enum ShardStep: Sendable, Equatable {
     /// (or node) carried each (`OutgoingCall.nextNotice`).
     indirect case toCaller(CallerNotice, callID: String, caller: DeviceAddress, number: UInt32)
 
+    /// The shard of `user` when the step carries it, so that routing the step hashes no id:
+    /// a batch of receipts (its sender's, `DeliveryReceipt.senderShard`). Nil: `user` is
+    /// hashed (`Switchboard.route`).
+    var carriedShard: Int? {
+        if case .receipts(let batch) = self { batch.senderShard } else { nil }
+    }
+
     /// The user whose shard runs this step.
     var user: String {
         switch self {
@@ -92,6 +99,9 @@ enum ShardStep: Sendable, Equatable {
 struct ReceiptBatch: Sendable, Equatable {
     let sender: String
     var receipts: [Receipt]
+
+    /// The shard of `sender`, as its receipts carry it (`DeliveryReceipt.senderShard`).
+    var senderShard: Int { Int(receipts[0].receipt.senderShard) }
 
     /// One acknowledged message: what the sender's devices' MESSAGE_DELIVERED says.
     struct Receipt: Sendable, Equatable {

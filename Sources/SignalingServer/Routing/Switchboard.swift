@@ -104,6 +104,18 @@ final class Switchboard: Sendable {
     /// The shard holding `userID`.
     func shard(of userID: String) -> Int { ShardMap.shard(of: userID, count: shards.count) }
 
+    /// The shard holding `userID`, a user whose device's connection lives on `loop` (the
+    /// calling loop): the loop's own when the loops own the shards, since a connection
+    /// moves to its user's home loop before its device is registered (EventLoop+HandOver),
+    /// so the id is not hashed again for every ACK, request and pump (about 130
+    /// instructions for a short id: docs/LOAD-TESTING.md, "Routing on more cores"). Else
+    /// hashed (one shard: no hash). Debug builds check it against the hash.
+    func shard(of userID: String, connectedOn loop: EventLoop) -> Int {
+        guard postsSteps(from: loop) else { return shard(of: userID) }
+        assert(shard(of: userID) == Int(loop.index), "a connection of \(userID) on loop \(loop.index), not its home loop")
+        return Int(loop.index)
+    }
+
     func attach(_ writer: StoreWriter) {
         self.writer = writer
     }
@@ -252,9 +264,10 @@ final class Switchboard: Sendable {
     }
 
     /// Queues `step` to run here, or hands it to the loop that owns its shard. The one place
-    /// a step's user is hashed to its shard (`PostedStep.shard`).
+    /// a step's user is hashed to its shard (`PostedStep.shard`), unless the step carries
+    /// it (`ShardStep.carriedShard`).
     private func route(_ step: ShardStep, chain: StepChain, from loop: EventLoop?, into here: inout FIFOQueue<PostedStep>) {
-        let posted = PostedStep(step: step, chain: chain, shard: shard(of: step.user))
+        let posted = PostedStep(step: step, chain: chain, shard: step.carriedShard ?? shard(of: step.user))
         guard let loop, postsSteps(from: loop) else { return here.push(posted) }
         // `postsSteps`: every shard has an owner loop.
         let owner = Self.ownerLoop(ofShard: posted.shard, shardCount: shards.count, loopCount: loop.peers.count)!
@@ -459,8 +472,14 @@ final class Switchboard: Sendable {
     func withDevices<Result>(
         of userID: String, _ body: (borrowing SwitchboardState) throws -> sending Result
     ) rethrows -> sending Result {
+        try withDevices(shard: shard(of: userID), body)
+    }
+
+    /// Runs a read of shard `index` as `withDevices(of:_:)` does.
+    func withDevices<Result>(
+        shard index: Int, _ body: (borrowing SwitchboardState) throws -> sending Result
+    ) rethrows -> sending Result {
         var hold: (start: UInt64, end: UInt64) = (0, 0)
-        let index = shard(of: userID)
         let shard = shards[index]
         assertHoldsNoShard()
         assertOwnedByCaller(index)

@@ -214,7 +214,8 @@ extension SwitchboardState {
     func messageEvent(_ message: DeliveredMessage) -> QueuedEvent {
         makeEvent(
             .message(message),
-            receipt: DeliveryReceipt(sender: message.sender, messageID: message.messageID, recipient: message.recipient))
+            receipt: DeliveryReceipt(
+                sender: message.sender, messageID: message.messageID, recipient: message.recipient, shards: shardMap))
     }
 
     /// Queues `event` to the recipient's `targets`, or holds it for the recipient, which

@@ -1031,7 +1031,9 @@ struct SwitchboardState {
     private func queuedEvent(_ event: StoredEvent, type: FrameType) -> QueuedEvent {
         let queued = QueuedEvent(
             encoded: EncodedEvent(type: type, body: event.body),
-            receipt: event.receipt.map { DeliveryReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient) },
+            receipt: event.receipt.map {
+                DeliveryReceipt(sender: $0.sender, messageID: $0.messageID, recipient: $0.recipient, shards: shardMap)
+            },
             createdAt: event.createdAt, ledger: ledger, createdNanos: 0)
         queued.isDurable = true
         return queued
