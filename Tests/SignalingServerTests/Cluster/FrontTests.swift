@@ -330,7 +330,18 @@ struct FrontTests {
         for _ in 0..<200 { front.sendFrames([frame], to: open.connection) }  // 12 MB: more than the kernel buffers
         try front.eventually("bytes wait in the front") { front.server.statistics.largestOutbound > 1 << 20 }
         #expect(!front.home.frames.contains(.closed(connection: open.connection)))
-        clock.advance(by: .seconds(32))
+        // The socket may still take bytes after the clock moved (the kernel grows its
+        // buffers; the last relayed frames arrive): each write that takes some counts as
+        // progress and restarts the 30 s. Once the buffers are full nothing moves, so a
+        // device that never reads is closed within a few 32 s steps, not at the first.
+        let system = SystemClock()
+        for _ in 0..<8 where !front.home.frames.contains(.closed(connection: open.connection)) {
+            clock.advance(by: .seconds(32))
+            let deadline = system.now() + .milliseconds(500)
+            while system.now() < deadline && !front.home.frames.contains(.closed(connection: open.connection)) {
+                system.sleep(until: system.now() + .milliseconds(2))
+            }
+        }
         try front.home.waitFor(".closed") { $0.contains(.closed(connection: open.connection)) }
         let frames = try readToEnd(device, timeout: .seconds(30))
         #expect(closeCode(frames.last) == .slowConsumer)
