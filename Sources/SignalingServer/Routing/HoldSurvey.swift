@@ -56,6 +56,16 @@ public enum HoldSurvey {
             switchboard = Switchboard.forBenchmark(journaling: false, shardCount: 2) { $0.fanOutChunk = chunk }
         }
 
+        /// A hold of `user`'s shard running `body`; what it would have the loops do (its
+        /// effects) is dropped: the bench has no connections.
+        func hold<Result>(of user: String, _ body: (inout SwitchboardState) -> sending Result) -> sending Result {
+            switchboard.withState(of: user, wall: 0) { board in
+                let result = body(&board)
+                _ = board.takeEffects()
+                return result
+            }
+        }
+
         func user(_ prefix: String, onShard index: Int) -> String {
             (0...).lazy.map { "\(prefix)\($0)" }.first { switchboard.shard(of: $0) == index }!
         }
@@ -68,9 +78,8 @@ public enum HoldSurvey {
         mutating func attachClaiming(_ user: String, _ device: String) -> (record: DeviceRecord, claim: ShardStep?) {
             slot += 1
             let connection = ConnectionRef(loop: 0, slot: slot, generation: 1)
-            return switchboard.withState(of: user, wall: 0) { board in
+            return hold(of: user) { board in
                 let grant = try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now).get()
-                _ = board.takeEffects()
                 return (grant.record, grant.claim)
             }
         }
@@ -79,10 +88,8 @@ public enum HoldSurvey {
         func acknowledgeAll(_ devices: [DeviceRecord]) {
             var untimed = HoldTimes()
             for device in devices {
-                let next = switchboard.withState(of: device.userID, wall: 0) { board -> [ShardStep] in
-                    let next = board.ack(device, connection: device.connection!, through: device.lastSeq).next
-                    _ = board.takeEffects()
-                    return next
+                let next = hold(of: device.userID) { board in
+                    board.ack(device, connection: device.connection!, through: device.lastSeq).next
                 }
                 untimed.run(next, on: switchboard, now: now)
             }
@@ -107,9 +114,8 @@ public enum HoldSurvey {
             let message = OutgoingMessage(messageID: "m\(round)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
             copies.startOperation()
             let handOff = copies.timed {
-                bench.switchboard.withState(of: sender, wall: 0) { board -> ShardStep in
+                bench.hold(of: sender) { board -> ShardStep in
                     let acceptance = try! board.send(message, from: sending, now: bench.now).get()
-                    _ = board.takeEffects()
                     return acceptance.handOff!
                 }
             }
@@ -117,16 +123,14 @@ public enum HoldSurvey {
                 if case .deliverMessage = step { true } else { false }
             }
             // The recipient's step (not timed), then the sender's settle step.
-            let settleSteps = bench.switchboard.withState(of: recipient, wall: 0) { board -> [ShardStep] in
+            let settleSteps = bench.hold(of: recipient) { board -> [ShardStep] in
                 let next = board.handle(delivery[0], now: bench.now).next
-                _ = board.takeEffects()
                 return next
             }
             settle.startOperation()
             settle.run(settleSteps, on: bench.switchboard, now: bench.now)
-            let receipts = bench.switchboard.withState(of: recipient, wall: 0) { board -> [ShardStep] in
+            let receipts = bench.hold(of: recipient) { board -> [ShardStep] in
                 let next = board.ack(recipientDevice, connection: recipientDevice.connection!, through: recipientDevice.lastSeq).next
-                _ = board.takeEffects()
                 return next
             }
             receipt.startOperation()
@@ -153,26 +157,23 @@ public enum HoldSurvey {
         var ring = HoldTimes(), accept = HoldTimes()
         for round in 0..<rounds {
             let callID = "c\(round)"
-            let invite = bench.switchboard.withState(of: caller, wall: 0) { board -> [ShardStep] in
+            let invite = bench.hold(of: caller) { board -> [ShardStep] in
                 let outcome = board.invite(callID: callID, callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now)
-                _ = board.takeEffects()
                 return outcome.next
             }
             ring.startOperation()
             ring.run(invite, on: bench.switchboard, now: bench.now)
             accept.startOperation()
             let answered = accept.timed {
-                bench.switchboard.withState(of: callee, wall: 0) { board -> [ShardStep] in
+                bench.hold(of: callee) { board -> [ShardStep] in
                     let outcome = board.accept(callID: callID, answer: [4], from: calleeDevices[0])
-                    _ = board.takeEffects()
                     return outcome.next
                 }
             }
             accept.run(answered, on: bench.switchboard, now: bench.now)
             var untimed = HoldTimes()
-            let hungUp = bench.switchboard.withState(of: callee, wall: 0) { board -> [ShardStep] in
+            let hungUp = bench.hold(of: callee) { board -> [ShardStep] in
                 let outcome = board.hangUp(callID: callID, from: calleeDevices[0])
-                _ = board.takeEffects()
                 return outcome.next
             }
             untimed.run(hungUp, on: bench.switchboard, now: bench.now)
@@ -197,9 +198,8 @@ public enum HoldSurvey {
         let timeout = bench.switchboard.withState(of: callee, wall: 0) { $0.configuration.ringTimeout }
         var ended = HoldTimes()
         for round in 0..<rounds {
-            let invite = bench.switchboard.withState(of: caller, wall: 0) { board -> [ShardStep] in
+            let invite = bench.hold(of: caller) { board -> [ShardStep] in
                 let outcome = board.invite(callID: "t\(round)", callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now)
-                _ = board.takeEffects()
                 return outcome.next
             }
             var untimed = HoldTimes()
@@ -207,9 +207,8 @@ public enum HoldSurvey {
             ended.startOperation()
             let later = bench.now + timeout + .seconds(1)
             let next = ended.timed {
-                bench.switchboard.withState(of: callee, wall: 0) { board -> [ShardStep] in
+                bench.hold(of: callee) { board -> [ShardStep] in
                     let pass = board.expire(now: later)
-                    _ = board.takeEffects()
                     return pass.next
                 }
             }
@@ -231,9 +230,8 @@ public enum HoldSurvey {
             var untimed = HoldTimes()
             for number in 0..<held {
                 let message = OutgoingMessage(messageID: "r\(round)m\(number)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
-                let handOff = bench.switchboard.withState(of: sender, wall: 0) { board -> [ShardStep] in
+                let handOff = bench.hold(of: sender) { board -> [ShardStep] in
                     let acceptance = try! board.send(message, from: sending, now: bench.now).get()
-                    _ = board.takeEffects()
                     return acceptance.handOff.map { [$0] } ?? []
                 }
                 untimed.run(handOff, on: bench.switchboard, now: bench.now)
