@@ -12,18 +12,6 @@ import Testing
 /// has run its SUBSCRIBE.
 @Suite("Front and home on a real Redis link", .serialized, .enabled(if: RedisServer.isAvailable, "redis-server is not installed"))
 struct FrontOnRedisTests {
-    /// A node on an ephemeral loopback port with two loops, as the cluster tests run them
-    /// (placement off: many servers share the test process; a 5 ms tick).
-    static func nodeConfiguration() -> ServerConfiguration {
-        var configuration = ServerConfiguration()
-        configuration.host = "127.0.0.1"
-        configuration.port = 0
-        configuration.workers = 2
-        configuration.threadPlacement = .off
-        configuration.tickInterval = .milliseconds(5)
-        return configuration
-    }
-
     @Test("a front that addresses a home before Redis has run the home's SUBSCRIBE holds its devices, and relays them once the home listens: none is closed")
     func frontWaitsUntilTheHomeListens() throws {
         let redis = try RedisServer(settings: [])
@@ -37,7 +25,7 @@ struct FrontOnRedisTests {
         let relay = FrontRelay(link: frontLink)
         frontLink.start { relay.receive($0) }
         defer { frontLink.stop() }
-        let configuration = Self.nodeConfiguration()
+        let configuration = TestServer.configuration()
         let front = try SignalingServer(configuration: configuration, logger: .silent, front: relay)
         try front.start()
         defer { front.shutdown() }
@@ -74,7 +62,7 @@ struct FrontOnRedisTests {
     func frontHoldsDevicesWhileTheNewHomeLoads() throws {
         let redis = try RedisServer(settings: [])
         let endpoint = try RedisEndpoint(url: redis.url())
-        var configuration = Self.nodeConfiguration()
+        var configuration = TestServer.configuration()
         configuration.drainTimeout = .seconds(1)
         configuration.storage.redisLeaseTTL = .seconds(2)
         func member(openStore: @escaping @Sendable (String) throws(StoreError) -> any EventStore) throws -> LeasedNode {

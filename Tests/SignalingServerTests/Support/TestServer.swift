@@ -21,11 +21,9 @@ final class TestServer {
     ///   - allowedCPUs: start as if the process could use only these CPUs (thread
     ///     placement; nil: the process's real mask).
     ///   - connectionSlotsPerLoop: a smaller connection table per loop, to fill it.
-    init(
-        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
-        logger: Logger = .silent, relay: (any NodeLink)? = nil, allowedCPUs: [Int]? = nil,
-        connectionSlotsPerLoop: Int? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }
-    ) throws {
+    /// What a test server runs with before its test's changes: an ephemeral loopback port,
+    /// `workers` loops, a 5 ms tick. Also for tests that build a server or node themselves.
+    static func configuration(workers: Int = 2) -> ServerConfiguration {
         var configuration = ServerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = 0
@@ -35,6 +33,15 @@ final class TestServer {
         // one's loop to the first CPU and its store writer to the next, crowding a core.
         // The scheduler spreads them instead; ThreadPlacementTests cover placement.
         configuration.threadPlacement = .off
+        return configuration
+    }
+
+    init(
+        workers: Int = 2, store: (any EventStore)? = nil, clock: ManualClock = ManualClock(),
+        logger: Logger = .silent, relay: (any NodeLink)? = nil, allowedCPUs: [Int]? = nil,
+        connectionSlotsPerLoop: Int? = nil, _ configure: (inout ServerConfiguration) -> Void = { _ in }
+    ) throws {
+        var configuration = Self.configuration(workers: workers)
         configure(&configuration)
         self.clock = clock
         server = try SignalingServer(configuration: configuration, clock: clock, logger: logger, store: store)
