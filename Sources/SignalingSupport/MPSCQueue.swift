@@ -37,6 +37,13 @@ import Synchronization
 /// Inlinable, so that the modules that use it get it specialised for their element: a
 /// generic call across modules looked up the element's metadata at run time on every
 /// push and take (about 1.5 % of a loop's samples with the store writer's queues).
+/// The deinit cannot be specialised (it runs generic, in this module): the head is an
+/// `Atomic<UInt>` holding the node's address, and the closed mark a raw allocation, so
+/// that ending an empty queue needs no metadata. With `Atomic<UnsafeMutablePointer<Node>?>`
+/// every deinit looked up the metadata of `Atomic`, `Optional`, `UnsafeMutablePointer` and
+/// `Node` for its element at run time, about 1,400 instructions: once per message with a
+/// store, whose `DeferredReply` holds a queue (docs/LOAD-TESTING.md, "The loop's
+/// instructions per message").
 public struct MPSCQueue<Element>: ~Copyable {
     @usableFromInline
     struct Node {
@@ -50,19 +57,30 @@ public struct MPSCQueue<Element>: ~Copyable {
         }
     }
 
-    /// The newest node (nil: empty; `closedMark`: closed).
-    @usableFromInline let head = Atomic<UnsafeMutablePointer<Node>?>(nil)
-    /// Allocated, never initialised, never dereferenced: only its address is used.
-    @usableFromInline let closedMark = UnsafeMutablePointer<Node>.allocate(capacity: 1)
+    /// The address of the newest node (0: empty; `closedMark`'s: closed).
+    @usableFromInline let head = Atomic<UInt>(0)
+    /// Allocated, never dereferenced: only its address is used, which no node can have.
+    @usableFromInline let closedMark = UnsafeMutableRawPointer.allocate(byteCount: 1, alignment: 1)
 
     @inlinable
     public init() {}
 
     deinit {
         let list = head.load(ordering: .acquiring)
-        if list != closedMark { Self.free(list) }
+        // Only a queue ended with elements in it (a server stopping) walks its nodes,
+        // which needs the element's metadata.
+        if list != 0 && list != UInt(bitPattern: closedMark) { Self.free(Self.node(at: list)) }
         closedMark.deallocate()
     }
+
+    @inlinable
+    static func node(at address: UInt) -> UnsafeMutablePointer<Node>? { UnsafeMutablePointer(bitPattern: address) }
+
+    @inlinable
+    static func address(of node: UnsafeMutablePointer<Node>?) -> UInt { UInt(bitPattern: node) }
+
+    @inlinable
+    var closedAddress: UInt { UInt(bitPattern: closedMark) }
 
     /// What a push did.
     public enum PushResult: Equatable, Sendable {
@@ -77,8 +95,13 @@ public struct MPSCQueue<Element>: ~Copyable {
 
     /// Pushes `element` (any thread).
     @inlinable @discardableResult
-    public func push(_ element: Element) -> PushResult {
-        push(contentsOf: CollectionOfOne(element))
+    public func push(_ element: consuming Element) -> PushResult {
+        // Its own node, not `push(contentsOf: CollectionOfOne(element))`: iterating the
+        // collection copied the element once more (a retain and release of each of its
+        // fields, for the store writer's commit units).
+        let node = UnsafeMutablePointer<Node>.allocate(capacity: 1)
+        node.initialize(to: Node(element: element, next: nil))
+        return link(newest: node, oldest: node)
     }
 
     /// Pushes `elements` as one contiguous batch, in their order (any thread). An empty
@@ -94,20 +117,26 @@ public struct MPSCQueue<Element>: ~Copyable {
             if oldest == nil { oldest = node }
             newest = node
         }
+        guard let newest, let oldest else { return isClosed ? .refused : .queued }
+        return link(newest: newest, oldest: oldest)
+    }
+
+    /// Publishes a chain of this push's nodes, `newest` first, linked down to `oldest`.
+    @inlinable
+    func link(newest: UnsafeMutablePointer<Node>, oldest: UnsafeMutablePointer<Node>) -> PushResult {
         var current = head.load(ordering: .acquiring)
         while true {
-            guard current != closedMark else {
+            guard current != closedAddress else {
                 // A failed attempt may have linked the chain to a head since taken: cut
                 // it, so that only this push's nodes are freed.
-                oldest?.pointee.next = nil
+                oldest.pointee.next = nil
                 Self.free(newest)
                 return .refused
             }
-            guard let newest, let oldest else { return .queued }
-            oldest.pointee.next = current
+            oldest.pointee.next = Self.node(at: current)
             let (exchanged, found) = head.compareExchange(
-                expected: current, desired: newest, successOrdering: .releasing, failureOrdering: .acquiring)
-            if exchanged { return current == nil ? .queuedFirst : .queued }
+                expected: current, desired: Self.address(of: newest), successOrdering: .releasing, failureOrdering: .acquiring)
+            if exchanged { return current == 0 ? .queuedFirst : .queued }
             current = found
         }
     }
@@ -117,12 +146,12 @@ public struct MPSCQueue<Element>: ~Copyable {
     @inlinable
     public var isEmpty: Bool {
         let current = head.load(ordering: .acquiring)
-        return current == nil || current == closedMark
+        return current == 0 || current == closedAddress
     }
 
     /// The queue was closed.
     @inlinable
-    public var isClosed: Bool { head.load(ordering: .acquiring) == closedMark }
+    public var isClosed: Bool { head.load(ordering: .acquiring) == closedAddress }
 
     /// Consumer only: appends everything queued to `elements`, oldest first, and empties
     /// the queue. Returns whether it took anything (nothing once closed).
@@ -130,9 +159,9 @@ public struct MPSCQueue<Element>: ~Copyable {
     public func takeAll(appendingTo elements: inout [Element]) -> Bool {
         // One load when empty: the common case of a consumer checking for replies.
         let current = head.load(ordering: .relaxed)
-        guard current != nil, current != closedMark else { return false }
+        guard current != 0, current != closedAddress else { return false }
         // Only the consumer replaces a non-nil head or closes, so the head is still a list.
-        return Self.drain(head.exchange(nil, ordering: .acquiring), appendingTo: &elements)
+        return Self.drain(Self.node(at: head.exchange(0, ordering: .acquiring)), appendingTo: &elements)
     }
 
     /// Consumer only: closes the queue (pushes are refused from now on) and appends what
@@ -140,9 +169,9 @@ public struct MPSCQueue<Element>: ~Copyable {
     /// time. Returns whether it took anything.
     @inlinable @discardableResult
     public func close(appendingTo elements: inout [Element]) -> Bool {
-        let taken = head.exchange(closedMark, ordering: .acquiringAndReleasing)
-        guard taken != closedMark else { return false }
-        return Self.drain(taken, appendingTo: &elements)
+        let taken = head.exchange(closedAddress, ordering: .acquiringAndReleasing)
+        guard taken != closedAddress else { return false }
+        return Self.drain(Self.node(at: taken), appendingTo: &elements)
     }
 
     /// Moves the elements of a taken list (newest first) to `elements` in posting order,
