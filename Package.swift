@@ -76,12 +76,20 @@ let package = Package(
         ),
         // Event loops, connections, the routing core, the store writer, the admin API. It
         // knows the EventStore protocol only; the executable picks the store.
+        //
+        // Release builds check exclusive access statically only: the run-time checks of the
+        // loops' and the routing core's class properties (`swift_beginAccess`, a thread-local
+        // access set) were about 10 % of a loop's instructions per message
+        // (docs/LOAD-TESTING.md, "The loop's instructions per message"). Debug builds, which
+        // the tests run, keep them. The flag is unsafe to SwiftPM: a package that depends on
+        // this one by version can use the client library, not this target.
         .target(
             name: "SignalingServer",
             dependencies: [
                 "CLibeventShims", "CLinuxShims", "SignalingProtocol", "SignalingPush", "SignalingStore", "SignalingSupport",
                 "SignalingCrypto", "SignalingTLS",
-            ]
+            ],
+            swiftSettings: [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
         ),
         // sd_notify for systemd's Type=notify.
         .target(name: "SignalingSystemd", dependencies: ["CSystemd"]),
