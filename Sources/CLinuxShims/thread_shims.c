@@ -57,3 +57,29 @@ int shim_configured_cpus(void) {
 unsigned long shim_malloc_usable_size(void *pointer) {
     return (unsigned long)malloc_usable_size(pointer);
 }
+
+int shim_set_thread_idle(unsigned long thread, int idle) {
+    struct sched_param param = {.sched_priority = 0};
+    return pthread_setschedparam((pthread_t)thread, idle ? SCHED_IDLE : SCHED_OTHER, &param);
+}
+
+int shim_thread_is_idle(unsigned long thread) {
+    struct sched_param param;
+    int policy = 0;
+    if (pthread_getschedparam((pthread_t)thread, &policy, &param) != 0) return -1;
+    return policy == SCHED_IDLE ? 1 : 0;
+}
+
+static void *try_idle_and_back(void *result) {
+    pthread_t self = pthread_self();
+    *(int *)result = shim_set_thread_idle((unsigned long)self, 1) == 0 && shim_set_thread_idle((unsigned long)self, 0) == 0;
+    return NULL;
+}
+
+int shim_may_restore_from_idle(void) {
+    int result = 0;
+    pthread_t probe;
+    if (pthread_create(&probe, NULL, try_idle_and_back, &result) != 0) return 0;
+    pthread_join(probe, NULL);
+    return result;
+}

@@ -45,6 +45,27 @@ public struct JoinableThread: @unchecked Sendable {
         CPUList.read { shim_thread_cpus(UInt(handle), $0, $1) }
     }
 
+    /// Moves the thread to the idle scheduling policy (`SCHED_IDLE`: it runs only on CPU
+    /// time no other thread wants) or back to the normal one. Returns 0 or the error number
+    /// (EPERM: coming back needs CAP_SYS_NICE or an RLIMIT_NICE of at least 20, so ask
+    /// `mayRestoreFromIdle` before sending a thread there). One system call.
+    public func setIdlePriority(_ idle: Bool) -> Int32 {
+        shim_set_thread_idle(UInt(handle), idle ? 1 : 0)
+    }
+
+    /// Whether the thread runs at the idle policy now (nil: it cannot be read, the thread is gone).
+    public var runsAtIdlePriority: Bool? {
+        switch shim_thread_is_idle(UInt(handle)) {
+        case 1: true
+        case 0: false
+        default: nil
+        }
+    }
+
+    /// Whether this process may move a thread to the idle policy and back again, tried on
+    /// a thread started for the purpose.
+    public static var mayRestoreFromIdle: Bool { shim_may_restore_from_idle() == 1 }
+
     /// Waits for the thread to finish. Call once.
     public func join() {
         pthread_join(handle, nil)

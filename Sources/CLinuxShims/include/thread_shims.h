@@ -30,4 +30,18 @@ unsigned long shim_malloc_usable_size(void *pointer);
 /// CPUs the system has configured (online or not): valid CPU numbers are below this.
 int shim_configured_cpus(void);
 
+/// Moves `thread` to the SCHED_IDLE policy (`idle` 1: it runs only on CPU time that no
+/// thread of a normal policy wants, and a waking normal thread preempts it at once) or
+/// back to SCHED_OTHER at nice 0 (`idle` 0). Returns 0 or the error number (EPERM:
+/// leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE of at least 20).
+int shim_set_thread_idle(unsigned long thread, int idle);
+
+/// 1 when `thread` runs at SCHED_IDLE, 0 when it does not, -1 when it cannot be read.
+int shim_thread_is_idle(unsigned long thread);
+
+/// 1 when this process may move a thread to SCHED_IDLE and back again, 0 when not: tried
+/// on a short-lived thread of its own, since a thread that could not come back would be
+/// left at idle priority.
+int shim_may_restore_from_idle(void);
+
 #endif

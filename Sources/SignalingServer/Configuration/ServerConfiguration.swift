@@ -118,6 +118,11 @@ public struct ServerConfiguration: Sendable {
     /// others, so that the store's work never takes a loop's CPU (`ThreadPlacement`).
     /// `loopCPUs` wins over it. A refused placement is a warning, never a failed start.
     public var threadPlacement = ThreadPlacementMode.off
+    /// With `auto` and a store: the store writer and the store's own threads run at the
+    /// idle scheduling policy while they keep up, at the normal one while they fall behind
+    /// (`StoreThreadPriority`), when the process may raise them back; `normal` leaves them
+    /// at the normal policy.
+    public var storeThreadPriority = StoreThreadPriorityMode.auto
     /// Where push wake-ups go for devices with no connection (nil: none are sent).
     public var pushGateway: PushGatewayConfiguration?
     /// Push key files a reload could not read (`ServerOptions.configuration(from:running:)`);

@@ -89,6 +89,7 @@ public enum ServerOptions {
             OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
             OptionSpec("loop-cpus", value: "LIST", help: "Run event loop i only on the i-th CPU of LIST (such as 1 or 2-5,7), for loops on cores of their own. (default: any CPU)"),
             OptionSpec("thread-placement", value: "auto|off", default: "off", help: "off: the scheduler places every thread; auto: with a store and more CPUs than loops, run loop i on the i-th CPU the process may use and the store's threads on the others, so that store work never delays a loop (a refusal is logged, not fatal; helps a busy host, costs a quiet one: docs/LOAD-TESTING.md). --loop-cpus wins over it."),
+            OptionSpec("store-thread-priority", value: "auto|normal", default: "auto", help: "auto: with a store, run the store writer and the store's own threads at the idle scheduling policy (SCHED_IDLE), so that a loop woken by a request never waits for a commit's CPU, and at the normal one whenever the writer falls behind (50 ms of waiting work); only when the process may raise them back (root, CAP_SYS_NICE or LimitNICE=20), else as normal. normal: the normal policy (docs/OPERATIONS.md)."),
             OptionSpec("cpu-latency-limit", value: "MICROSECONDS", help: "While running, keep the host's CPUs able to wake within this (PM QoS; 0 = idle CPUs poll, lowest push latency on VMs, more power). Needs root."),
             OptionSpec("log-level", value: "LEVEL", default: "info", help: "debug, info, warn or error."),
             OptionSpec("log-format", value: "kv|json", default: "kv", help: "Log lines as key=value pairs or as one JSON object per line."),
@@ -421,6 +422,10 @@ public enum ServerOptions {
         if let placement = options.string("thread-placement") {
             guard let parsed = ThreadPlacementMode(rawValue: placement) else { throw UsageError("--thread-placement must be auto or off") }
             configuration.threadPlacement = parsed
+        }
+        if let priority = options.string("store-thread-priority") {
+            guard let parsed = StoreThreadPriorityMode(rawValue: priority) else { throw UsageError("--store-thread-priority must be auto or normal") }
+            configuration.storeThreadPriority = parsed
         }
         if let value = try options.int("max-frame", in: 256...(16 << 20)) { configuration.maxFrameLength = value }
         if let value = try options.int("max-pending", in: 1...10_000_000) { configuration.maxPendingEvents = value }

@@ -213,6 +213,14 @@ public final class SignalingServer: Sendable {
         if let writer {
             writer.loops = loops
             writer.start()
+            // Before the loops run: loop 0 owns the threads' policy from its first tick.
+            if configuration.storeThreadPriority == .auto {
+                let refusal = writer.lowerThreadPriority()
+                context.logger.info("store_thread_priority", [
+                    "priority": refusal == nil ? "idle" : "normal",
+                    "detail": refusal ?? "the store's threads run at the idle policy while they keep up, at the normal one while they fall behind",
+                ])
+            }
         }
 
         let cpuLatencyRequest = requestCPULatencyLimit()
@@ -302,6 +310,16 @@ public final class SignalingServer: Sendable {
     /// thread's CPUs (`any`: where the scheduler puts it). Empty threads before `start`.
     var threadPlacement: (source: ThreadPlacement.Source, threads: [(thread: String, cpus: String)]) {
         state.withLock { $0.threadPlacement }
+    }
+
+    /// Whether each of the store's threads (the writer first) runs at the idle policy now,
+    /// read from the kernel (tests; nil: gone). Empty without a store.
+    var storeThreadsAtIdlePriority: [Bool?] { writer?.threads.map(\.runsAtIdlePriority) ?? [] }
+
+    /// What `/metrics` says of the store's threads' policy: at idle now, and how many times
+    /// loop 0 raised them (tests).
+    var storeThreadPriorityCounts: (idle: Bool, raises: Int) {
+        (writer?.threadsAtIdlePriority.load(ordering: .relaxed) ?? false, writer?.threadPriorityRaises.load(ordering: .relaxed) ?? 0)
     }
 
     /// The CPUs each loop thread may run on now, read from the kernel (tests).
@@ -533,7 +551,7 @@ public final class SignalingServer: Sendable {
         ("drain-timeout", { "\($0.drainTimeout)" }), ("tick", { "\($0.tickInterval)" }),
         ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }),
         ("cpu-latency-limit", { "\(String(describing: $0.cpuLatencyLimit))" }), ("loop-cpus", { "\($0.loopCPUs)" }),
-        ("thread-placement", { $0.threadPlacement.rawValue }),
+        ("thread-placement", { $0.threadPlacement.rawValue }), ("store-thread-priority", { $0.storeThreadPriority.rawValue }),
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
         ("store", { "\($0.storage.mode) \($0.storage.redisURL ?? "")" }), ("data-dir", { $0.storage.directory }),
         ("redis-fsync", { "\($0.storage.redisFsync)" }), ("redis-lease-ttl", { "\($0.storage.redisLeaseTTL)" }), ("redis-allow-volatile", { "\($0.storage.redisAllowVolatile)" }),

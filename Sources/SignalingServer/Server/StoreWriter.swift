@@ -270,6 +270,20 @@ final class StoreWriter: @unchecked Sendable {
     /// commit runs does not see one), the messages refused at their deadline while it ran,
     /// and when `store_stalled` is next repeated.
     private var watched: (number: UInt64, refused: Int, nextWarning: Instant?)?
+    /// Passes that took arrivals (the writer counts them; loop 0 reads the count to see
+    /// arrivals left untaken across its ticks).
+    private let passes = Atomic<UInt64>(0)
+    /// Loop 0's: the store's threads' policy (nil: left alone, `--store-thread-priority
+    /// normal` or not permitted), the threads it moves, and since which tick arrivals have
+    /// waited with no pass taking any (`untaken`).
+    private var threadPriority: StoreThreadPriority?
+    private var priorityThreads: [JoinableThread] = []
+    private var untaken: (passes: UInt64, since: Instant?) = (0, nil)
+    /// The store's threads run at the idle policy now (`/metrics`; written by loop 0, or
+    /// by the starting thread before the loops run).
+    let threadsAtIdlePriority = Atomic<Bool>(false)
+    /// How many times loop 0 raised them because the writer fell behind (`/metrics`).
+    let threadPriorityRaises = Atomic<Int>(0)
     private let wakeFD: Int32
     private let stopping = Atomic<Bool>(false)
     private let healthy = Atomic<Bool>(true)
@@ -360,6 +374,55 @@ final class StoreWriter: @unchecked Sendable {
         (thread.map { [$0] } ?? []) + store.backgroundThreads
     }
 
+    /// Puts the writer's and the store's threads at the idle policy, to be raised by loop 0
+    /// while the writer falls behind (`StoreThreadPriority`). Called by the thread that
+    /// started the writer, before the loops run. Returns nil, or why the threads stay at
+    /// the normal policy.
+    func lowerThreadPriority() -> String? {
+        guard JoinableThread.mayRestoreFromIdle else {
+            return "this process may not raise a thread back from the idle policy (needs CAP_SYS_NICE or an RLIMIT_NICE of at least 20)"
+        }
+        let threads = self.threads
+        for (index, thread) in threads.enumerated() {
+            let error = thread.setIdlePriority(true)
+            guard error == 0 else {
+                for moved in threads[..<index] { _ = moved.setIdlePriority(false) }
+                return SystemError("pthread_setschedparam", error).reason
+            }
+        }
+        priorityThreads = threads
+        threadPriority = StoreThreadPriority()
+        threadsAtIdlePriority.store(true, ordering: .relaxed)
+        return nil
+    }
+
+    /// Loop 0's tick: how long the writer has kept work waiting, and the threads' policy
+    /// that follows (`StoreThreadPriority`). `oldestReply`: the oldest message waiting for
+    /// its commit.
+    private func superviseThreadPriority(now: Instant, oldestReply: DeferredReply?, commit: CommitWatch.Commit?) {
+        guard var priority = threadPriority else { return }
+        var waited = Duration.zero
+        // (`Instant` differences are never negative: the time left, taken from the timeout.)
+        if let oldestReply { waited = context.configuration.storeTimeout - (oldestReply.deadline - now) }
+        if let commit { waited = max(waited, now - commit.started) }
+        // Arrivals that no pass has taken since an earlier tick: the writer has not run.
+        let passed = passes.load(ordering: .relaxed)
+        if arrivals.isEmpty || passed != untaken.passes {
+            untaken = (passed, arrivals.isEmpty ? nil : now)
+        } else if let since = untaken.since {
+            waited = max(waited, now - since)
+        } else {
+            untaken.since = now
+        }
+        let action = priority.observe(now: now, waited: waited)
+        threadPriority = priority
+        guard let action else { return }
+        for thread in priorityThreads { _ = thread.setIdlePriority(action == .lower) }
+        threadsAtIdlePriority.store(action == .lower, ordering: .relaxed)
+        if action == .raise { threadPriorityRaises.add(1, ordering: .relaxed) }
+        context.logger.debug(action == .raise ? "store_threads_raised" : "store_threads_lowered", ["waited_ms": waited.milliseconds])
+    }
+
     /// Commits what is queued, then stops the thread and closes the store.
     func stop() {
         stopping.store(true, ordering: .releasing)
@@ -406,6 +469,7 @@ final class StoreWriter: @unchecked Sendable {
             }
             // Take everything pushed so far, in push order (one exchange).
             if arrivals.takeAll(appendingTo: &arrived) {
+                passes.add(1, ordering: .relaxed)
                 for arrival in arrived {
                     switch arrival {
                     case .unit(let unit): pending.append(unit)
@@ -806,7 +870,9 @@ final class StoreWriter: @unchecked Sendable {
         // back-off.
         if !overdue.isEmpty { wake() }
 
-        guard let commit = watch.running else {
+        let underWay = watch.running
+        superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: underWay)
+        guard let commit = underWay else {
             watched = nil
             return
         }

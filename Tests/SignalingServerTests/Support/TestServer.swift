@@ -33,6 +33,10 @@ final class TestServer {
         // one's loop to the first CPU and its store writer to the next, crowding a core.
         // The scheduler spreads them instead; ThreadPlacementTests cover placement.
         configuration.threadPlacement = .off
+        // Nor idle-policy store writers: the test process runs many servers on a manual
+        // clock, whose loop 0 sees no time pass while a busy host starves a writer, so it
+        // would never raise it. StoreThreadPriorityTests cover the policy.
+        configuration.storeThreadPriority = .normal
         return configuration
     }
 

@@ -1,0 +1,88 @@
+import SignalingProtocol
+@testable import SignalingServer
+import SignalingStore
+import SignalingSupport
+import TestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `--store-thread-priority auto`: the store's threads at the idle scheduling policy while
+/// the writer keeps up, raised to the normal one by loop 0 as soon as work has waited
+/// 50 ms, lowered again after a second of keeping up.
+@Suite("The store's threads at idle priority, raised while the writer falls behind")
+struct StoreThreadPriorityTests {
+    let start = Instant(nanoseconds: 1_000_000_000)
+
+    @Test("work waiting 50 ms raises the threads once; they go back to idle only after a whole second of keeping up")
+    func transitions() {
+        var priority = StoreThreadPriority()
+        #expect(priority.observe(now: start, waited: .milliseconds(49)) == nil)
+        #expect(priority.observe(now: start + .milliseconds(250), waited: .milliseconds(50)) == .raise)
+        #expect(priority.raised)
+        #expect(priority.observe(now: start + .milliseconds(500), waited: .milliseconds(400)) == nil, "raised once, not at every tick")
+        // Keeping up from 750 ms: not lowered before 1 s of it.
+        #expect(priority.observe(now: start + .milliseconds(750), waited: .zero) == nil)
+        #expect(priority.observe(now: start + .milliseconds(1_500), waited: .milliseconds(10)) == nil)
+        // A relapse starts the second again.
+        #expect(priority.observe(now: start + .milliseconds(1_600), waited: .milliseconds(60)) == nil)
+        #expect(priority.observe(now: start + .milliseconds(1_850), waited: .zero) == nil)
+        #expect(priority.observe(now: start + .milliseconds(2_800), waited: .zero) == nil)
+        #expect(priority.observe(now: start + .milliseconds(2_850), waited: .zero) == .lower)
+        #expect(!priority.raised)
+        #expect(priority.observe(now: start + .milliseconds(3_000), waited: .zero) == nil)
+        #expect(priority.observe(now: start + .milliseconds(3_250), waited: .seconds(2)) == .raise)
+    }
+
+    @Test("auto is the default of the library and of voipserver; the option sets it and refuses anything else")
+    func option() throws {
+        #expect(ServerConfiguration().storeThreadPriority == .auto)
+        #expect(try ServerOptions.configuration(from: []).0.storeThreadPriority == .auto)
+        #expect(try ServerOptions.configuration(from: ["--store-thread-priority", "normal"]).0.storeThreadPriority == .normal)
+        #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--store-thread-priority", "idle"]) }
+    }
+
+    @Test("a commit that hangs raises the writer's thread to the normal policy within two ticks; once it returns and a second passes, back to idle")
+    func hungCommitRaisesTheWriter() throws {
+        let store = ModelEventStore()
+        let server = try TestServer(workers: 1, store: store) { $0.storeThreadPriority = .auto }
+        defer { store.openGate() }
+        guard JoinableThread.mayRestoreFromIdle else {
+            // Without CAP_SYS_NICE nor RLIMIT_NICE 20 auto leaves the threads alone.
+            #expect(server.server.storeThreadsAtIdlePriority.allSatisfy { $0 == false })
+            return
+        }
+        #expect(server.server.storeThreadsAtIdlePriority == [true])
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
+
+        store.closeGate()
+        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
+        try server.waitFor("the commit to hang") { _ in store.appliesWaitingAtGate == 1 }
+        try server.advance(by: .milliseconds(30))
+        #expect(server.server.storeThreadsAtIdlePriority == [true], "30 ms of waiting is not behind")
+        try server.advance(by: .milliseconds(30))
+        #expect(server.server.storeThreadsAtIdlePriority == [false], "raised once work has waited 50 ms")
+
+        store.openGate()
+        #expect(try alice.reply(to: 1).isOK)
+        _ = try bob.nextEvent()
+        // Loop 0 first sees the writer keeping up at the latest 10 ms on (a tick at the
+        // same time, between the OK and this move, may see it first).
+        try server.advance(by: .milliseconds(10))
+        try server.advance(by: .milliseconds(900))
+        #expect(server.server.storeThreadsAtIdlePriority == [false], "0.9 s of keeping up is not enough")
+        try server.advance(by: .milliseconds(110))
+        #expect(server.server.storeThreadsAtIdlePriority == [true], "back to idle after a second of keeping up")
+        let metrics = server.server.storeThreadPriorityCounts
+        #expect(metrics.raises == 1 && metrics.idle)
+    }
+
+    @Test("--store-thread-priority normal leaves the writer at the normal policy, whatever the process may do")
+    func normalLeavesThemAlone() throws {
+        let server = try TestServer(workers: 1, store: ModelEventStore()) { $0.storeThreadPriority = .normal }
+        #expect(server.server.storeThreadsAtIdlePriority == [false])
+    }
+}
