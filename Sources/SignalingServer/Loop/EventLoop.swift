@@ -448,8 +448,18 @@ final class EventLoop: @unchecked Sendable {
     /// Hands `posted` to loop `destination`, the owner of its shard (this one included: a
     /// fan-out's or an ACK's next chunk), at the end of the current callback
     /// (`Switchboard.run`). Loop thread only.
+    ///
+    /// Receipts for the sender whose receipts were the last step handed to `destination`
+    /// in this callback, in the same chain (the ACKs of one callback without a store:
+    /// `acknowledgementChain`), join that step's batch (`PostedStep.absorb`, up to a chunk):
+    /// the order of everything the loop runs is the same as with a step each, and a
+    /// callback whose ACKs make receipts for one sender of another shard (each device of a
+    /// fan-out acknowledging) hands on one step, not one per ACK (docs/LOAD-TESTING.md,
+    /// "Routing on more cores").
     func postStep(_ posted: PostedStep, toLoop destination: Int) {
         if outgoingSteps.isEmpty { outgoingSteps = Array(repeating: [], count: peers.count) }
+        let last = outgoingSteps[destination].endIndex - 1
+        if last >= 0, outgoingSteps[destination][last].absorb(posted, upTo: SwitchboardState.ackChunk) { return }
         outgoingSteps[destination].append(posted)
         hasOutgoingSteps = true
         metrics.stepsPosted.add(1)
