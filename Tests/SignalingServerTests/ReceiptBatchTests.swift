@@ -64,4 +64,34 @@ struct ReceiptBatchTests {
             }
         }
     }
+
+    @Test("ACKs one after the other in one read (one callback): their receipts for a sender of the other shard go as one step, in order; another sender's receipt between them starts a new step, the order kept")
+    func acknowledgementsOfOneCallbackShareAStep() throws {
+        let server = try EmbeddedServer()
+        let alice = users("alice", onShard: 0, count: 1)[0]
+        let carol = users("carol", onShard: 0, count: 1)[0]
+        let bob = users("bob", onShard: 1, count: 1)[0]
+        let (fromAlice, _) = try server.connect(user: alice)
+        let (fromCarol, _) = try server.connect(user: carol)
+        let (recipient, _) = try server.connect(user: bob)
+        #expect(fromAlice.loop == 0 && fromCarol.loop == 0 && recipient.loop == 1)
+        // alice's m1-m3, then carol's c1, then alice's m4.
+        for (index, id) in ["m1", "m2", "m3"].enumerated() {
+            #expect(try fromAlice.request(UInt32(index + 1), .identifiedMessage(id, to: bob)).isOK)
+        }
+        #expect(try fromCarol.request(1, .identifiedMessage("c1", to: bob)).isOK)
+        #expect(try fromAlice.request(4, .identifiedMessage("m4", to: bob)).isOK)
+        let seqs = try (0..<5).map { _ in try recipient.nextEvent().seq }
+
+        // Five ACKs in one read: one callback of loop 1.
+        let postedBefore = server.loops[1].metrics.stepsPosted.value
+        let ranBefore = server.loops[0].metrics.stepsRun.value
+        try recipient.sendRaw(seqs.flatMap { FrameEncoder.encode(.ack(seq: $0)) })
+        // alice's m1-m3 in one step; carol's c1; alice's m4 (not merged over carol's).
+        #expect(server.loops[1].metrics.stepsPosted.value - postedBefore == 3)
+        #expect(server.loops[0].metrics.stepsRun.value - ranBefore == 3)
+        #expect(try receipts(4, on: fromAlice) == ["m1", "m2", "m3", "m4"])
+        #expect(try receipts(1, on: fromCarol) == ["c1"])
+        #expect(fromAlice.staysSilent && fromCarol.staysSilent)
+    }
 }

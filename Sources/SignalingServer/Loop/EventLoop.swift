@@ -98,8 +98,9 @@ final class EventLoop: @unchecked Sendable {
     let index: UInt16
     let context: ServerContext
     /// All loops of the server (including this one), for cross-loop delivery.
-    /// Set once before the threads start.
-    var peers: [EventLoop] = []
+    /// Set once before the threads start. Read for every step handed on
+    /// (`Switchboard.route`): no dynamic exclusivity check (see `outgoingSteps`).
+    @exclusivity(unchecked) var peers: [EventLoop] = []
 
     let base: OpaquePointer
     var table: ConnectionTable
@@ -182,8 +183,14 @@ final class EventLoop: @unchecked Sendable {
     /// Steps for other loops' shards handed on during the current callback, by destination
     /// loop (`postStep`): posted when the callback ends, one batch per loop (one inbox push,
     /// at most one eventfd write). Loop-thread state.
-    private var outgoingSteps: [[PostedStep]] = []
-    private var hasOutgoingSteps = false
+    ///
+    /// Like the other loop-thread state on the path of every step (`peers`,
+    /// `sharedAcknowledgementChain`), without the run-time exclusivity check a class's
+    /// stored property gets on each access (`swift_beginAccess`, about 25 instructions,
+    /// several per step handed on: callgrind, issue 16). The compiler still checks
+    /// what it can see; only the loop's own thread touches these.
+    @exclusivity(unchecked) private var outgoingSteps: [[PostedStep]] = []
+    @exclusivity(unchecked) private var hasOutgoingSteps = false
     /// This loop runs steps of another loop's shard, whose owner has stopped
     /// (`postOutgoingSteps`): the one time a loop takes another shard's lock (see
     /// `Switchboard.assertOwnedByCaller`). Loop-thread state.
@@ -373,7 +380,7 @@ final class EventLoop: @unchecked Sendable {
     var writerWakePending = false
     /// The chain of the steps this callback's ACKs handed on without a store
     /// (`acknowledgementChain`); nil between callbacks. Loop-thread state.
-    private var sharedAcknowledgementChain: StepChain?
+    @exclusivity(unchecked) private var sharedAcknowledgementChain: StepChain?
 
     /// Runs the event loop until `event_base_loopbreak`. With a busy-poll window, the loop
     /// keeps polling without sleeping for that long after its last activity, so that the
@@ -448,8 +455,18 @@ final class EventLoop: @unchecked Sendable {
     /// Hands `posted` to loop `destination`, the owner of its shard (this one included: a
     /// fan-out's or an ACK's next chunk), at the end of the current callback
     /// (`Switchboard.run`). Loop thread only.
+    ///
+    /// Receipts for the sender whose receipts were the last step handed to `destination`
+    /// in this callback, in the same chain (the ACKs of one callback without a store:
+    /// `acknowledgementChain`), join that step's batch (`PostedStep.absorb`, up to a chunk):
+    /// the order of everything the loop runs is the same as with a step each, and a
+    /// callback whose ACKs make receipts for one sender of another shard (each device of a
+    /// fan-out acknowledging) hands on one step, not one per ACK (docs/LOAD-TESTING.md,
+    /// "Routing on more cores").
     func postStep(_ posted: PostedStep, toLoop destination: Int) {
         if outgoingSteps.isEmpty { outgoingSteps = Array(repeating: [], count: peers.count) }
+        let last = outgoingSteps[destination].endIndex - 1
+        if last >= 0, outgoingSteps[destination][last].absorb(posted, upTo: SwitchboardState.ackChunk) { return }
         outgoingSteps[destination].append(posted)
         hasOutgoingSteps = true
         metrics.stepsPosted.add(1)

@@ -71,6 +71,13 @@ final class StepChain: Sendable {
         if count != 0 { outstanding.wrappingAdd(count, ordering: .relaxed) }
     }
 
+    /// A step handed on was merged into another of this chain not run yet
+    /// (`PostedStep.absorb`): it will not run. Never the last: the step it joined is
+    /// still to run.
+    func stepMerged() {
+        outstanding.wrappingSubtract(1, ordering: .relaxed)
+    }
+
     /// One step has run (after `expect` counted the steps it handed on): true when it was
     /// the last, so the caller finishes the chain (`Switchboard.finish`).
     func stepRan() -> Bool {
@@ -92,11 +99,35 @@ final class StepChain: Sendable {
 
 /// A step on its way to the loop that owns its user's shard (`LoopTask.steps`).
 struct PostedStep: Sendable {
-    let step: ShardStep
+    private(set) var step: ShardStep
     let chain: StepChain
     /// The shard of `step.user`, hashed once when the step is handed on (`Switchboard.route`)
     /// and carried with it, not hashed again by every hold that runs it.
     let shard: Int
+
+    init(step: ShardStep, chain: StepChain, shard: Int) {
+        self.step = step
+        self.chain = chain
+        self.shard = shard
+    }
+
+    /// Takes `next`, the step handed on right after this one to the same loop, into this
+    /// one when both are receipts for the same sender in the same chain and the batch
+    /// stays within `limit` receipts: the receipts run in the same order, in one step
+    /// (`EventLoop.postStep`). Then `next` is counted out of its chain, where this step
+    /// stands for it (`StepChain.stepMerged`). Returns whether it did.
+    mutating func absorb(_ next: PostedStep, upTo limit: Int) -> Bool {
+        guard next.chain === chain, case .receipts(let more) = next.step, case .receipts(var batch) = step,
+            batch.sender == more.sender, batch.receipts.count + more.receipts.count <= limit
+        else { return false }
+        // A placeholder while `batch` is out, so that its array has one reference and the
+        // append does not copy it (as `SwitchboardState.append(_:for:to:)` does).
+        step = .continueAcknowledgement(user: batch.sender, id: 0)
+        batch.receipts += more.receipts
+        step = .receipts(batch)
+        chain.stepMerged()
+        return true
+    }
 }
 
 extension Frame {
