@@ -98,9 +98,8 @@ final class EventLoop: @unchecked Sendable {
     let index: UInt16
     let context: ServerContext
     /// All loops of the server (including this one), for cross-loop delivery.
-    /// Set once before the threads start. Read for every step handed on
-    /// (`Switchboard.route`): no dynamic exclusivity check (see `outgoingSteps`).
-    @exclusivity(unchecked) var peers: [EventLoop] = []
+    /// Set once before the threads start.
+    var peers: [EventLoop] = []
 
     let base: OpaquePointer
     var table: ConnectionTable
@@ -183,14 +182,8 @@ final class EventLoop: @unchecked Sendable {
     /// Steps for other loops' shards handed on during the current callback, by destination
     /// loop (`postStep`): posted when the callback ends, one batch per loop (one inbox push,
     /// at most one eventfd write). Loop-thread state.
-    ///
-    /// Like the other loop-thread state on the path of every step (`peers`,
-    /// `sharedAcknowledgementChain`), without the run-time exclusivity check a class's
-    /// stored property gets on each access (`swift_beginAccess`, about 25 instructions,
-    /// several per step handed on: callgrind, issue 16). The compiler still checks
-    /// what it can see; only the loop's own thread touches these.
-    @exclusivity(unchecked) private var outgoingSteps: [[PostedStep]] = []
-    @exclusivity(unchecked) private var hasOutgoingSteps = false
+    private var outgoingSteps: [[PostedStep]] = []
+    private var hasOutgoingSteps = false
     /// This loop runs steps of another loop's shard, whose owner has stopped
     /// (`postOutgoingSteps`): the one time a loop takes another shard's lock (see
     /// `Switchboard.assertOwnedByCaller`). Loop-thread state.
@@ -380,7 +373,7 @@ final class EventLoop: @unchecked Sendable {
     var writerWakePending = false
     /// The chain of the steps this callback's ACKs handed on without a store
     /// (`acknowledgementChain`); nil between callbacks. Loop-thread state.
-    @exclusivity(unchecked) private var sharedAcknowledgementChain: StepChain?
+    private var sharedAcknowledgementChain: StepChain?
 
     /// Runs the event loop until `event_base_loopbreak`. With a busy-poll window, the loop
     /// keeps polling without sleeping for that long after its last activity, so that the
