@@ -80,6 +80,34 @@ struct StoreThreadPriorityTests {
         #expect(metrics.raises == 1 && metrics.idle)
     }
 
+    @Test("a message waiting 50 ms for its commit raises the writer at loop 0's next callback, not only at its next tick")
+    func raisedBetweenTicks() throws {
+        let store = ModelEventStore()
+        // Ticks a second apart (the longest allowed): the raise comes from a callback unless a
+        // tick falls in the few ms between the clock move and the PING.
+        let server = try TestServer(workers: 1, store: store) { $0.storeThreadPriority = .auto; $0.tickInterval = .seconds(1) }
+        defer { store.openGate() }
+        guard JoinableThread.mayRestoreFromIdle else { return }  // the first test covers the unprivileged case
+        let (alice, _) = try server.connect(user: "alice")
+        _ = try server.connect(user: "bob")
+        store.closeGate()
+        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
+        let deadline = SystemClock().now() + .seconds(5)
+        while store.appliesWaitingAtGate != 1 {
+            #expect(SystemClock().now() < deadline, "the commit did not reach the store")
+            if SystemClock().now() >= deadline { return }
+            usleep(1_000)
+        }
+        server.clock.advance(by: .milliseconds(60))
+        #expect(server.server.storeThreadsAtIdlePriority == [true], "no callback since the clock moved")
+        try alice.send(.ping)
+        _ = try alice.expect(timeout: .seconds(2), "PONG") { if case .pong = $0 { true } else { nil } }
+        // The PONG goes out inside the callback; loop 0 looks at the writer right after it.
+        let raisedBy = SystemClock().now() + .milliseconds(200)
+        while server.server.storeThreadsAtIdlePriority != [false] && SystemClock().now() < raisedBy { usleep(1_000) }
+        #expect(server.server.storeThreadsAtIdlePriority == [false], "raised by the PING's callback")
+    }
+
     @Test("--store-thread-priority normal leaves the writer at the normal policy, whatever the process may do")
     func normalLeavesThemAlone() throws {
         let server = try TestServer(workers: 1, store: ModelEventStore()) { $0.storeThreadPriority = .normal }

@@ -296,7 +296,7 @@ final class EventLoop: @unchecked Sendable {
         // commits land (on its own thread only: tests and benchmarks run callbacks of a
         // loop from theirs).
         if index == 0, let writer = context.switchboard.writer, shim_current_loop() == unmanagedSelf {
-            writer.dropSettledReplies()
+            writer.dropSettledReplies(now: nowInstant)
         }
     }
 

@@ -898,10 +898,21 @@ final class StoreWriter: @unchecked Sendable {
     /// time, rather than all at the next tick (at 100,000 messages/s a 250 ms tick would
     /// free 25,000 at once, a burst of a few ms on a loop). Cost when nothing was settled
     /// or pushed: two atomic loads.
-    func dropSettledReplies() {
+    ///
+    /// Also raises the store's threads as soon as the oldest message has waited
+    /// `StoreThreadPriority.behindAfter` for its commit (`now`: the callback's time), rather
+    /// than at the next tick: a writer starved at the idle policy would otherwise hold the
+    /// commits back for up to a tick (250 ms by default), and their release would then come
+    /// as one burst for the loops. Lowering waits for the ticks.
+    func dropSettledReplies(now: Instant) {
         assertOnSupervisor()
         takeDeadlineArrivals()
         while let first = deadlines.first, first.isSettled { deadlines.pop() }
+        if let priority = threadPriority, !priority.raised, let oldest = deadlines.first,
+            context.configuration.storeTimeout - (oldest.deadline - now) >= StoreThreadPriority.behindAfter
+        {
+            superviseThreadPriority(now: now, oldestReply: oldest, commit: watch.running)
+        }
     }
 
     /// Loop 0: moves the deferred OKs pushed since the last take to the deadline list, in
