@@ -899,19 +899,18 @@ final class StoreWriter: @unchecked Sendable {
     /// free 25,000 at once, a burst of a few ms on a loop). Cost when nothing was settled
     /// or pushed: two atomic loads.
     ///
-    /// Also raises the store's threads as soon as the oldest message has waited
-    /// `StoreThreadPriority.behindAfter` for its commit (`now`: the callback's time), rather
-    /// than at the next tick: a writer starved at the idle policy would otherwise hold the
-    /// commits back for up to a tick (250 ms by default), and their release would then come
-    /// as one burst for the loops. Lowering waits for the ticks.
+    /// Also raises the store's threads as soon as work has waited
+    /// `StoreThreadPriority.behindAfter` (`now`: the callback's time), rather than at the
+    /// next tick: a writer starved at the idle policy would otherwise hold the commits back
+    /// for up to a tick (250 ms by default), their release then came as one burst for the
+    /// loops, and during a ramp of handshakes the units piled up in memory. Lowering waits
+    /// for the ticks. Cost while the threads are at idle: a few more atomic loads.
     func dropSettledReplies(now: Instant) {
         assertOnSupervisor()
         takeDeadlineArrivals()
         while let first = deadlines.first, first.isSettled { deadlines.pop() }
-        if let priority = threadPriority, !priority.raised, let oldest = deadlines.first,
-            context.configuration.storeTimeout - (oldest.deadline - now) >= StoreThreadPriority.behindAfter
-        {
-            superviseThreadPriority(now: now, oldestReply: oldest, commit: watch.running)
+        if let priority = threadPriority, !priority.raised {
+            superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: watch.running)
         }
     }
 
