@@ -119,8 +119,11 @@ final class LoopMetrics: Sendable {
     /// Written only by that thread (a peer that writes for this loop records its holds in
     /// its own), so it needs no lock of its own.
     let lockHolds = LockHolds()
-    /// The routing lock's (`Switchboard.withState`, `withDevices`) among them.
-    var routingLockHold: LatencyHistogram { lockHolds.histogram(.routingShard) }
+    /// How long each hold of a routing shard by this loop's thread lasted
+    /// (`Switchboard.withState`, `withDevices`): its own shard's, taken with no lock while
+    /// it owns it, and, rarely, a shard under its fallback lock (those are also in
+    /// `lockHolds`' `routingShard`: the only real lock holds of a shard).
+    let routingLockHold = LatencyHistogram.routingLockHold()
     /// Steps (`ShardStep`) this loop ran, each in a hold of a shard: with the shards owned
     /// by the loops, all of them of its own shard (`Switchboard.run`).
     let stepsRun = MetricCell()

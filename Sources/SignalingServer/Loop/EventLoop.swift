@@ -64,6 +64,9 @@ enum LoopTask: Sendable {
     case relayed([RelayPacket.Frame])
     /// Front mode: the route to the home broke (`FrontRelay`); posted to every loop.
     case relayRouteChanged
+    /// A hold of this loop's shard that another thread (not a loop) handed to it and waits
+    /// for (`Switchboard.exclusive`): the admin API's, the push gateway's, a reload's.
+    case shardWork(ShardWork, loop: UInt16)
 
     /// The loop that runs it.
     var loop: UInt16 {
@@ -72,7 +75,7 @@ enum LoopTask: Sendable {
             return ref.loop
         case .drain, .relayRouteChanged: return 0  // posted to each loop directly
         case .relayed(let frames): return frames.first.flatMap { ConnectionRef(packed: $0.connection)?.loop } ?? 0
-        case .released(_, let loop), .steps(_, let loop), .relay(_, let loop): return loop
+        case .released(_, let loop), .steps(_, let loop), .relay(_, let loop), .shardWork(_, let loop): return loop
         case .cancel(let part): return UInt16(part.shard)
         case .restoreBodies(let part): return UInt16(part.shard)
         case .adopt(let moving): return moving.home
@@ -320,6 +323,9 @@ final class EventLoop: @unchecked Sendable {
     /// Runs the loop on the calling thread until it has drained.
     func run() {
         shim_set_current_loop(unmanagedSelf)
+        // From now until the inbox closes this thread alone touches the loop's shard, with
+        // no lock (Switchboard.swift's top comment).
+        context.switchboard.claim(by: self)
         let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
         if listenFD >= 0 {
             listenEvent = vs_event_new(base, listenFD, persistRead, { _, _, arg in
@@ -352,6 +358,9 @@ final class EventLoop: @unchecked Sendable {
             // What was posted and not run: connections handed over still get their CLOSE,
             // steps and shard work are done here (`closeInbox`).
             refreshTime()
+            // The shard is no loop's from now on: a post the inbox refuses sends its
+            // poster to the fallback lock, and so does what `closeInbox` runs here.
+            context.switchboard.release(by: self)
             closeInbox()
             for slot in table.liveSlots() { destroy(slot) }
             relayIO?.flush()
@@ -550,6 +559,8 @@ final class EventLoop: @unchecked Sendable {
                 handleRelayed(frames)
             case .relayRouteChanged:
                 relayRouteChanged()
+            case .shardWork(let work, _):
+                work.run()
             }
         }
         sendPostedReplies()
@@ -582,6 +593,9 @@ final class EventLoop: @unchecked Sendable {
                 switchboard.writer?.restore(part)
             case .adopt(let moving):
                 adopt(moving, closingWith: drainClose)
+            case .shardWork(let work, _):
+                // Its waiter blocks until it has run: under the fallback lock now.
+                work.run()
             case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain, .relay, .relayed, .relayRouteChanged:
                 continue
             }

@@ -59,12 +59,16 @@ final class Switchboard: Sendable {
 
     /// The memory held by the state's events (readable without the lock), every shard's.
     let ledger: MemoryLedger
-    /// How long each hold of a shard lock by a thread that is not an event loop lasted (the
-    /// admin API's, the store writer's, start-up's). Recorded before the lock is released;
-    /// its own small lock keeps writers of different shards from overlapping. Loops record
-    /// theirs in their own `LoopMetrics.routingLockHold`, after the release.
+    /// How long each hold of a shard by a thread that is not an event loop lasted (the
+    /// admin API's, the store writer's, start-up's: under the fallback lock, when no loop
+    /// runs the shard). Recorded under the fallback lock; its own small lock keeps writers
+    /// of different shards from overlapping. Loops record theirs in their own
+    /// `LoopMetrics.routingLockHold`.
     private let otherThreadHoldsLock = Mutex(())
     let otherThreadHolds = LatencyHistogram.routingLockHold()
+    /// Holds that threads other than a shard's running owner handed to the owner and
+    /// waited for (`exclusive`): the admin API's, the push gateway's, reloads', tests'.
+    let handedToOwner = Atomic<Int>(0)
 
     /// How many shards a server with `workers` loops uses: one per loop, with a store or
     /// without.
@@ -134,10 +138,9 @@ final class Switchboard: Sendable {
     /// Runs `body` with exclusive access to the shard holding `userID`. `wall` is the
     /// wall-clock time that events created by the operation are stamped with.
     func withState<Result>(
-        of userID: String, wall: UInt64, writerWake: WriterWake = .now,
-        _ body: (inout SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        try withState(shard: shard(of: userID), wall: wall, writerWake: writerWake, body)
+        of userID: String, wall: UInt64, writerWake: WriterWake = .now, _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
+        withState(shard: shard(of: userID), wall: wall, writerWake: writerWake, body)
     }
 
     /// Runs `body` on every shard in turn, one hold each (configuration changes).
@@ -145,33 +148,33 @@ final class Switchboard: Sendable {
         for index in shards.indices { withState(shard: index, wall: wall) { body(&$0) } }
     }
 
-    /// Runs `body` with exclusive access to shard `index`.
+    /// Runs `body` with exclusive access to shard `index` (`exclusive`: with no lock by
+    /// its running owner; handed to the owner by any other thread while it runs; else under
+    /// the fallback lock), with the bookkeeping of an operation: the hold's wall time and
+    /// store health for `body`, its commit unit to the writer, the hold timed.
     func withState<Result>(
-        shard index: Int, wall: UInt64, writerWake: WriterWake = .now,
-        _ body: (inout SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        var wakeWriter = false
-        var hold: (start: UInt64, end: UInt64) = (0, 0)
+        shard index: Int, wall: UInt64, writerWake: WriterWake = .now, _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
         let shard = shards[index]
         assertHoldsNoShard()
         assertOwnedByCaller(index)
-        let result = try shard.state.withLock { state in
+        var wakeWriter = false
+        let result = exclusive(shard, index) { state, fallback in
             shard.enterHold()
             defer { shard.leaveHold() }
-            hold.start = LoopMetrics.now()
-            defer { hold.end = endOfHold(since: hold.start) }
-            state.currentWall = wall
-            if let writer { state.storeHealthy = writer.isHealthy }
-            let result = try body(&state)
-            if let unit = state.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
+            let start = LoopMetrics.now()
+            state.pointee.currentWall = wall
+            if let writer { state.pointee.storeHealthy = writer.isHealthy }
+            let result = body(&state.pointee)
+            if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
+            recordHold(since: start, fallback: fallback)
             return result
         }
-        recordLoopHold(hold)
-        // The wake-up is a system call: made after the lock is released.
+        // The wake-up is a system call: made after the hold (after the fallback lock is
+        // released; by the calling thread for a hold it handed to the owner).
         if wakeWriter, let writer { wake(writer, writerWake) }
         return result
     }
-
     /// Runs the steps an operation handed on (`ShardStep`), each in a hold of its user's
     /// shard (consecutive steps of one shard may share one, `drive`), and those they hand
     /// on in turn: never two shards at once.
@@ -467,31 +470,122 @@ final class Switchboard: Sendable {
     }
 
     /// Runs a read of the shard holding `userID` (and of the device records it links to)
-    /// under its lock, without the per-operation bookkeeping of `withState`: nothing it
-    /// does is journaled.
-    func withDevices<Result>(
-        of userID: String, _ body: (borrowing SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        try withDevices(shard: shard(of: userID), body)
+    /// with exclusive access, as `withState` gives it, without the per-operation
+    /// bookkeeping of `withState`: nothing it does is journaled.
+    func withDevices<Result>(of userID: String, _ body: (borrowing SwitchboardState) -> Result) -> Result {
+        withDevices(shard: shard(of: userID), body)
     }
 
     /// Runs a read of shard `index` as `withDevices(of:_:)` does.
-    func withDevices<Result>(
-        shard index: Int, _ body: (borrowing SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        var hold: (start: UInt64, end: UInt64) = (0, 0)
+    func withDevices<Result>(shard index: Int, _ body: (borrowing SwitchboardState) -> Result) -> Result {
         let shard = shards[index]
         assertHoldsNoShard()
         assertOwnedByCaller(index)
-        let result = try shard.state.withLock { state in
+        return exclusive(shard, index) { state, fallback in
             shard.enterHold()
             defer { shard.leaveHold() }
-            hold.start = LoopMetrics.now()
-            defer { hold.end = endOfHold(since: hold.start) }
-            return try body(state)
+            let start = LoopMetrics.now()
+            let result = body(state.pointee)
+            recordHold(since: start, fallback: fallback)
+            return result
         }
-        recordLoopHold(hold)
-        return result
+    }
+
+    // MARK: Ownership
+
+    /// Runs `work` with exclusive access to `shard`'s state, on the thread the ownership
+    /// rule says (top of this file): here with no lock when the calling thread is the
+    /// running owner (`fallback` false); else, under the fallback lock, here when no loop
+    /// runs the shard (`fallback` true); else (the owner runs) on the owner's thread,
+    /// handed to it through its inbox (`LoopTask.shardWork`), while this thread waits:
+    /// the owner runs `exclusive` itself then. A post the owner's inbox refuses (it has
+    /// just closed) finds the owner gone under the fallback lock the next time round: an
+    /// owner lets go of its shard before it closes its inbox (`release`).
+    ///
+    /// Only threads that are not loops wait for an owner (the admin API, the push
+    /// gateway, reloads, the store writer, tests): loops never wait for them, so they
+    /// cannot deadlock. A loop thread that is not the owner touches a shard only when its
+    /// owner has stopped (`EventLoop.runsForeignWork`), under the fallback lock.
+    @inline(__always)
+    private func exclusive<Result>(
+        _ shard: RoutingShard, _ index: Int, _ work: (UnsafeMutablePointer<SwitchboardState>, _ fallback: Bool) -> Result
+    ) -> Result {
+        if shard.isOwnedByCallingThread { return work(shard.state, false) }
+        return exclusiveElsewhere(shard, index, work)
+    }
+
+    @inline(never)
+    private func exclusiveElsewhere<Result>(
+        _ shard: RoutingShard, _ index: Int, _ work: (UnsafeMutablePointer<SwitchboardState>, _ fallback: Bool) -> Result
+    ) -> Result {
+        while true {
+            var result: Result?
+            let owner: EventLoop? = shard.fallback.withLock { owner in
+                guard let owner else {
+                    result = work(shard.state, true)
+                    return nil
+                }
+                return owner
+            }
+            if let result { return result }
+            guard let owner else { continue }  // `work` returned no value (cannot happen)
+            // The owner runs: hand it the work and wait for the answer.
+            assert(shim_current_loop() == nil, "loop \(EventLoop.onCurrentThread { $0.index } ?? 0) waited for loop \(owner.index), which owns routing shard \(index)")
+            let done: Result? = withoutActuallyEscaping(work) { work in
+                var answer: Result?
+                let handOff = ShardWork { [self] in
+                    // On the owner's thread: `exclusive` again (with no lock while it runs,
+                    // under the fallback lock if it let go meanwhile).
+                    answer = self.exclusive(shard, index, work)
+                }
+                guard owner.post(.shardWork(handOff, loop: owner.index)) else { return nil }
+                handOff.wait()
+                return answer
+            }
+            if let done {
+                handedToOwner.add(1, ordering: .relaxed)
+                return done
+            }
+            // Refused: the owner's inbox has closed, so it let go of the shard first.
+        }
+    }
+
+    /// Makes `loop` the owner of its shard, which it then touches with no lock, if the
+    /// loops own the shards (`ownerLoop(ofShard:shardCount:loopCount:)` among `loop.peers`).
+    /// Called by the loop's own thread when it starts running (`EventLoop.run`), after
+    /// `shim_set_current_loop`; what other threads did to the shard before (the start-up
+    /// load) is published by the fallback lock.
+    func claim(by loop: EventLoop) {
+        let index = Int(loop.index)
+        guard Self.ownerLoop(ofShard: index, shardCount: shards.count, loopCount: loop.peers.count) == index,
+              let address = shim_current_loop(), address == Unmanaged.passUnretained(loop).toOpaque()
+        else { return }
+        let shard = shards[index]
+        shard.fallback.withLock { owner in
+            precondition(owner == nil, "routing shard \(index) has an owner already")
+            owner = loop
+            shard.ownerAddress.store(UInt(bitPattern: address), ordering: .relaxed)
+        }
+    }
+
+    /// `loop` lets go of its shard (if it owns it): from now on every thread, the loop
+    /// included, takes the fallback lock for it. Called by the loop's own thread before it
+    /// closes its inbox (`EventLoop.closeInbox`): a post its inbox refuses then means the
+    /// shard is no loop's any more. What it did to the shard with no lock is published by
+    /// the lock.
+    func release(by loop: EventLoop) {
+        let index = Int(loop.index)
+        guard index < shards.count, shards[index].isOwnedByCallingThread else { return }
+        let shard = shards[index]
+        shard.fallback.withLock { owner in
+            owner = nil
+            shard.ownerAddress.store(0, ordering: .relaxed)
+        }
+    }
+
+    /// Whether a loop owns shard `index` and runs now (tests).
+    func isOwned(shard index: Int) -> Bool {
+        shards[index].fallback.withLock { $0 != nil }
     }
 
     /// Debug builds: the calling thread holds no shard lock (the rule that makes shard
@@ -521,27 +615,24 @@ final class Switchboard: Sendable {
         #endif
     }
 
-    // Hold times: one monotonic clock read after the lock is taken and one before it is
-    // released (about 20 ns each through the vDSO), so the figure is the hold itself, not
-    // the wait for the lock.
+    // Hold times: one monotonic clock read when the hold starts (after the fallback lock
+    // is taken) and one when it ends (before it is released), about 20 ns each through the
+    // vDSO, so the figure is the hold itself, not the wait for the lock or the owner.
 
-    /// Ends a hold measured from `start`, still under the lock: a thread that is not an
-    /// event loop records it here (`otherThreadHoldsLock` serialises the writers of
-    /// `otherThreadHolds`: threads holding different shards). Returns the end, or 0 when
-    /// it was recorded.
+    /// Records a hold that started at `start` and ends now: a loop's in its own histograms
+    /// (no shared atomic), another thread's in `otherThreadHolds` (`otherThreadHoldsLock`
+    /// serialises its writers: threads holding different shards' fallback locks). A hold
+    /// under the fallback lock is a lock hold too: `routing_shard` in `LockHolds`.
     @inline(__always)
-    private func endOfHold(since start: UInt64) -> UInt64 {
-        let end = LoopMetrics.now()
-        guard shim_current_loop() == nil else { return end }
-        otherThreadHoldsLock.withLock { _ in otherThreadHolds.record(nanoseconds: end &- start) }
-        return 0
-    }
-
-    /// Records a loop thread's hold in its own histogram, after the lock is released.
-    @inline(__always)
-    private func recordLoopHold(_ hold: (start: UInt64, end: UInt64)) {
-        guard hold.end != 0 else { return }
-        EventLoop.onCurrentThread { $0.metrics.routingLockHold.record(nanoseconds: hold.end &- hold.start) }
+    private func recordHold(since start: UInt64, fallback: Bool) {
+        let nanoseconds = LoopMetrics.now() &- start
+        let recorded: Void? = EventLoop.onCurrentThread { loop in
+            loop.metrics.routingLockHold.record(nanoseconds: nanoseconds)
+            if fallback { loop.metrics.lockHolds.record(.routingShard, nanoseconds: nanoseconds) }
+        }
+        guard recorded == nil else { return }
+        otherThreadHoldsLock.withLock { _ in otherThreadHolds.record(nanoseconds: nanoseconds) }
+        LockHolds.offLoop.record(.routingShard, nanoseconds: nanoseconds)
     }
 
     /// Every hold so far, by every thread: the loops' histograms and `otherThreadHolds`.
@@ -549,9 +640,32 @@ final class Switchboard: Sendable {
         loops.map { $0.metrics.routingLockHold.snapshot() }.reduce(otherThreadHolds.snapshot(), +)
     }
 
-    /// Every shard's counters added up (one short hold of each).
+    /// Every shard's counters added up (one short hold of each: handed to each running
+    /// owner in turn). Not on a loop: a loop waits for no other (`countersWithoutWaiting`).
     var counters: SwitchboardCounters {
-        shards.reduce(SwitchboardCounters()) { sum, shard in sum + shard.state.withLock { $0.counters } }
+        shards.indices.reduce(SwitchboardCounters()) { sum, index in sum + withDevices(shard: index) { $0.counters } }
+    }
+
+    /// Every shard's counters added up, for a loop (loop 0's `stats` line): its own
+    /// shard's as they are, another running owner's as that owner last published them
+    /// (`publishCounters`, each tick), a shard no loop runs under its fallback lock.
+    var countersWithoutWaiting: SwitchboardCounters {
+        shards.reduce(SwitchboardCounters()) { sum, shard in
+            if shard.isOwnedByCallingThread { return sum + shard.state.pointee.counters }
+            return sum + shard.fallback.withLock { owner in
+                owner == nil ? shard.state.pointee.counters : shard.published.withLock { $0 }
+            }
+        }
+    }
+
+    /// Copies the counters of the shard `loop` owns, if it runs it, where other loops may
+    /// read them (`countersWithoutWaiting`). Called by the owner at each tick.
+    func publishCounters(by loop: EventLoop) {
+        let index = Int(loop.index)
+        guard index < shards.count, shards[index].isOwnedByCallingThread else { return }
+        let shard = shards[index]
+        let counters = shard.state.pointee.counters
+        shard.published.withLock { $0 = counters }
     }
 }
 
@@ -588,18 +702,50 @@ final class ShardPartsLeft: Sendable {
     }
 }
 
-/// One shard's state and its lock (a class: `Mutex` cannot be an array element).
+/// One shard's state, the loop that owns it while that loop runs, and the fallback lock
+/// for the times no loop does (Switchboard.swift's top comment has the rule).
 final class RoutingShard: Sendable {
-    let state: Mutex<SwitchboardState>
-    /// Debug builds: the thread holding `state`'s lock (0: none), for the check that no
+    /// The state. Touched by its owner loop's thread with no lock while the owner runs
+    /// (`ownerAddress` is that loop), else only under `fallback`.
+    nonisolated(unsafe) let state: UnsafeMutablePointer<SwitchboardState>
+    /// The fallback lock, and the loop that owns the shard now (nil: none). Taken only by
+    /// threads that are not the running owner: every thread while no loop runs the shard
+    /// (the start-up load, a stopping server, a switchboard without loops), and a thread
+    /// that needs the shard while its owner runs, for the moment it takes to find the
+    /// owner (it then hands its work to it: `ShardWork`). The owner takes it twice, to
+    /// claim the shard when it starts and to let go of it before its inbox closes.
+    let fallback = Mutex<EventLoop?>(nil)
+    /// The owner's address (`shim_current_loop` on its thread), 0 when none: what the
+    /// owner's per-event check reads (one relaxed load, no lock). Written only by the owner
+    /// itself, under `fallback`, so the owner always reads its own last write, and any
+    /// other thread that reads it under `fallback` sees whether the owner runs.
+    let ownerAddress = Atomic<UInt>(0)
+    /// The shard's counters as its running owner last published them (each tick), for
+    /// other loops (`Switchboard.countersWithoutWaiting`). A leaf lock held for a copy.
+    let published = Mutex(SwitchboardCounters())
+    /// Debug builds: the thread inside a hold of this shard (0: none), for the check that no
     /// thread takes two shards (`Switchboard.assertHoldsNoShard`).
     let holder = Atomic<UInt>(0)
 
-    init(_ state: sending SwitchboardState) {
-        self.state = Mutex(state)
+    init(_ state: consuming SwitchboardState) {
+        self.state = UnsafeMutablePointer.allocate(capacity: 1)
+        self.state.initialize(to: state)
+    }
+
+    deinit {
+        state.deinitialize(count: 1)
+        state.deallocate()
     }
 
     static var currentThread: UInt { UInt(pthread_self()) }
+
+    /// Whether the calling thread is the loop that owns the shard and runs: it may touch
+    /// the state with no lock. A thread-local load and a relaxed load.
+    @inline(__always)
+    var isOwnedByCallingThread: Bool {
+        let owner = ownerAddress.load(ordering: .relaxed)
+        return owner != 0 && owner == UInt(bitPattern: shim_current_loop())
+    }
 
     @inline(__always)
     func enterHold() {

@@ -699,8 +699,21 @@ public final class SignalingServer: Sendable {
     }
 
     /// How many times a thread that is not an event loop (the store writer, the admin API,
-    /// start-up) has held the routing lock: for tests.
+    /// start-up) has held a routing shard itself, under its fallback lock: for tests.
     var routingLockHoldsOffLoops: UInt64 { context.switchboard.otherThreadHolds.snapshot().count }
+
+    /// How many holds of this server's routing shards took their fallback lock, by its
+    /// loops and by other threads (`routing_shard` in `voipserver_lock_hold_seconds`
+    /// counts the latter for every server of the process): for tests.
+    var routingShardLockHolds: UInt64 {
+        eventLoops.reduce(routingLockHoldsOffLoops) { $0 + $1.metrics.lockHolds.snapshot(.routingShard).count }
+    }
+
+    /// The routing core (for tests).
+    var switchboard: Switchboard { context.switchboard }
+
+    /// How many holds of a routing shard other threads handed to its running owner: for tests.
+    var routingShardHandOffs: Int { context.switchboard.handedToOwner.load(ordering: .relaxed) }
 
     /// The push gateway's counters (nil without a gateway).
     public var pushStatistics: PushStatistics? { pushGateway?.statistics }
