@@ -4,8 +4,9 @@ import SignalingPush
 
 /// `GET /metrics`: the server's counters in the Prometheus text format. Reading costs one
 /// pass over the loops' cells (each counter and histogram summed over the loops) and one
-/// short hold of the switchboard lock (its counters are a copied struct), never a walk over
-/// devices or connections.
+/// short hold of each routing shard (its counters are a copied struct), handed to the
+/// shard's owner loop while it runs (`Switchboard.counters`), never a walk over devices or
+/// connections.
 extension AdminAPI {
     /// Two samples of `name`, `transport="plain"` and `transport="tls"`, from a total and
     /// its TLS part (read apart, so never below 0).

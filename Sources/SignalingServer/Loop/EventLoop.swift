@@ -15,9 +15,11 @@ import Glibc
 //   is held when a loop takes its own. No other loop takes it: each connection lives on
 //   its user's home loop, which owns the user's shard, so no loop writes to another's
 //   connections (tests and the admin API's counts read under it, rarely).
-// - Under `ownership` a loop may take, one at a time and each for a moment: a routing
-//   shard (and under that only the `CallDirectory`'s overflow, for ids its lock-free
-//   table cannot hold), the handshake holders
+// - Under `ownership` a loop may take, one at a time and each for a moment: its own
+//   routing shard, with no lock while it runs (Switchboard.swift's top comment; another
+//   shard's, or its own once it let go as it stops, under that shard's fallback lock);
+//   in a hold only the `CallDirectory`'s overflow, for ids its lock-free table cannot
+//   hold; the handshake holders
 //   (`ServerContext`, once after each reload), a `LogThrottle`. The store writer's inbox,
 //   a `DeferredReply`'s parts and the admission control (`AdmissionControl`) are no locks.
 // Every hold of `ownership` is timed (`SharedLock.loopOwnership`). The loop's `inbox` is
@@ -188,7 +190,7 @@ final class EventLoop: @unchecked Sendable {
     private var outgoingSteps: [[PostedStep]] = []
     private var hasOutgoingSteps = false
     /// This loop runs steps of another loop's shard, whose owner has stopped
-    /// (`postOutgoingSteps`): the one time a loop takes another shard's lock (see
+    /// (`postOutgoingSteps`): the one time a loop holds another shard (its fallback lock; see
     /// `Switchboard.assertOwnedByCaller`). Loop-thread state.
     var runsForeignWork = false
     /// Held while the loop's state is used (see the type's comment).

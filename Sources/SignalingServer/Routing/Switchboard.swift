@@ -7,47 +7,62 @@ import Glibc
 #endif
 
 /// The routing core shared by all event loops: the routing state partitioned by user into
-/// shards (`ShardMap`), each a `SwitchboardState` behind its own lock.
+/// shards (`ShardMap`), each a `SwitchboardState` owned by one loop (`RoutingShard`).
 ///
-/// Ownership and lock order (docs/ARCHITECTURE.md, "Routing shards"):
+/// Ownership and lock order (docs/ARCHITECTURE.md, "Locks" and "Routing shards"):
 /// - A user's devices, queues, held messages, message ids, limits, push registrations and
 ///   the calls it is called in live in its shard only; a `DeviceRecord`, `QueuedEvent` or
-///   `CallRecord` is reachable from one shard and touched only under that shard's lock.
+///   `CallRecord` is reachable from one shard and touched only by whoever has that shard.
 /// - Shard `i` is owned by loop `i` (one shard per loop, `shardCount`). The steps of an
 ///   operation that spans users (a message and its recipient, a receipt and its sender, a
 ///   call and its caller) run on the loop that owns their user's shard: each hold returns
 ///   the `ShardStep`s other shards must run (plain values that name users, never
 ///   records), and `run` runs those of the calling loop's own shard at once and posts the
 ///   others to their owners' inboxes (`LoopTask.steps`), which run them and post onward
-///   what they hand on. With each connection on its user's home loop (`homeLoop`), a
-///   loop thread takes no shard's lock but its own (checked in debug builds:
-///   `assertOwnedByCaller`), except for steps whose owner has stopped.
-///   What the store writer does to the routing state per event (a commit's release, a
-///   refusal's cancellation, bodies read back) is posted to the owners the same way, one
-///   part per shard. The start-up load (once, before any connection), the admin API and
-///   a server that stops (a loop whose inbox is closed: `EventLoop.closeInbox`) still take
-///   shard locks directly: that is why the locks stay.
-/// - No thread ever holds two shard locks (checked at run time in debug builds:
-///   `RoutingShard.holder`), so they cannot deadlock.
-/// - The `CallDirectory`'s overflow lock may be taken under a shard lock (only for ids its
-///   lock-free table cannot hold: rare); no other lock is held
-///   when a shard lock is taken. A loop's inbox, the store writer's and a `DeferredReply`'s
-///   parts are no locks (lock-free queues, `MPSCQueue`).
+///   what they hand on. What the store writer does to the routing state per event (a
+///   commit's release, a refusal's cancellation, bodies read back) is posted to the
+///   owners the same way, one part per shard.
+/// - **The rule** (like swift-nio's `NIOLoopBound`): while its owner loop runs (from
+///   `claim`, the first thing its thread does in `EventLoop.run`, to `release`, just
+///   before its inbox closes: `EventLoop.closeInbox`), a shard is touched by that loop's
+///   thread only, with **no lock**. Any other thread that needs it then (the admin API,
+///   the push gateway's token removal, a reload, `/metrics`' counters, tests) hands its
+///   hold to the owner (`LoopTask.shardWork`, `ShardWork`) and waits for it; only threads
+///   that are not loops may wait, and loops never wait for them, so nothing deadlocks.
+///   While no loop runs the shard (the start-up load before the loops start, a loop that
+///   has stopped, a `Switchboard` built without owning loops: tests, benchmarks, the
+///   embedded loops), every thread takes the shard's **fallback lock**
+///   (`RoutingShard.fallback`), the owner too once it let go. The fallback lock also
+///   guards the change of owner, so a thread that finds no owner under it cannot meet a
+///   claim half-way, and a post its inbox refused (it has just closed) means the owner let
+///   go: the poster takes the fallback lock then (`exclusive`). Checked in debug builds:
+///   a loop thread touches no shard but its own, except for work a stopped loop can no
+///   longer take (`assertOwnedByCaller`), and a loop never waits for another.
+/// - No thread is in two shards at once (checked at run time in debug builds:
+///   `RoutingShard.holder`), so the fallback locks cannot deadlock, and a hold handed to
+///   an owner never waits for a second one.
+/// - The `CallDirectory`'s overflow lock may be taken in a hold (only for ids its
+///   lock-free table cannot hold: rare); no other lock is taken in a hold, and a fallback
+///   lock is taken with no other held. A shard's `published` counters (a leaf held for a
+///   copy: by its owner once per tick, by loop 0's `stats` line under the fallback lock)
+///   are the one lock taken under it. A loop's inbox, the store writer's and a
+///   `DeferredReply`'s parts are no locks (lock-free queues, `MPSCQueue`).
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
-/// sockets are written by each connection's own loop after the lock is released. Work
-/// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth; a fan-out, and a message's copies to its sender's
-/// other devices: 128 devices a hold, `FanOut`; an ACK: 128 events a hold,
-/// `Acknowledgement`; each chunk a task of its owner's inbox;
-/// docs/ARCHITECTURE.md, "Bounded holds"). Every hold is timed: `LoopMetrics.routingLockHold`
-/// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
-/// (`voipserver_routing_lock_hold_seconds`).
+/// sockets are written by each connection's own loop after the hold. Work that could grow
+/// without bound is split into bounded holds (expiry: a budget per hold; the user index:
+/// incremental growth; a fan-out, and a message's copies to its sender's other devices:
+/// 128 devices a hold, `FanOut`; an ACK: 128 events a hold, `Acknowledgement`; each chunk
+/// a task of its owner's inbox; docs/ARCHITECTURE.md, "Bounded holds"). Every hold is
+/// timed, with a lock or without: `LoopMetrics.routingLockHold` per loop,
+/// `otherThreadHolds` for the rest, `/metrics` sums them
+/// (`voipserver_routing_lock_hold_seconds`); the holds under a fallback lock are also
+/// `routing_shard` in `voipserver_lock_hold_seconds`.
 ///
 /// With a store, the durable changes each hold made are handed to the `StoreWriter`
-/// before the shard's lock is released (`CommitUnit`), so a shard's units reach the writer
-/// in the order its sequence numbers were assigned, and the writer commits in arrival
-/// order. An operation that spans shards is one unit per step plus a closing unit, sent by
+/// before the hold ends (`CommitUnit`), so a shard's units reach the writer in the order
+/// its sequence numbers were assigned, and the writer commits in arrival order. An
+/// operation that spans shards is one unit per step plus a closing unit, sent by
 /// whichever loop runs its last step (`StepChain`, `finish`): the writer commits them in
 /// one transaction and, for a message, sends the OK after it; a refusal cancels the
 /// message in every shard it touched (`cancel`).
@@ -293,8 +308,8 @@ final class Switchboard: Sendable {
     /// of one shard share a hold (`sharesHold`) until the hold has queued a chunk of events
     /// (`SwitchboardConfiguration.fanOutChunk`; a step always runs whole, and each is a
     /// bounded chunk itself): the steps of one inbox batch (`LoopTask.steps`: everything
-    /// another loop handed this shard in one callback) cost one lock round, one pair of
-    /// clock reads and one effects array, not one per step. The order is the one of a hold
+    /// another loop handed this shard in one callback) cost one hold (one ownership check),
+    /// one pair of clock reads and one effects array, not one per step. The order is the one of a hold
     /// per step: what a step hands on goes behind the steps already queued either way, and
     /// the rest of a batch of receipts (`ShardStep.receipts`) runs before anything else.
     private func drive(_ here: inout FIFOQueue<PostedStep>, on loop: EventLoop?, writerWake: WriterWake) -> StepsRan {
@@ -588,29 +603,30 @@ final class Switchboard: Sendable {
         shards[index].fallback.withLock { $0 != nil }
     }
 
-    /// Debug builds: the calling thread holds no shard lock (the rule that makes shard
-    /// locks deadlock-free and each shard's state its own; costs one load per shard).
+    /// Debug builds: the calling thread is in no shard's hold (the rule that makes the
+    /// fallback locks deadlock-free, and a hold handed to an owner never wait for another;
+    /// costs one load per shard).
     @inline(__always)
     private func assertHoldsNoShard() {
         #if DEBUG
         let thread = RoutingShard.currentThread
-        assert(!shards.contains { $0.holder.load(ordering: .relaxed) == thread }, "a thread took a second routing shard's lock")
+        assert(!shards.contains { $0.holder.load(ordering: .relaxed) == thread }, "a thread took a second routing shard")
         #endif
     }
 
-    /// Debug builds: a loop thread takes its own shard's lock only, the rule that makes each
+    /// Debug builds: a loop thread touches its own shard only, the rule that makes each
     /// shard its owner loop's (like swift-nio's `NIOLoopBound`): its connections live on
     /// their user's home loop, and steps for other shards go to their owners. The one
     /// exception is work a stopped loop can no longer take (`EventLoop.runsForeignWork`:
-    /// steps whose owner's inbox is closed, run by the loop that handed them on). Threads
-    /// that are not loops (the admin API, the store writer, start-up) may take any shard,
-    /// one at a time.
+    /// steps whose owner's inbox is closed, run by the loop that handed them on, under the
+    /// fallback lock). Threads that are not loops (the admin API, the store writer,
+    /// start-up) may ask for any shard, one at a time (`exclusive` decides where it runs).
     @inline(__always)
     private func assertOwnedByCaller(_ index: Int) {
         #if DEBUG
         EventLoop.onCurrentThread { loop in
             guard !loop.runsForeignWork, postsSteps(from: loop) else { return }
-            assert(index == Int(loop.index), "loop \(loop.index) took routing shard \(index)'s lock: shard \(index) is loop \(index)'s")
+            assert(index == Int(loop.index), "loop \(loop.index) took routing shard \(index): shard \(index) is loop \(index)'s")
         }
         #endif
     }

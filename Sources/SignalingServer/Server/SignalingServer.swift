@@ -10,9 +10,11 @@ import Synchronization
 import Glibc
 #endif
 
-// Lock order: `settings` before the locks a reload takes inside it (the switchboard's,
-// the handshake material's in `ServerContext`); none of those is ever held while `settings`
-// is taken. `state` is never held together with another lock.
+// Lock order: `settings` before the locks a reload takes inside it (a routing shard's
+// fallback lock, the handshake material's in `ServerContext`); none of those is ever held
+// while `settings` is taken. A reload's holds of the routing shards go to their running
+// owner loops, which the main thread waits for under `settings`: no loop takes
+// `settings`. `state` is never held together with another lock.
 
 /// The signaling server: `workers` event loops on their own threads, each accepting on
 /// its own SO_REUSEPORT socket, sharing one routing core.
@@ -99,7 +101,8 @@ public final class SignalingServer: Sendable {
         context.switchboard.forEachShard(wall: clock.wallMilliseconds()) { $0.pushRouting = pushGateway?.routing }
         // A token the push service declared invalid is removed from the device and, as a
         // store change, from the store; a device that registered a new token meanwhile
-        // keeps it. Runs on the push thread; the switchboard lock is short.
+        // keeps it. Runs on the push thread, which waits for the hold (handed to the user's
+        // shard's owner loop while it runs): short.
         pushGateway?.onTokenInvalid { [weak context] wakeUp, registration, reason in
             guard let context else { return }
             let removed = context.switchboard.withState(of: wakeUp.userID, wall: context.clock.wallMilliseconds()) {
