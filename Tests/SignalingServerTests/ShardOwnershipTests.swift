@@ -28,6 +28,8 @@ struct ShardOwnershipTests {
     @Test("a hold of a shard by a thread that is no loop runs on the shard's owner loop while it runs")
     func heldOnTheOwner() throws {
         let server = try TestServer(workers: 2)
+        // A loop claims its shard as its thread starts running, before its first tick.
+        #expect(server.server.awaitTicks(1))
         let switchboard = server.server.switchboard
         let handOffsBefore = server.server.routingShardHandOffs
         for shard in 0..<2 {
