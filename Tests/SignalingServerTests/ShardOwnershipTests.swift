@@ -40,6 +40,30 @@ struct ShardOwnershipTests {
         #expect(server.server.routingShardHandOffs - handOffsBefore == 2)
     }
 
+    @Test("a callback on a running loop's state from another thread runs on the loop's thread; once the loop stopped, on the calling thread under the fallback lock")
+    func callbacksHandedToTheLoop() throws {
+        let server = try TestServer(workers: 2)
+        #expect(server.server.awaitTicks(1))
+        for loop in server.server.eventLoops {
+            var ranOn: UInt16?
+            loop.owned { ranOn = EventLoop.onCurrentThread { $0.index } }
+            #expect(ranOn == loop.index)
+        }
+        #expect(server.server.idleWheelEntries >= 0)
+        server.server.beginShutdown()
+        while server.server.isRunning {
+            server.clock.advance(by: .seconds(1))
+            _ = server.server.awaitTicks(1, timeout: .milliseconds(50))
+        }
+        let holdsBefore = LockHolds.offLoop.snapshot(.loopOwnership).count
+        for loop in server.server.eventLoops {
+            var ranOn: UInt16? = 99
+            loop.owned { ranOn = EventLoop.onCurrentThread { $0.index } }
+            #expect(ranOn == nil)
+        }
+        #expect(LockHolds.offLoop.snapshot(.loopOwnership).count >= holdsBefore + 2)
+    }
+
     @Test("admin calls that read and change shards while their loops run are answered by the owner loops: no thread takes a shard's fallback lock")
     func adminCallsHandedToOwners() throws {
         let server = try TestServer(workers: 2, store: ModelEventStore()) {

@@ -132,10 +132,10 @@ public enum FanOutScaling {
                 messages: messagesPerThread, window: window)
             return JoinableThread(name: "fanout-\(index)") {
                 shim_set_current_loop(Unmanaged.passUnretained(driver.loop).toOpaque())
-                // Each thread owns its loop's shard as a running loop does: no lock.
-                switchboard.claim(by: driver.loop)
+                // Each thread owns its loop and its shard as a running loop does: no lock.
+                driver.loop.beginOwnedRun()
                 defer {
-                    switchboard.release(by: driver.loop)
+                    driver.loop.endOwnedRun()
                     shim_set_current_loop(nil)
                 }
                 progress.started.add(1, ordering: .acquiringAndReleasing)

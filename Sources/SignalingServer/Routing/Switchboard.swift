@@ -27,7 +27,7 @@ import Glibc
 ///   before its inbox closes: `EventLoop.closeInbox`), a shard is touched by that loop's
 ///   thread only, with **no lock**. Any other thread that needs it then (the admin API,
 ///   the push gateway's token removal, a reload, `/metrics`' counters, tests) hands its
-///   hold to the owner (`LoopTask.shardWork`, `ShardWork`) and waits for it; only threads
+///   hold to the owner (`LoopTask.ownerWork`, `OwnerWork`) and waits for it; only threads
 ///   that are not loops may wait, and loops never wait for them, so nothing deadlocks.
 ///   While no loop runs the shard (the start-up load before the loops start, a loop that
 ///   has stopped, a `Switchboard` built without owning loops: tests, benchmarks, the
@@ -512,7 +512,7 @@ final class Switchboard: Sendable {
     /// rule says (top of this file): here with no lock when the calling thread is the
     /// running owner (`fallback` false); else, under the fallback lock, here when no loop
     /// runs the shard (`fallback` true); else (the owner runs) on the owner's thread,
-    /// handed to it through its inbox (`LoopTask.shardWork`), while this thread waits:
+    /// handed to it through its inbox (`LoopTask.ownerWork`), while this thread waits:
     /// the owner runs `exclusive` itself then. A post the owner's inbox refuses (it has
     /// just closed) finds the owner gone under the fallback lock the next time round: an
     /// owner lets go of its shard before it closes its inbox (`release`).
@@ -548,12 +548,12 @@ final class Switchboard: Sendable {
             assert(shim_current_loop() == nil, "loop \(EventLoop.onCurrentThread { $0.index } ?? 0) waited for loop \(owner.index), which owns routing shard \(index)")
             let done: Result? = withoutActuallyEscaping(work) { work in
                 var answer: Result?
-                let handOff = ShardWork { [self] in
+                let handOff = OwnerWork { [self] in
                     // On the owner's thread: `exclusive` again (with no lock while it runs,
                     // under the fallback lock if it let go meanwhile).
                     answer = self.exclusive(shard, index, work)
                 }
-                guard owner.post(.shardWork(handOff, loop: owner.index)) else { return nil }
+                guard owner.post(.ownerWork(handOff, loop: owner.index)) else { return nil }
                 handOff.wait()
                 return answer
             }
@@ -728,7 +728,7 @@ final class RoutingShard: Sendable {
     /// threads that are not the running owner: every thread while no loop runs the shard
     /// (the start-up load, a stopping server, a switchboard without loops), and a thread
     /// that needs the shard while its owner runs, for the moment it takes to find the
-    /// owner (it then hands its work to it: `ShardWork`). The owner takes it twice, to
+    /// owner (it then hands its work to it: `OwnerWork`). The owner takes it twice, to
     /// claim the shard when it starts and to let go of it before its inbox closes.
     let fallback = Mutex<EventLoop?>(nil)
     /// The owner's address (`shim_current_loop` on its thread), 0 when none: what the

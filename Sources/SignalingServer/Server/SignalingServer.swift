@@ -743,7 +743,11 @@ public final class SignalingServer: Sendable {
     /// Entries in the loops' idle-timeout wheels, stale ones included (for tests: the
     /// wheel keeps at most one per connection slot).
     var idleWheelEntries: Int {
-        state.withLock { $0.loops }.reduce(0) { total, loop in total + loop.ownership.withLock { _ in loop.wheel.count } }
+        state.withLock { $0.loops }.reduce(0) { total, loop in
+            var entries = 0
+            loop.owned { entries = loop.wheel.count }  // on the loop's thread while it runs
+            return total + entries
+        }
     }
 
     /// Waits until every loop has run `count` more timer ticks, so that a time change made

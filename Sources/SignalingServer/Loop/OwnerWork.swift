@@ -1,14 +1,15 @@
 import Foundation
 
-/// A hold of a routing shard that a thread other than its running owner hands to the owner
-/// (`LoopTask.shardWork`, `Switchboard.exclusive`) and waits for: the owner runs it on
-/// its thread, with no lock, and wakes the waiter. The waiter is never a loop (a loop
-/// waits for no one), so the owner never waits for it.
+/// Work that a thread other than a running loop's own hands to that loop (`LoopTask.ownerWork`)
+/// and waits for: a hold of the loop's routing shard (`Switchboard.exclusive`), or a
+/// callback on its state (`EventLoop.owned` from another thread). The loop runs it on its
+/// thread, with no lock, and wakes the waiter. The waiter is never a loop (a loop waits
+/// for no one), so the loop never waits for it.
 ///
 /// An inbox that took the task runs it: `EventLoop.runInbox` while the loop runs, else
-/// `closeInbox` as the loop stops (under the fallback lock then: the owner let go of the
-/// shard first). So `wait` returns once the post was taken.
-final class ShardWork: @unchecked Sendable {
+/// `closeInbox` as the loop stops (under the fallback locks then: the loop let go of its
+/// state and its shard first). So `wait` returns once the post was taken.
+final class OwnerWork: @unchecked Sendable {
     private let condition = NSCondition()
     /// What to run (guarded by `condition`); nil once run. Dropped before the waiter is
     /// woken: it is the waiter's non-escaping closure (`withoutActuallyEscaping`), which
