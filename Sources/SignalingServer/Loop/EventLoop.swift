@@ -219,7 +219,7 @@ final class EventLoop: @unchecked Sendable {
     let openConnections = Atomic<Int>(0)
     /// Set when `run` has returned.
     let finished = Atomic<Bool>(false)
-    /// What `/metrics` reports about this loop (updated under `ownership`).
+    /// What `/metrics` reports about this loop (updated in its callbacks, `owned`).
     let metrics = LoopMetrics()
     /// The transport of an embedded loop, whose connections are not sockets (tests); nil
     /// for a real loop, which calls the socket code directly (ConnectionIO.swift).
@@ -636,7 +636,8 @@ final class EventLoop: @unchecked Sendable {
         flushDirty()
     }
 
-    /// When `run` stops (under `ownership`, before the loop's connections are released):
+    /// When `run` stops (under `ownership`, after `endOwnedRun`, before the loop's
+    /// connections are released):
     /// closes the inbox, so that `post` fails from now on and the poster does the work
     /// itself, and does the work posted to it that must not be lost on this thread: steps,
     /// and this loop's shard's part of a release or a cancellation, with holds of the shards
