@@ -644,6 +644,11 @@ final class EventLoop: @unchecked Sendable {
     /// like any thread that is not their owner; a connection handed over gets its CLOSE
     /// (goingAway) here. Other tasks concerned this loop's connections, which are closing.
     func closeInbox() {
+        // The rule that makes a refused post safe: the loop let go of its state and its
+        // shard before its inbox closes (`endOwnedRun`), so whoever finds it closed takes
+        // the fallback locks, and what runs here takes them too.
+        assert(!ownsItself.load(ordering: .relaxed), "loop \(index) closes its inbox while it still owns its state")
+        assert(!context.switchboard.isOwned(by: self), "loop \(index) closes its inbox while it still owns its shard")
         var tasks: [LoopTask] = []
         swap(&tasks, &takenTasks)
         inbox.close(appendingTo: &tasks)

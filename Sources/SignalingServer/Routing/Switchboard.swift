@@ -603,6 +603,12 @@ final class Switchboard: Sendable {
         shards[index].fallback.withLock { $0 != nil }
     }
 
+    /// Whether `loop` owns a shard now (debug checks).
+    func isOwned(by loop: EventLoop) -> Bool {
+        let index = Int(loop.index)
+        return index < shards.count && shards[index].fallback.withLock { $0 === loop }
+    }
+
     /// Debug builds: the calling thread is in no shard's hold (the rule that makes the
     /// fallback locks deadlock-free, and a hold handed to an owner never wait for another;
     /// costs one load per shard).
