@@ -74,7 +74,7 @@ enum LoopTask: Sendable {
     /// Front mode: the route to the home broke (`FrontRelay`); posted to every loop.
     case relayRouteChanged
     /// A hold of this loop's shard that another thread (not a loop) handed to it and waits
-    /// for (`Switchboard.exclusive`): the admin API's, the push gateway's, a reload's.
+    /// for (`Switchboard.exclusiveElsewhere`): the admin API's, the push gateway's, a reload's.
     case ownerWork(OwnerWork, loop: UInt16)
 
     /// The loop that runs it.

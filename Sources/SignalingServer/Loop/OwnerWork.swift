@@ -1,7 +1,7 @@
 import Foundation
 
 /// Work that a thread other than a running loop's own hands to that loop (`LoopTask.ownerWork`)
-/// and waits for: a hold of the loop's routing shard (`Switchboard.exclusive`), or a
+/// and waits for: a hold of the loop's routing shard (`Switchboard.exclusiveElsewhere`), or a
 /// callback on its state (`EventLoop.owned` from another thread). The loop runs it on its
 /// thread, with no lock, and wakes the waiter. The waiter is never a loop (a loop waits
 /// for no one), so the loop never waits for it.

@@ -35,7 +35,7 @@ import Glibc
 ///   (`RoutingShard.fallback`), the owner too once it let go. The fallback lock also
 ///   guards the change of owner, so a thread that finds no owner under it cannot meet a
 ///   claim half-way, and a post its inbox refused (it has just closed) means the owner let
-///   go: the poster takes the fallback lock then (`exclusive`). Checked in debug builds:
+///   go: the poster takes the fallback lock then (`exclusiveElsewhere`). Checked in debug builds:
 ///   a loop thread touches no shard but its own, except for work a stopped loop can no
 ///   longer take (`assertOwnedByCaller`), and a loop never waits for another.
 /// - No thread is in two shards at once (checked at run time in debug builds:
@@ -82,7 +82,7 @@ final class Switchboard: Sendable {
     private let otherThreadHoldsLock = Mutex(())
     let otherThreadHolds = LatencyHistogram.routingLockHold()
     /// Holds that threads other than a shard's running owner handed to the owner and
-    /// waited for (`exclusive`): the admin API's, the push gateway's, reloads', tests'.
+    /// waited for (`exclusiveElsewhere`): the admin API's, the push gateway's, reloads', tests'.
     let handedToOwner = Atomic<Int>(0)
 
     /// How many shards a server with `workers` loops uses: one per loop, with a store or
@@ -163,7 +163,7 @@ final class Switchboard: Sendable {
         for index in shards.indices { withState(shard: index, wall: wall) { body(&$0) } }
     }
 
-    /// Runs `body` with exclusive access to shard `index` (`exclusive`: with no lock by
+    /// Runs `body` with exclusive access to shard `index` (with no lock by
     /// its running owner; handed to the owner by any other thread while it runs; else under
     /// the fallback lock), with the bookkeeping of an operation: the hold's wall time and
     /// store health for `body`, its commit unit to the writer, the hold timed.
@@ -174,20 +174,37 @@ final class Switchboard: Sendable {
         assertHoldsNoShard()
         assertOwnedByCaller(index)
         var wakeWriter = false
-        let result = exclusive(shard, index) { state, fallback in
-            shard.enterHold()
-            defer { shard.leaveHold() }
-            let start = LoopMetrics.now()
-            state.pointee.currentWall = wall
-            if let writer { state.pointee.storeHealthy = writer.isHealthy }
-            let result = body(&state.pointee)
-            if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
-            recordHold(since: start, fallback: fallback)
-            return result
+        let result: Result
+        // The owner's path, written out: no closure to call or retain per event.
+        if let owner = shard.callingOwner {
+            result = hold(shard, wall: wall, owner: owner, wakeWriter: &wakeWriter, body)
+        } else {
+            result = exclusiveElsewhere(shard, Int(index)) { owner in
+                hold(shard, wall: wall, owner: owner, wakeWriter: &wakeWriter, body)
+            }
         }
         // The wake-up is a system call: made after the hold (after the fallback lock is
         // released; by the calling thread for a hold it handed to the owner).
         if wakeWriter, let writer { wake(writer, writerWake) }
+        return result
+    }
+
+    /// One hold of `withState`, by the running owner (`owner`: its loop) or under the
+    /// fallback lock (nil).
+    @inline(__always)
+    private func hold<Result>(
+        _ shard: RoutingShard, wall: UInt64, owner: UnsafeMutableRawPointer?, wakeWriter: inout Bool,
+        _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
+        shard.enterHold()
+        defer { shard.leaveHold() }
+        let start = LoopMetrics.now()
+        let state = shard.state
+        state.pointee.currentWall = wall
+        if let writer { state.pointee.storeHealthy = writer.isHealthy }
+        let result = body(&state.pointee)
+        if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
+        recordHold(since: start, owner: owner)
         return result
     }
     /// Runs the steps an operation handed on (`ShardStep`), each in a hold of its user's
@@ -496,48 +513,50 @@ final class Switchboard: Sendable {
         let shard = shards[index]
         assertHoldsNoShard()
         assertOwnedByCaller(index)
-        return exclusive(shard, index) { state, fallback in
-            shard.enterHold()
-            defer { shard.leaveHold() }
-            let start = LoopMetrics.now()
-            let result = body(state.pointee)
-            recordHold(since: start, fallback: fallback)
-            return result
-        }
+        if let owner = shard.callingOwner { return read(shard, owner: owner, body) }
+        return exclusiveElsewhere(shard, index) { owner in read(shard, owner: owner, body) }
+    }
+
+    /// One hold of `withDevices`, as `hold` is one of `withState`.
+    @inline(__always)
+    private func read<Result>(
+        _ shard: RoutingShard, owner: UnsafeMutableRawPointer?, _ body: (borrowing SwitchboardState) -> Result
+    ) -> Result {
+        shard.enterHold()
+        defer { shard.leaveHold() }
+        let start = LoopMetrics.now()
+        let result = body(shard.state.pointee)
+        recordHold(since: start, owner: owner)
+        return result
     }
 
     // MARK: Ownership
 
     /// Runs `work` with exclusive access to `shard`'s state, on the thread the ownership
-    /// rule says (top of this file): here with no lock when the calling thread is the
-    /// running owner (`fallback` false); else, under the fallback lock, here when no loop
-    /// runs the shard (`fallback` true); else (the owner runs) on the owner's thread,
-    /// handed to it through its inbox (`LoopTask.ownerWork`), while this thread waits:
-    /// the owner runs `exclusive` itself then. A post the owner's inbox refuses (it has
-    /// just closed) finds the owner gone under the fallback lock the next time round: an
-    /// owner lets go of its shard before it closes its inbox (`release`).
+    /// rule says (top of this file), when the calling thread is not the running owner
+    /// (which calls `work` itself, with its loop: `RoutingShard.callingOwner`). Under the
+    /// fallback lock, here when no loop runs the shard (`work(nil)`); else (the owner
+    /// runs) on the owner's thread, handed to it through its inbox
+    /// (`LoopTask.ownerWork`), while this thread waits: the owner then calls `work` with
+    /// its loop, or, if it let go meanwhile, with nil under the fallback lock. A post the
+    /// owner's inbox refuses (it has just closed) finds the owner gone under the fallback
+    /// lock the next time round: an owner lets go of its shard before it closes its inbox
+    /// (`release`).
     ///
     /// Only threads that are not loops wait for an owner (the admin API, the push
     /// gateway, reloads, the store writer, tests): loops never wait for them, so they
     /// cannot deadlock. A loop thread that is not the owner touches a shard only when its
     /// owner has stopped (`EventLoop.runsForeignWork`), under the fallback lock.
-    @inline(__always)
-    private func exclusive<Result>(
-        _ shard: RoutingShard, _ index: Int, _ work: (UnsafeMutablePointer<SwitchboardState>, _ fallback: Bool) -> Result
-    ) -> Result {
-        if shard.isOwnedByCallingThread { return work(shard.state, false) }
-        return exclusiveElsewhere(shard, index, work)
-    }
-
     @inline(never)
     private func exclusiveElsewhere<Result>(
-        _ shard: RoutingShard, _ index: Int, _ work: (UnsafeMutablePointer<SwitchboardState>, _ fallback: Bool) -> Result
+        _ shard: RoutingShard, _ index: Int, _ work: (_ owner: UnsafeMutableRawPointer?) -> Result
     ) -> Result {
+        if let owner = shard.callingOwner { return work(owner) }  // handed here: the owner's thread
         while true {
             var result: Result?
             let owner: EventLoop? = shard.fallback.withLock { owner in
                 guard let owner else {
-                    result = work(shard.state, true)
+                    result = work(nil)
                     return nil
                 }
                 return owner
@@ -549,9 +568,9 @@ final class Switchboard: Sendable {
             let done: Result? = withoutActuallyEscaping(work) { work in
                 var answer: Result?
                 let handOff = OwnerWork { [self] in
-                    // On the owner's thread: `exclusive` again (with no lock while it runs,
-                    // under the fallback lock if it let go meanwhile).
-                    answer = self.exclusive(shard, index, work)
+                    // On the owner's thread: with no lock while it runs, under the fallback
+                    // lock if it let go meanwhile.
+                    answer = self.exclusiveElsewhere(shard, index, work)
                 }
                 guard owner.post(.ownerWork(handOff, loop: owner.index)) else { return nil }
                 handOff.wait()
@@ -626,7 +645,7 @@ final class Switchboard: Sendable {
     /// exception is work a stopped loop can no longer take (`EventLoop.runsForeignWork`:
     /// steps whose owner's inbox is closed, run by the loop that handed them on, under the
     /// fallback lock). Threads that are not loops (the admin API, the store writer,
-    /// start-up) may ask for any shard, one at a time (`exclusive` decides where it runs).
+    /// start-up) may ask for any shard, one at a time (`exclusiveElsewhere` decides where it runs).
     @inline(__always)
     private func assertOwnedByCaller(_ index: Int) {
         #if DEBUG
@@ -641,16 +660,28 @@ final class Switchboard: Sendable {
     // is taken) and one when it ends (before it is released), about 20 ns each through the
     // vDSO, so the figure is the hold itself, not the wait for the lock or the owner.
 
-    /// Records a hold that started at `start` and ends now: a loop's in its own histograms
-    /// (no shared atomic), another thread's in `otherThreadHolds` (`otherThreadHoldsLock`
-    /// serialises its writers: threads holding different shards' fallback locks). A hold
-    /// under the fallback lock is a lock hold too: `routing_shard` in `LockHolds`.
+    /// Records a hold that started at `start` and ends now: the owner's (`owner`: its loop,
+    /// the calling thread's) in its own histogram (no shared atomic); a hold under the
+    /// fallback lock, a lock hold, also as `routing_shard` in `LockHolds`: a loop's in its
+    /// own histograms, another thread's in `otherThreadHolds` (`otherThreadHoldsLock`
+    /// serialises its writers: threads holding different shards' fallback locks).
     @inline(__always)
-    private func recordHold(since start: UInt64, fallback: Bool) {
+    private func recordHold(since start: UInt64, owner: UnsafeMutableRawPointer?) {
         let nanoseconds = LoopMetrics.now() &- start
+        if let owner {
+            Unmanaged<EventLoop>.fromOpaque(owner)._withUnsafeGuaranteedRef {
+                $0.metrics.routingLockHold.record(nanoseconds: nanoseconds)
+            }
+            return
+        }
+        recordFallbackHold(nanoseconds)
+    }
+
+    @inline(never)
+    private func recordFallbackHold(_ nanoseconds: UInt64) {
         let recorded: Void? = EventLoop.onCurrentThread { loop in
             loop.metrics.routingLockHold.record(nanoseconds: nanoseconds)
-            if fallback { loop.metrics.lockHolds.record(.routingShard, nanoseconds: nanoseconds) }
+            loop.metrics.lockHolds.record(.routingShard, nanoseconds: nanoseconds)
         }
         guard recorded == nil else { return }
         otherThreadHoldsLock.withLock { _ in otherThreadHolds.record(nanoseconds: nanoseconds) }
@@ -761,13 +792,18 @@ final class RoutingShard: Sendable {
 
     static var currentThread: UInt { UInt(pthread_self()) }
 
-    /// Whether the calling thread is the loop that owns the shard and runs: it may touch
-    /// the state with no lock. A thread-local load and a relaxed load.
+    /// The calling thread's loop if it is the loop that owns the shard and runs (it may
+    /// touch the state with no lock), else nil. A thread-local load and a relaxed load.
     @inline(__always)
-    var isOwnedByCallingThread: Bool {
+    var callingOwner: UnsafeMutableRawPointer? {
         let owner = ownerAddress.load(ordering: .relaxed)
-        return owner != 0 && owner == UInt(bitPattern: shim_current_loop())
+        guard owner != 0, let current = shim_current_loop(), UInt(bitPattern: current) == owner else { return nil }
+        return current
     }
+
+    /// Whether the calling thread is the loop that owns the shard and runs (`callingOwner`).
+    @inline(__always)
+    var isOwnedByCallingThread: Bool { callingOwner != nil }
 
     @inline(__always)
     func enterHold() {
