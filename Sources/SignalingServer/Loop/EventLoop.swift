@@ -73,8 +73,9 @@ enum LoopTask: Sendable {
     case relayed([RelayPacket.Frame])
     /// Front mode: the route to the home broke (`FrontRelay`); posted to every loop.
     case relayRouteChanged
-    /// A hold of this loop's shard that another thread (not a loop) handed to it and waits
-    /// for (`Switchboard.exclusiveElsewhere`): the admin API's, the push gateway's, a reload's.
+    /// Work another thread (never a loop) handed to this loop while it runs and waits for
+    /// (`OwnerWork`): a hold of its shard (`Switchboard.exclusiveElsewhere`: the admin
+    /// API's, the push gateway's, a reload's), or a callback on its state (`owned`).
     case ownerWork(OwnerWork, loop: UInt16)
 
     /// The loop that runs it.
