@@ -175,18 +175,25 @@ final class Switchboard: Sendable {
         assertOwnedByCaller(index)
         var wakeWriter = false
         let result: Result
-        // The owner's path, written out: no closure to call or retain per event.
+        // The owner's path, written out: no closure to make, call or retain per event.
         if let owner = shard.callingOwner {
             result = hold(shard, wall: wall, owner: owner, wakeWriter: &wakeWriter, body)
         } else {
-            result = exclusiveElsewhere(shard, Int(index)) { owner in
-                hold(shard, wall: wall, owner: owner, wakeWriter: &wakeWriter, body)
-            }
+            result = withStateElsewhere(shard, index, wall: wall, wakeWriter: &wakeWriter, body)
         }
         // The wake-up is a system call: made after the hold (after the fallback lock is
         // released; by the calling thread for a hold it handed to the owner).
         if wakeWriter, let writer { wake(writer, writerWake) }
         return result
+    }
+
+    /// `withState`'s hold by a thread that is not the running owner (`exclusiveElsewhere`),
+    /// apart so that the owner's path makes no closure.
+    @inline(never)
+    private func withStateElsewhere<Result>(
+        _ shard: RoutingShard, _ index: Int, wall: UInt64, wakeWriter: inout Bool, _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
+        exclusiveElsewhere(shard, index) { owner in hold(shard, wall: wall, owner: owner, wakeWriter: &wakeWriter, body) }
     }
 
     /// One hold of `withState`, by the running owner (`owner`: its loop) or under the
@@ -514,7 +521,15 @@ final class Switchboard: Sendable {
         assertHoldsNoShard()
         assertOwnedByCaller(index)
         if let owner = shard.callingOwner { return read(shard, owner: owner, body) }
-        return exclusiveElsewhere(shard, index) { owner in read(shard, owner: owner, body) }
+        return withDevicesElsewhere(shard, index, body)
+    }
+
+    /// `withDevices`' hold by a thread that is not the running owner, as `withStateElsewhere`.
+    @inline(never)
+    private func withDevicesElsewhere<Result>(
+        _ shard: RoutingShard, _ index: Int, _ body: (borrowing SwitchboardState) -> Result
+    ) -> Result {
+        exclusiveElsewhere(shard, index) { owner in read(shard, owner: owner, body) }
     }
 
     /// One hold of `withDevices`, as `hold` is one of `withState`.
