@@ -4,8 +4,9 @@ import SignalingPush
 
 /// `GET /metrics`: the server's counters in the Prometheus text format. Reading costs one
 /// pass over the loops' cells (each counter and histogram summed over the loops) and one
-/// short hold of the switchboard lock (its counters are a copied struct), never a walk over
-/// devices or connections.
+/// short hold of each routing shard (its counters are a copied struct), handed to the
+/// shard's owner loop while it runs (`Switchboard.counters`), never a walk over devices or
+/// connections.
 extension AdminAPI {
     /// Two samples of `name`, `transport="plain"` and `transport="tls"`, from a total and
     /// its TLS part (read apart, so never below 0).
@@ -119,15 +120,17 @@ extension AdminAPI {
         let holds = context.switchboard.lockHolds(of: loops)
         out.histogram(
             "voipserver_routing_lock_hold_seconds",
-            "How long each hold of the routing lock lasted (every loop and other thread; 64 ns to 16.8 ms in powers of two).",
+            "How long each hold of a routing shard lasted: by its owner loop, which takes no lock; by other threads under the shard's fallback lock when no loop runs it (every loop and other thread; 64 ns to 16.8 ms in powers of two).",
             holds)
-        out.family("voipserver_routing_lock_hold_max_seconds", .gauge, "The longest hold of the routing lock since start.")
+        out.family("voipserver_routing_lock_hold_max_seconds", .gauge, "The longest hold of a routing shard since start.")
         out.sample("voipserver_routing_lock_hold_max_seconds", [:], Double(holds.maxNanoseconds) / 1e9)
-        // Every lock more than one thread takes on a per-event or per-handshake path; the
-        // routing shards' holds are the same as above.
-        let lockHolds = SharedLock.allCases.map { lock in
-            (value: lock.label, snapshot: lock == .routingShard ? holds : LockHolds.snapshot(lock, of: loops))
-        }
+        out.family(
+            "voipserver_routing_shard_handoffs_total", .counter,
+            "Holds of a routing shard that a thread other than its owner (the admin API, the push gateway, a reload) handed to the owner loop and waited for.")
+        out.sample("voipserver_routing_shard_handoffs_total", [:], context.switchboard.handedToOwner.load(ordering: .relaxed))
+        // Every lock more than one thread takes on a per-event or per-handshake path. A
+        // routing shard's is its fallback lock: taken only while no loop runs the shard.
+        let lockHolds = SharedLock.allCases.map { lock in (value: lock.label, snapshot: LockHolds.snapshot(lock, of: loops)) }
         out.histogram(
             "voipserver_lock_hold_seconds",
             "How long each hold of each shared lock lasted, by lock (every loop and other thread; 64 ns to 16.8 ms in powers of two).",

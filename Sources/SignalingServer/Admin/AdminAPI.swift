@@ -31,9 +31,10 @@ struct Readiness: Sendable {
 }
 
 /// The admin API's endpoints (docs/ADMIN-API.md): health, metrics and the backend calls.
-/// Runs on the admin thread; the backend calls take the switchboard lock like a device's
-/// request does, and hand what they cause (events to write, connections to close) to the
-/// loops.
+/// Runs on the admin thread; the backend calls hold the routing shards they need (each
+/// hold handed to the shard's owner loop while it runs, which the admin thread waits for:
+/// `Switchboard.withState`), and hand what they cause (events to write, connections to
+/// close) to the loops.
 final class AdminAPI: AdminRequestHandler {
     let context: ServerContext
     let writer: StoreWriter?

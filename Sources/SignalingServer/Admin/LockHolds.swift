@@ -7,9 +7,11 @@ import Synchronization
 /// name `/metrics` gives them (`voipserver_lock_hold_seconds{lock=...}`). The inventory of
 /// every lock, who takes it and in what order, is in docs/ARCHITECTURE.md ("Locks").
 enum SharedLock: Int, CaseIterable, Sendable {
-    /// A routing shard's `Mutex<SwitchboardState>`. Timed by `Switchboard` itself: into the
-    /// loop's histogram of this lock, and for other threads into its own
-    /// (`Switchboard.otherThreadHolds`), not `LockHolds.offLoop`.
+    /// A routing shard's fallback lock (`RoutingShard.fallback`), taken only while no loop
+    /// runs the shard (start-up, a stopping server, a switchboard without loops): its
+    /// owner loop takes no lock. Timed by `Switchboard` itself (`recordHold`), which also
+    /// records every hold of a shard, with a lock or without, in
+    /// `voipserver_routing_lock_hold_seconds`.
     case routingShard
     /// An `EventLoop`'s `ownership`, held by its own thread for a whole callback.
     case loopOwnership

@@ -12,8 +12,8 @@ import Glibc
 /// for the power-of-two bounds of `log2(from:buckets:)`, with one count-leading-zeros), then
 /// four relaxed load/store pairs, no read-modify-write and no lock. That is only correct
 /// because writers never overlap: each histogram belongs to one event loop (whose state, and
-/// therefore this, is touched only while its `ownership` lock is held, by its own thread or
-/// a peer writing for it), to one loop's own thread (`LoopMetrics.lockHolds`, the routing
+/// therefore this, is touched only in its callbacks: by its own thread while it runs, else
+/// under its `ownership` lock), to one loop's own thread (`LoopMetrics.lockHolds`, the routing
 /// lock's among them), or to a single writer thread (the store writer's commits), or is
 /// written only under a lock (`Switchboard`'s holds from threads that are not loops,
 /// `LockHolds.offLoop`). Readers may see a bucket updated
@@ -110,8 +110,8 @@ struct HistogramSnapshot: Sendable {
 }
 
 /// Counters and histograms of one event loop, for `/metrics`. Same single-writer rule as
-/// `LatencyHistogram`: updated only under the loop's `ownership`, summed over loops when
-/// read.
+/// `LatencyHistogram`: updated only in the loop's callbacks (`EventLoop.owned`), summed
+/// over loops when read.
 final class LoopMetrics: Sendable {
     /// Server-side push latency: event created → encoded into the write to its socket.
     let pushLatency = LatencyHistogram()
@@ -119,8 +119,11 @@ final class LoopMetrics: Sendable {
     /// Written only by that thread (a peer that writes for this loop records its holds in
     /// its own), so it needs no lock of its own.
     let lockHolds = LockHolds()
-    /// The routing lock's (`Switchboard.withState`, `withDevices`) among them.
-    var routingLockHold: LatencyHistogram { lockHolds.histogram(.routingShard) }
+    /// How long each hold of a routing shard by this loop's thread lasted
+    /// (`Switchboard.withState`, `withDevices`): its own shard's, taken with no lock while
+    /// it owns it, and, rarely, a shard under its fallback lock (those are also in
+    /// `lockHolds`' `routingShard`: the only real lock holds of a shard).
+    let routingLockHold = LatencyHistogram.routingLockHold()
     /// Steps (`ShardStep`) this loop ran, each in a hold of a shard: with the shards owned
     /// by the loops, all of them of its own shard (`Switchboard.run`).
     let stepsRun = MetricCell()

@@ -5,7 +5,7 @@ import SignalingSupport
 //
 // Above it, one copy of the logic: the `EventLoop` extensions that decode frames, run the
 // handshake, call the switchboard, pump events, and keep the handshake, idle, linger and
-// slow-consumer deadlines. Its inputs are plain calls made with `ownership` held:
+// slow-consumer deadlines. Its inputs are plain calls made in a callback (`owned`):
 // `received(_:_:)` (bytes that arrived), `peerClosed(_:)`, `flushOutbound(_:)` (the socket
 // became writable), `tick()` (the clock moved), `runInbox()` (work handed over by other
 // loops, the store writer, the admin API). Below it, the socket layer: libevent, recv and
@@ -27,7 +27,7 @@ import SignalingSupport
 // when the test says, on the test's thread, with no socket, no epoll wait and no thread.
 
 /// What the loop's protocol logic asks of a connection's transport (see above). Called on
-/// the loop's thread with `ownership` held.
+/// the loop's thread in a callback (`EventLoop.owned`).
 ///
 /// Writes answer at once how much the transport took, because what a connection keeps in
 /// `outbound` (and so back-pressure, slow-consumer checks and where a CLOSE goes) depends

@@ -11,16 +11,25 @@ import Glibc
 
 // Locks of this file (docs/ARCHITECTURE.md, "Locks"), in the order they may be taken:
 //
-// - `ownership`: held by the loop's own thread for each whole callback. Outermost: no lock
-//   is held when a loop takes its own. No other loop takes it: each connection lives on
-//   its user's home loop, which owns the user's shard, so no loop writes to another's
-//   connections (tests and the admin API's counts read under it, rarely).
-// - Under `ownership` a loop may take, one at a time and each for a moment: a routing
-//   shard (and under that only the `CallDirectory`'s overflow, for ids its lock-free
-//   table cannot hold), the handshake holders
+// - The loop's state (connections, buffers, deadlines) is its own thread's while the loop
+//   runs (`ownsItself`, from the start of `run` until its last callback): its callbacks
+//   take **no lock** (`owned`), like its routing shard (Switchboard.swift). Any other
+//   thread that runs a callback then hands it to the loop (`LoopTask.ownerWork`) and
+//   waits; no other loop ever does (each connection lives on its user's home loop, which
+//   owns the user's shard, so no loop writes to another's connections).
+// - `ownership`, the fallback lock: held for a whole callback while the loop's own thread
+//   does not run it (a loop that never runs: embedded loops, tests, benchmarks; a loop
+//   that has stopped, for its last callback and whoever comes after). Outermost: no lock
+//   is held when it is taken.
+// - Under `ownership` a loop may take, one at a time and each for a moment: its own
+//   routing shard, with no lock while it runs (Switchboard.swift's top comment; another
+//   shard's, or its own once it let go as it stops, under that shard's fallback lock);
+//   in a hold only the `CallDirectory`'s overflow, for ids its lock-free table cannot
+//   hold; the handshake holders
 //   (`ServerContext`, once after each reload), a `LogThrottle`. The store writer's inbox,
 //   a `DeferredReply`'s parts and the admission control (`AdmissionControl`) are no locks.
-// Every hold of `ownership` is timed (`SharedLock.loopOwnership`). The loop's `inbox` is
+// Every hold of `ownership` is timed (`SharedLock.loopOwnership`); callbacks that take no
+// lock are not. The loop's `inbox` is
 // no lock: a lock-free queue (`MPSCQueue`) that any thread posts to, under any lock or
 // none, and that only the loop takes from.
 
@@ -64,6 +73,10 @@ enum LoopTask: Sendable {
     case relayed([RelayPacket.Frame])
     /// Front mode: the route to the home broke (`FrontRelay`); posted to every loop.
     case relayRouteChanged
+    /// Work another thread (never a loop) handed to this loop while it runs and waits for
+    /// (`OwnerWork`): a hold of its shard (`Switchboard.exclusiveElsewhere`: the admin
+    /// API's, the push gateway's, a reload's), or a callback on its state (`owned`).
+    case ownerWork(OwnerWork, loop: UInt16)
 
     /// The loop that runs it.
     var loop: UInt16 {
@@ -72,7 +85,7 @@ enum LoopTask: Sendable {
             return ref.loop
         case .drain, .relayRouteChanged: return 0  // posted to each loop directly
         case .relayed(let frames): return frames.first.flatMap { ConnectionRef(packed: $0.connection)?.loop } ?? 0
-        case .released(_, let loop), .steps(_, let loop), .relay(_, let loop): return loop
+        case .released(_, let loop), .steps(_, let loop), .relay(_, let loop), .ownerWork(_, let loop): return loop
         case .cancel(let part): return UInt16(part.shard)
         case .restoreBodies(let part): return UInt16(part.shard)
         case .adopt(let moving): return moving.home
@@ -86,8 +99,8 @@ enum LoopTask: Sendable {
 /// user's home loop (EventLoop+HandOver.swift), which owns it from then on.
 ///
 /// Concurrency: the loop's state (connection table, buffers, deadlines) is touched only
-/// while `ownership` is held. The loop's own thread holds it for each libevent callback
-/// and releases it while it waits in epoll; no other loop takes it (see the locks above).
+/// in a callback (`owned`): by the loop's own thread with no lock while it runs, else
+/// under `ownership`; no other loop touches it (see the locks above).
 /// libevent's event base is only ever called from the loop's own thread. Any thread may
 /// call `post(_:)`: tasks go into a lock-free inbox and an eventfd wakes the loop. Loop `i`
 /// owns routing shard `i`: the inbox is also how the steps of operations across shards,
@@ -185,11 +198,17 @@ final class EventLoop: @unchecked Sendable {
     private var outgoingSteps: [[PostedStep]] = []
     private var hasOutgoingSteps = false
     /// This loop runs steps of another loop's shard, whose owner has stopped
-    /// (`postOutgoingSteps`): the one time a loop takes another shard's lock (see
+    /// (`postOutgoingSteps`): the one time a loop holds another shard (its fallback lock; see
     /// `Switchboard.assertOwnedByCaller`). Loop-thread state.
     var runsForeignWork = false
-    /// Held while the loop's state is used (see the type's comment).
+    /// The fallback lock: held for a callback while the loop's own thread does not run the
+    /// loop (see the locks above).
     let ownership = Mutex(())
+    /// The loop's own thread runs it (`beginOwnedRun` to `endOwnedRun`): its callbacks
+    /// take no lock. Written only by that thread, under `ownership`, so that thread reads
+    /// its own last write and any other thread that reads it under `ownership` sees
+    /// whether the loop runs.
+    private let ownsItself = Atomic<Bool>(false)
     /// This loop's copies of the handshake material a reload may replace (`Reloadable`).
     private var tokenVerifierCopy: Reloadable<TokenVerifier?>.Copy
     private var tlsContextCopy: Reloadable<TLSServerContext?>.Copy
@@ -201,7 +220,7 @@ final class EventLoop: @unchecked Sendable {
     let openConnections = Atomic<Int>(0)
     /// Set when `run` has returned.
     let finished = Atomic<Bool>(false)
-    /// What `/metrics` reports about this loop (updated under `ownership`).
+    /// What `/metrics` reports about this loop (updated in its callbacks, `owned`).
     let metrics = LoopMetrics()
     /// The transport of an embedded loop, whose connections are not sockets (tests); nil
     /// for a real loop, which calls the socket code directly (ConnectionIO.swift).
@@ -265,29 +284,22 @@ final class EventLoop: @unchecked Sendable {
 
     private var unmanagedSelf: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
 
-    /// Runs one libevent callback of this loop with `ownership` held.
+    /// Runs one libevent callback of this loop: with no lock on the loop's own thread while
+    /// it runs, else under `ownership` (or, from another thread while the loop runs, on the
+    /// loop's thread: `ownedElsewhere`).
     @inline(__always)
     func owned(_ callback: () -> Void) {
         // Awake: posts until the loop next prepares to sleep need not write the eventfd.
         // Only the loop's own thread may say so (tests and benchmarks run callbacks of a
         // loop from theirs while the loop itself sleeps).
-        if shim_current_loop() == unmanagedSelf { mayBeAsleep.store(false, ordering: .relaxed) }
-        ownership.withLock(timing: .loopOwnership) { _ in
-            callback()
-            sharedAcknowledgementChain = nil
-            if hasOutgoingSteps { postOutgoingSteps() }
-            // A relayed connection's frames leave before it may move to another loop,
-            // whose frames for it must follow them.
-            if relayIO?.hasOutgoing == true { relayIO!.flush() }
-            if let frontRelay, !frontRelay.outbox.isEmpty { sendRelayed() }
-            // After the callback's reads: a plain socket's peeked bytes are taken by now,
-            // and nothing below the read touches the connection any more.
-            if !departing.isEmpty {
-                handOverDeparting()
-                if relayIO?.hasOutgoing == true { relayIO!.flush() }
-            }
+        let onOwnThread = shim_current_loop() == unmanagedSelf
+        if onOwnThread { mayBeAsleep.store(false, ordering: .relaxed) }
+        if onOwnThread && ownsItself.load(ordering: .relaxed) {
+            runCallback(callback)
+        } else if !ownedElsewhere(callback) {
+            return  // Run in one of the loop's own callbacks, which did the rest.
         }
-        // Outside the lock (a system call).
+        // After the callback (a system call).
         if writerWakePending {
             writerWakePending = false
             context.switchboard.writer?.wake()
@@ -298,6 +310,67 @@ final class EventLoop: @unchecked Sendable {
         if index == 0, let writer = context.switchboard.writer, shim_current_loop() == unmanagedSelf {
             writer.dropSettledReplies(now: nowInstant)
         }
+    }
+
+    /// A callback and what ends each one.
+    @inline(__always)
+    private func runCallback(_ callback: () -> Void) {
+        callback()
+        sharedAcknowledgementChain = nil
+        if hasOutgoingSteps { postOutgoingSteps() }
+        // A relayed connection's frames leave before it may move to another loop,
+        // whose frames for it must follow them.
+        if relayIO?.hasOutgoing == true { relayIO!.flush() }
+        if let frontRelay, !frontRelay.outbox.isEmpty { sendRelayed() }
+        // After the callback's reads: a plain socket's peeked bytes are taken by now,
+        // and nothing below the read touches the connection any more.
+        if !departing.isEmpty {
+            handOverDeparting()
+            if relayIO?.hasOutgoing == true { relayIO!.flush() }
+        }
+    }
+
+    /// A callback on a thread that is not the running loop's own: under `ownership` when
+    /// the loop's thread does not run it; while it runs, handed to it (`OwnerWork`, run
+    /// in one of its callbacks) while this thread waits. A post the inbox refuses (it has
+    /// just closed) means the loop let go first (`endOwnedRun`): `ownership` then.
+    /// Returns whether the callback ran here (false: on the loop's thread).
+    @inline(never)
+    private func ownedElsewhere(_ callback: () -> Void) -> Bool {
+        while true {
+            let running = ownership.withLock(timing: .loopOwnership) { _ -> Bool in
+                guard !ownsItself.load(ordering: .relaxed) else { return true }
+                runCallback(callback)
+                return false
+            }
+            guard running else { return true }
+            assert(shim_current_loop() == nil, "a loop waited for loop \(index)")
+            let ran = withoutActuallyEscaping(callback) { callback -> Bool in
+                let work = OwnerWork { callback() }
+                guard post(.ownerWork(work, loop: index)) else { return false }
+                work.wait()
+                return true
+            }
+            if ran { return false }
+        }
+    }
+
+    /// The calling thread, this loop's own (`shim_set_current_loop` done), starts running
+    /// it: from now on its callbacks take no lock, and it owns its routing shard
+    /// (`Switchboard.claim`). `run` calls it, and so does a benchmark's thread that drives
+    /// a loop (`FanOutScaling`). What other threads did before is published by the locks.
+    func beginOwnedRun() {
+        precondition(shim_current_loop() == unmanagedSelf, "loop \(index) claimed by a thread that is not its own")
+        ownership.withLock { _ in ownsItself.store(true, ordering: .relaxed) }
+        context.switchboard.claim(by: self)
+    }
+
+    /// The loop's own thread lets go of the loop's state and of its shard: from now on
+    /// every thread, this one too, takes `ownership` and the shard's fallback lock. Called
+    /// before the inbox closes, so a refused post means the loop let go.
+    func endOwnedRun() {
+        context.switchboard.release(by: self)
+        ownership.withLock { _ in ownsItself.store(false, ordering: .relaxed) }
     }
 
     /// The chain for the steps an ACK hands on (its receipts for other shards' senders, the
@@ -320,6 +393,9 @@ final class EventLoop: @unchecked Sendable {
     /// Runs the loop on the calling thread until it has drained.
     func run() {
         shim_set_current_loop(unmanagedSelf)
+        // From now until the inbox closes this thread alone touches the loop's state and
+        // its shard, with no lock (Switchboard.swift's top comment).
+        beginOwnedRun()
         let persistRead = Int16(VS_EV_READ | VS_EV_PERSIST)
         if listenFD >= 0 {
             listenEvent = vs_event_new(base, listenFD, persistRead, { _, _, arg in
@@ -348,6 +424,9 @@ final class EventLoop: @unchecked Sendable {
 
         runUntilBroken()
 
+        // The loop and its shard are no thread's own from now on: a post the inbox refuses
+        // sends its poster to the fallback locks, and what `closeInbox` runs here takes them.
+        endOwnedRun()
         ownership.withLock { _ in
             // What was posted and not run: connections handed over still get their CLOSE,
             // steps and shard work are done here (`closeInbox`).
@@ -560,19 +639,27 @@ final class EventLoop: @unchecked Sendable {
                 handleRelayed(frames)
             case .relayRouteChanged:
                 relayRouteChanged()
+            case .ownerWork(let work, _):
+                work.run()
             }
         }
         sendPostedReplies()
         flushDirty()
     }
 
-    /// When `run` stops (under `ownership`, before the loop's connections are released):
+    /// When `run` stops (under `ownership`, after `endOwnedRun`, before the loop's
+    /// connections are released):
     /// closes the inbox, so that `post` fails from now on and the poster does the work
     /// itself, and does the work posted to it that must not be lost on this thread: steps,
     /// and this loop's shard's part of a release or a cancellation, with holds of the shards
     /// like any thread that is not their owner; a connection handed over gets its CLOSE
     /// (goingAway) here. Other tasks concerned this loop's connections, which are closing.
     func closeInbox() {
+        // The rule that makes a refused post safe: the loop let go of its state and its
+        // shard before its inbox closes (`endOwnedRun`), so whoever finds it closed takes
+        // the fallback locks, and what runs here takes them too.
+        assert(!ownsItself.load(ordering: .relaxed), "loop \(index) closes its inbox while it still owns its state")
+        assert(!context.switchboard.isOwned(by: self), "loop \(index) closes its inbox while it still owns its shard")
         var tasks: [LoopTask] = []
         swap(&tasks, &takenTasks)
         inbox.close(appendingTo: &tasks)
@@ -592,6 +679,9 @@ final class EventLoop: @unchecked Sendable {
                 switchboard.writer?.restore(part)
             case .adopt(let moving):
                 adopt(moving, closingWith: drainClose)
+            case .ownerWork(let work, _):
+                // Its waiter blocks until it has run: under the fallback lock now.
+                work.run()
             case .wake, .close, .reply, .watchWritable, .bodiesLoaded, .drain, .relay, .relayed, .relayRouteChanged:
                 continue
             }

@@ -132,7 +132,12 @@ public enum FanOutScaling {
                 messages: messagesPerThread, window: window)
             return JoinableThread(name: "fanout-\(index)") {
                 shim_set_current_loop(Unmanaged.passUnretained(driver.loop).toOpaque())
-                defer { shim_set_current_loop(nil) }
+                // Each thread owns its loop and its shard as a running loop does: no lock.
+                driver.loop.beginOwnedRun()
+                defer {
+                    driver.loop.endOwnedRun()
+                    shim_set_current_loop(nil)
+                }
                 progress.started.add(1, ordering: .acquiringAndReleasing)
                 // All start together (yielding: there may be more threads than cores).
                 while progress.started.load(ordering: .acquiring) < threads { sched_yield() }

@@ -58,7 +58,7 @@ public enum HoldSurvey {
 
         /// A hold of `user`'s shard running `body`; what it would have the loops do (its
         /// effects) is dropped: the bench has no connections.
-        func hold<Result>(of user: String, _ body: (inout SwitchboardState) -> sending Result) -> sending Result {
+        func hold<Result>(of user: String, _ body: (inout SwitchboardState) -> Result) -> Result {
             switchboard.withState(of: user, wall: 0) { board in
                 let result = body(&board)
                 _ = board.takeEffects()

@@ -7,47 +7,62 @@ import Glibc
 #endif
 
 /// The routing core shared by all event loops: the routing state partitioned by user into
-/// shards (`ShardMap`), each a `SwitchboardState` behind its own lock.
+/// shards (`ShardMap`), each a `SwitchboardState` owned by one loop (`RoutingShard`).
 ///
-/// Ownership and lock order (docs/ARCHITECTURE.md, "Routing shards"):
+/// Ownership and lock order (docs/ARCHITECTURE.md, "Locks" and "Routing shards"):
 /// - A user's devices, queues, held messages, message ids, limits, push registrations and
 ///   the calls it is called in live in its shard only; a `DeviceRecord`, `QueuedEvent` or
-///   `CallRecord` is reachable from one shard and touched only under that shard's lock.
+///   `CallRecord` is reachable from one shard and touched only by whoever has that shard.
 /// - Shard `i` is owned by loop `i` (one shard per loop, `shardCount`). The steps of an
 ///   operation that spans users (a message and its recipient, a receipt and its sender, a
 ///   call and its caller) run on the loop that owns their user's shard: each hold returns
 ///   the `ShardStep`s other shards must run (plain values that name users, never
 ///   records), and `run` runs those of the calling loop's own shard at once and posts the
 ///   others to their owners' inboxes (`LoopTask.steps`), which run them and post onward
-///   what they hand on. With each connection on its user's home loop (`homeLoop`), a
-///   loop thread takes no shard's lock but its own (checked in debug builds:
-///   `assertOwnedByCaller`), except for steps whose owner has stopped.
-///   What the store writer does to the routing state per event (a commit's release, a
-///   refusal's cancellation, bodies read back) is posted to the owners the same way, one
-///   part per shard. The start-up load (once, before any connection), the admin API and
-///   a server that stops (a loop whose inbox is closed: `EventLoop.closeInbox`) still take
-///   shard locks directly: that is why the locks stay.
-/// - No thread ever holds two shard locks (checked at run time in debug builds:
-///   `RoutingShard.holder`), so they cannot deadlock.
-/// - The `CallDirectory`'s overflow lock may be taken under a shard lock (only for ids its
-///   lock-free table cannot hold: rare); no other lock is held
-///   when a shard lock is taken. A loop's inbox, the store writer's and a `DeferredReply`'s
-///   parts are no locks (lock-free queues, `MPSCQueue`).
+///   what they hand on. What the store writer does to the routing state per event (a
+///   commit's release, a refusal's cancellation, bodies read back) is posted to the
+///   owners the same way, one part per shard.
+/// - **The rule** (like swift-nio's `NIOLoopBound`): while its owner loop runs (from
+///   `claim`, the first thing its thread does in `EventLoop.run`, to `release`, just
+///   before its inbox closes: `EventLoop.closeInbox`), a shard is touched by that loop's
+///   thread only, with **no lock**. Any other thread that needs it then (the admin API,
+///   the push gateway's token removal, a reload, `/metrics`' counters, tests) hands its
+///   hold to the owner (`LoopTask.ownerWork`, `OwnerWork`) and waits for it; only threads
+///   that are not loops may wait, and loops never wait for them, so nothing deadlocks.
+///   While no loop runs the shard (the start-up load before the loops start, a loop that
+///   has stopped, a `Switchboard` built without owning loops: tests, benchmarks, the
+///   embedded loops), every thread takes the shard's **fallback lock**
+///   (`RoutingShard.fallback`), the owner too once it let go. The fallback lock also
+///   guards the change of owner, so a thread that finds no owner under it cannot meet a
+///   claim half-way, and a post its inbox refused (it has just closed) means the owner let
+///   go: the poster takes the fallback lock then (`exclusiveElsewhere`). Checked in debug builds:
+///   a loop thread touches no shard but its own, except for work a stopped loop can no
+///   longer take (`assertOwnedByCaller`), and a loop never waits for another.
+/// - No thread is in two shards at once (checked at run time in debug builds:
+///   `RoutingShard.holder`), so the fallback locks cannot deadlock, and a hold handed to
+///   an owner never waits for a second one.
+/// - The `CallDirectory`'s overflow lock may be taken in a hold (only for ids its
+///   lock-free table cannot hold: rare); no other lock is taken in a hold, and a fallback
+///   lock is taken with no other held. A shard's `published` counters (a leaf held for a
+///   copy: by its owner once per tick, by loop 0's `stats` line under the fallback lock)
+///   are the one lock taken under it. A loop's inbox, the store writer's and a
+///   `DeferredReply`'s parts are no locks (lock-free queues, `MPSCQueue`).
 ///
 /// Every operation is short (dictionary lookups, appends to queues) and does no I/O;
-/// sockets are written by each connection's own loop after the lock is released. Work
-/// that could grow without bound is split into bounded holds (expiry: a budget per hold;
-/// the user index: incremental growth; a fan-out, and a message's copies to its sender's
-/// other devices: 128 devices a hold, `FanOut`; an ACK: 128 events a hold,
-/// `Acknowledgement`; each chunk a task of its owner's inbox;
-/// docs/ARCHITECTURE.md, "Bounded holds"). Every hold is timed: `LoopMetrics.routingLockHold`
-/// per loop, `otherThreadHolds` for the rest, `/metrics` sums them
-/// (`voipserver_routing_lock_hold_seconds`).
+/// sockets are written by each connection's own loop after the hold. Work that could grow
+/// without bound is split into bounded holds (expiry: a budget per hold; the user index:
+/// incremental growth; a fan-out, and a message's copies to its sender's other devices:
+/// 128 devices a hold, `FanOut`; an ACK: 128 events a hold, `Acknowledgement`; each chunk
+/// a task of its owner's inbox; docs/ARCHITECTURE.md, "Bounded holds"). Every hold is
+/// timed, with a lock or without: `LoopMetrics.routingLockHold` per loop,
+/// `otherThreadHolds` for the rest, `/metrics` sums them
+/// (`voipserver_routing_lock_hold_seconds`); the holds under a fallback lock are also
+/// `routing_shard` in `voipserver_lock_hold_seconds`.
 ///
 /// With a store, the durable changes each hold made are handed to the `StoreWriter`
-/// before the shard's lock is released (`CommitUnit`), so a shard's units reach the writer
-/// in the order its sequence numbers were assigned, and the writer commits in arrival
-/// order. An operation that spans shards is one unit per step plus a closing unit, sent by
+/// before the hold ends (`CommitUnit`), so a shard's units reach the writer in the order
+/// its sequence numbers were assigned, and the writer commits in arrival order. An
+/// operation that spans shards is one unit per step plus a closing unit, sent by
 /// whichever loop runs its last step (`StepChain`, `finish`): the writer commits them in
 /// one transaction and, for a message, sends the OK after it; a refusal cancels the
 /// message in every shard it touched (`cancel`).
@@ -59,12 +74,16 @@ final class Switchboard: Sendable {
 
     /// The memory held by the state's events (readable without the lock), every shard's.
     let ledger: MemoryLedger
-    /// How long each hold of a shard lock by a thread that is not an event loop lasted (the
-    /// admin API's, the store writer's, start-up's). Recorded before the lock is released;
-    /// its own small lock keeps writers of different shards from overlapping. Loops record
-    /// theirs in their own `LoopMetrics.routingLockHold`, after the release.
+    /// How long each hold of a shard by a thread that is not an event loop lasted (the
+    /// admin API's, the store writer's, start-up's: under the fallback lock, when no loop
+    /// runs the shard). Recorded under the fallback lock; its own small lock keeps writers
+    /// of different shards from overlapping. Loops record theirs in their own
+    /// `LoopMetrics.routingLockHold`.
     private let otherThreadHoldsLock = Mutex(())
     let otherThreadHolds = LatencyHistogram.routingLockHold()
+    /// Holds that threads other than a shard's running owner handed to the owner and
+    /// waited for (`exclusiveElsewhere`): the admin API's, the push gateway's, reloads', tests'.
+    let handedToOwner = Atomic<Int>(0)
 
     /// How many shards a server with `workers` loops uses: one per loop, with a store or
     /// without.
@@ -134,10 +153,9 @@ final class Switchboard: Sendable {
     /// Runs `body` with exclusive access to the shard holding `userID`. `wall` is the
     /// wall-clock time that events created by the operation are stamped with.
     func withState<Result>(
-        of userID: String, wall: UInt64, writerWake: WriterWake = .now,
-        _ body: (inout SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        try withState(shard: shard(of: userID), wall: wall, writerWake: writerWake, body)
+        of userID: String, wall: UInt64, writerWake: WriterWake = .now, _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
+        withState(shard: shard(of: userID), wall: wall, writerWake: writerWake, body)
     }
 
     /// Runs `body` on every shard in turn, one hold each (configuration changes).
@@ -145,33 +163,61 @@ final class Switchboard: Sendable {
         for index in shards.indices { withState(shard: index, wall: wall) { body(&$0) } }
     }
 
-    /// Runs `body` with exclusive access to shard `index`.
+    /// Runs `body` with exclusive access to shard `index` (with no lock by
+    /// its running owner; handed to the owner by any other thread while it runs; else under
+    /// the fallback lock), with the bookkeeping of an operation: the hold's wall time and
+    /// store health for `body`, its commit unit to the writer, the hold timed. Always
+    /// inlined, as `Mutex.withLock` was: `body` then needs no closure context (an outlined
+    /// specialization copied what the closures captured, a message among them: about 90
+    /// instructions per event in `routing-bench scaling`).
+    @inline(__always)
     func withState<Result>(
-        shard index: Int, wall: UInt64, writerWake: WriterWake = .now,
-        _ body: (inout SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        var wakeWriter = false
-        var hold: (start: UInt64, end: UInt64) = (0, 0)
+        shard index: Int, wall: UInt64, writerWake: WriterWake = .now, _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
         let shard = shards[index]
         assertHoldsNoShard()
         assertOwnedByCaller(index)
-        let result = try shard.state.withLock { state in
-            shard.enterHold()
-            defer { shard.leaveHold() }
-            hold.start = LoopMetrics.now()
-            defer { hold.end = endOfHold(since: hold.start) }
-            state.currentWall = wall
-            if let writer { state.storeHealthy = writer.isHealthy }
-            let result = try body(&state)
-            if let unit = state.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
-            return result
+        var wakeWriter = false
+        let result: Result
+        // The owner's path, written out: no closure to make, call or retain per event.
+        if let owner = shard.callingOwner {
+            result = hold(shard, wall: wall, owner: owner, wakeWriter: &wakeWriter, body)
+        } else {
+            result = withStateElsewhere(shard, index, wall: wall, wakeWriter: &wakeWriter, body)
         }
-        recordLoopHold(hold)
-        // The wake-up is a system call: made after the lock is released.
+        // The wake-up is a system call: made after the hold (after the fallback lock is
+        // released; by the calling thread for a hold it handed to the owner).
         if wakeWriter, let writer { wake(writer, writerWake) }
         return result
     }
 
+    /// `withState`'s hold by a thread that is not the running owner (`exclusiveElsewhere`),
+    /// apart so that the owner's path makes no closure.
+    @inline(never)
+    private func withStateElsewhere<Result>(
+        _ shard: RoutingShard, _ index: Int, wall: UInt64, wakeWriter: inout Bool, _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
+        exclusiveElsewhere(shard, index) { owner in hold(shard, wall: wall, owner: owner, wakeWriter: &wakeWriter, body) }
+    }
+
+    /// One hold of `withState`, by the running owner (`owner`: its loop) or under the
+    /// fallback lock (nil).
+    @inline(__always)
+    private func hold<Result>(
+        _ shard: RoutingShard, wall: UInt64, owner: UnsafeMutableRawPointer?, wakeWriter: inout Bool,
+        _ body: (inout SwitchboardState) -> Result
+    ) -> Result {
+        shard.enterHold()
+        defer { shard.leaveHold() }
+        let start = LoopMetrics.now()
+        let state = shard.state
+        state.pointee.currentWall = wall
+        if let writer { state.pointee.storeHealthy = writer.isHealthy }
+        let result = body(&state.pointee)
+        if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
+        recordHold(since: start, owner: owner)
+        return result
+    }
     /// Runs the steps an operation handed on (`ShardStep`), each in a hold of its user's
     /// shard (consecutive steps of one shard may share one, `drive`), and those they hand
     /// on in turn: never two shards at once.
@@ -290,8 +336,8 @@ final class Switchboard: Sendable {
     /// of one shard share a hold (`sharesHold`) until the hold has queued a chunk of events
     /// (`SwitchboardConfiguration.fanOutChunk`; a step always runs whole, and each is a
     /// bounded chunk itself): the steps of one inbox batch (`LoopTask.steps`: everything
-    /// another loop handed this shard in one callback) cost one lock round, one pair of
-    /// clock reads and one effects array, not one per step. The order is the one of a hold
+    /// another loop handed this shard in one callback) cost one hold (one ownership check),
+    /// one pair of clock reads and one effects array, not one per step. The order is the one of a hold
     /// per step: what a step hands on goes behind the steps already queued either way, and
     /// the rest of a batch of receipts (`ShardStep.receipts`) runs before anything else.
     private func drive(_ here: inout FIFOQueue<PostedStep>, on loop: EventLoop?, writerWake: WriterWake) -> StepsRan {
@@ -467,81 +513,200 @@ final class Switchboard: Sendable {
     }
 
     /// Runs a read of the shard holding `userID` (and of the device records it links to)
-    /// under its lock, without the per-operation bookkeeping of `withState`: nothing it
-    /// does is journaled.
-    func withDevices<Result>(
-        of userID: String, _ body: (borrowing SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        try withDevices(shard: shard(of: userID), body)
+    /// with exclusive access, as `withState` gives it, without the per-operation
+    /// bookkeeping of `withState`: nothing it does is journaled.
+    func withDevices<Result>(of userID: String, _ body: (borrowing SwitchboardState) -> Result) -> Result {
+        withDevices(shard: shard(of: userID), body)
     }
 
-    /// Runs a read of shard `index` as `withDevices(of:_:)` does.
-    func withDevices<Result>(
-        shard index: Int, _ body: (borrowing SwitchboardState) throws -> sending Result
-    ) rethrows -> sending Result {
-        var hold: (start: UInt64, end: UInt64) = (0, 0)
+    /// Runs a read of shard `index` as `withDevices(of:_:)` does (always inlined, as
+    /// `withState`).
+    @inline(__always)
+    func withDevices<Result>(shard index: Int, _ body: (borrowing SwitchboardState) -> Result) -> Result {
         let shard = shards[index]
         assertHoldsNoShard()
         assertOwnedByCaller(index)
-        let result = try shard.state.withLock { state in
-            shard.enterHold()
-            defer { shard.leaveHold() }
-            hold.start = LoopMetrics.now()
-            defer { hold.end = endOfHold(since: hold.start) }
-            return try body(state)
-        }
-        recordLoopHold(hold)
+        if let owner = shard.callingOwner { return read(shard, owner: owner, body) }
+        return withDevicesElsewhere(shard, index, body)
+    }
+
+    /// `withDevices`' hold by a thread that is not the running owner, as `withStateElsewhere`.
+    @inline(never)
+    private func withDevicesElsewhere<Result>(
+        _ shard: RoutingShard, _ index: Int, _ body: (borrowing SwitchboardState) -> Result
+    ) -> Result {
+        exclusiveElsewhere(shard, index) { owner in read(shard, owner: owner, body) }
+    }
+
+    /// One hold of `withDevices`, as `hold` is one of `withState`.
+    @inline(__always)
+    private func read<Result>(
+        _ shard: RoutingShard, owner: UnsafeMutableRawPointer?, _ body: (borrowing SwitchboardState) -> Result
+    ) -> Result {
+        shard.enterHold()
+        defer { shard.leaveHold() }
+        let start = LoopMetrics.now()
+        let result = body(shard.state.pointee)
+        recordHold(since: start, owner: owner)
         return result
     }
 
-    /// Debug builds: the calling thread holds no shard lock (the rule that makes shard
-    /// locks deadlock-free and each shard's state its own; costs one load per shard).
+    // MARK: Ownership
+
+    /// Runs `work` with exclusive access to `shard`'s state, on the thread the ownership
+    /// rule says (top of this file), when the calling thread is not the running owner
+    /// (which calls `work` itself, with its loop: `RoutingShard.callingOwner`). Under the
+    /// fallback lock, here when no loop runs the shard (`work(nil)`); else (the owner
+    /// runs) on the owner's thread, handed to it through its inbox
+    /// (`LoopTask.ownerWork`), while this thread waits: the owner then calls `work` with
+    /// its loop, or, if it let go meanwhile, with nil under the fallback lock. A post the
+    /// owner's inbox refuses (it has just closed) finds the owner gone under the fallback
+    /// lock the next time round: an owner lets go of its shard before it closes its inbox
+    /// (`release`).
+    ///
+    /// Only threads that are not loops wait for an owner (the admin API, the push
+    /// gateway, reloads, the store writer, tests): loops never wait for them, so they
+    /// cannot deadlock. A loop thread that is not the owner touches a shard only when its
+    /// owner has stopped (`EventLoop.runsForeignWork`), under the fallback lock.
+    @inline(never)
+    private func exclusiveElsewhere<Result>(
+        _ shard: RoutingShard, _ index: Int, _ work: (_ owner: UnsafeMutableRawPointer?) -> Result
+    ) -> Result {
+        if let owner = shard.callingOwner { return work(owner) }  // handed here: the owner's thread
+        while true {
+            var result: Result?
+            let owner: EventLoop? = shard.fallback.withLock { owner in
+                guard let owner else {
+                    result = work(nil)
+                    return nil
+                }
+                return owner
+            }
+            if let result { return result }
+            guard let owner else { continue }  // `work` returned no value (cannot happen)
+            // The owner runs: hand it the work and wait for the answer.
+            assert(shim_current_loop() == nil, "loop \(EventLoop.onCurrentThread { $0.index } ?? 0) waited for loop \(owner.index), which owns routing shard \(index)")
+            let done: Result? = withoutActuallyEscaping(work) { work in
+                var answer: Result?
+                let handOff = OwnerWork { [self] in
+                    // On the owner's thread: with no lock while it runs, under the fallback
+                    // lock if it let go meanwhile.
+                    answer = self.exclusiveElsewhere(shard, index, work)
+                }
+                guard owner.post(.ownerWork(handOff, loop: owner.index)) else { return nil }
+                handOff.wait()
+                return answer
+            }
+            if let done {
+                handedToOwner.add(1, ordering: .relaxed)
+                return done
+            }
+            // Refused: the owner's inbox has closed, so it let go of the shard first.
+        }
+    }
+
+    /// Makes `loop` the owner of its shard, which it then touches with no lock, if the
+    /// loops own the shards (`ownerLoop(ofShard:shardCount:loopCount:)` among `loop.peers`).
+    /// Called by the loop's own thread when it starts running (`EventLoop.run`), after
+    /// `shim_set_current_loop`; what other threads did to the shard before (the start-up
+    /// load) is published by the fallback lock.
+    func claim(by loop: EventLoop) {
+        let index = Int(loop.index)
+        guard Self.ownerLoop(ofShard: index, shardCount: shards.count, loopCount: loop.peers.count) == index,
+              let address = shim_current_loop(), address == Unmanaged.passUnretained(loop).toOpaque()
+        else { return }
+        let shard = shards[index]
+        shard.fallback.withLock { owner in
+            precondition(owner == nil, "routing shard \(index) has an owner already")
+            owner = loop
+            shard.ownerAddress.store(UInt(bitPattern: address), ordering: .relaxed)
+        }
+    }
+
+    /// `loop` lets go of its shard (if it owns it): from now on every thread, the loop
+    /// included, takes the fallback lock for it. Called by the loop's own thread before it
+    /// closes its inbox (`EventLoop.closeInbox`): a post its inbox refuses then means the
+    /// shard is no loop's any more. What it did to the shard with no lock is published by
+    /// the lock.
+    func release(by loop: EventLoop) {
+        let index = Int(loop.index)
+        guard index < shards.count, shards[index].isOwnedByCallingThread else { return }
+        let shard = shards[index]
+        shard.fallback.withLock { owner in
+            owner = nil
+            shard.ownerAddress.store(0, ordering: .relaxed)
+        }
+    }
+
+    /// Whether a loop owns shard `index` and runs now (tests).
+    func isOwned(shard index: Int) -> Bool {
+        shards[index].fallback.withLock { $0 != nil }
+    }
+
+    /// Whether `loop` owns a shard now (debug checks).
+    func isOwned(by loop: EventLoop) -> Bool {
+        let index = Int(loop.index)
+        return index < shards.count && shards[index].fallback.withLock { $0 === loop }
+    }
+
+    /// Debug builds: the calling thread is in no shard's hold (the rule that makes the
+    /// fallback locks deadlock-free, and a hold handed to an owner never wait for another;
+    /// costs one load per shard).
     @inline(__always)
     private func assertHoldsNoShard() {
         #if DEBUG
         let thread = RoutingShard.currentThread
-        assert(!shards.contains { $0.holder.load(ordering: .relaxed) == thread }, "a thread took a second routing shard's lock")
+        assert(!shards.contains { $0.holder.load(ordering: .relaxed) == thread }, "a thread took a second routing shard")
         #endif
     }
 
-    /// Debug builds: a loop thread takes its own shard's lock only, the rule that makes each
+    /// Debug builds: a loop thread touches its own shard only, the rule that makes each
     /// shard its owner loop's (like swift-nio's `NIOLoopBound`): its connections live on
     /// their user's home loop, and steps for other shards go to their owners. The one
     /// exception is work a stopped loop can no longer take (`EventLoop.runsForeignWork`:
-    /// steps whose owner's inbox is closed, run by the loop that handed them on). Threads
-    /// that are not loops (the admin API, the store writer, start-up) may take any shard,
-    /// one at a time.
+    /// steps whose owner's inbox is closed, run by the loop that handed them on, under the
+    /// fallback lock). Threads that are not loops (the admin API, the store writer,
+    /// start-up) may ask for any shard, one at a time (`exclusiveElsewhere` decides where it runs).
     @inline(__always)
     private func assertOwnedByCaller(_ index: Int) {
         #if DEBUG
         EventLoop.onCurrentThread { loop in
             guard !loop.runsForeignWork, postsSteps(from: loop) else { return }
-            assert(index == Int(loop.index), "loop \(loop.index) took routing shard \(index)'s lock: shard \(index) is loop \(index)'s")
+            assert(index == Int(loop.index), "loop \(loop.index) took routing shard \(index): shard \(index) is loop \(index)'s")
         }
         #endif
     }
 
-    // Hold times: one monotonic clock read after the lock is taken and one before it is
-    // released (about 20 ns each through the vDSO), so the figure is the hold itself, not
-    // the wait for the lock.
+    // Hold times: one monotonic clock read when the hold starts (after the fallback lock
+    // is taken) and one when it ends (before it is released), about 20 ns each through the
+    // vDSO, so the figure is the hold itself, not the wait for the lock or the owner.
 
-    /// Ends a hold measured from `start`, still under the lock: a thread that is not an
-    /// event loop records it here (`otherThreadHoldsLock` serialises the writers of
-    /// `otherThreadHolds`: threads holding different shards). Returns the end, or 0 when
-    /// it was recorded.
+    /// Records a hold that started at `start` and ends now: the owner's (`owner`: its loop,
+    /// the calling thread's) in its own histogram (no shared atomic); a hold under the
+    /// fallback lock, a lock hold, also as `routing_shard` in `LockHolds`: a loop's in its
+    /// own histograms, another thread's in `otherThreadHolds` (`otherThreadHoldsLock`
+    /// serialises its writers: threads holding different shards' fallback locks).
     @inline(__always)
-    private func endOfHold(since start: UInt64) -> UInt64 {
-        let end = LoopMetrics.now()
-        guard shim_current_loop() == nil else { return end }
-        otherThreadHoldsLock.withLock { _ in otherThreadHolds.record(nanoseconds: end &- start) }
-        return 0
+    private func recordHold(since start: UInt64, owner: UnsafeMutableRawPointer?) {
+        let nanoseconds = LoopMetrics.now() &- start
+        if let owner {
+            Unmanaged<EventLoop>.fromOpaque(owner)._withUnsafeGuaranteedRef {
+                $0.metrics.routingLockHold.record(nanoseconds: nanoseconds)
+            }
+            return
+        }
+        recordFallbackHold(nanoseconds)
     }
 
-    /// Records a loop thread's hold in its own histogram, after the lock is released.
-    @inline(__always)
-    private func recordLoopHold(_ hold: (start: UInt64, end: UInt64)) {
-        guard hold.end != 0 else { return }
-        EventLoop.onCurrentThread { $0.metrics.routingLockHold.record(nanoseconds: hold.end &- hold.start) }
+    @inline(never)
+    private func recordFallbackHold(_ nanoseconds: UInt64) {
+        let recorded: Void? = EventLoop.onCurrentThread { loop in
+            loop.metrics.routingLockHold.record(nanoseconds: nanoseconds)
+            loop.metrics.lockHolds.record(.routingShard, nanoseconds: nanoseconds)
+        }
+        guard recorded == nil else { return }
+        otherThreadHoldsLock.withLock { _ in otherThreadHolds.record(nanoseconds: nanoseconds) }
+        LockHolds.offLoop.record(.routingShard, nanoseconds: nanoseconds)
     }
 
     /// Every hold so far, by every thread: the loops' histograms and `otherThreadHolds`.
@@ -549,9 +714,32 @@ final class Switchboard: Sendable {
         loops.map { $0.metrics.routingLockHold.snapshot() }.reduce(otherThreadHolds.snapshot(), +)
     }
 
-    /// Every shard's counters added up (one short hold of each).
+    /// Every shard's counters added up (one short hold of each: handed to each running
+    /// owner in turn). Not on a loop: a loop waits for no other (`countersWithoutWaiting`).
     var counters: SwitchboardCounters {
-        shards.reduce(SwitchboardCounters()) { sum, shard in sum + shard.state.withLock { $0.counters } }
+        shards.indices.reduce(SwitchboardCounters()) { sum, index in sum + withDevices(shard: index) { $0.counters } }
+    }
+
+    /// Every shard's counters added up, for a loop (loop 0's `stats` line): its own
+    /// shard's as they are, another running owner's as that owner last published them
+    /// (`publishCounters`, each tick), a shard no loop runs under its fallback lock.
+    var countersWithoutWaiting: SwitchboardCounters {
+        shards.reduce(SwitchboardCounters()) { sum, shard in
+            if shard.isOwnedByCallingThread { return sum + shard.state.pointee.counters }
+            return sum + shard.fallback.withLock { owner in
+                owner == nil ? shard.state.pointee.counters : shard.published.withLock { $0 }
+            }
+        }
+    }
+
+    /// Copies the counters of the shard `loop` owns, if it runs it, where other loops may
+    /// read them (`countersWithoutWaiting`). Called by the owner at each tick.
+    func publishCounters(by loop: EventLoop) {
+        let index = Int(loop.index)
+        guard index < shards.count, shards[index].isOwnedByCallingThread else { return }
+        let shard = shards[index]
+        let counters = shard.state.pointee.counters
+        shard.published.withLock { $0 = counters }
     }
 }
 
@@ -588,18 +776,55 @@ final class ShardPartsLeft: Sendable {
     }
 }
 
-/// One shard's state and its lock (a class: `Mutex` cannot be an array element).
+/// One shard's state, the loop that owns it while that loop runs, and the fallback lock
+/// for the times no loop does (Switchboard.swift's top comment has the rule).
 final class RoutingShard: Sendable {
-    let state: Mutex<SwitchboardState>
-    /// Debug builds: the thread holding `state`'s lock (0: none), for the check that no
+    /// The state. Touched by its owner loop's thread with no lock while the owner runs
+    /// (`ownerAddress` is that loop), else only under `fallback`.
+    nonisolated(unsafe) let state: UnsafeMutablePointer<SwitchboardState>
+    /// The fallback lock, and the loop that owns the shard now (nil: none). Taken only by
+    /// threads that are not the running owner: every thread while no loop runs the shard
+    /// (the start-up load, a stopping server, a switchboard without loops), and a thread
+    /// that needs the shard while its owner runs, for the moment it takes to find the
+    /// owner (it then hands its work to it: `OwnerWork`). The owner takes it twice, to
+    /// claim the shard when it starts and to let go of it before its inbox closes.
+    let fallback = Mutex<EventLoop?>(nil)
+    /// The owner's address (`shim_current_loop` on its thread), 0 when none: what the
+    /// owner's per-event check reads (one relaxed load, no lock). Written only by the owner
+    /// itself, under `fallback`, so the owner always reads its own last write, and any
+    /// other thread that reads it under `fallback` sees whether the owner runs.
+    let ownerAddress = Atomic<UInt>(0)
+    /// The shard's counters as its running owner last published them (each tick), for
+    /// other loops (`Switchboard.countersWithoutWaiting`). A leaf lock held for a copy.
+    let published = Mutex(SwitchboardCounters())
+    /// Debug builds: the thread inside a hold of this shard (0: none), for the check that no
     /// thread takes two shards (`Switchboard.assertHoldsNoShard`).
     let holder = Atomic<UInt>(0)
 
-    init(_ state: sending SwitchboardState) {
-        self.state = Mutex(state)
+    init(_ state: consuming SwitchboardState) {
+        self.state = UnsafeMutablePointer.allocate(capacity: 1)
+        self.state.initialize(to: state)
+    }
+
+    deinit {
+        state.deinitialize(count: 1)
+        state.deallocate()
     }
 
     static var currentThread: UInt { UInt(pthread_self()) }
+
+    /// The calling thread's loop if it is the loop that owns the shard and runs (it may
+    /// touch the state with no lock), else nil. A thread-local load and a relaxed load.
+    @inline(__always)
+    var callingOwner: UnsafeMutableRawPointer? {
+        let owner = ownerAddress.load(ordering: .relaxed)
+        guard owner != 0, let current = shim_current_loop(), UInt(bitPattern: current) == owner else { return nil }
+        return current
+    }
+
+    /// Whether the calling thread is the loop that owns the shard and runs (`callingOwner`).
+    @inline(__always)
+    var isOwnedByCallingThread: Bool { callingOwner != nil }
 
     @inline(__always)
     func enterHold() {

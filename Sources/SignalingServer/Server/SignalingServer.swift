@@ -10,9 +10,11 @@ import Synchronization
 import Glibc
 #endif
 
-// Lock order: `settings` before the locks a reload takes inside it (the switchboard's,
-// the handshake material's in `ServerContext`); none of those is ever held while `settings`
-// is taken. `state` is never held together with another lock.
+// Lock order: `settings` before the locks a reload takes inside it (a routing shard's
+// fallback lock, the handshake material's in `ServerContext`); none of those is ever held
+// while `settings` is taken. A reload's holds of the routing shards go to their running
+// owner loops, which the main thread waits for under `settings`: no loop takes
+// `settings`. `state` is never held together with another lock.
 
 /// The signaling server: `workers` event loops on their own threads, each accepting on
 /// its own SO_REUSEPORT socket, sharing one routing core.
@@ -99,7 +101,8 @@ public final class SignalingServer: Sendable {
         context.switchboard.forEachShard(wall: clock.wallMilliseconds()) { $0.pushRouting = pushGateway?.routing }
         // A token the push service declared invalid is removed from the device and, as a
         // store change, from the store; a device that registered a new token meanwhile
-        // keeps it. Runs on the push thread; the switchboard lock is short.
+        // keeps it. Runs on the push thread, which waits for the hold (handed to the user's
+        // shard's owner loop while it runs): short.
         pushGateway?.onTokenInvalid { [weak context] wakeUp, registration, reason in
             guard let context else { return }
             let removed = context.switchboard.withState(of: wakeUp.userID, wall: context.clock.wallMilliseconds()) {
@@ -717,8 +720,21 @@ public final class SignalingServer: Sendable {
     }
 
     /// How many times a thread that is not an event loop (the store writer, the admin API,
-    /// start-up) has held the routing lock: for tests.
+    /// start-up) has held a routing shard itself, under its fallback lock: for tests.
     var routingLockHoldsOffLoops: UInt64 { context.switchboard.otherThreadHolds.snapshot().count }
+
+    /// How many holds of this server's routing shards took their fallback lock, by its
+    /// loops and by other threads (`routing_shard` in `voipserver_lock_hold_seconds`
+    /// counts the latter for every server of the process): for tests.
+    var routingShardLockHolds: UInt64 {
+        eventLoops.reduce(routingLockHoldsOffLoops) { $0 + $1.metrics.lockHolds.snapshot(.routingShard).count }
+    }
+
+    /// The routing core (for tests).
+    var switchboard: Switchboard { context.switchboard }
+
+    /// How many holds of a routing shard other threads handed to its running owner: for tests.
+    var routingShardHandOffs: Int { context.switchboard.handedToOwner.load(ordering: .relaxed) }
 
     /// The push gateway's counters (nil without a gateway).
     public var pushStatistics: PushStatistics? { pushGateway?.statistics }
@@ -745,7 +761,11 @@ public final class SignalingServer: Sendable {
     /// Entries in the loops' idle-timeout wheels, stale ones included (for tests: the
     /// wheel keeps at most one per connection slot).
     var idleWheelEntries: Int {
-        state.withLock { $0.loops }.reduce(0) { total, loop in total + loop.ownership.withLock { _ in loop.wheel.count } }
+        state.withLock { $0.loops }.reduce(0) { total, loop in
+            var entries = 0
+            loop.owned { entries = loop.wheel.count }  // on the loop's thread while it runs
+            return total + entries
+        }
     }
 
     /// Waits until every loop has run `count` more timer ticks, so that a time change made

@@ -17,14 +17,15 @@ import Glibc
 //   one consumer of `deadlineArrivals`: it runs `superviseCommits` at every tick, whatever
 //   the writer is doing, even waiting for a write that never returns, and
 //   `dropSettledReplies` after each of its callbacks.
-// - Any thread produces (a loop under its shard's lock, or under none for a group's
+// - Any thread produces (a loop in a hold of its shard, or in none for a group's
 //   closing unit; the admin API; start-up): `enqueue` pushes a commit unit onto
 //   `arrivals` and, for a message's answering unit, its `DeferredReply` onto
 //   `deadlineArrivals`; `requestBodies` pushes a body request onto `arrivals`. Both are
 //   lock-free queues (`MPSCQueue`): a push is one compare-and-exchange, and no producer
 //   ever waits for another thread or holds anything another thread waits for. One
-//   producer's pushes arrive in its order (so a shard's units, pushed under its lock,
-//   arrive in sequence order).
+//   producer's pushes arrive in its order (so a shard's units, pushed in its holds, one
+//   thread at a time: its owner loop's, or under its fallback lock, arrive in sequence
+//   order).
 // - A `DeferredReply` is answered by whichever thread `settle`s it first (the writer,
 //   loop 0's deadline check, a step that declines it): the two owners never need to
 //   agree on anything else about it.
@@ -33,9 +34,9 @@ import Glibc
 // writer sets at each commit's start and end and loop 0 reads at each tick (it replaced the
 // `progress` lock, `store_progress`).
 // A `DeferredReply`'s parts (`eventsByShard`) are no lock: a lock-free queue pushed to by
-// the holds of one message's steps (under their shard's lock) and closed by the thread
-// that settles it. The writer takes a shard's lock only with no lock of its own held
-// (when no loop owns the shard, or its loop stopped).
+// the holds of one message's steps and closed by the thread that settles it. The writer
+// holds a shard only with no lock of its own held (under the shard's fallback lock: when
+// no loop owns the shard, or its loop stopped).
 
 /// An OK that may only be sent once a message is committed, and what to undo if it
 /// cannot be.
@@ -221,14 +222,15 @@ struct CommittedRelease: Sendable {
 /// timeout, a commit still failing) refuses and cancels the message on every shard it
 /// touched, and the writer drops or withdraws all of its units alike.
 ///
-/// Threading (the top of this file says who owns what): `enqueue` is called by loops with a
-/// shard's lock held (that keeps each shard's units in sequence order), and without one
+/// Threading (the top of this file says who owns what): `enqueue` is called by loops in a
+/// hold of a shard (that keeps each shard's units in sequence order), and outside one
 /// for a group's closing unit (by the loop that ran the group's last step);
 /// `superviseCommits` by loop 0; everything else runs on the writer's own thread. What it
 /// does to the routing state goes to the loops that own the shards concerned, one part
 /// per shard (a commit's release, a refusal's cancellation, bodies read back:
 /// `LoopTask.released`, `.cancel`, `.restoreBodies`); only when no loop owns a shard (no
-/// loops) or its loop has stopped does the writer take that shard's lock itself, holding
+/// loops) or its loop has stopped does the writer hold that shard itself (its fallback
+/// lock), holding
 /// no lock of its own, one shard at a time.
 final class StoreWriter: @unchecked Sendable {
     private let store: any EventStore
@@ -577,11 +579,11 @@ final class StoreWriter: @unchecked Sendable {
         }
         let released = CommittedRelease(units: units, messages: committedMessages, replies: accepted)
         // Units that only record state (acknowledgements, most sessions and events) release
-        // nothing: no need to take a shard lock for them.
+        // nothing: no need to hold a shard for them.
         guard released.needsRoutingState else { return post(accepted) }
         // The routing work is the loops', not this thread's: a commit has just spent this
         // thread's share of the CPU, so the scheduler is quick to preempt it, and preempted
-        // while it held a shard lock it would make every push to that shard wait until it
+        // while it held a shard's fallback lock it would make every push to that shard wait until it
         // ran again. Each shard's owner applies its part, and each loop then sends its
         // OKs: one task per loop concerned, so no extra wake-up for a loop that gets OKs
         // anyway, and each loop's release stays before its OKs.
