@@ -345,13 +345,7 @@ final class EventLoop: @unchecked Sendable {
             }
             guard running else { return true }
             assert(shim_current_loop() == nil, "a loop waited for loop \(index)")
-            let ran = withoutActuallyEscaping(callback) { callback -> Bool in
-                let work = OwnerWork { callback() }
-                guard post(.ownerWork(work, loop: index)) else { return false }
-                work.wait()
-                return true
-            }
-            if ran { return false }
+            if OwnerWork.run(on: self, callback) { return false }
         }
     }
 

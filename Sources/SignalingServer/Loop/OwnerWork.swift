@@ -44,4 +44,16 @@ final class OwnerWork: @unchecked Sendable {
         while !done { condition.wait() }
         condition.unlock()
     }
+
+    /// Hands `work` to `loop`, which runs it on its own thread, and waits until it has run.
+    /// False: the loop's inbox refused it (it has just let go of its state and its shard),
+    /// and nothing ran. The one hand-off of a shard's holds and of a loop's callbacks.
+    static func run(on loop: EventLoop, _ work: () -> Void) -> Bool {
+        withoutActuallyEscaping(work) { work in
+            let handOff = OwnerWork(work)
+            guard loop.post(.ownerWork(handOff, loop: loop.index)) else { return false }
+            handOff.wait()
+            return true
+        }
+    }
 }

@@ -586,18 +586,10 @@ final class Switchboard: Sendable {
             guard let owner else { continue }  // `work` returned no value (cannot happen)
             // The owner runs: hand it the work and wait for the answer.
             assert(shim_current_loop() == nil, "loop \(EventLoop.onCurrentThread { $0.index } ?? 0) waited for loop \(owner.index), which owns routing shard \(index)")
-            let done: Result? = withoutActuallyEscaping(work) { work in
-                var answer: Result?
-                let handOff = OwnerWork { [self] in
-                    // On the owner's thread: with no lock while it runs, under the fallback
-                    // lock if it let go meanwhile.
-                    answer = self.exclusiveElsewhere(shard, index, work)
-                }
-                guard owner.post(.ownerWork(handOff, loop: owner.index)) else { return nil }
-                handOff.wait()
-                return answer
-            }
-            if let done {
+            var answer: Result?
+            // On the owner's thread: with no lock while it runs, under the fallback lock if
+            // it let go meanwhile.
+            if OwnerWork.run(on: owner, { answer = exclusiveElsewhere(shard, index, work) }), let done = answer {
                 handedToOwner.add(1, ordering: .relaxed)
                 return done
             }

@@ -398,19 +398,20 @@ final class StoreWriter: @unchecked Sendable {
         return nil
     }
 
-    /// Loop 0's tick: how long the writer has kept work waiting, and the threads' policy
-    /// that follows (`StoreThreadPriority`). `oldestReply`: the oldest message waiting for
-    /// its commit.
+    /// Loop 0's, at each tick and, while the threads are at idle, after each callback: how
+    /// long the writer has kept work waiting, and the threads' policy that follows
+    /// (`StoreThreadPriority`). `oldestReply`: the oldest message waiting for its commit.
     private func superviseThreadPriority(now: Instant, oldestReply: DeferredReply?, commit: CommitWatch.Commit?) {
         guard var priority = threadPriority else { return }
         var waited = Duration.zero
         // (`Instant` differences are never negative: the time left, taken from the timeout.)
         if let oldestReply { waited = context.configuration.storeTimeout - (oldestReply.deadline - now) }
         if let commit { waited = max(waited, now - commit.started) }
-        // Arrivals that no pass has taken since an earlier tick: the writer has not run.
+        // Arrivals that no pass has taken since an earlier look: the writer has not run.
         let passed = passes.load(ordering: .relaxed)
-        if arrivals.isEmpty || passed != untaken.passes {
-            untaken = (passed, arrivals.isEmpty ? nil : now)
+        let waiting = !arrivals.isEmpty
+        if !waiting || passed != untaken.passes {
+            untaken = (passed, waiting ? now : nil)
         } else if let since = untaken.since {
             waited = max(waited, now - since)
         } else {
