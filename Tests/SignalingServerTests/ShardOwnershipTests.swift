@@ -64,6 +64,29 @@ struct ShardOwnershipTests {
         #expect(LockHolds.offLoop.snapshot(.loopOwnership).count >= holdsBefore + 2)
     }
 
+    @Test("the start-up load of a store's devices and pending events takes no shard's fallback lock: the state is set up before any other thread can reach it")
+    func startUpLoadWithoutTheLock() throws {
+        let store = ModelEventStore()
+        let alice = user("alice", onShard: 0), bob = user("bob", onShard: 1)
+        do {
+            let server = try TestServer(workers: 2, store: store)
+            // The phone never acknowledges: the event stays stored.
+            let (phone, _) = try server.connect(user: bob)
+            let (sender, _) = try server.connect(user: alice)
+            #expect(try sender.request(1, .identifiedMessage("m1", to: bob)).isOK)
+            #expect(try phone.nextMessageIDs(1, acknowledging: false) == ["m1"])
+        }
+        #expect(store.events(user: bob, device: "d1").count == 1, "the message was not stored")
+
+        let server = try TestServer(workers: 2, store: store)
+        #expect(server.server.awaitTicks(1))
+        // Without the set-up, the push routing and the load were one fallback-lock hold of
+        // each shard apiece (a load of a million devices: a hold of seconds).
+        #expect(server.server.routingShardLockHolds == 0)
+        let (phone, _) = try server.connect(user: bob)
+        #expect(try phone.nextMessageIDs(1) == ["m1"], "the loaded event was not delivered")
+    }
+
     @Test("admin calls that read and change shards while their loops run are answered by the owner loops: no thread takes a shard's fallback lock")
     func adminCallsHandedToOwners() throws {
         let server = try TestServer(workers: 2, store: ModelEventStore()) {

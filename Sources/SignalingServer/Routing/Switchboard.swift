@@ -29,9 +29,10 @@ import Glibc
 ///   the push gateway's token removal, a reload, `/metrics`' counters, tests) hands its
 ///   hold to the owner (`LoopTask.ownerWork`, `OwnerWork`) and waits for it; only threads
 ///   that are not loops may wait, and loops never wait for them, so nothing deadlocks.
-///   While no loop runs the shard (the start-up load before the loops start, a loop that
-///   has stopped, a `Switchboard` built without owning loops: tests, benchmarks, the
-///   embedded loops), every thread takes the shard's **fallback lock**
+///   Before the server starts a thread, the thread that builds it sets the shards up with
+///   no lock (`setUp`: the push routing, the store's snapshot). While no loop runs the
+///   shard after that (a loop that has stopped, a `Switchboard` built without owning
+///   loops: tests, benchmarks, the embedded loops), every thread takes the shard's **fallback lock**
 ///   (`RoutingShard.fallback`), the owner too once it let go. The fallback lock also
 ///   guards the change of owner, so a thread that finds no owner under it cannot meet a
 ///   claim half-way, and a post its inbox refused (it has just closed) means the owner let
@@ -75,7 +76,7 @@ final class Switchboard: Sendable {
     /// The memory held by the state's events (readable without the lock), every shard's.
     let ledger: MemoryLedger
     /// How long each hold of a shard by a thread that is not an event loop lasted (the
-    /// admin API's, the store writer's, start-up's: under the fallback lock, when no loop
+    /// admin API's, the store writer's: under the fallback lock, when no loop
     /// runs the shard). Recorded under the fallback lock; its own small lock keeps writers
     /// of different shards from overlapping. Loops record theirs in their own
     /// `LoopMetrics.routingLockHold`.
@@ -84,6 +85,9 @@ final class Switchboard: Sendable {
     /// Holds that threads other than a shard's running owner handed to the owner and
     /// waited for (`exclusiveElsewhere`): the admin API's, the push gateway's, reloads', tests'.
     let handedToOwner = Atomic<Int>(0)
+
+    /// Whether other threads may reach the switchboard (`share`): `setUp` stops then.
+    private let isShared = Atomic<Bool>(false)
 
     /// How many shards a server with `workers` loops uses: one per loop, with a store or
     /// without.
@@ -156,6 +160,27 @@ final class Switchboard: Sendable {
         of userID: String, wall: UInt64, writerWake: WriterWake = .now, _ body: (inout SwitchboardState) -> Result
     ) -> Result {
         withState(shard: shard(of: userID), wall: wall, writerWake: writerWake, body)
+    }
+
+    /// Runs `body` on every shard's state with no lock and no hold recorded, before the
+    /// switchboard is shared (`SignalingServer.init`: the push routing, the store's
+    /// snapshot, which may be millions of devices): no other thread can reach it yet, so
+    /// the fallback lock would guard nothing, and a start-up load timed as a lock hold
+    /// would make `routing_shard` report seconds that no thread waited for. Stops
+    /// (`precondition`) once anything shared it: a loop's `claim`, or `share()` when the
+    /// server starts its threads. What it wrote reaches those threads with their creation.
+    func setUp(wall: UInt64, _ body: (_ shard: Int, inout SwitchboardState) -> Void) {
+        precondition(!isShared.load(ordering: .relaxed), "Switchboard.setUp after the switchboard was shared")
+        for (index, shard) in shards.enumerated() {
+            shard.state.pointee.currentWall = wall
+            body(index, &shard.state.pointee)
+        }
+    }
+
+    /// From now on other threads may reach the switchboard, and `setUp` stops: called by
+    /// `SignalingServer.start` before it starts a thread, and by each loop's `claim`.
+    func share() {
+        isShared.store(true, ordering: .relaxed)
     }
 
     /// Runs `body` on every shard in turn, one hold each (configuration changes).
@@ -497,11 +522,11 @@ final class Switchboard: Sendable {
         for device in snapshot.devices { parts[shard(of: device.userID)].devices.append(device) }
         for (user, events) in snapshot.held { parts[shard(of: user)].held[user] = events }
         for messageID in snapshot.messageIDs { parts[shard(of: messageID.sender)].messageIDs.append(messageID) }
-        for (index, part) in parts.enumerated() {
-            withState(shard: index, wall: wall) { board in
-                board.evictsBodies = evictsBodies
-                board.load(part, now: now)
-            }
+        setUp(wall: wall) { index, board in
+            board.evictsBodies = evictsBodies
+            board.load(parts[index], now: now)
+            // Loading changes nothing the store does not already hold.
+            assert(board.takeCommitUnit() == nil, "the start-up load made store changes")
         }
     }
 
@@ -600,13 +625,14 @@ final class Switchboard: Sendable {
     /// Makes `loop` the owner of its shard, which it then touches with no lock, if the
     /// loops own the shards (`ownerLoop(ofShard:shardCount:loopCount:)` among `loop.peers`).
     /// Called by the loop's own thread when it starts running (`EventLoop.run`), after
-    /// `shim_set_current_loop`; what other threads did to the shard before (the start-up
-    /// load) is published by the fallback lock.
+    /// `shim_set_current_loop`; what other threads did to the shard before is published by
+    /// the fallback lock (the start-up's `setUp`, by the creation of the loop's thread).
     func claim(by loop: EventLoop) {
         let index = Int(loop.index)
         guard Self.ownerLoop(ofShard: index, shardCount: shards.count, loopCount: loop.peers.count) == index,
               let address = shim_current_loop(), address == Unmanaged.passUnretained(loop).toOpaque()
         else { return }
+        share()
         let shard = shards[index]
         shard.fallback.withLock { owner in
             precondition(owner == nil, "routing shard \(index) has an owner already")
@@ -776,7 +802,7 @@ final class RoutingShard: Sendable {
     nonisolated(unsafe) let state: UnsafeMutablePointer<SwitchboardState>
     /// The fallback lock, and the loop that owns the shard now (nil: none). Taken only by
     /// threads that are not the running owner: every thread while no loop runs the shard
-    /// (the start-up load, a stopping server, a switchboard without loops), and a thread
+    /// (a stopping server, a switchboard without loops), and a thread
     /// that needs the shard while its owner runs, for the moment it takes to find the
     /// owner (it then hands its work to it: `OwnerWork`). The owner takes it twice, to
     /// claim the shard when it starts and to let go of it before its inbox closes.

@@ -98,7 +98,7 @@ public final class SignalingServer: Sendable {
             configuration: configuration, clock: clock, logger: logger, journaling: store != nil, pushGateway: pushGateway,
             tokenVerifier: try Authentication.verifier(for: configuration), tlsContext: tlsContext, front: front)
         self.context = context
-        context.switchboard.forEachShard(wall: clock.wallMilliseconds()) { $0.pushRouting = pushGateway?.routing }
+        context.switchboard.setUp(wall: clock.wallMilliseconds()) { $1.pushRouting = pushGateway?.routing }
         // A token the push service declared invalid is removed from the device and, as a
         // store change, from the store; a device that registered a new token meanwhile
         // keeps it. Runs on the push thread, which waits for the hold (handed to the user's
@@ -150,6 +150,9 @@ public final class SignalingServer: Sendable {
         // process ignores SIGPIPE, as voipserver's main does (an embedding app must not
         // rely on SIGPIPE either).
         signal(SIGPIPE, SIG_IGN)
+        // Threads start below (the push gateway's, the loops, the store writer, the admin
+        // API): from here on the routing state is reached through its owners or its locks.
+        context.switchboard.share()
         let configuration = self.configuration
         let loopCPUs = configuration.loopCPUs
         if let missing = loopCPUs.first(where: { $0 >= CPUList.configuredCount }) {
