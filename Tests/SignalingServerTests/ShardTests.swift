@@ -14,11 +14,12 @@ struct TwoShards {
     init(journaling: Bool = false, _ configure: (inout SwitchboardConfiguration) -> Void = { _ in }) {
         var configuration = SwitchboardConfiguration()
         configure(&configuration)
-        let ledger = MemoryLedger(), directory = CallDirectory()
+        let total = MemoryTotal(), directory = CallDirectory()
+        let ledgers = [MemoryLedger(total: total), MemoryLedger(total: total)]
         states = (0..<2).map { index in
             SwitchboardState(
                 configuration: configuration, epoch: Self.epoch, journaling: journaling, shard: ShardMap(count: 2, index: index),
-                ledger: ledger, callDirectory: directory)
+                ledger: ledgers[index], shardLedgers: ledgers, callDirectory: directory)
         }
     }
 

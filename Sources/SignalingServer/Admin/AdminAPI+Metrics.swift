@@ -109,7 +109,7 @@ extension AdminAPI {
         out.family("voipserver_pending_events", .gauge, "Events waiting for an acknowledgement, in device queues or held for users with no device.")
         out.sample("voipserver_pending_events", [:], routing.pendingEvents)
         out.family("voipserver_pending_event_bytes", .gauge, "Bytes held by undelivered events (what --memory-budget limits).")
-        out.sample("voipserver_pending_event_bytes", [:], context.switchboard.ledger.bytes)
+        out.sample("voipserver_pending_event_bytes", [:], context.switchboard.eventBytes)
         out.family("voipserver_event_bodies_total", .counter, "Message bodies dropped from memory (the store keeps them) and read back from the store.")
         out.sample("voipserver_event_bodies_total", ["direction": "evicted"], routing.bodiesEvicted)
         out.sample("voipserver_event_bodies_total", ["direction": "restored"], routing.bodiesRestored)

@@ -86,7 +86,7 @@ extension EventLoop {
         if nextStatsSecond == 0 { nextStatsSecond = now + interval.wholeSecondsRoundedUp }
         guard now >= nextStatsSecond else { return }
         nextStatsSecond = now + interval.wholeSecondsRoundedUp
-        let stats = context.counters.snapshot(context.switchboard.countersWithoutWaiting, eventBytes: context.switchboard.ledger.bytes)
+        let stats = context.counters.snapshot(context.switchboard.countersWithoutWaiting, eventBytes: context.switchboard.eventBytes)
         context.logger.info("stats", [
             "connections": stats.openConnections, "established": stats.establishedConnections,
             "handshakes": stats.handshakesCompleted, "throttled": stats.handshakesThrottled,

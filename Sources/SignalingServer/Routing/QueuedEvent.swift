@@ -117,18 +117,66 @@ extension QueuedEvent {
     }
 }
 
-/// The memory held by the events of one server, counted as they are created and freed (an
-/// event fanned out to many devices counts once). What `--memory-budget` limits: past it
-/// the server refuses new messages and calls (ERROR capacityExceeded) rather than grow.
-/// Events are freed on any thread that drops the last reference, hence the atomic.
+/// The memory held by the events of one routing shard, counted as they are created and
+/// freed (an event fanned out to many devices counts once), exactly. What
+/// `--memory-budget` limits, summed over the shards: past it the server refuses new
+/// messages and calls (ERROR capacityExceeded) rather than grow.
+///
+/// One per shard, not one for the server: every event's creation and end is an atomic add
+/// here, and with one counter every loop would write the same cache line for every event,
+/// the line moving between cores each time (issue 16: counters per loop, summed when
+/// read). The shard's own loop makes nearly all of the adds; events freed on another
+/// thread (the store writer dropping a commit unit's last reference) are the atomic's
+/// reason. Each time the count has moved by `MemoryTotal.publishStep` since it was last
+/// published, the add that moved it publishes it to the server's `MemoryTotal`, so that
+/// total is written once per 64 KiB a shard's events grow or shrink, not per event.
+/// Padded so that two shards' counters never share a 64-byte line.
 final class MemoryLedger: Sendable {
     private let counted = Atomic<Int>(0)
+    /// The count as last added to `total`.
+    private let published = Atomic<Int>(0)
+    /// Keeps other objects' fields off these counters' cache line (the object is 80 bytes:
+    /// header 16, counters 16, padding 48).
+    private let padding: (Int, Int, Int, Int, Int, Int) = (0, 0, 0, 0, 0, 0)
+    /// The server's total, which every shard's ledger publishes to.
+    let total: MemoryTotal
 
-    /// Bytes held by live events.
+    init(total: MemoryTotal = MemoryTotal()) {
+        self.total = total
+    }
+
+    /// Bytes held by this shard's live events.
     var bytes: Int { counted.load(ordering: .relaxed) }
 
+    /// This shard's count as the other shards see it in `total`.
+    var publishedBytes: Int { published.load(ordering: .relaxed) }
+
     func add(_ bytes: Int) {
-        counted.add(bytes, ordering: .relaxed)
+        let now = counted.add(bytes, ordering: .relaxed).newValue
+        guard abs(now - published.load(ordering: .relaxed)) >= MemoryTotal.publishStep else { return }
+        // An exchange, not a store: two threads crossing a step at once each add only what
+        // the other has not, so `total` stays the sum of every ledger's `published`.
+        let before = published.exchange(now, ordering: .relaxed)
+        total.add(now - before)
+    }
+}
+
+/// Every shard's event memory as the shards last published it (`MemoryLedger`): each
+/// shard's share at most `publishStep` away from its exact count. The memory budget's
+/// check adds it to its own shard's exact count (`SwitchboardState.heldBytes`), and adds
+/// up the shards' exact counts only when that is within the shards' steps of the budget,
+/// so the budget is as exact as with one shared counter. Written once per 64 KiB a
+/// shard's events grow or shrink.
+final class MemoryTotal: Sendable {
+    private let published = Atomic<Int>(0)
+
+    /// How far a shard's count may move before it publishes it.
+    static let publishStep = 64 << 10
+
+    var bytes: Int { published.load(ordering: .relaxed) }
+
+    func add(_ bytes: Int) {
+        published.add(bytes, ordering: .relaxed)
     }
 }
 

@@ -73,8 +73,9 @@ final class Switchboard: Sendable {
     /// Set once, before the loops start (nil without a store).
     nonisolated(unsafe) private(set) var writer: StoreWriter?
 
-    /// The memory held by the state's events (readable without the lock), every shard's.
-    let ledger: MemoryLedger
+    /// The memory held by the state's events: each shard's counted in its own ledger, which
+    /// publishes to a `MemoryTotal` every 64 KiB it moves. Readable without a hold.
+    private let ledgers: [MemoryLedger]
     /// How long each hold of a shard by a thread that is not an event loop lasted (the
     /// admin API's, the store writer's: under the fallback lock, when no loop
     /// runs the shard). Recorded under the fallback lock; its own small lock keeps writers
@@ -112,15 +113,22 @@ final class Switchboard: Sendable {
     }
 
     init(configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool, shardCount: Int = 1) {
-        let ledger = MemoryLedger()
-        self.ledger = ledger
+        let total = MemoryTotal()
+        let ledgers = (0..<shardCount).map { _ in MemoryLedger(total: total) }
+        self.ledgers = ledgers
         let callDirectory = CallDirectory()
         shards = (0..<shardCount).map { index in
             RoutingShard(SwitchboardState(
                 configuration: configuration, epoch: epoch, journaling: journaling,
-                shard: ShardMap(count: shardCount, index: index), ledger: ledger, callDirectory: callDirectory))
+                shard: ShardMap(count: shardCount, index: index), ledger: ledgers[index], shardLedgers: ledgers,
+                callDirectory: callDirectory))
         }
     }
+
+    /// The bytes every shard's events hold now, exactly: each shard's ledger read once (for
+    /// `/metrics` and the stats line; the memory budget's check reads `MemoryTotal` unless
+    /// it is near the budget).
+    var eventBytes: Int { ledgers.reduce(0) { $0 + $1.bytes } }
 
     var shardCount: Int { shards.count }
 

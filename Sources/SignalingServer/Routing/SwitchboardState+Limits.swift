@@ -40,10 +40,23 @@ extension SwitchboardState {
         QueuedEvent(event, receipt: receipt, createdAt: currentWall, ledger: ledger)
     }
 
+    /// The bytes the server's events hold, for a check against the memory budget of
+    /// `bytes` more: this shard's exact count plus the others' as they published it
+    /// (`MemoryTotal`, each at most a step behind), unless that is within the other shards'
+    /// steps of the budget: then every shard's exact count, read once each (as exact as one
+    /// counter shared by every shard, which every loop wrote per event).
+    func heldBytes(adding bytes: Int = 0) -> Int {
+        let own = ledger.bytes
+        let approximate = own + ledger.total.bytes - ledger.publishedBytes
+        let slack = (shardLedgers.count - 1) * MemoryTotal.publishStep
+        guard approximate + bytes + slack > configuration.memoryBudget else { return approximate }
+        return shardLedgers.reduce(0) { $0 + $1.bytes }
+    }
+
     /// The memory budget and the sender's rate, checked before a message or a call that
     /// carries `bytes` of content is accepted.
     mutating func admitSender(_ userID: String, bytes: Int, now: Instant) -> RequestError? {
-        let held = ledger.bytes
+        let held = heldBytes(adding: bytes)
         if held + bytes > configuration.memoryBudget {
             counters.refusedCapacity += 1
             return RequestError(

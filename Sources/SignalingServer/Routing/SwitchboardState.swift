@@ -209,12 +209,14 @@ struct SwitchboardState {
     /// a device with none has no entry.
     var pushRegistrations: [ObjectIdentifier: [PushRegistration]] = [:]
     var counters = SwitchboardCounters()
-    /// The memory held by this server's events (`--memory-budget`): one ledger shared by
-    /// every shard (an atomic; the budget is the server's, not a shard's).
+    /// The memory held by this shard's events, exactly (`--memory-budget`, with the other
+    /// shards' as they published it: `heldBytes`).
     let ledger: MemoryLedger
+    /// Every shard's ledger (this one's included), read only near the memory budget.
+    let shardLedgers: [MemoryLedger]
     /// Which shard this is: the users it holds (`ShardMap.owns`).
     let shardMap: ShardMap
-    /// The live call ids of every shard (shared, like `ledger`).
+    /// The live call ids of every shard (shared by the shards).
     let callDirectory: CallDirectory
     /// Unacknowledged messages per sender and recipient queue (`maxPendingPerSender`);
     /// an entry exists only while its count is positive.
@@ -266,11 +268,13 @@ struct SwitchboardState {
 
     init(
         configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool = false,
-        shard: ShardMap = .single, ledger: MemoryLedger = MemoryLedger(), callDirectory: CallDirectory = CallDirectory()
+        shard: ShardMap = .single, ledger: MemoryLedger = MemoryLedger(), shardLedgers: [MemoryLedger]? = nil,
+        callDirectory: CallDirectory = CallDirectory()
     ) {
         self.configuration = configuration
         self.shardMap = shard
         self.ledger = ledger
+        self.shardLedgers = shardLedgers ?? [ledger]
         self.callDirectory = callDirectory
         dedupWindowMilliseconds = UInt64(configuration.dedupWindow.milliseconds)
         self.epoch = epoch

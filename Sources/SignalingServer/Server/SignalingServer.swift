@@ -706,7 +706,7 @@ public final class SignalingServer: Sendable {
     }
 
     public var statistics: ServerStatistics {
-        var statistics = context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.ledger.bytes)
+        var statistics = context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.eventBytes)
         statistics.storeHealthy = writer?.isHealthy ?? true
         return statistics
     }

@@ -65,7 +65,7 @@ final class EmbeddedServer {
     }
 
     var statistics: ServerStatistics {
-        context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.ledger.bytes)
+        context.counters.snapshot(context.switchboard.counters, eventBytes: context.switchboard.eventBytes)
     }
 
     /// Entries in the loops' timing wheels (idle timeouts and slow-consumer checks).
