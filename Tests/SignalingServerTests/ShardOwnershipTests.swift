@@ -64,6 +64,17 @@ struct ShardOwnershipTests {
         #expect(LockHolds.offLoop.snapshot(.loopOwnership).count >= holdsBefore + 2)
     }
 
+    @Test("start returns once every loop owns its shard: a hold right after it goes to the owner, never through the fallback lock")
+    func ownedWhenStartReturns() throws {
+        for _ in 0..<5 {
+            let server = try TestServer(workers: 2)
+            let switchboard = server.server.switchboard
+            #expect((0..<2).allSatisfy { switchboard.isOwned(shard: $0) })
+            _ = switchboard.withState(shard: 1, wall: 0) { $0.knows("anyone") }
+            #expect(server.server.routingShardLockHolds == 0)
+        }
+    }
+
     @Test("the start-up load of a store's devices and pending events takes no shard's fallback lock: the state is set up before any other thread can reach it")
     func startUpLoadWithoutTheLock() throws {
         let store = ModelEventStore()

@@ -359,6 +359,10 @@ final class EventLoop: @unchecked Sendable {
         context.switchboard.claim(by: self)
     }
 
+    /// Whether the loop's own thread has claimed the loop's state and its shard and not let
+    /// go yet (`SignalingServer.start` waits for it).
+    var runsOwned: Bool { ownsItself.load(ordering: .relaxed) }
+
     /// The loop's own thread lets go of the loop's state and of its shard: from now on
     /// every thread, this one too, takes `ownership` and the shard's fallback lock. Called
     /// before the inbox closes, so a refused post means the loop let go.

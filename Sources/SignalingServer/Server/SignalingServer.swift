@@ -136,7 +136,8 @@ public final class SignalingServer: Sendable {
         self.writer = writer
     }
 
-    /// Binds the listening sockets and starts the loops. Returns once the server accepts.
+    /// Binds the listening sockets and starts the loops. Returns once the server accepts and
+    /// each loop owns its routing shard.
     public func start() throws(ServerError) {
         try start(allowedCPUs: CPUList.allowed())
     }
@@ -231,6 +232,12 @@ public final class SignalingServer: Sendable {
 
         let cpuLatencyRequest = requestCPULatencyLimit()
         let threads = loops.map { loop in JoinableThread(name: "vs-loop-\(loop.index)") { loop.run() } }
+        // Each loop claims its shard as its thread starts: until then another thread's hold
+        // (an admin call, a test) would take the shard's fallback lock. Microseconds.
+        let claimDeadline = SystemClock().now() + .seconds(10)
+        while !loops.allSatisfy({ $0.runsOwned || $0.finished.load(ordering: .acquiring) }), SystemClock().now() < claimDeadline {
+            usleep(100)
+        }
         state.withLock {
             $0.cpuLatencyRequest = cpuLatencyRequest
             $0.loops = loops
