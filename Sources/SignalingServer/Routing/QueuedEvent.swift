@@ -45,8 +45,13 @@ final class QueuedEvent: @unchecked Sendable {
     /// histogram leaves it out (`LoopMetrics.recordWrite`).
     var waitedForDevice = false
 
-    convenience init(_ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64, ledger: MemoryLedger? = nil) {
-        self.init(encoded: EncodedEvent(event), receipt: receipt, createdAt: createdAt, ledger: ledger)
+    /// `createdNanos`: the routing core passes its hold's start (`SwitchboardState.currentNanos`),
+    /// which its hold read anyway, instead of a clock read per event.
+    convenience init(
+        _ event: Event, receipt: DeliveryReceipt? = nil, createdAt: UInt64, ledger: MemoryLedger? = nil,
+        createdNanos: UInt64 = LoopMetrics.now()
+    ) {
+        self.init(encoded: EncodedEvent(event), receipt: receipt, createdAt: createdAt, ledger: ledger, createdNanos: createdNanos)
     }
 
     init(

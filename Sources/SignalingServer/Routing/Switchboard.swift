@@ -245,6 +245,7 @@ final class Switchboard: Sendable {
         let start = LoopMetrics.now()
         let state = shard.state
         state.pointee.currentWall = wall
+        state.pointee.currentNanos = start
         if let writer { state.pointee.storeHealthy = writer.isHealthy }
         let result = body(&state.pointee)
         if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }

@@ -37,7 +37,7 @@ extension SwitchboardState {
     /// Builds an event stamped with the current time, counted in the memory ledger (every
     /// event that carries content or ends a call; receipts are not counted).
     func makeEvent(_ event: Event, receipt: DeliveryReceipt? = nil) -> QueuedEvent {
-        QueuedEvent(event, receipt: receipt, createdAt: currentWall, ledger: ledger)
+        QueuedEvent(event, receipt: receipt, createdAt: currentWall, ledger: ledger, createdNanos: currentNanos)
     }
 
     /// The bytes the server's events hold, for a check against the memory budget of
