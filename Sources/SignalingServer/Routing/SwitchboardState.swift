@@ -261,8 +261,10 @@ struct SwitchboardState {
     private var dedupExpiry = FIFOQueue<(sender: String, messageID: String, deadline: Instant)>()
     private var heldExpiry = FIFOQueue<(user: String, event: QueuedEvent, deadline: Instant)>()
 
-    /// `configuration.dedupWindow` in milliseconds, worked out once (every message needs it).
+    /// `configuration.dedupWindow` in milliseconds and in nanoseconds, worked out once
+    /// (every message needs them).
     private let dedupWindowMilliseconds: UInt64
+    private let dedupWindowNanoseconds: UInt64
 
     init(
         configuration: SwitchboardConfiguration, epoch: Instant, journaling: Bool = false,
@@ -273,6 +275,7 @@ struct SwitchboardState {
         self.ledger = ledger
         self.callDirectory = callDirectory
         dedupWindowMilliseconds = UInt64(configuration.dedupWindow.milliseconds)
+        dedupWindowNanoseconds = configuration.dedupWindow.wholeNanoseconds
         self.epoch = epoch
         self.journaling = journaling
     }
@@ -350,7 +353,7 @@ struct SwitchboardState {
     /// Seconds on the device-record timeline, rounded down. It starts 2^31 s in (68
     /// years), so that devices loaded from the store can be placed in the past.
     func second(_ instant: Instant) -> UInt32 {
-        UInt32(1 << 31) &+ UInt32(clamping: Int((instant - epoch).seconds))
+        UInt32(1 << 31) &+ UInt32(clamping: instant.wholeSeconds(since: epoch))
     }
 
     // MARK: Records
@@ -806,7 +809,7 @@ struct SwitchboardState {
         _ messageID: String, sender: String, serverTime: UInt64, now: Instant, in activity: UserActivity
     ) {
         activity.recentMessageIDs[messageID] = serverTime
-        dedupExpiry.push((sender, messageID, now + configuration.dedupWindow))
+        dedupExpiry.push((sender, messageID, now.adding(nanoseconds: dedupWindowNanoseconds)))
         journal(.rememberMessageID(StoredMessageID(
             sender: sender, messageID: messageID, serverTime: serverTime, expiresAt: currentWall + dedupWindowMilliseconds)))
         // Bound memory under a message flood: forget the oldest ids early.
