@@ -214,7 +214,7 @@ final class Switchboard: Sendable {
         state.pointee.currentWall = wall
         if let writer { state.pointee.storeHealthy = writer.isHealthy }
         let result = body(&state.pointee)
-        if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
+        if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(consume unit) }
         recordHold(since: start, owner: owner)
         return result
     }
