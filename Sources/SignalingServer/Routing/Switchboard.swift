@@ -214,7 +214,13 @@ final class Switchboard: Sendable {
         state.pointee.currentWall = wall
         if let writer { state.pointee.storeHealthy = writer.isHealthy }
         let result = body(&state.pointee)
-        if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(consume unit) }
+        if !state.pointee.hasCommitUnit {
+            state.pointee.discardCommitUnit()
+        } else if let writer {
+            wakeWriter = writer.enqueue(state.pointee.takeNonEmptyCommitUnit())
+        } else {
+            _ = state.pointee.takeNonEmptyCommitUnit()
+        }
         recordHold(since: start, owner: owner)
         return result
     }

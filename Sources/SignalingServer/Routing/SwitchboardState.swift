@@ -287,10 +287,27 @@ struct SwitchboardState {
 
     /// The durable changes made since the last call (nil when there are none).
     mutating func takeCommitUnit() -> CommitUnit? {
-        guard !unit.isEmpty else {
-            unit = CommitUnit()  // a step of a message that changed nothing durable
+        guard hasCommitUnit else {
+            discardCommitUnit()
             return nil
         }
+        return takeNonEmptyCommitUnit()
+    }
+
+    /// Whether the current operation has a unit for the writer (`takeCommitUnit` would
+    /// return one).
+    var hasCommitUnit: Bool { !unit.isEmpty }
+
+    /// Drops the current operation's unit, which holds nothing for the writer (a step of a
+    /// message that changed nothing durable).
+    mutating func discardCommitUnit() {
+        unit = CommitUnit()
+    }
+
+    /// The current operation's unit, which `hasCommitUnit` says holds something. Not an
+    /// optional, for `Switchboard`'s holds: an optional unit was destroyed through value
+    /// witnesses in every hold, about 160 instructions (callgrind, issue 16).
+    mutating func takeNonEmptyCommitUnit() -> CommitUnit {
         var taken = CommitUnit()
         swap(&taken, &unit)
         taken.shard = shardMap.index
