@@ -49,11 +49,14 @@ extension Duration {
         return Double(s) + Double(atto) / 1e18
     }
 
-    /// The duration in whole nanoseconds, rounded down, clamped to 0 (for
-    /// `Instant.adding(nanoseconds:)`).
+    /// The duration in whole nanoseconds, rounded down, clamped to 0 and to `UInt64.max`
+    /// (for `Instant.adding(nanoseconds:)`).
     public var wholeNanoseconds: UInt64 {
         let (s, atto) = components
-        return UInt64(max(0, s * 1_000_000_000 + atto / 1_000_000_000))
+        guard s >= 0 else { return 0 }
+        let (whole, overflow) = UInt64(s).multipliedReportingOverflow(by: 1_000_000_000)
+        let (sum, carry) = whole.addingReportingOverflow(UInt64(max(0, atto / 1_000_000_000)))
+        return overflow || carry ? .max : sum
     }
 
     /// The duration in whole milliseconds, rounded down, clamped to 0.

@@ -80,6 +80,7 @@ struct SupportTests {
             #expect(later.wholeSeconds(since: start) == UInt64((later - start).seconds))
         }
         #expect(Duration.milliseconds(-5).wholeNanoseconds == 0)
+        #expect(Duration.seconds(Int64.max).wholeNanoseconds == .max)
         #expect(start.wholeSeconds(since: Instant(nanoseconds: 7_000_000_000)) == 0)
         #expect(Instant(nanoseconds: 3_999_999_999).wholeSeconds(since: Instant(nanoseconds: 1_000_000_000)) == 2)
     }

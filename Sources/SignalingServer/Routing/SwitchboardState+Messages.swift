@@ -49,7 +49,8 @@ extension SwitchboardState {
         // Each user's activity and device list are looked up once here, a hash of the id
         // each (the checks below looked them up again: about 1,500 instructions per message,
         // callgrind, issue 16). `admitSender` may create the sender's activity after this
-        // look-up; a new one holds nothing the checks look at, as none does.
+        // look-up: nil then stands for it, since a new activity holds nothing the checks
+        // below look at.
         let senderActivity = activities[sender]
         if senderActivity?.undecidedMessages[message.messageID] != nil {
             return .failure(RequestError(
