@@ -24,8 +24,10 @@ public struct Instant: Comparable, Hashable, Sendable, CustomStringConvertible {
     /// `self` plus `nanoseconds` (a duration worked out once, `Duration.wholeNanoseconds`).
     /// `+` reads the duration through `Duration.components`, 128-bit arithmetic of about
     /// 190 instructions: too much for a path every message takes (callgrind, issue 16).
+    /// Saturates at the end of the timeline (a duration clamped to `UInt64.max`).
     public func adding(nanoseconds delta: UInt64) -> Instant {
-        Instant(nanoseconds: nanoseconds + delta)
+        let (sum, overflow) = nanoseconds.addingReportingOverflow(delta)
+        return Instant(nanoseconds: overflow ? .max : sum)
     }
 
     /// Whole seconds from `earlier` to this instant, rounded down; 0 if `earlier` is later.

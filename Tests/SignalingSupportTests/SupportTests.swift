@@ -81,6 +81,7 @@ struct SupportTests {
         }
         #expect(Duration.milliseconds(-5).wholeNanoseconds == 0)
         #expect(Duration.seconds(Int64.max).wholeNanoseconds == .max)
+        #expect(start.adding(nanoseconds: .max) == Instant(nanoseconds: .max))
         #expect(start.wholeSeconds(since: Instant(nanoseconds: 7_000_000_000)) == 0)
         #expect(Instant(nanoseconds: 3_999_999_999).wholeSeconds(since: Instant(nanoseconds: 1_000_000_000)) == 2)
     }
