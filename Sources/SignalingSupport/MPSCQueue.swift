@@ -11,14 +11,15 @@ import Synchronization
 /// node (or a batch pre-linked into a chain) in front of the head it read and publishes it
 /// with a compare-and-exchange, retrying if another push came first. The consumer swaps
 /// the head for nil (`exchange`) and reverses what it took, which restores posting order.
-/// Closing swaps in `closedMark`, an address no node has; a producer that reads it refuses.
+/// Closing swaps in `closedAddress` (1), an address no node has (nodes are aligned); a
+/// producer that reads it refuses.
 ///
 /// Memory ordering: a producer writes its nodes (element, `next`) and then publishes them
 /// with a *releasing* compare-and-exchange; the consumer's *acquiring* exchange reads the
 /// head. Every push is a read-modify-write of `head`, so a later push continues the
 /// release sequence of each earlier one: the consumer's acquire synchronises with every
 /// producer whose nodes it took, and sees their `next` links and elements fully written. Producers never read a node they did not allocate, so their
-/// loads of `head` need no ordering beyond the check for `closedMark` (acquiring: a
+/// loads of `head` need no ordering beyond the check for `closedAddress` (acquiring: a
 /// refused poster has synchronised with the close, as under a lock).
 ///
 /// No ABA: the consumer never pops one node (the classic ABA needs "head is A, so A.next
@@ -38,7 +39,7 @@ import Synchronization
 /// generic call across modules looked up the element's metadata at run time on every
 /// push and take (about 1.5 % of a loop's samples with the store writer's queues).
 /// The deinit cannot be specialised (it runs generic, in this module): the head is an
-/// `Atomic<UInt>` holding the node's address, and the closed mark a raw allocation, so
+/// `Atomic<UInt>` holding the node's address, and the closed mark a constant address, so
 /// that ending an empty queue needs no metadata. With `Atomic<UnsafeMutablePointer<Node>?>`
 /// every deinit looked up the metadata of `Atomic`, `Optional`, `UnsafeMutablePointer` and
 /// `Node` for its element at run time, about 1,400 instructions: once per message with a
@@ -57,10 +58,8 @@ public struct MPSCQueue<Element>: ~Copyable {
         }
     }
 
-    /// The address of the newest node (0: empty; `closedMark`'s: closed).
+    /// The address of the newest node (0: empty; `closedAddress`: closed).
     @usableFromInline let head = Atomic<UInt>(0)
-    /// Allocated, never dereferenced: only its address is used, which no node can have.
-    @usableFromInline let closedMark = UnsafeMutableRawPointer.allocate(byteCount: 1, alignment: 1)
 
     @inlinable
     public init() {}
@@ -69,8 +68,7 @@ public struct MPSCQueue<Element>: ~Copyable {
         let list = head.load(ordering: .acquiring)
         // Only a queue ended with elements in it (a server stopping) walks its nodes,
         // which needs the element's metadata.
-        if list != 0 && list != UInt(bitPattern: closedMark) { Self.free(Self.node(at: list)) }
-        closedMark.deallocate()
+        if list != 0 && list != Self.closedAddress { Self.free(Self.node(at: list)) }
     }
 
     @inlinable
@@ -79,8 +77,12 @@ public struct MPSCQueue<Element>: ~Copyable {
     @inlinable
     static func address(of node: UnsafeMutablePointer<Node>?) -> UInt { UInt(bitPattern: node) }
 
+    /// The head of a closed queue: an address no node can have (a node is aligned to its
+    /// `next` pointer). A constant, where it was a one-byte allocation per queue (a
+    /// malloc and a free per message, whose `DeferredReply` holds a queue: callgrind,
+    /// issue 16).
     @inlinable
-    var closedAddress: UInt { UInt(bitPattern: closedMark) }
+    static var closedAddress: UInt { 1 }
 
     /// What a push did.
     public enum PushResult: Equatable, Sendable {
@@ -126,7 +128,7 @@ public struct MPSCQueue<Element>: ~Copyable {
     func link(newest: UnsafeMutablePointer<Node>, oldest: UnsafeMutablePointer<Node>) -> PushResult {
         var current = head.load(ordering: .acquiring)
         while true {
-            guard current != closedAddress else {
+            guard current != Self.closedAddress else {
                 // A failed attempt may have linked the chain to a head since taken: cut
                 // it, so that only this push's nodes are freed.
                 oldest.pointee.next = nil
@@ -146,12 +148,12 @@ public struct MPSCQueue<Element>: ~Copyable {
     @inlinable
     public var isEmpty: Bool {
         let current = head.load(ordering: .acquiring)
-        return current == 0 || current == closedAddress
+        return current == 0 || current == Self.closedAddress
     }
 
     /// The queue was closed.
     @inlinable
-    public var isClosed: Bool { head.load(ordering: .acquiring) == closedAddress }
+    public var isClosed: Bool { head.load(ordering: .acquiring) == Self.closedAddress }
 
     /// Consumer only: appends everything queued to `elements`, oldest first, and empties
     /// the queue. Returns whether it took anything (nothing once closed).
@@ -159,7 +161,7 @@ public struct MPSCQueue<Element>: ~Copyable {
     public func takeAll(appendingTo elements: inout [Element]) -> Bool {
         // One load when empty: the common case of a consumer checking for replies.
         let current = head.load(ordering: .relaxed)
-        guard current != 0, current != closedAddress else { return false }
+        guard current != 0, current != Self.closedAddress else { return false }
         // Only the consumer replaces a non-nil head or closes, so the head is still a list.
         return Self.drain(Self.node(at: head.exchange(0, ordering: .acquiring)), appendingTo: &elements)
     }
@@ -169,8 +171,8 @@ public struct MPSCQueue<Element>: ~Copyable {
     /// time. Returns whether it took anything.
     @inlinable @discardableResult
     public func close(appendingTo elements: inout [Element]) -> Bool {
-        let taken = head.exchange(closedAddress, ordering: .acquiringAndReleasing)
-        guard taken != closedAddress else { return false }
+        let taken = head.exchange(Self.closedAddress, ordering: .acquiringAndReleasing)
+        guard taken != Self.closedAddress else { return false }
         return Self.drain(Self.node(at: taken), appendingTo: &elements)
     }
 

@@ -71,6 +71,21 @@ struct SupportTests {
         #expect(clock.wallMilliseconds() == wall + 600_000)
     }
 
+    @Test("integer instant arithmetic agrees with Duration's: whole seconds rounded down, never negative")
+    func integerInstantArithmetic() {
+        let start = Instant(nanoseconds: 5_000_000_000)
+        for duration: Duration in [.zero, .nanoseconds(1), .milliseconds(1_500), .seconds(86_400), .seconds(30 * 86_400)] {
+            #expect(start.adding(nanoseconds: duration.wholeNanoseconds) == start + duration)
+            let later = start + duration
+            #expect(later.wholeSeconds(since: start) == UInt64((later - start).seconds))
+        }
+        #expect(Duration.milliseconds(-5).wholeNanoseconds == 0)
+        #expect(Duration.seconds(Int64.max).wholeNanoseconds == .max)
+        #expect(start.adding(nanoseconds: .max) == Instant(nanoseconds: .max))
+        #expect(start.wholeSeconds(since: Instant(nanoseconds: 7_000_000_000)) == 0)
+        #expect(Instant(nanoseconds: 3_999_999_999).wholeSeconds(since: Instant(nanoseconds: 1_000_000_000)) == 2)
+    }
+
     @Test("CPU lists: numbers and ranges in order, mistakes refused")
     func cpuLists() throws {
         #expect(try CPUList.parse("3") == [3])

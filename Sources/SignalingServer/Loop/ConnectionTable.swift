@@ -104,11 +104,15 @@ struct ConnectionTable {
         return entry.pointee
     }
 
-    /// Whether `slot` currently holds the connection of that generation.
+    /// Whether `slot` currently holds the connection of that generation. Always inlined,
+    /// and reads the two fields through the pointer: a copy of the slot's state (its
+    /// device, its buffers, retained and released) and, called, a copy of the table (its
+    /// chunk arrays) cost about 400 instructions per message (callgrind, issue 16).
+    @inline(__always)
     func isLive(_ slot: UInt32, generation: UInt32) -> Bool {
         guard slot < nextUnused else { return false }
-        let entry = state(slot).pointee
-        return entry.generation == generation && entry.phase != .free
+        let entry = state(slot)
+        return entry.pointee.generation == generation && entry.pointee.phase != .free
     }
 
     /// Every slot in use (for shutdown).

@@ -329,7 +329,7 @@ extension EventLoop {
             default: break
             }
         }
-        let storeTimeout = context.configuration.storeTimeout
+        let storeTimeout = context.storeTimeoutNanoseconds
         // The first hold is the sender's shard's; a request that spans users goes on to the
         // other users' shards as steps, and one of them may be what answers it.
         // A message to another shard's user, with a store: its OK, deferred until every
@@ -357,7 +357,7 @@ extension EventLoop {
                     let deferred = board.deferReply(of: acceptance) {
                         DeferredReply(
                             target: .connection(ref, requestID: id), serverTime: acceptance.serverTime,
-                            sender: device.userID, messageID: message.messageID, deadline: now + storeTimeout)
+                            sender: device.userID, messageID: message.messageID, deadline: now.adding(nanoseconds: storeTimeout))
                     }
                     if let handOff = acceptance.handOff {
                         deferredHandOff = deferred

@@ -248,7 +248,13 @@ final class Switchboard: Sendable {
         state.pointee.currentNanos = start
         if let writer { state.pointee.storeHealthy = writer.isHealthy }
         let result = body(&state.pointee)
-        if let unit = state.pointee.takeCommitUnit(), let writer { wakeWriter = writer.enqueue(unit) }
+        if !state.pointee.hasCommitUnit {
+            state.pointee.discardCommitUnit()
+        } else if let writer {
+            wakeWriter = writer.enqueue(state.pointee.takeNonEmptyCommitUnit())
+        } else {
+            _ = state.pointee.takeNonEmptyCommitUnit()
+        }
         recordHold(since: start, owner: owner)
         return result
     }
@@ -580,9 +586,21 @@ final class Switchboard: Sendable {
         shard.enterHold()
         defer { shard.leaveHold() }
         let start = LoopMetrics.now()
-        let result = body(shard.state.pointee)
+        let result = Self.lend(&shard.state.pointee, to: body)
         recordHold(since: start, owner: owner)
         return result
+    }
+
+    /// Hands `body` the state borrowed from `state`, with no copy. Passed straight from the
+    /// shard's pointer (`body(shard.state.pointee)`), a borrow became a copy of the whole
+    /// state (every array, dictionary and class reference retained, then released): about
+    /// 1,700 instructions per message, the pump's two reads (callgrind, issue 16). Through
+    /// an `inout`, which no one else may touch meanwhile, the borrow needs none.
+    @inline(__always)
+    private static func lend<Result>(
+        _ state: inout SwitchboardState, to body: (borrowing SwitchboardState) -> Result
+    ) -> Result {
+        body(state)
     }
 
     // MARK: Ownership

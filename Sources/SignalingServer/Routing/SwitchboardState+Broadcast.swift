@@ -148,8 +148,10 @@ extension SwitchboardState {
         return start(event, of: user, listed: [], cursor: rest, skipping: nil, startsGroup: startsGroup, firstChunkDone: true)
     }
 
+    /// Every broadcast in a user's list is in `broadcasts` too: with none anywhere (a
+    /// receipt's usual case) no hash of the id (about 300 instructions per receipt).
     private func broadcastInProgress(for user: String) -> Bool {
-        !(activities[user]?.broadcasts.isEmpty ?? true)
+        !broadcasts.isEmpty && !(activities[user]?.broadcasts.isEmpty ?? true)
     }
 
     /// Enters a broadcast behind the user's others (if any), runs its first chunk if it is

@@ -82,7 +82,14 @@ extension SwitchboardState {
     /// restart; a claim lasts until the list is empty).
     func awaitsClaim(_ user: String) -> Bool {
         guard let activity = activities[user], !activity.held.isEmpty else { return false }
-        return users[user] != nil
+        return awaitsClaim(activity, devices(of: user))
+    }
+
+    /// `awaitsClaim(_:)` with the user's activity and devices looked up already (no hash
+    /// of its id).
+    func awaitsClaim(_ activity: UserActivity?, _ devices: DeviceList) -> Bool {
+        guard let activity, !activity.held.isEmpty else { return false }
+        return devices.first != nil
     }
 
     /// A message to a user whose held messages are being claimed (`awaitsClaim`) waits:

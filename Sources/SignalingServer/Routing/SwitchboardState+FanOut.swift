@@ -156,25 +156,27 @@ extension SwitchboardState {
     /// fan-out to the user is in progress (a message must not overtake it), or a claim of
     /// the user's held messages (`awaitsClaim`: the message goes after them). With a store
     /// too: the chunks' units form the message's commit group (`FanOut.committedWith`).
-    func fansOutInChunks(to recipient: String) -> Bool {
-        if activities[recipient]?.fanOut != nil || awaitsClaim(recipient) { return true }
-        return hasMoreThanAChunk(of: recipient, besides: nil)
+    /// `activity` and `devices`: the recipient's, looked up by the caller (no hash of its id here).
+    func fansOutInChunks(_ activity: UserActivity?, _ devices: DeviceList) -> Bool {
+        if activity?.fanOut != nil || awaitsClaim(activity, devices) { return true }
+        return hasMoreThanAChunk(devices, besides: nil)
     }
 
-    /// Whether a message from `sender` (sent by `sending`) must queue its copies to the
-    /// sender's other devices a chunk per hold (`FanOut`, the sender's side): it has more
-    /// of them than one chunk, or messages of the user are copied in chunks already (this
-    /// one must not overtake them).
-    func copiesInChunks(of sender: String, sending: DeviceRecord?) -> Bool {
-        if !(activities[sender]?.syncing.isEmpty ?? true) { return true }
-        return hasMoreThanAChunk(of: sender, besides: sending)
+    /// Whether a message from a sender (`activity`, `devices`: its own, looked up by the
+    /// caller), sent by `sending`, must queue its copies to the sender's other devices a
+    /// chunk per hold (`FanOut`, the sender's side): it has more of them than one chunk,
+    /// or messages of the user are copied in chunks already (this one must not overtake
+    /// them).
+    func copiesInChunks(_ activity: UserActivity?, _ devices: DeviceList, sending: DeviceRecord?) -> Bool {
+        if !(activity?.syncing.isEmpty ?? true) { return true }
+        return hasMoreThanAChunk(devices, besides: sending)
     }
 
-    /// Whether `user` has more devices than one chunk, `besides` not counted: a walk of at
+    /// Whether `devices` are more than one chunk, `besides` not counted: a walk of at
     /// most a chunk and one.
-    private func hasMoreThanAChunk(of user: String, besides: DeviceRecord?) -> Bool {
+    private func hasMoreThanAChunk(_ devices: DeviceList, besides: DeviceRecord?) -> Bool {
         var count = 0
-        for device in devices(of: user) where device !== besides {
+        for device in devices where device !== besides {
             count += 1
             if count > configuration.fanOutChunk { return true }
         }
@@ -227,7 +229,7 @@ extension SwitchboardState {
             return .failure(refusal)
         }
         return .success(MessageAcceptance(
-            serverTime: message.serverTime, event: event, handOff: nextStep(ofCopies: fanOut)))
+            serverTime: message.serverTime, event: event, handOff: nextStep(ofCopies: fanOut), copies: fanOut))
     }
 
     /// The step that carries copying `fanOut` on: the message itself, to the recipient's

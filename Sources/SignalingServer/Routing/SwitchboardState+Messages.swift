@@ -11,6 +11,9 @@ struct MessageAcceptance {
     /// The recipient is on another shard: the sender's side admitted the message, and this
     /// step, run on the recipient's shard, queues or refuses it and answers the request.
     var handOff: ShardStep? = nil
+    /// The message's copies to the sender's other devices, when they go a chunk per hold
+    /// (`startCopies`): their later holds are units of the message too (`deferReply`).
+    var copies: FanOut? = nil
 }
 
 /// Message routing (docs/PROTOCOL.md 6.2): de-duplication, all-or-nothing fan-out,
@@ -43,6 +46,11 @@ extension SwitchboardState {
     mutating func send(
         _ message: OutgoingMessage, sender: String, senderDevice: String, sendingDevice: DeviceRecord?, now: Instant
     ) -> Result<MessageAcceptance, RequestError> {
+        // Each user's activity and device list are looked up once here, a hash of the id
+        // each (the checks below looked them up again: about 1,500 instructions per message,
+        // callgrind, issue 16). `admitSender` may create the sender's activity after this
+        // look-up: nil then stands for it, since a new activity holds nothing the checks
+        // below look at.
         let senderActivity = activities[sender]
         if senderActivity?.undecidedMessages[message.messageID] != nil {
             return .failure(RequestError(
@@ -59,27 +67,31 @@ extension SwitchboardState {
             serverTime: currentWall)
         // A note to oneself already reaches the sender's other devices as the recipient's.
         let syncs = message.recipient != sender
+        let senderDevices = devices(of: sender)
         // More copies than one hold takes: a chunk a hold, then the recipient's side as a step.
-        if syncs && copiesInChunks(of: sender, sending: sendingDevice) {
+        if syncs && copiesInChunks(senderActivity, senderDevices, sending: sendingDevice) {
             return startCopies(of: delivered, sending: sendingDevice)
         }
-        let copies = syncs ? devices(of: sender).filter { $0 !== sendingDevice } : []
+        let copies = syncs ? senderDevices.filter { $0 !== sendingDevice } : []
+        // The recipient's, when this shard holds it (the sender's for a note to oneself).
+        let recipient: (activity: UserActivity?, devices: DeviceList)? = !shardMap.owns(message.recipient)
+            ? nil : syncs ? (activities[message.recipient], devices(of: message.recipient)) : (senderActivity, senderDevices)
         // To another shard's user, or to one whose fan-out takes several holds: the recipient's
         // side is a step of its own (`deliverMessage`).
-        guard shardMap.owns(message.recipient), !fansOutInChunks(to: message.recipient) else {
+        guard let recipient, !fansOutInChunks(recipient.activity, recipient.devices) else {
             if let full = copies.first(where: { !hasRoom($0) }) { return .failure(backlogFull(full)) }
             let undecided = queueUndecidedCopies(of: delivered, to: copies)
             activity(sender).undecidedMessages[message.messageID] = undecided
             return .success(MessageAcceptance(
                 serverTime: delivered.serverTime, event: undecided.copy, handOff: .deliverMessage(delivered)))
         }
-        let recipients = Array(devices(of: message.recipient))
-        let targets = recipients.filter { $0 !== sendingDevice }
-        if let refusal = refusalToQueue(delivered, targets: targets, copies: copies, holdForUser: recipients.isEmpty) {
+        let holdForUser = recipient.devices.first == nil
+        let targets = recipient.devices.filter { $0 !== sendingDevice }
+        if let refusal = refusalToQueue(delivered, targets: targets, copies: copies, holdForUser: holdForUser) {
             return .failure(refusal)
         }
         let event = messageEvent(delivered)
-        queue(event, for: delivered.recipient, targets: targets, holdForUser: recipients.isEmpty, now: now)
+        queue(event, for: delivered.recipient, targets: targets, holdForUser: holdForUser, now: now)
         for copy in copies { enqueue(event, to: copy) }
         rememberMessageID(
             message.messageID, sender: sender, serverTime: delivered.serverTime, now: now,
@@ -98,7 +110,7 @@ extension SwitchboardState {
         let reply = make()
         deferReply(reply, answers: acceptance.handOff == nil, queued: acceptance.event)
         // Copies in chunks: every later hold of them is a unit of this message too.
-        activities[reply.sender]?.undecidedMessages[reply.messageID]?.copies?.committedWith = reply
+        acceptance.copies?.committedWith = reply
         return reply
     }
 
@@ -108,13 +120,16 @@ extension SwitchboardState {
     /// a message to a user whose fan-out, or claim of held messages, is in progress waits
     /// for it.
     mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
+        // The recipient's activity and devices, looked up once (as in `send`).
+        let activity = activities[message.recipient]
+        let devices = devices(of: message.recipient)
         // After every message held for the user (`HeldClaim`).
-        if awaitsClaim(message.recipient) { return helpClaim(of: message.recipient, before: .deliverMessage(message)) }
-        if let inProgress = activities[message.recipient]?.fanOut {
+        if awaitsClaim(activity, devices) { return helpClaim(of: message.recipient, before: .deliverMessage(message)) }
+        if let inProgress = activity?.fanOut {
             return helpFanOut(inProgress, before: .deliverMessage(message))
         }
-        if fansOutInChunks(to: message.recipient) { return startFanOut(message, now: now) }
-        let recipients = Array(devices(of: message.recipient))
+        if fansOutInChunks(activity, devices) { return startFanOut(message, now: now) }
+        let recipients = Array(devices)
         // A note to oneself skips the sending device, as `send` does (it comes here when it
         // waited for a claim or a fan-out).
         let targets = message.recipient == message.sender
@@ -191,8 +206,11 @@ extension SwitchboardState {
     private mutating func refusalToQueue(
         _ message: DeliveredMessage, targets: [DeviceRecord], copies: [DeviceRecord], holdForUser: Bool
     ) -> RequestError? {
-        // All or nothing: a message is either queued to every target or refused.
-        if let full = (targets + copies).first(where: { !hasRoom($0) }) { return backlogFull(full) }
+        // All or nothing: a message is either queued to every target or refused. (Two
+        // walks, not one of `targets + copies`: no array made per message.)
+        if let full = targets.first(where: { !hasRoom($0) }) ?? copies.first(where: { !hasRoom($0) }) {
+            return backlogFull(full)
+        }
         if holdForUser, (activities[message.recipient]?.held.count ?? 0) >= configuration.maxPendingEvents {
             return RequestError(
                 .recipientBacklogFull, "\(message.recipient) has too many messages waiting for a first device; retry later")

@@ -29,6 +29,9 @@ final class ServerContext: Sendable {
     let tlsHandshakeLog = LogThrottle()
     /// Time zero of the server's second-granularity timeline (connection stamps).
     let startInstant: Instant
+    /// `configuration.storeTimeout` in nanoseconds, worked out once: every message's
+    /// deadline is `Instant.adding(nanoseconds:)` it.
+    let storeTimeoutNanoseconds: UInt64
     /// Set on a front (docs/CLUSTER.md, "Fronts"): the loops relay their devices to the
     /// home and run no protocol (EventLoop+Front.swift).
     let front: FrontRelay?
@@ -51,6 +54,7 @@ final class ServerContext: Sendable {
             configuration: configuration.switchboard, epoch: now, journaling: journaling,
             shardCount: Switchboard.shardCount(workers: configuration.workers))
         self.startInstant = now
+        self.storeTimeoutNanoseconds = configuration.storeTimeout.wholeNanoseconds
         self.admission = AdmissionControl(
             maxConnectionsPerAddress: configuration.maxConnectionsPerAddress,
             handshakeRate: configuration.handshakeRate, now: now)
@@ -108,6 +112,6 @@ final class ServerContext: Sendable {
 
     /// Whole seconds since the server started, rounded down.
     func seconds(at instant: Instant) -> UInt32 {
-        UInt32(clamping: Int((instant - startInstant).seconds))
+        UInt32(clamping: instant.wholeSeconds(since: startInstant))
     }
 }
