@@ -287,15 +287,8 @@ public enum FanOutScaling {
         /// Returns the sequence number acknowledged through.
         private func acknowledge(_ device: Recipient, on switchboard: Switchboard, now: Instant, wall: UInt64) -> UInt64 {
             let through = device.record.lastSeq
-            let shard = switchboard.shard(of: device.user, connectedOn: loop)
-            let (effects, next) = switchboard.withState(shard: shard, wall: wall) { board in
-                let next = board.ack(device.record, connection: device.connection, through: through).next
-                return (board.takeEffects(), next)
-            }
-            loop.apply(effects)
-            if !next.isEmpty {
-                loop.apply(switchboard.run(next, chain: loop.acknowledgementChain(now: now, wall: wall), on: loop).effects)
-            }
+            let violation = loop.acknowledge(device.record, connection: device.connection, through: through, wall: wall)
+            precondition(violation == nil, "ACK \(through) of \(device.user)")
             return through
         }
 
