@@ -385,42 +385,45 @@ final class EventLoop: @unchecked Sendable {
     }
 
     /// A cumulative ACK of `device` from its live connection `ref` (`EventLoop+Input`, and
-    /// `FanOutScaling`'s devices): one hold of the device's shard, then its steps. Without
-    /// a store, and with the shards owned by the loops, the hold hands its receipts for
-    /// other shards' senders straight to this callback's outgoing steps
-    /// (`AcknowledgementSteps`), in the callback's chain (`acknowledgementChain`), and only
-    /// what else it hands on (the next chunk, a receipt's copies in holds of their own) goes
-    /// through `Switchboard.run`. With a store, the ACK's steps go through `run` in a chain
-    /// of their own, whose group commits the receipts with the acknowledgement. Returns the
-    /// violation, if the ACK was one (the caller closes the connection).
+    /// `FanOutScaling`'s devices): one hold of the device's shard, then its steps. With the
+    /// shards owned by the loops, the hold hands its receipts for other shards' senders
+    /// straight to this callback's outgoing steps (`AcknowledgementSteps`), and only what
+    /// else it hands on (the next chunk, a receipt's copies in holds of their own) goes
+    /// through `Switchboard.run`, in the same chain. The chain: without a store the
+    /// callback's (`acknowledgementChain`); with one, the ACK's own, whose group commits the
+    /// receipts with the acknowledgement. Returns the violation, if the ACK was one (the
+    /// caller closes the connection).
     func acknowledge(_ device: DeviceRecord, connection ref: ConnectionRef, through seq: UInt64, wall: UInt64) -> ProtocolViolation? {
         let switchboard = context.switchboard
         let shard = switchboard.shard(of: device.userID, connectedOn: self)
         let direct = switchboard.postsSteps(from: self)
         var steps = AcknowledgementSteps(loop: self, wall: wall)
-        let (violation, next, receipts, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) {
+        let (violation, next, group, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) {
             board -> (ProtocolViolation?, [ShardStep], CommitGroup?, [SwitchboardEffect]) in
-            if direct && !board.journaling {
-                let violation = board.ack(device, connection: ref, through: seq, handingOn: &steps)
-                return (violation, steps.rest, nil, board.takeEffects())
+            guard direct else {
+                let (violation, next) = board.ack(device, connection: ref, through: seq)
+                return (violation, next, board.group(for: next), board.takeEffects())
             }
-            let (violation, next) = board.ack(device, connection: ref, through: seq)
-            return (violation, next, board.group(for: next), board.takeEffects())
+            let violation = board.ack(device, connection: ref, through: seq, handingOn: &steps)
+            // With a chain made by a receipt, the rest joins it (and its group).
+            return (violation, steps.rest, steps.chain == nil ? board.group(for: steps.rest) : nil, board.takeEffects())
         }
         apply(effects)
         if !next.isEmpty {
             // Receipts for senders of other shards, committed with the acknowledgement
             // (without a store, in the chain of the callback's ACKs).
-            let chain = receipts.map { StepChain(now: context.clock.now(), wall: wall, requester: nil, group: $0) }
-                ?? steps.chain ?? acknowledgementChain(now: context.clock.now(), wall: wall)
+            let chain = steps.chain ?? group.map { StepChain(now: context.clock.now(), wall: wall, requester: nil, group: $0) }
+                ?? acknowledgementChain(now: context.clock.now(), wall: wall)
             apply(switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
         }
         return violation
     }
 
-    /// What an ACK's hold hands on without a store (`acknowledge`): its receipts for other
-    /// shards' senders to the loop's outgoing steps (`postReceipt`), in the callback's chain
-    /// (taken by the first receipt), the rest kept in `rest` for `Switchboard.run`.
+    /// What an ACK's hold hands on (`acknowledge`): its receipts for other shards' senders
+    /// to the loop's outgoing steps (`postReceipt`), in a chain taken by the first receipt
+    /// (without a store the callback's, `acknowledgementChain`; with one a chain of the
+    /// ACK's own, with the group of the hold's commit unit), the rest kept in `rest` for
+    /// `Switchboard.run`.
     struct AcknowledgementSteps: StepsHandedOn {
         // The loop whose thread runs the hold: it outlives it.
         unowned(unsafe) let loop: EventLoop
@@ -437,9 +440,13 @@ final class EventLoop: @unchecked Sendable {
 
         mutating func handOn(_ step: ShardStep) { rest.append(step) }
 
-        mutating func handOn(_ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int) {
+        mutating func handOn(
+            _ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int, in board: inout SwitchboardState
+        ) {
             if chain == nil {
-                chain = loop.acknowledgementChain(now: loop.context.clock.now(), wall: wall)
+                chain = board.journaling
+                    ? StepChain(now: loop.context.clock.now(), wall: wall, requester: nil, group: board.operationGroup())
+                    : loop.acknowledgementChain(now: loop.context.clock.now(), wall: wall)
                 number = loop.nextAcknowledgementPosting()
             }
             // Shard `i` is owned by loop `i` (`Switchboard.postsSteps`).

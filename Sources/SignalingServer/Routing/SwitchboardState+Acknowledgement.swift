@@ -90,16 +90,19 @@ struct Acknowledgements {
 /// Where a hold of an acknowledgement hands what it makes for other holds
 /// (`SwitchboardState.ack(_:connection:through:handingOn:)`), in the order it makes them:
 /// the steps returned to its caller (`[ShardStep]`, which `Switchboard.run` routes), or,
-/// for a loop's ACK without a store, the receipts for other shards' senders straight into
-/// the loop's outgoing batch for the sender (`EventLoop.AcknowledgementSteps`): no array,
-/// step or `run` per ACK for what joins the batch another ACK of the callback started
-/// (callgrind, issue 16: docs/LOAD-TESTING.md, "Routing on more cores").
+/// for a loop's ACK, the receipts for other shards' senders straight into the loop's
+/// outgoing batch for the sender (`EventLoop.AcknowledgementSteps`): no array, step or
+/// `run` per ACK for what joins a batch (callgrind, issue 16: docs/LOAD-TESTING.md,
+/// "Routing on more cores").
 protocol StepsHandedOn {
     /// A step for another hold (the next chunk, a receipt's copies in holds of their own).
     mutating func handOn(_ step: ShardStep)
     /// A receipt for `sender`, a user of shard `shard` (not the hold's own): one step per
-    /// sender for the receipts of one hold, in their order.
-    mutating func handOn(_ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int)
+    /// sender for the receipts of one hold, in their order. `board` is the hold's shard
+    /// (with a store, the receipts' steps join its commit unit's group:
+    /// `SwitchboardState.operationGroup`).
+    mutating func handOn(
+        _ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int, in board: inout SwitchboardState)
 }
 
 extension Array: StepsHandedOn where Element == ShardStep {
@@ -109,7 +112,9 @@ extension Array: StepsHandedOn where Element == ShardStep {
     /// step per sender, each in the order of the events. A lookup from the newest step
     /// back (a chunk's receipts usually go to one or two senders; at most a chunk of
     /// compares of short ids per receipt otherwise).
-    mutating func handOn(_ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int) {
+    mutating func handOn(
+        _ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int, in board: inout SwitchboardState
+    ) {
         guard let index = lastIndex(where: { $0.user == sender }), case .receipts(var batch) = self[index] else {
             return append(.receipts(ReceiptBatch(sender: sender, receipts: [receipt])))
         }
@@ -248,7 +253,7 @@ extension SwitchboardState {
                 for step in delivered.next { next.handOn(step) }
             } else {
                 let made = ReceiptBatch.Receipt(receipt: receipt, recipientDevice: device.deviceID, serverTime: currentWall)
-                next.handOn(made, for: receipt.sender, shard: Int(receipt.senderShard))
+                next.handOn(made, for: receipt.sender, shard: Int(receipt.senderShard), in: &self)
             }
         }
         if sharesTracked {
