@@ -94,4 +94,36 @@ struct ReceiptBatchTests {
         #expect(try receipts(1, on: fromCarol) == ["c1"])
         #expect(fromAlice.staysSilent && fromCarol.staysSilent)
     }
+
+    @Test("ACKs in one read gather their receipts straight into the step for the other loop, but never across a step handed to that loop between them: a message to the sender between two ACKs reaches it between the two receipts")
+    func receiptsNeverOvertakeAStepBetweenThem() throws {
+        let server = try EmbeddedServer()
+        let alice = users("alice", onShard: 0, count: 1)[0]
+        let bob = users("bob", onShard: 1, count: 1)[0]
+        let (fromAlice, _) = try server.connect(user: alice)
+        let (recipient, _) = try server.connect(user: bob)
+        #expect(fromAlice.loop == 0 && recipient.loop == 1)
+        #expect(try fromAlice.request(1, .identifiedMessage("m1", to: bob)).isOK)
+        #expect(try fromAlice.request(2, .identifiedMessage("m2", to: bob)).isOK)
+        let seqs = try (0..<2).map { _ in try recipient.nextEvent().seq }
+
+        // One read of loop 1: ACK m1, bob's message to alice (a step for loop 0), ACK m2.
+        let postedBefore = server.loops[1].metrics.stepsPosted.value
+        try recipient.sendRaw(
+            FrameEncoder.encode(.ack(seq: seqs[0])) + FrameEncoder.encode(.request(id: 1, .identifiedMessage("b1", to: alice)))
+                + FrameEncoder.encode(.ack(seq: seqs[1])))
+        #expect(try recipient.reply(to: 1).isOK)
+        // m1's receipt, bob's message, m2's receipt: three steps, in that order.
+        #expect(server.loops[1].metrics.stepsPosted.value - postedBefore == 3)
+        var order: [String] = []
+        while order.count < 3 {
+            switch try fromAlice.nextEvent().event {
+            case .messageDelivered(let id, _, _, _): order.append("delivered \(id)")
+            case .message(let message): order.append("message \(message.messageID)")
+            default: continue
+            }
+        }
+        #expect(order == ["delivered m1", "message b1", "delivered m2"])
+        #expect(fromAlice.staysSilent)
+    }
 }

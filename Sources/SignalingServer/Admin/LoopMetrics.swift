@@ -127,7 +127,8 @@ final class LoopMetrics: Sendable {
     /// Steps (`ShardStep`) this loop ran, each in a hold of a shard: with the shards owned
     /// by the loops, all of them of its own shard (`Switchboard.run`).
     let stepsRun = MetricCell()
-    /// Steps this loop posted to the inbox of their shard's owner (`EventLoop.postStep`).
+    /// Steps this loop posted to the inbox of their shard's owner (`EventLoop.postStep`,
+    /// `postReceipt`; one that joined a step posted before counts in that one).
     let stepsPosted = MetricCell()
     /// Events written, by frame type (indexed by raw value).
     private let eventsOut: [MetricCell] = (0..<256).map { _ in MetricCell() }

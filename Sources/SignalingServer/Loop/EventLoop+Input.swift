@@ -294,21 +294,7 @@ extension EventLoop {
 
     private func acknowledge(_ slot: UInt32, _ seq: UInt64) {
         guard let device = table.state(slot).pointee.device else { return }
-        let ref = reference(slot)
-        let wall = context.clock.wallMilliseconds()
-        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
-        let (violation, next, receipts, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board in
-            let (violation, next) = board.ack(device, connection: ref, through: seq)
-            return (violation, next, board.group(for: next), board.takeEffects())
-        }
-        apply(effects)
-        if !next.isEmpty {
-            // Receipts for senders of other shards, committed with the acknowledgement
-            // (without a store, in the chain of the callback's ACKs).
-            let chain = receipts.map { StepChain(now: context.clock.now(), wall: wall, requester: nil, group: $0) }
-                ?? acknowledgementChain(now: context.clock.now(), wall: wall)
-            apply(context.switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
-        }
+        let violation = acknowledge(device, connection: reference(slot), through: seq, wall: context.clock.wallMilliseconds())
         if let violation { protocolViolation(slot, violation) }
     }
 

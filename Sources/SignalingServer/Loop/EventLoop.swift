@@ -381,11 +381,81 @@ final class EventLoop: @unchecked Sendable {
     /// (`Switchboard.finish`), and its steps need no clock (`ShardStep.needsClock`), only
     /// the wall time their events are stamped with. With a store each ACK's chain carries
     /// its own group: call `StepChain(now:wall:requester:group:)` then.
-    func acknowledgementChain(now: Instant, wall: UInt64) -> StepChain {
+    func acknowledgementChain(now: @autoclosure () -> Instant, wall: UInt64) -> StepChain {
         if let shared = sharedAcknowledgementChain, shared.wall == wall { return shared }
-        let chain = StepChain(now: now, wall: wall, requester: nil, group: nil)
+        let chain = StepChain(now: now(), wall: wall, requester: nil, group: nil)
         sharedAcknowledgementChain = chain
         return chain
+    }
+
+    /// A cumulative ACK of `device` from its live connection `ref` (`EventLoop+Input`, and
+    /// `FanOutScaling`'s devices): one hold of the device's shard, then its steps. With the
+    /// shards owned by the loops, the hold hands its receipts for other shards' senders
+    /// straight to this callback's outgoing steps (`AcknowledgementSteps`), and only what
+    /// else it hands on (the next chunk, a receipt's copies in holds of their own) goes
+    /// through `Switchboard.run`, in the same chain. The chain: without a store the
+    /// callback's (`acknowledgementChain`); with one, the ACK's own, whose group commits the
+    /// receipts with the acknowledgement. Returns the violation, if the ACK was one (the
+    /// caller closes the connection).
+    func acknowledge(_ device: DeviceRecord, connection ref: ConnectionRef, through seq: UInt64, wall: UInt64) -> ProtocolViolation? {
+        let switchboard = context.switchboard
+        let shard = switchboard.shard(of: device.userID, connectedOn: self)
+        let direct = switchboard.postsSteps(from: self)
+        var steps = AcknowledgementSteps(loop: self, wall: wall)
+        let (violation, next, group, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) {
+            board -> (ProtocolViolation?, [ShardStep], CommitGroup?, [SwitchboardEffect]) in
+            guard direct else {
+                let (violation, next) = board.ack(device, connection: ref, through: seq)
+                return (violation, next, board.group(for: next), board.takeEffects())
+            }
+            let violation = board.ack(device, connection: ref, through: seq, handingOn: &steps)
+            // With a chain made by a receipt, the rest joins it (and its group).
+            return (violation, steps.rest, steps.chain == nil ? board.group(for: steps.rest) : nil, board.takeEffects())
+        }
+        apply(effects)
+        if !next.isEmpty {
+            // Receipts for senders of other shards, committed with the acknowledgement
+            // (without a store, in the chain of the callback's ACKs).
+            let chain = steps.chain ?? group.map { StepChain(now: context.clock.now(), wall: wall, requester: nil, group: $0) }
+                ?? acknowledgementChain(now: context.clock.now(), wall: wall)
+            apply(switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
+        }
+        return violation
+    }
+
+    /// What an ACK's hold hands on (`acknowledge`): its receipts for other shards' senders
+    /// to the loop's outgoing steps (`postReceipt`), in a chain taken by the first receipt
+    /// (without a store the callback's, `acknowledgementChain`; with one a chain of the
+    /// ACK's own, with the group of the hold's commit unit), the rest kept in `rest` for
+    /// `Switchboard.run`.
+    struct AcknowledgementSteps: StepsHandedOn {
+        // The loop whose thread runs the hold: it outlives it.
+        unowned(unsafe) let loop: EventLoop
+        let wall: UInt64
+        private(set) var chain: StepChain?
+        /// This acknowledgement's number (`EventLoop.nextAcknowledgementPosting`).
+        private var number: UInt64 = 0
+        private(set) var rest: [ShardStep] = []
+
+        init(loop: EventLoop, wall: UInt64) {
+            self.loop = loop
+            self.wall = wall
+        }
+
+        mutating func handOn(_ step: ShardStep) { rest.append(step) }
+
+        mutating func handOn(
+            _ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int, in board: inout SwitchboardState
+        ) {
+            if chain == nil {
+                chain = board.journaling
+                    ? StepChain(now: loop.context.clock.now(), wall: wall, requester: nil, group: board.operationGroup())
+                    : loop.acknowledgementChain(now: loop.context.clock.now(), wall: wall)
+                number = loop.nextAcknowledgementPosting()
+            }
+            // Shard `i` is owned by loop `i` (`Switchboard.postsSteps`).
+            loop.postReceipt(receipt, for: sender, toLoop: shard, chain: chain!, acknowledgement: number)
+        }
     }
 
     /// Runs the loop on the calling thread until it has drained.
@@ -537,6 +607,56 @@ final class EventLoop: @unchecked Sendable {
         if outgoingSteps.isEmpty { outgoingSteps = Array(repeating: [], count: peers.count) }
         let last = outgoingSteps[destination].endIndex - 1
         if last >= 0, outgoingSteps[destination][last].absorb(posted, upTo: SwitchboardState.ackChunk) { return }
+        appendOutgoing(posted, toLoop: destination)
+    }
+
+    /// A receipt for `sender`, a user of the shard loop `destination` owns (another's),
+    /// that the hold of acknowledgement `acknowledgement` (`AcknowledgementSteps`, a number
+    /// of this loop's) made, handed on in `chain` as that ACK's steps were through `run`
+    /// and `postStep`, without the steps, their arrays and `run` per ACK: it joins its
+    /// sender's batch among the steps this acknowledgement handed that loop, or the step
+    /// that was last before them when that is one (as `postStep` joins it), else starts a
+    /// step of its own (counted in `chain`). So, as before, one step per sender and hold
+    /// (at most a chunk of receipts each), each sender's receipts in order, and nothing
+    /// else handed to that loop overtaken. Loop thread only.
+    func postReceipt(
+        _ receipt: consuming ReceiptBatch.Receipt, for sender: String, toLoop destination: Int, chain: StepChain,
+        acknowledgement: UInt64
+    ) {
+        if outgoingSteps.isEmpty { outgoingSteps = Array(repeating: [], count: peers.count) }
+        if receiptsFrom.isEmpty { receiptsFrom = Array(repeating: (0, 0), count: peers.count) }
+        let end = outgoingSteps[destination].endIndex
+        if receiptsFrom[destination].acknowledgement != acknowledgement {
+            receiptsFrom[destination] = (acknowledgement, end - 1)
+        }
+        // From the newest back: a chunk's receipts go to one or a few senders.
+        var index = end - 1
+        while index >= max(0, receiptsFrom[destination].index) {
+            if outgoingSteps[destination][index].isReceipts(of: sender, in: chain) {
+                guard outgoingSteps[destination][index].hasRoom(for: 1, upTo: SwitchboardState.ackChunk) else { break }
+                return outgoingSteps[destination][index].add(receipt)
+            }
+            index -= 1
+        }
+        chain.expect(1)
+        let batch = ReceiptBatch(sender: sender, receipts: [receipt])
+        appendOutgoing(PostedStep(step: .receipts(batch), chain: chain, shard: destination), toLoop: destination)
+    }
+
+    /// Acknowledgements whose hold handed receipts to `postReceipt` so far (their numbers).
+    /// Loop-thread state.
+    private var acknowledgementsPosting: UInt64 = 0
+    /// By destination loop: the acknowledgement that last handed it a receipt, and the
+    /// first step it may join there (`postReceipt`). Loop-thread state.
+    private var receiptsFrom: [(acknowledgement: UInt64, index: Int)] = []
+
+    /// A number for the next acknowledgement that hands receipts to `postReceipt`.
+    func nextAcknowledgementPosting() -> UInt64 {
+        acknowledgementsPosting &+= 1
+        return acknowledgementsPosting
+    }
+
+    private func appendOutgoing(_ posted: PostedStep, toLoop destination: Int) {
         outgoingSteps[destination].append(posted)
         hasOutgoingSteps = true
         metrics.stepsPosted.add(1)

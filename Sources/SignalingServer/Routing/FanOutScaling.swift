@@ -265,11 +265,11 @@ public enum FanOutScaling {
                 // Only this thread changes its shard: reading a record outside a hold is safe.
                 for (index, device) in devices.enumerated() where device.record.lastSeq > acknowledged[index] {
                     busy = true
-                    acknowledged[index] = acknowledge(device, on: switchboard, now: now, wall: wall)
+                    acknowledged[index] = acknowledge(device, wall: wall)
                 }
                 if sender.record.lastSeq > senderAcknowledged {
                     busy = true
-                    let through = acknowledge(sender, on: switchboard, now: now, wall: wall)
+                    let through = acknowledge(sender, wall: wall)
                     receipts += through - senderAcknowledged
                     senderAcknowledged = through
                 }
@@ -283,19 +283,12 @@ public enum FanOutScaling {
         }
 
         /// An ACK of everything the device got, as the server runs one
-        /// (`EventLoop+Input`): a hold of the device's shard, then the receipts' steps.
+        /// (`EventLoop.acknowledge`, the server's own): a hold of the device's shard, then its steps.
         /// Returns the sequence number acknowledged through.
-        private func acknowledge(_ device: Recipient, on switchboard: Switchboard, now: Instant, wall: UInt64) -> UInt64 {
+        private func acknowledge(_ device: Recipient, wall: UInt64) -> UInt64 {
             let through = device.record.lastSeq
-            let shard = switchboard.shard(of: device.user, connectedOn: loop)
-            let (effects, next) = switchboard.withState(shard: shard, wall: wall) { board in
-                let next = board.ack(device.record, connection: device.connection, through: through).next
-                return (board.takeEffects(), next)
-            }
-            loop.apply(effects)
-            if !next.isEmpty {
-                loop.apply(switchboard.run(next, chain: loop.acknowledgementChain(now: now, wall: wall), on: loop).effects)
-            }
+            let violation = loop.acknowledge(device.record, connection: device.connection, through: through, wall: wall)
+            precondition(violation == nil, "ACK \(through) of \(device.user)")
             return through
         }
 

@@ -117,16 +117,38 @@ struct PostedStep: Sendable {
     /// (`EventLoop.postStep`). Then `next` is counted out of its chain, where this step
     /// stands for it (`StepChain.stepMerged`). Returns whether it did.
     mutating func absorb(_ next: PostedStep, upTo limit: Int) -> Bool {
-        guard next.chain === chain, case .receipts(let more) = next.step, case .receipts(var batch) = step,
-            batch.sender == more.sender, batch.receipts.count + more.receipts.count <= limit
+        guard case .receipts(let more) = next.step, isReceipts(of: more.sender, in: next.chain),
+            hasRoom(for: more.receipts.count, upTo: limit), case .receipts(var batch) = step
         else { return false }
         // A placeholder while `batch` is out, so that its array has one reference and the
-        // append does not copy it (as `SwitchboardState.append(_:for:to:)` does).
+        // append does not copy it (as `[ShardStep].handOn(_:for:shard:)` does).
         step = .continueAcknowledgement(user: batch.sender, id: 0)
         batch.receipts += more.receipts
         step = .receipts(batch)
         chain.stepMerged()
         return true
+    }
+
+    /// Whether this step is a batch of `sender`'s receipts handed on in `chain`
+    /// (`absorb`, `EventLoop.postReceipt`).
+    func isReceipts(of sender: String, in chain: StepChain) -> Bool {
+        guard chain === self.chain, case .receipts(let batch) = step else { return false }
+        return batch.sender == sender
+    }
+
+    /// Whether a batch of receipts (`isReceipts`) has room for `count` more within `limit`.
+    func hasRoom(for count: Int, upTo limit: Int) -> Bool {
+        guard case .receipts(let batch) = step else { return false }
+        return batch.receipts.count + count <= limit
+    }
+
+    /// Appends `receipt` to this batch of receipts (`isReceipts`, `hasRoom`): as `absorb`
+    /// takes in a step of one receipt, with no step made.
+    mutating func add(_ receipt: consuming ReceiptBatch.Receipt) {
+        guard case .receipts(var batch) = step else { preconditionFailure("a receipt added to \(step)") }
+        step = .continueAcknowledgement(user: batch.sender, id: 0)  // as in `absorb`
+        batch.receipts.append(receipt)
+        step = .receipts(batch)
     }
 }
 

@@ -339,7 +339,7 @@ final class Switchboard: Sendable {
     /// Whether `loop`'s shards are owned by the loops, one each (shard `i` by loop `i`):
     /// then steps go to their owners. With one shard there is nothing to hand over.
     @inline(__always)
-    private func postsSteps(from loop: EventLoop) -> Bool {
+    func postsSteps(from loop: EventLoop) -> Bool {
         shards.count > 1 && Self.ownerLoop(ofShard: 0, shardCount: shards.count, loopCount: loop.peers.count) != nil
     }
 

@@ -87,6 +87,45 @@ struct Acknowledgements {
     }
 }
 
+/// Where a hold of an acknowledgement hands what it makes for other holds
+/// (`SwitchboardState.ack(_:connection:through:handingOn:)`), in the order it makes them:
+/// the steps returned to its caller (`[ShardStep]`, which `Switchboard.run` routes), or,
+/// for a loop's ACK, the receipts for other shards' senders straight into the loop's
+/// outgoing batch for the sender (`EventLoop.AcknowledgementSteps`): no array, step or
+/// `run` per ACK for what joins a batch (callgrind, issue 16: docs/LOAD-TESTING.md,
+/// "Routing on more cores").
+protocol StepsHandedOn {
+    /// A step for another hold (the next chunk, a receipt's copies in holds of their own).
+    mutating func handOn(_ step: ShardStep)
+    /// A receipt for `sender`, a user of shard `shard` (not the hold's own): one step per
+    /// sender for the receipts of one hold, in their order. `board` is the hold's shard
+    /// (with a store, the receipts' steps join its commit unit's group:
+    /// `SwitchboardState.operationGroup`).
+    mutating func handOn(
+        _ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int, in board: inout SwitchboardState)
+}
+
+extension Array: StepsHandedOn where Element == ShardStep {
+    mutating func handOn(_ step: ShardStep) { append(step) }
+
+    /// Adds `receipt` to the step that batches `sender`'s receipts, or starts one: one
+    /// step per sender, each in the order of the events. A lookup from the newest step
+    /// back (a chunk's receipts usually go to one or two senders; at most a chunk of
+    /// compares of short ids per receipt otherwise).
+    mutating func handOn(
+        _ receipt: consuming ReceiptBatch.Receipt, for sender: String, shard: Int, in board: inout SwitchboardState
+    ) {
+        guard let index = lastIndex(where: { $0.user == sender }), case .receipts(var batch) = self[index] else {
+            return append(.receipts(ReceiptBatch(sender: sender, receipts: [receipt])))
+        }
+        // A placeholder while `batch` is out, so that its array has one reference and the
+        // append does not copy it.
+        self[index] = .continueAcknowledgement(user: sender, id: 0)
+        batch.receipts.append(receipt)
+        self[index] = .receipts(batch)
+    }
+}
+
 extension SwitchboardState {
     /// How much one hold of a shard does for an acknowledgement: events taken out of the
     /// device's queue, plus the MESSAGE_DELIVERED copies their receipts queue to senders of
@@ -103,12 +142,24 @@ extension SwitchboardState {
     mutating func ack(
         _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64
     ) -> (violation: ProtocolViolation?, next: [ShardStep]) {
+        var next: [ShardStep] = []
+        let violation = ack(device, connection: connection, through: seq, handingOn: &next)
+        return (violation, next)
+    }
+
+    /// `ack(_:connection:through:)` handing its steps to `next` as it makes them: a loop's
+    /// ACK without a store gives its receipts for other shards' senders straight to the
+    /// callback's outgoing steps (`EventLoop.acknowledge`).
+    mutating func ack<Next: StepsHandedOn>(
+        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64, handingOn next: inout Next
+    ) -> ProtocolViolation? {
         assertOwns(device)
-        guard device.connection == connection else { return (nil, []) }  // a late ACK from an evicted connection
+        guard device.connection == connection else { return nil }  // a late ACK from an evicted connection
         guard seq <= device.lastSeq else {
-            return (ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))"), [])
+            return ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))")
         }
-        return (nil, acknowledge(device, through: seq))
+        acknowledge(device, through: seq, handingOn: &next)
+        return nil
     }
 
     /// Everything ≤ this is acknowledged by `device`: the events before its oldest queued
@@ -123,17 +174,23 @@ extension SwitchboardState {
     /// in progress already, lets that one go on to `seq`). Returns the steps to run next:
     /// the chunk's receipts for senders on other shards, then the continuation.
     mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
+        var next: [ShardStep] = []
+        acknowledge(device, through: seq, handingOn: &next)
+        return next
+    }
+
+    /// `acknowledge(_:through:)` handing its steps to `next`, in the same order.
+    mutating func acknowledge<Next: StepsHandedOn>(_ device: DeviceRecord, through seq: UInt64, handingOn next: inout Next) {
         let inProgress = acknowledgements.of(device)
-        guard seq > max(device.ackedSeq, inProgress?.through ?? 0) else { return [] }
+        guard seq > max(device.ackedSeq, inProgress?.through ?? 0) else { return }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
-        var next = takeAcknowledgedChunk(of: device, through: seq)
+        takeAcknowledgedChunk(of: device, through: seq, handingOn: &next)
         if let inProgress {
             inProgress.through = seq  // its next hold goes on to here
         } else if device.ackedSeq < seq {
             let started = acknowledgements.start(device, through: seq)
-            next.append(.continueAcknowledgement(user: device.userID, id: started.id))
+            next.handOn(.continueAcknowledgement(user: device.userID, id: started.id))
         }
-        return next
     }
 
     /// The next chunk of acknowledgement `id`, and the step for the one after, if any.
@@ -141,7 +198,8 @@ extension SwitchboardState {
     mutating func continueAcknowledgement(_ user: String, id: UInt64) -> StepOutcome {
         guard let acknowledgement = acknowledgements[id] else { return StepOutcome(reply: nil) }
         let device = acknowledgement.device
-        var next = takeAcknowledgedChunk(of: device, through: acknowledgement.through)
+        var next: [ShardStep] = []
+        takeAcknowledgedChunk(of: device, through: acknowledgement.through, handingOn: &next)
         if device.ackedSeq < acknowledgement.through {
             next.append(.continueAcknowledgement(user: user, id: id))
         } else {
@@ -163,13 +221,14 @@ extension SwitchboardState {
     /// same shard with 1,000 devices made a chunk of 128 receipts 128,000 copies in one
     /// hold. At least one event goes per hold, and a receipt queues at most a chunk of
     /// copies in it (the rest by its own step, `deliverReceipt`): a hold is at most about
-    /// two chunks. Returns the receipts' steps for other shards' senders, then the steps of
-    /// receipts whose copies take several holds.
-    private mutating func takeAcknowledgedChunk(of device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
+    /// two chunks. Hands `next` the receipts for other shards' senders and the steps of
+    /// receipts whose copies take several holds, in the order of the events.
+    private mutating func takeAcknowledgedChunk<Next: StepsHandedOn>(
+        of device: DeviceRecord, through seq: UInt64, handingOn next: inout Next
+    ) {
         let shareQueue = ShareQueue.device(ObjectIdentifier(device))
         let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
         var removedMessages: [QueuedEvent] = []
-        var next: [ShardStep] = []
         var work = 0
         while work < configuration.ackChunk && device.ackedSeq < seq {
             var receipt: DeliveryReceipt?
@@ -191,31 +250,15 @@ extension SwitchboardState {
             if Int(receipt.senderShard) == shardMap.index {
                 let delivered = deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
                 work += delivered.copies
-                next += delivered.next
+                for step in delivered.next { next.handOn(step) }
             } else {
                 let made = ReceiptBatch.Receipt(receipt: receipt, recipientDevice: device.deviceID, serverTime: currentWall)
-                Self.append(made, for: receipt.sender, to: &next)
+                next.handOn(made, for: receipt.sender, shard: Int(receipt.senderShard), in: &self)
             }
         }
         if sharesTracked {
             trackedSharesRemoved(removedMessages, from: shareQueue, count: device.queue.count, events: device.forEachEvent)
         }
-        return next
-    }
-
-    /// Adds `receipt` to the step of `steps` that batches `sender`'s receipts, or starts
-    /// one: one step per sender, each in the order of the events. A lookup from the newest
-    /// step back (a chunk's receipts usually go to one or two senders; at most a chunk of
-    /// compares of short ids per receipt otherwise).
-    private static func append(_ receipt: ReceiptBatch.Receipt, for sender: String, to steps: inout [ShardStep]) {
-        guard let index = steps.lastIndex(where: { $0.user == sender }), case .receipts(var batch) = steps[index] else {
-            return steps.append(.receipts(ReceiptBatch(sender: sender, receipts: [receipt])))
-        }
-        // A placeholder while `batch` is out, so that its array has one reference and the
-        // append does not copy it.
-        steps[index] = .continueAcknowledgement(user: sender, id: 0)
-        batch.receipts.append(receipt)
-        steps[index] = .receipts(batch)
     }
 
     /// A batch of receipts for a sender this shard holds (`ShardStep.receipts`), the oldest
@@ -234,7 +277,7 @@ extension SwitchboardState {
             guard work < configuration.ackChunk else { break }
             let made = deliverReceipt(item.receipt, recipientDevice: item.recipientDevice, serverTime: item.serverTime)
             work += max(1, made.copies)
-            broadcasts += made.next
+            if !made.next.isEmpty { broadcasts += made.next }  // usually empty: no call
             delivered += 1
         }
         guard delivered < batch.receipts.count else { return StepOutcome(reply: nil, next: broadcasts) }

@@ -148,8 +148,10 @@ extension SwitchboardState {
         return start(event, of: user, listed: [], cursor: rest, skipping: nil, startsGroup: startsGroup, firstChunkDone: true)
     }
 
-    /// Every broadcast in a user's list is in `broadcasts` too: with none anywhere (a
-    /// receipt's usual case) no hash of the id (about 300 instructions per receipt).
+    /// Whether `user` has a broadcast in progress. Every one is in `broadcasts` too (entered
+    /// and removed together), so with none in the shard (the usual case) the user's
+    /// activity is not looked up: hashing the id for every receipt was about 170
+    /// instructions per event of `routing-bench scaling` (callgrind, issue 16).
     private func broadcastInProgress(for user: String) -> Bool {
         !broadcasts.isEmpty && !(activities[user]?.broadcasts.isEmpty ?? true)
     }

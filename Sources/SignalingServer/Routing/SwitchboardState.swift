@@ -364,6 +364,14 @@ struct SwitchboardState {
     /// to put the steps' units in and close; nil without a store or steps.
     mutating func group(for next: [ShardStep]) -> CommitGroup? {
         guard journaling, !next.isEmpty else { return nil }
+        return operationGroup()
+    }
+
+    /// With a store, the group of the current hold's commit unit, started now if it has
+    /// none: for the steps the operation hands on (`group(for:)`; an ACK's first receipt
+    /// for another shard's sender, `EventLoop.AcknowledgementSteps`).
+    mutating func operationGroup() -> CommitGroup {
+        precondition(journaling, "a commit group without a store")
         // Started already by a receipt whose copies take several holds (`deliverReceipt`).
         if let started = unit.group { return started }
         let group = CommitGroup()
