@@ -66,13 +66,33 @@ extension EncodedEvent {
     static func encodeBody(of event: Event) -> [UInt8] {
         var sizer = FieldSizer()
         writeFields(of: event, to: &sizer)
-        guard sizer.count > 0 else { return [] }  // every body has a field; no buffer to write into
-        return [UInt8](unsafeUninitializedCapacity: sizer.count) { buffer, initialized in
-            var store = FieldStore(UnsafeMutableRawPointer(buffer.baseAddress!))
+        let count = sizer.count
+        guard count > 0 else { return [] }  // every body has a field; no buffer to write into
+        guard count <= stagedBodyLimit else {
+            return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+                var store = FieldStore(UnsafeMutableRawPointer(buffer.baseAddress!))
+                writeFields(of: event, to: &store)
+                initialized = store.offset
+            }
+        }
+        // Why staged on the stack and then copied: `[UInt8](unsafeUninitializedCapacity:)`
+        // allocates through the standard library's unspecialised generic code, which looks the
+        // array storage's metadata up at run time (`getContiguousArrayStorageType`, about 330
+        // instructions, twice a message); an array made from a buffer is allocated by code
+        // specialised here, whose metadata access is cached. The copy of a body this small
+        // costs a few dozen instructions.
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count) { staging in
+            var store = FieldStore(UnsafeMutableRawPointer(staging.baseAddress!))
             writeFields(of: event, to: &store)
-            initialized = store.offset
+            return [UInt8](UnsafeBufferPointer(rebasing: staging[..<store.offset]))
         }
     }
+
+    /// The largest body staged on the stack before it is copied into its array (what
+    /// `withUnsafeTemporaryAllocation` places on the stack without a check); a larger one is
+    /// written into its array directly, where the run-time metadata look-up is small next to
+    /// the copy it would need.
+    static var stagedBodyLimit: Int { 1024 }
 
     private static func writeFields<Sink: FieldSink>(of event: Event, to w: inout Sink) {
         switch event {

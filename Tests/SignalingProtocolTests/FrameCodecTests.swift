@@ -62,6 +62,22 @@ struct FrameCodecTests {
         #expect(empty == [0, 0, 0, 0, 0, 0, 0, 0])
     }
 
+    @Test("event bodies staged on the stack and bodies written in place encode alike, at the limit between them")
+    func eventBodyAtTheStagingLimit() {
+        let limit = EncodedEvent.stagedBodyLimit
+        // callID "c" and device "d" take 3 bytes each, the answer's length 4: 10 + answer.
+        for size in [10, limit - 1, limit, limit + 1, 4 * limit] {
+            let answer = (0..<size - 10).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+            var reference = ByteWriter()
+            reference.text("c")
+            reference.text("d")
+            reference.blob(answer)
+            let body = EncodedEvent(.callAccepted(callID: "c", device: "d", answer: answer)).body
+            #expect(body.count == size)
+            #expect(body == reference.bytes, "a body of \(size) bytes")
+        }
+    }
+
     @Test("a keep-alive costs five bytes on the wire")
     func pingIsTiny() {
         #expect(FrameEncoder.encode(.ping) == [0, 0, 0, 1, FrameType.ping.rawValue])
