@@ -1,8 +1,9 @@
 /// Receives the fields of a body in order. An event body is encoded twice through this:
 /// once to count its bytes (`FieldSizer`), once into memory of exactly that size
-/// (`FieldStore`). That makes a body one allocation and a few plain copies, where growing
-/// an array field by field cost twice the instructions (this runs for every event a
-/// server queues, receipts included).
+/// (`FieldStore`: a stack buffer copied into the body's array, or for a large body the
+/// array itself, `encodeBody`). That makes a body one allocation and a few plain copies,
+/// where growing an array field by field cost twice the instructions (this runs for every
+/// event a server queues, receipts included).
 protocol FieldSink {
     mutating func u8(_ value: UInt8)
     mutating func u64(_ value: UInt64)
