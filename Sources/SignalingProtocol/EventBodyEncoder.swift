@@ -1,8 +1,9 @@
 /// Receives the fields of a body in order. An event body is encoded twice through this:
 /// once to count its bytes (`FieldSizer`), once into memory of exactly that size
-/// (`FieldStore`). That makes a body one allocation and a few plain copies, where growing
-/// an array field by field cost twice the instructions (this runs for every event a
-/// server queues, receipts included).
+/// (`FieldStore`: a stack buffer copied into the body's array, or for a large body the
+/// array itself, `encodeBody`). That makes a body one allocation and a few plain copies,
+/// where growing an array field by field cost twice the instructions (this runs for every
+/// event a server queues, receipts included).
 protocol FieldSink {
     mutating func u8(_ value: UInt8)
     mutating func u64(_ value: UInt64)
@@ -66,13 +67,33 @@ extension EncodedEvent {
     static func encodeBody(of event: Event) -> [UInt8] {
         var sizer = FieldSizer()
         writeFields(of: event, to: &sizer)
-        guard sizer.count > 0 else { return [] }  // every body has a field; no buffer to write into
-        return [UInt8](unsafeUninitializedCapacity: sizer.count) { buffer, initialized in
-            var store = FieldStore(UnsafeMutableRawPointer(buffer.baseAddress!))
+        let count = sizer.count
+        guard count > 0 else { return [] }  // every body has a field; no buffer to write into
+        guard count <= stagedBodyLimit else {
+            return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+                var store = FieldStore(UnsafeMutableRawPointer(buffer.baseAddress!))
+                writeFields(of: event, to: &store)
+                initialized = store.offset
+            }
+        }
+        // Why staged on the stack and then copied: `[UInt8](unsafeUninitializedCapacity:)`
+        // allocates through the standard library's unspecialised generic code, which looks the
+        // array storage's metadata up at run time (`getContiguousArrayStorageType`, about 330
+        // instructions, twice a message); an array made from a buffer is allocated by code
+        // specialised here, whose metadata access is cached. The copy of a body this small
+        // costs a few dozen instructions.
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: count) { staging in
+            var store = FieldStore(UnsafeMutableRawPointer(staging.baseAddress!))
             writeFields(of: event, to: &store)
-            initialized = store.offset
+            return [UInt8](UnsafeBufferPointer(rebasing: staging[..<store.offset]))
         }
     }
+
+    /// The largest body staged on the stack before it is copied into its array (what
+    /// `withUnsafeTemporaryAllocation` places on the stack without a check); a larger one is
+    /// written into its array directly, where the run-time metadata look-up is small next to
+    /// the copy it would need.
+    static var stagedBodyLimit: Int { 1024 }
 
     private static func writeFields<Sink: FieldSink>(of event: Event, to w: inout Sink) {
         switch event {

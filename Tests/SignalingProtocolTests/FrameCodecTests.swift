@@ -62,6 +62,32 @@ struct FrameCodecTests {
         #expect(empty == [0, 0, 0, 0, 0, 0, 0, 0])
     }
 
+    @Test("event bodies staged on the stack and bodies written in place encode alike, at the limit between them")
+    func eventBodyAtTheStagingLimit() {
+        let limit = EncodedEvent.stagedBodyLimit
+        // callID "c" and device "d" take 3 bytes each, the answer's length 4: 10 + answer.
+        for size in [10, limit - 1, limit, limit + 1, 4 * limit] {
+            let answer = (0..<size - 10).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+            var reference = ByteWriter()
+            reference.text("c")
+            reference.text("d")
+            reference.blob(answer)
+            let body = EncodedEvent(.callAccepted(callID: "c", device: "d", answer: answer)).body
+            #expect(body.count == size)
+            #expect(body == reference.bytes, "a body of \(size) bytes")
+        }
+    }
+
+    @Test("an OK is 17 bytes: length 13, type, request id and server time big-endian; appended after what is there")
+    func okFrameBytes() throws {
+        var out: [UInt8] = [0xAA]
+        FrameEncoder.append(.ok(requestID: 0x0102_0304, serverTime: 0x1112_1314_1516_1718), to: &out)
+        #expect(out == [0xAA, 0, 0, 0, 13, FrameType.ok.rawValue, 1, 2, 3, 4,
+                        0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18])
+        let decoded = try #require(try decodeOne(Array(out.dropFirst())))
+        #expect(decoded.frame == .ok(requestID: 0x0102_0304, serverTime: 0x1112_1314_1516_1718))
+    }
+
     @Test("a keep-alive costs five bytes on the wire")
     func pingIsTiny() {
         #expect(FrameEncoder.encode(.ping) == [0, 0, 0, 1, FrameType.ping.rawValue])

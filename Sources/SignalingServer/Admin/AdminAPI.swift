@@ -133,7 +133,7 @@ final class AdminAPI: AdminRequestHandler {
         if let writer, !writer.isHealthy {
             return respond(Self.error(503, "storeUnavailable", "the store is unavailable; retry later"))
         }
-        let now = context.clock.now()
+        let now = context.now()
         let storeTimeout = context.configuration.storeTimeout
         let messageID = message.messageID
         let answer: @Sendable (Result<UInt64, RequestError>, Bool) -> AdminResponse = { outcome, duplicate in
@@ -144,7 +144,7 @@ final class AdminAPI: AdminRequestHandler {
                 return Self.refusal(error)
             }
         }
-        let wall = context.clock.wallMilliseconds()
+        let wall = context.wallMilliseconds()
         // Whether the recipient is known is its shard's to say: a hold of its own, before
         // the sender's (a user it learns of in between is as if it came after).
         let known = context.switchboard.withState(of: message.recipient, wall: wall) { $0.knows(message.recipient) }
@@ -186,8 +186,8 @@ final class AdminAPI: AdminRequestHandler {
     }
 
     private func devices(of user: String) -> AdminResponse {
-        let now = context.clock.now()
-        let presence = context.switchboard.withState(of: user, wall: context.clock.wallMilliseconds()) { $0.presence(of: user, now: now) }
+        let now = context.now()
+        let presence = context.switchboard.withState(of: user, wall: context.wallMilliseconds()) { $0.presence(of: user, now: now) }
         guard let presence else { return Self.error(404, "unknownUser", "the server knows no device of \(user)") }
         return Self.json(200, [
             "user": user,
@@ -198,7 +198,7 @@ final class AdminAPI: AdminRequestHandler {
     }
 
     private func revoke(user: String, device: String) -> AdminResponse {
-        let (outcome, effects) = context.switchboard.withState(of: user, wall: context.clock.wallMilliseconds()) { board in
+        let (outcome, effects) = context.switchboard.withState(of: user, wall: context.wallMilliseconds()) { board in
             (board.revokeSession(user: user, device: device), board.takeEffects())
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
@@ -212,8 +212,8 @@ final class AdminAPI: AdminRequestHandler {
     }
 
     private func forget(user: String) -> AdminResponse {
-        let now = context.clock.now()
-        let wall = context.clock.wallMilliseconds()
+        let now = context.now()
+        let wall = context.wallMilliseconds()
         let (outcome, next, effects) = context.switchboard.withState(of: user, wall: wall) { board in
             let (outcome, next) = board.forgetUser(user, now: now)
             return (outcome, next, board.takeEffects())

@@ -310,7 +310,7 @@ final class RelayHome: Sendable {
     }
 
     private func logBadPacket(_ reason: String, from front: String) {
-        guard let suppressed = badPacketLog.admit(now: context.clock.now()) else { return }
+        guard let suppressed = badPacketLog.admit(now: context.now()) else { return }
         context.logger.warning("relay_packet_dropped", ["front": front, "reason": reason, "suppressed": suppressed])
     }
 

@@ -427,8 +427,8 @@ extension EventLoop {
         context.counters.establishedConnections.decrement()
         if state.pointee.flags.contains(.tls) { context.counters.establishedTLSConnections.decrement() }
         let ref = reference(slot)
-        let now = context.clock.now()
-        let effects = context.switchboard.withState(of: device.userID, wall: context.clock.wallMilliseconds()) { board in
+        let now = context.now()
+        let effects = context.switchboard.withState(of: device.userID, wall: context.wallMilliseconds()) { board in
             board.detach(device, connection: ref, now: now)
             return board.takeEffects()
         }

@@ -49,7 +49,7 @@ extension EventLoop {
         if ownShard { switchboard.publishCounters(by: self) }
         if index == 0 {
             // The store's deadlines too: the writer thread may be stuck in a write.
-            context.switchboard.writer?.superviseCommits(now: context.clock.now())
+            context.switchboard.writer?.superviseCommits(now: context.now())
             logStatisticsIfDue(now)
             relayIO?.home.checkPresenceIfDue(now: nowInstant)
         }
@@ -64,10 +64,10 @@ extension EventLoop {
     /// none is left; what they hand on to other shards (a call's ending for its other
     /// party) goes to those shards' owners as steps.
     private func expire(shard: Int) {
-        let instant = context.clock.now()
+        let instant = context.now()
         var moreDue = true
         while moreDue {
-            let wall = context.clock.wallMilliseconds()
+            let wall = context.wallMilliseconds()
             let (pass, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board in
                 (board.expire(now: instant), board.takeEffects())
             }

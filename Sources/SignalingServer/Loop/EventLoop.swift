@@ -260,7 +260,7 @@ final class EventLoop: @unchecked Sendable {
         self.frontRelay = context.front.map { LoopRelay(front: $0) }
         self.decoder = FrameDecoder(maxFrameLength: context.configuration.maxFrameLength, from: .client)
         self.readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readBufferSize, alignment: 16)
-        self.wheel = TimingWheel(startSecond: context.seconds(at: context.clock.now()))
+        self.wheel = TimingWheel(startSecond: context.seconds(at: context.now()))
         self.tokenVerifierCopy = context.tokenVerifiers.copy()
         self.tlsContextCopy = context.tlsContexts.copy()
         scratch.reserveCapacity(Self.readBufferSize)
@@ -726,7 +726,7 @@ final class EventLoop: @unchecked Sendable {
                 beginDrain()
             case .released(let release, _):
                 apply(context.switchboard.apply(
-                    release, shard: Int(index), wall: context.clock.wallMilliseconds(), writerWake: .afterCallback(of: self)))
+                    release, shard: Int(index), wall: context.wallMilliseconds(), writerWake: .afterCallback(of: self)))
                 for reply in release.replies {
                     if case .reply(let ref, let frame) = reply, ref.loop == index { postedReplies.append((ref, frame)) }
                 }
@@ -782,7 +782,7 @@ final class EventLoop: @unchecked Sendable {
         swap(&tasks, &takenTasks)
         inbox.close(appendingTo: &tasks)
         let switchboard = context.switchboard
-        let wall = context.clock.wallMilliseconds()
+        let wall = context.wallMilliseconds()
         for task in tasks {
             switch task {
             case .steps(let steps, _):
@@ -867,7 +867,7 @@ final class EventLoop: @unchecked Sendable {
     }
 
     func refreshTime() {
-        nowInstant = context.clock.now()
+        nowInstant = context.now()
         nowSeconds = context.seconds(at: nowInstant)
     }
 

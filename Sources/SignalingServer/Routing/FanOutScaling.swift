@@ -95,8 +95,8 @@ public enum FanOutScaling {
             }
         }
         let switchboard = context.switchboard
-        let now = context.clock.now()
-        let wall = context.clock.wallMilliseconds()
+        let now = context.now()
+        let wall = context.wallMilliseconds()
 
         // Devices, each attached on its owner's loop to a connection of that loop that
         // does not exist (wakes find no live slot: no encoding, no socket).
@@ -260,8 +260,8 @@ public enum FanOutScaling {
             }
             loop.owned {
                 let switchboard = loop.context.switchboard
-                let now = loop.context.clock.now()
-                let wall = loop.context.clock.wallMilliseconds()
+                let now = loop.context.now()
+                let wall = loop.context.wallMilliseconds()
                 // Only this thread changes its shard: reading a record outside a hold is safe.
                 for (index, device) in devices.enumerated() where device.record.lastSeq > acknowledged[index] {
                     busy = true

@@ -36,6 +36,17 @@ final class ServerContext: Sendable {
     /// home and run no protocol (EventLoop+Front.swift).
     let front: FrontRelay?
 
+    /// The clock's monotonic time. Read through this rather than `context.clock.now()`:
+    /// there a caller copies the existential clock first (through its value witnesses,
+    /// about 40 instructions, several reads a message on a loop), since nothing else keeps
+    /// the context alive during the call; in a method of the context `self` does, and the
+    /// clock is only borrowed.
+    func now() -> Instant { clock.now() }
+
+    /// The clock's wall time in milliseconds since the Unix epoch (see `now()` for why
+    /// through the context).
+    func wallMilliseconds() -> UInt64 { clock.wallMilliseconds() }
+
     init(
         configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool,
         pushGateway: (any WakeUpSubmitter)?, tokenVerifier: TokenVerifier?, tlsContext: TLSServerContext? = nil,

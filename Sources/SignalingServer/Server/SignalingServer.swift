@@ -105,7 +105,7 @@ public final class SignalingServer: Sendable {
         // shard's owner loop while it runs): short.
         pushGateway?.onTokenInvalid { [weak context] wakeUp, registration, reason in
             guard let context else { return }
-            let removed = context.switchboard.withState(of: wakeUp.userID, wall: context.clock.wallMilliseconds()) {
+            let removed = context.switchboard.withState(of: wakeUp.userID, wall: context.wallMilliseconds()) {
                 $0.removeRejectedPushToken(user: wakeUp.userID, device: wakeUp.deviceID, registration)
             }
             context.logger.info("push_token_removed", [
@@ -412,7 +412,7 @@ public final class SignalingServer: Sendable {
     /// keeps its connection until it reconnects.
     @discardableResult
     public func reload(_ new: ServerConfiguration) -> Reload {
-        let now = context.clock.now()
+        let now = context.now()
         return settings.withLock { current -> Reload in
             var result = Reload()
             if new.logLevel != current.logLevel {
@@ -447,7 +447,7 @@ public final class SignalingServer: Sendable {
             ]
             if limits.contains(where: \.changed) {
                 let routing = new.switchboard
-                context.switchboard.forEachShard(wall: context.clock.wallMilliseconds()) { $0.applyLimits(of: routing) }
+                context.switchboard.forEachShard(wall: context.wallMilliseconds()) { $0.applyLimits(of: routing) }
                 result.applied += limits.filter(\.changed).map(\.name)
             }
             if new.maxConnectionsPerAddress != current.maxConnectionsPerAddress || new.handshakeRate != current.handshakeRate {

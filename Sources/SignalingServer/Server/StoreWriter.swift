@@ -533,7 +533,7 @@ final class StoreWriter: @unchecked Sendable {
         // lasts): no write; the answers still follow everything that arrived before them.
         if collected > 0 {
             StoreBatch.compact(&changes)
-            let started = context.clock.now()
+            let started = context.now()
             watch.begin(at: started, changes: changes.count)
             let applyStarted = LoopMetrics.now()
             do {
@@ -543,12 +543,12 @@ final class StoreWriter: @unchecked Sendable {
                 failures += 1
                 failedCommits.increment()
                 healthy.store(false, ordering: .relaxed)
-                StoreHealthLog.log(healthLog.failed(now: context.clock.now()), to: context.logger, error: "\(error)", changes: changes.count)
+                StoreHealthLog.log(healthLog.failed(now: context.now()), to: context.logger, error: "\(error)", changes: changes.count)
                 commitReturned()
                 return
             }
             commitReturned()
-            StoreHealthLog.log(healthLog.committed(now: context.clock.now()), to: context.logger, error: "", changes: changes.count)
+            StoreHealthLog.log(healthLog.committed(now: context.now()), to: context.logger, error: "", changes: changes.count)
             failures = 0
             healthy.store(true, ordering: .relaxed)
             commits.increment()
@@ -596,7 +596,7 @@ final class StoreWriter: @unchecked Sendable {
         let switchboard = context.switchboard
         guard released.shards.allSatisfy({ switchboard.owner(of: $0, among: loops) != nil }) else {
             // Shards not owned by the loops (no loop): nobody else takes the locks.
-            deliver(switchboard.apply(released, wall: context.clock.wallMilliseconds()))
+            deliver(switchboard.apply(released, wall: context.wallMilliseconds()))
             return post(accepted)
         }
         let concerned = Set(released.shards.map { UInt16($0) }).union(accepted.map(\.loop))
@@ -604,7 +604,7 @@ final class StoreWriter: @unchecked Sendable {
             guard !loops[Int(loop)].post(.released(released, loop: loop)) else { continue }
             // That loop has stopped (the server is stopping): its shard's part is done here;
             // its connections, and so their OKs, are gone.
-            deliver(switchboard.apply(released, shard: Int(loop), wall: context.clock.wallMilliseconds()))
+            deliver(switchboard.apply(released, shard: Int(loop), wall: context.wallMilliseconds()))
         }
     }
 
@@ -818,7 +818,7 @@ final class StoreWriter: @unchecked Sendable {
     /// connection's loop to pump again. Run by the shard's owner loop (`LoopTask.restoreBodies`)
     /// or, without one, by the writer.
     func restore(_ part: BodiesReadBack) {
-        let lost = context.switchboard.withState(shard: part.shard, wall: context.clock.wallMilliseconds()) { board in
+        let lost = context.switchboard.withState(shard: part.shard, wall: context.wallMilliseconds()) { board in
             part.requests.flatMap { request, bodies in
                 board.restoreBodies(bodies, of: request.device, from: request.from).map { (request.device, $0) }
             }
@@ -835,7 +835,7 @@ final class StoreWriter: @unchecked Sendable {
     /// The commit under way returned (committed or failed): it is no longer stalled.
     private func commitReturned() {
         if let started = watch.end() {
-            context.logger.warning("store_stall_ended", ["commit_ms": (context.clock.now() - started).milliseconds])
+            context.logger.warning("store_stall_ended", ["commit_ms": (context.now() - started).milliseconds])
         }
     }
 
@@ -852,7 +852,7 @@ final class StoreWriter: @unchecked Sendable {
         guard !replies.isEmpty else { return }
         let answers = replies.compactMap { $0.answer(.failure(RequestError(.storeUnavailable, reason))) }
         context.switchboard.cancel(
-            replies.map { ($0, $0.takeParts()) }, wall: context.clock.wallMilliseconds(), answers: answers, loops: loops)
+            replies.map { ($0, $0.takeParts()) }, wall: context.wallMilliseconds(), answers: answers, loops: loops)
     }
 
     // MARK: Loop 0
