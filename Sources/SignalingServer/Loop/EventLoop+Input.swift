@@ -298,7 +298,7 @@ extension EventLoop {
 
     private func acknowledge(_ slot: UInt32, _ seq: UInt64) {
         guard let device = table.state(slot).pointee.device else { return }
-        let violation = acknowledge(device, connection: reference(slot), through: seq, wall: context.clock.wallMilliseconds())
+        let violation = acknowledge(device, connection: reference(slot), through: seq, wall: context.wallMilliseconds())
         if let violation { protocolViolation(slot, violation) }
     }
 

@@ -416,8 +416,8 @@ final class EventLoop: @unchecked Sendable {
         if !next.isEmpty {
             // Receipts for senders of other shards, committed with the acknowledgement
             // (without a store, in the chain of the callback's ACKs).
-            let chain = steps.chain ?? group.map { StepChain(now: context.clock.now(), wall: wall, requester: nil, group: $0) }
-                ?? acknowledgementChain(now: context.clock.now(), wall: wall)
+            let chain = steps.chain ?? group.map { StepChain(now: context.now(), wall: wall, requester: nil, group: $0) }
+                ?? acknowledgementChain(now: context.now(), wall: wall)
             apply(switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
         }
         return violation
@@ -449,8 +449,8 @@ final class EventLoop: @unchecked Sendable {
         ) {
             if chain == nil {
                 chain = board.journaling
-                    ? StepChain(now: loop.context.clock.now(), wall: wall, requester: nil, group: board.operationGroup())
-                    : loop.acknowledgementChain(now: loop.context.clock.now(), wall: wall)
+                    ? StepChain(now: loop.context.now(), wall: wall, requester: nil, group: board.operationGroup())
+                    : loop.acknowledgementChain(now: loop.context.now(), wall: wall)
                 number = loop.nextAcknowledgementPosting()
             }
             // Shard `i` is owned by loop `i` (`Switchboard.postsSteps`).
