@@ -105,7 +105,12 @@ struct RelayedConnectionTests {
         try bed.home.waitFor("bob's relayed connection") { $0.establishedConnections == 2 }
         cut(bed)
         try bed.home.waitFor("bob's relayed connection to close") { $0.establishedConnections == 1 && $0.relayedConnections == 0 }
-        #expect(bob.ending == .release || bob.ending == nil)  // the front forgot it already; no CLOSE is written
+        // As if the device had disconnected (docs/CLUSTER.md, "Failures"): no CLOSE is written.
+        // How the stream ends may race the cut: nothing (the front forgot it), a release, or,
+        // under load, a finish after what the home had queued (CI saw one once).
+        while let frame = try? bob.read(timeout: .milliseconds(50)) {
+            if case .close = frame { Issue.record("a CLOSE for a device that went away with its front: \(frame)") }
+        }
         #expect(try alice.request(1, message("m1", to: "bob")).isOK)
         try expectKeptForResume(bed, session: welcome.sessionID)
     }
