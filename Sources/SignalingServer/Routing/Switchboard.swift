@@ -258,6 +258,7 @@ final class Switchboard: Sendable {
         recordHold(since: start, owner: owner)
         return result
     }
+
     /// Runs the steps an operation handed on (`ShardStep`), each in a hold of its user's
     /// shard (consecutive steps of one shard may share one, `drive`), and those they hand
     /// on in turn: never two shards at once.
@@ -541,7 +542,7 @@ final class Switchboard: Sendable {
             board.evictsBodies = evictsBodies
             board.load(parts[index], now: now)
             // Loading changes nothing the store does not already hold.
-            assert(board.takeCommitUnit() == nil, "the start-up load made store changes")
+            assert(!board.hasCommitUnit, "the start-up load made store changes")
         }
     }
 

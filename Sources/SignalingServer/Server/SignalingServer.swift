@@ -234,10 +234,7 @@ public final class SignalingServer: Sendable {
         let threads = loops.map { loop in JoinableThread(name: "vs-loop-\(loop.index)") { loop.run() } }
         // Each loop claims its shard as its thread starts: until then another thread's hold
         // (an admin call, a test) would take the shard's fallback lock. Microseconds.
-        let claimDeadline = SystemClock().now() + .seconds(10)
-        while !loops.allSatisfy({ $0.runsOwned || $0.finished.load(ordering: .acquiring) }), SystemClock().now() < claimDeadline {
-            usleep(100)
-        }
+        _ = Self.poll(every: 100, for: .seconds(10)) { loops.allSatisfy { $0.runsOwned || $0.finished.load(ordering: .acquiring) } }
         state.withLock {
             $0.cpuLatencyRequest = cpuLatencyRequest
             $0.loops = loops
@@ -784,11 +781,19 @@ public final class SignalingServer: Sendable {
     public func awaitTicks(_ count: Int = 2, timeout: Duration = .seconds(10)) -> Bool {
         let loops = state.withLock { $0.loops }
         let start = loops.map { $0.ticks.load(ordering: .acquiring) }
-        let deadline = SystemClock().now() + timeout
-        while SystemClock().now() < deadline {
-            if zip(loops, start).allSatisfy({ $0.finished.load(ordering: .acquiring) || $0.ticks.load(ordering: .acquiring) >= $1 + count }) { return true }
-            usleep(1_000)
+        return Self.poll(every: 1_000, for: timeout) {
+            zip(loops, start).allSatisfy { $0.finished.load(ordering: .acquiring) || $0.ticks.load(ordering: .acquiring) >= $1 + count }
         }
-        return false
+    }
+
+    /// Checks `condition` every `microseconds` until it holds (true) or `timeout` has passed
+    /// (false): for waits on the loops' threads, which signal nothing else to wait on.
+    private static func poll(every microseconds: UInt32, for timeout: Duration, until condition: () -> Bool) -> Bool {
+        let deadline = SystemClock().now() + timeout
+        while true {
+            if condition() { return true }
+            guard SystemClock().now() < deadline else { return false }
+            usleep(microseconds)
+        }
     }
 }
