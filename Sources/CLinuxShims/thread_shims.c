@@ -1,10 +1,13 @@
 #define _GNU_SOURCE
 #include "thread_shims.h"
 #include <errno.h>
+#include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 void shim_name_thread(unsigned long thread, const char *name) {
@@ -68,6 +71,21 @@ int shim_thread_is_idle(unsigned long thread) {
     int policy = 0;
     if (pthread_getschedparam((pthread_t)thread, &policy, &param) != 0) return -1;
     return policy == SCHED_IDLE ? 1 : 0;
+}
+
+int shim_current_thread_id(void) {
+    return (int)syscall(SYS_gettid);
+}
+
+int shim_set_thread_nice(int tid, int nice) {
+    return setpriority(PRIO_PROCESS, (id_t)tid, nice) == 0 ? 0 : errno;
+}
+
+int shim_thread_nice(int tid) {
+    // -1 is a valid nice value: errno tells an error apart.
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, (id_t)tid);
+    return (nice == -1 && errno != 0) ? INT_MIN : nice;
 }
 
 static void *try_idle_and_back(void *result) {

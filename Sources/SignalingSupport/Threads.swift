@@ -1,7 +1,16 @@
 import CLinuxShims
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
+
+/// Where a thread stands in the kernel's scheduler, as far as this server moves it.
+public enum SchedulingPriority: Equatable, Sendable {
+    /// `SCHED_IDLE`: CPU time no thread of another policy wants; a waking one preempts it.
+    case idle
+    /// `SCHED_OTHER` at this nice value (-20...19; 0 is the default, 19 the lightest).
+    case normal(nice: Int32)
+}
 
 /// A joinable POSIX thread running `body`. The server's event loops and store writer run on
 /// threads of their own (not Dispatch or Swift concurrency): each blocks in a system call
@@ -10,6 +19,13 @@ public struct JoinableThread: @unchecked Sendable {
     private let handle: pthread_t
     /// The name given at start (nil: none).
     public let name: String?
+    /// The thread's kernel id, written by the thread itself before `body` runs, which `init`
+    /// waits for: what the nice value is set by (`setPriority`).
+    private let kernelID: KernelID
+
+    private final class KernelID: Sendable {
+        let value = Atomic<Int32>(0)
+    }
 
     /// Starts the thread, named `name` when given (what `top -H` shows: at most 15
     /// bytes); crashes if the system cannot create one (nothing sensible to do). The name
@@ -18,18 +34,27 @@ public struct JoinableThread: @unchecked Sendable {
     public init(name: String? = nil, _ body: @escaping @Sendable () -> Void) {
         final class Box {
             let body: @Sendable () -> Void
-            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+            let kernelID: KernelID
+            init(_ body: @escaping @Sendable () -> Void, _ kernelID: KernelID) { self.body = body; self.kernelID = kernelID }
         }
+        let kernelID = KernelID()
         var handle = pthread_t()
-        let box = Unmanaged.passRetained(Box(body)).toOpaque()
+        let box = Unmanaged.passRetained(Box(body, kernelID)).toOpaque()
         let rc = pthread_create(&handle, nil, { argument in
-            Unmanaged<Box>.fromOpaque(argument!).takeRetainedValue().body()
+            let box = Unmanaged<Box>.fromOpaque(argument!).takeRetainedValue()
+            box.kernelID.value.store(shim_current_thread_id(), ordering: .releasing)
+            box.body()
             return nil
         }, box)
         precondition(rc == 0, "pthread_create failed: \(rc)")
+        // The kernel id exists only once the thread runs, and glibc gives no other way to
+        // it: wait that moment (microseconds, once per thread) so that `setPriority` works
+        // from the first call.
+        while kernelID.value.load(ordering: .acquiring) == 0 { sched_yield() }
         if let name { shim_name_thread(UInt(handle), name) }
         self.handle = handle
         self.name = name
+        self.kernelID = kernelID
     }
 
     /// Restricts the thread to the CPUs `cpus` (one CPU pins it). Returns 0 or the error
@@ -46,11 +71,33 @@ public struct JoinableThread: @unchecked Sendable {
     }
 
     /// Moves the thread to the idle scheduling policy (`SCHED_IDLE`: it runs only on CPU
-    /// time no other thread wants) or back to the normal one. Returns 0 or the error number
-    /// (EPERM: coming back needs CAP_SYS_NICE or an RLIMIT_NICE of at least 20, so ask
-    /// `mayRestoreFromIdle` before sending a thread there). One system call.
-    public func setIdlePriority(_ idle: Bool) -> Int32 {
-        shim_set_thread_idle(UInt(handle), idle ? 1 : 0)
+    /// time no other thread wants) or to the normal one at a nice value. Returns 0 or the
+    /// error number (EPERM: leaving the idle policy, or lowering the nice value, needs
+    /// CAP_SYS_NICE or an RLIMIT_NICE of at least 20, so ask `mayRestoreFromIdle` before
+    /// sending a thread there; ESRCH: the thread has ended). One
+    /// system call for `.idle`, two for `.normal`.
+    public func setPriority(_ priority: SchedulingPriority) -> Int32 {
+        switch priority {
+        case .idle:
+            return shim_set_thread_idle(UInt(handle), 1)
+        case .normal(let nice):
+            // The nice value first: set while still idle it takes effect with the policy, so
+            // the thread never runs at the normal policy with its old weight.
+            let error = shim_set_thread_nice(kernelID.value.load(ordering: .acquiring), nice)
+            guard error == 0 else { return error }
+            return shim_set_thread_idle(UInt(handle), 0)
+        }
+    }
+
+    /// The thread's policy and nice value now (nil: they cannot be read, the thread is gone).
+    public var priority: SchedulingPriority? {
+        switch shim_thread_is_idle(UInt(handle)) {
+        case 1: return .idle
+        case 0:
+            let nice = shim_thread_nice(kernelID.value.load(ordering: .acquiring))
+            return nice == Int32.min ? nil : .normal(nice: nice)
+        default: return nil
+        }
     }
 
     /// Whether the thread runs at the idle policy now (nil: it cannot be read, the thread is gone).

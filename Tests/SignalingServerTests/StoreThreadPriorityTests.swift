@@ -9,19 +9,20 @@ import Glibc
 #endif
 
 /// `--store-thread-priority auto`: the store's threads at the idle scheduling policy while
-/// the writer keeps up, raised to the normal one by loop 0 as soon as work has waited
-/// 50 ms, lowered again after a second of keeping up.
+/// the writer keeps up, raised by loop 0 to the normal policy at nice 19 as soon as work has
+/// waited 50 ms and at their own nice value once it has waited 250 ms, lowered again after a
+/// second of keeping up.
 @Suite("The store's threads at idle priority, raised while the writer falls behind")
 struct StoreThreadPriorityTests {
     let start = Instant(nanoseconds: 1_000_000_000)
 
-    @Test("work waiting 50 ms raises the threads once; they go back to idle only after a whole second of keeping up")
+    @Test("work waiting 50 ms raises the threads once to nice 19; they go back to idle only after a whole second of keeping up")
     func transitions() {
         var priority = StoreThreadPriority()
         #expect(priority.observe(now: start, waited: .milliseconds(49)) == nil)
-        #expect(priority.observe(now: start + .milliseconds(250), waited: .milliseconds(50)) == .raise)
-        #expect(priority.raised)
-        #expect(priority.observe(now: start + .milliseconds(500), waited: .milliseconds(400)) == nil, "raised once, not at every tick")
+        #expect(priority.observe(now: start + .milliseconds(250), waited: .milliseconds(50)) == .raise(to: .nice19))
+        #expect(priority.level == .nice19)
+        #expect(priority.observe(now: start + .milliseconds(500), waited: .milliseconds(200)) == nil, "raised once, not at every tick")
         // Keeping up from 750 ms: not lowered before 1 s of it.
         #expect(priority.observe(now: start + .milliseconds(750), waited: .zero) == nil)
         #expect(priority.observe(now: start + .milliseconds(1_500), waited: .milliseconds(10)) == nil)
@@ -30,9 +31,22 @@ struct StoreThreadPriorityTests {
         #expect(priority.observe(now: start + .milliseconds(1_850), waited: .zero) == nil)
         #expect(priority.observe(now: start + .milliseconds(2_800), waited: .zero) == nil)
         #expect(priority.observe(now: start + .milliseconds(2_850), waited: .zero) == .lower)
-        #expect(!priority.raised)
+        #expect(priority.level == .idle && !priority.raised)
         #expect(priority.observe(now: start + .milliseconds(3_000), waited: .zero) == nil)
-        #expect(priority.observe(now: start + .milliseconds(3_250), waited: .seconds(2)) == .raise)
+    }
+
+    @Test("work still waiting at 250 ms raises the threads on to their own nice value; from idle, a wait that long goes there at once")
+    func farBehind() {
+        var priority = StoreThreadPriority()
+        #expect(priority.observe(now: start, waited: .milliseconds(60)) == .raise(to: .nice19))
+        #expect(priority.observe(now: start + .milliseconds(100), waited: .milliseconds(160)) == nil)
+        #expect(priority.observe(now: start + .milliseconds(190), waited: .milliseconds(250)) == .raise(to: .normal))
+        #expect(priority.level == .normal)
+        #expect(priority.observe(now: start + .milliseconds(440), waited: .milliseconds(500)) == nil, "raised once")
+        #expect(priority.observe(now: start + .milliseconds(500), waited: .milliseconds(60)) == nil, "never lowered to nice 19: only back to idle")
+        #expect(priority.observe(now: start + .milliseconds(600), waited: .zero) == nil)
+        #expect(priority.observe(now: start + .milliseconds(1_600), waited: .zero) == .lower)
+        #expect(priority.observe(now: start + .milliseconds(1_850), waited: .seconds(2)) == .raise(to: .normal))
     }
 
     @Test("auto is the default of the library and of voipserver; the option sets it and refuses anything else")
@@ -43,7 +57,7 @@ struct StoreThreadPriorityTests {
         #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--store-thread-priority", "idle"]) }
     }
 
-    @Test("a commit that hangs raises the writer's thread to the normal policy within two ticks; once it returns and a second passes, back to idle")
+    @Test("a commit that hangs raises the writer's thread to nice 19 at 50 ms and to its own nice value at 250 ms; once it returns and a second passes, back to idle")
     func hungCommitRaisesTheWriter() throws {
         let store = ModelEventStore()
         let server = try TestServer(workers: 1, store: store) { $0.storeThreadPriority = .auto }
@@ -61,10 +75,15 @@ struct StoreThreadPriorityTests {
         store.closeGate()
         try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
         try server.waitFor("the commit to hang") { _ in store.appliesWaitingAtGate == 1 }
+        let own = nice(0)  // what the test process runs at: the store's threads inherited it
         try server.advance(by: .milliseconds(30))
-        #expect(server.server.storeThreadsAtIdlePriority == [true], "30 ms of waiting is not behind")
+        #expect(server.server.storeThreadPriorities == [.idle], "30 ms of waiting is not behind")
         try server.advance(by: .milliseconds(30))
-        #expect(server.server.storeThreadsAtIdlePriority == [false], "raised once work has waited 50 ms")
+        #expect(server.server.storeThreadPriorities == [.normal(nice: max(own, 19))], "raised to nice 19 once work has waited 50 ms")
+        try server.advance(by: .milliseconds(100))
+        #expect(server.server.storeThreadPriorities == [.normal(nice: max(own, 19))], "160 ms: still nice 19")
+        try server.advance(by: .milliseconds(100))
+        #expect(server.server.storeThreadPriorities == [.normal(nice: own)], "260 ms: raised to the nice value it started with")
 
         store.openGate()
         #expect(try alice.reply(to: 1).isOK)
@@ -73,11 +92,11 @@ struct StoreThreadPriorityTests {
         // same time, between the OK and this move, may see it first).
         try server.advance(by: .milliseconds(10))
         try server.advance(by: .milliseconds(900))
-        #expect(server.server.storeThreadsAtIdlePriority == [false], "0.9 s of keeping up is not enough")
+        #expect(server.server.storeThreadPriorities == [.normal(nice: own)], "0.9 s of keeping up is not enough")
         try server.advance(by: .milliseconds(110))
-        #expect(server.server.storeThreadsAtIdlePriority == [true], "back to idle after a second of keeping up")
+        #expect(server.server.storeThreadPriorities == [.idle], "back to idle after a second of keeping up")
         let metrics = server.server.storeThreadPriorityCounts
-        #expect(metrics.raises == 1 && metrics.idle)
+        #expect(metrics.raises == 1 && metrics.raisesToNormal == 1 && metrics.idle)
     }
 
     @Test("a message waiting 50 ms for its commit raises the writer at loop 0's next callback, not only at its next tick")

@@ -32,12 +32,25 @@ int shim_configured_cpus(void);
 
 /// Moves `thread` to the SCHED_IDLE policy (`idle` 1: it runs only on CPU time that no
 /// thread of a normal policy wants, and a waking normal thread preempts it at once) or
-/// back to SCHED_OTHER at nice 0 (`idle` 0). Returns 0 or the error number (EPERM:
-/// leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE of at least 20).
+/// back to SCHED_OTHER at the thread's nice value (`idle` 0). Returns 0 or the error number
+/// (EPERM: leaving SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE of at least 20 - nice).
 int shim_set_thread_idle(unsigned long thread, int idle);
 
 /// 1 when `thread` runs at SCHED_IDLE, 0 when it does not, -1 when it cannot be read.
 int shim_thread_is_idle(unsigned long thread);
+
+/// The calling thread's kernel id (gettid): what `setpriority` and /proc/self/task name a
+/// thread by.
+int shim_current_thread_id(void);
+
+/// Sets the nice value of the thread with kernel id `tid`: the weight it gets under
+/// SCHED_OTHER (19 is the lightest, about 1.5 % of a CPU against one busy thread at nice 0).
+/// Returns 0 or the error number (EPERM/EACCES: lowering it needs CAP_SYS_NICE or an
+/// RLIMIT_NICE of at least 20 - `nice`; ESRCH: no such thread).
+int shim_set_thread_nice(int tid, int nice);
+
+/// The nice value of the thread with kernel id `tid`, or INT_MIN when it cannot be read.
+int shim_thread_nice(int tid);
 
 /// 1 when this process may move a thread to SCHED_IDLE and back again, 0 when not: tried
 /// on a short-lived thread of its own, since a thread that could not come back would be

@@ -174,10 +174,11 @@ extension AdminAPI {
             out.sample("voipserver_store_commits_total", ["result": "ok"], writer.commits.load(ordering: .relaxed))
             out.sample("voipserver_store_commits_total", ["result": "failed"], writer.failedCommits.load(ordering: .relaxed))
             out.histogram("voipserver_store_commit_seconds", "Time one store commit took (committed or failed).", writer.commitLatency.snapshot())
-            out.family("voipserver_store_threads_idle_priority", .gauge, "1 while the store writer and the store's own threads run at the idle scheduling policy (--store-thread-priority auto), 0 while at the normal one.")
+            out.family("voipserver_store_threads_idle_priority", .gauge, "1 while the store writer and the store's own threads run at the idle scheduling policy (--store-thread-priority auto), 0 while at the normal one (raised, at nice 19 or their own nice value).")
             out.sample("voipserver_store_threads_idle_priority", [:], writer.threadsAtIdlePriority.load(ordering: .relaxed) ? 1 : 0)
-            out.family("voipserver_store_thread_raises_total", .counter, "Times the store's threads were raised from the idle to the normal policy because the writer had kept work waiting for 50 ms.")
-            out.sample("voipserver_store_thread_raises_total", [:], writer.threadPriorityRaises.load(ordering: .relaxed))
+            out.family("voipserver_store_thread_raises_total", .counter, "Times the store's threads were raised because the writer had kept work waiting: to the normal policy at nice 19 (50 ms), or at their own nice value (250 ms).")
+            out.sample("voipserver_store_thread_raises_total", ["to": "nice19"], writer.threadPriorityRaises.load(ordering: .relaxed))
+            out.sample("voipserver_store_thread_raises_total", ["to": "normal"], writer.threadPriorityRaisesToNormal.load(ordering: .relaxed))
         }
         if let push = pushGateway?.statistics {
             out.family("voipserver_wakeups_total", .counter, "Push wake-ups by outcome (docs/PUSH.md).")

@@ -328,9 +328,13 @@ public final class SignalingServer: Sendable {
 
     /// What `/metrics` says of the store's threads' policy: at idle now, and how many times
     /// loop 0 raised them (tests).
-    var storeThreadPriorityCounts: (idle: Bool, raises: Int) {
-        (writer?.threadsAtIdlePriority.load(ordering: .relaxed) ?? false, writer?.threadPriorityRaises.load(ordering: .relaxed) ?? 0)
+    var storeThreadPriorityCounts: (idle: Bool, raises: Int, raisesToNormal: Int) {
+        (writer?.threadsAtIdlePriority.load(ordering: .relaxed) ?? false, writer?.threadPriorityRaises.load(ordering: .relaxed) ?? 0,
+         writer?.threadPriorityRaisesToNormal.load(ordering: .relaxed) ?? 0)
     }
+
+    /// The store's threads' policies and nice values now, read from the kernel (tests).
+    var storeThreadPriorities: [SchedulingPriority?] { writer?.threads.map(\.priority) ?? [] }
 
     /// The CPUs each loop thread may run on now, read from the kernel (tests).
     var loopThreadCPUs: [[Int]] { state.withLock { $0.threads }.map(\.allowedCPUs) }

@@ -3,16 +3,17 @@ import SignalingSupport
 /// `--store-thread-priority`: whether the store's threads give way to the event loops.
 public enum StoreThreadPriorityMode: String, Sendable, CaseIterable {
     /// With a store, its writer and its own threads (the WAL checkpointer) run at the idle
-    /// scheduling policy while they keep up and at the normal one while they fall behind
-    /// (`StoreThreadPriority`), when the process may raise them back (CAP_SYS_NICE or an
+    /// scheduling policy while they keep up and are raised in two steps (nice 19, then their
+    /// own nice value) while they fall behind (`StoreThreadPriority`), when the process may raise them back (CAP_SYS_NICE or an
     /// RLIMIT_NICE of at least 20, checked at start); otherwise as with `normal`.
     case auto
     /// The normal policy, like every other thread.
     case normal
 }
 
-/// The store's threads at the idle policy while they keep up, raised to the normal one
-/// while they fall behind: loop 0 decides at each tick (`observe`), the one owner.
+/// The store's threads at the idle policy while they keep up, raised while they fall
+/// behind: first to the normal policy at nice 19, then, if that is not enough, to the
+/// normal policy at their own nice value. Loop 0 decides (`observe`), the one owner.
 ///
 /// Why: with a durable store every message costs the store writer tens of µs of CPU (its
 /// share of a group commit) on the cores the loops use. At the normal policy a writer
@@ -28,17 +29,40 @@ public enum StoreThreadPriorityMode: String, Sendable, CaseIterable {
 /// writer with it; measured, a commit stuck for 1.1 s while builds used both CPUs of this
 /// host, and with it the OKs, and the events beyond each device's reserved numbers. So
 /// loop 0 watches how long the writer has kept work waiting (`waited`: the oldest message
-/// waiting for its commit, the commit under way, arrivals no pass has taken): from
-/// `behindAfter` the threads run at the normal policy, as without this, until the writer
-/// has kept up for `lowerAfter`. Raising a thread from `SCHED_IDLE` needs CAP_SYS_NICE or an
-/// RLIMIT_NICE of at least 20 (root has both; systemd: `LimitNICE=20`), so `auto` lowers
-/// the threads only when the process may raise them again.
+/// waiting for its commit, the commit under way, arrivals no pass has taken).
+///
+/// Why two steps: a busy closed loop on two CPUs starves an idle-policy writer for 50 ms
+/// several times a minute, though the CPUs are not saturated. Raised straight to the
+/// normal policy at nice 0, the writer then ran each group commit (200-400 µs) to the end
+/// of its slice while a woken loop waited: one message in ten waited that long, for the
+/// second the threads stayed raised (`perf sched timehist`, docs/LOAD-TESTING.md). At nice
+/// 19 the writer is guaranteed CPU (about 1.5 % of a CPU against each busy thread, all it
+/// wants when the CPUs have any slack) and still weighs so little that a woken loop gets
+/// the CPU within tens of µs. Only a writer that stays behind at nice 19 for
+/// `farBehindAfter` (the CPUs truly saturated) competes as an equal.
+///
+/// Raising a thread from `SCHED_IDLE`, or lowering its nice value, needs CAP_SYS_NICE or an
+/// RLIMIT_NICE of at least 20 (root has both; systemd: `LimitNICE=20`), so `auto` lowers the
+/// threads only when the process may raise them again.
 ///
 /// A transition returns what to do, the caller does it (`StoreWriter.superviseCommits`).
 struct StoreThreadPriority: Equatable, Sendable {
+    /// Where the threads stand, from the lightest to the heaviest.
+    enum Level: Int, Comparable, Sendable {
+        /// `SCHED_IDLE`: while the writer keeps up.
+        case idle
+        /// The normal policy at nice 19: behind for `behindAfter`.
+        case nice19
+        /// The normal policy at the threads' own nice value: behind for `farBehindAfter`.
+        case normal
+
+        static func < (a: Level, b: Level) -> Bool { a.rawValue < b.rawValue }
+    }
+
+    /// What to do with the threads: move them to this level (`raise`, `lower`).
     enum Action: Equatable, Sendable {
-        /// Move the threads to the normal policy: the writer fell behind.
-        case raise
+        /// Move the threads up to this level: the writer fell behind.
+        case raise(to: Level)
         /// Move them back to the idle policy: it has kept up for `lowerAfter`.
         case lower
     }
@@ -47,22 +71,30 @@ struct StoreThreadPriority: Equatable, Sendable {
     /// (a gathering of `--commit-interval`, the write, an fsync); a slow disk that makes it
     /// longer only raises the threads, which costs nothing but the tail this is for.
     static let behindAfter: Duration = .milliseconds(50)
+    /// Work waiting this long means nice 19 is not enough either: the CPUs are saturated
+    /// and the writer must compete as an equal (a tick of 250 ms after the first raise at
+    /// most, by default).
+    static let farBehindAfter: Duration = .milliseconds(250)
     /// How long the writer must keep up before its threads go back to idle: transitions
     /// at most about once a second however the load swings.
     static let lowerAfter: Duration = .seconds(1)
 
-    /// The threads run at the normal policy now.
-    private(set) var raised = false
+    /// Where the threads are now.
+    private(set) var level = Level.idle
     /// Since when every observation has found the writer keeping up (while raised).
     private var keptUpSince: Instant?
 
-    /// Loop 0's tick: how long the writer has kept work waiting, at `now`.
+    /// The threads run above the idle policy now.
+    var raised: Bool { level != .idle }
+
+    /// Loop 0's tick or callback: how long the writer has kept work waiting, at `now`.
     mutating func observe(now: Instant, waited: Duration) -> Action? {
         if waited >= Self.behindAfter {
             keptUpSince = nil
-            guard !raised else { return nil }
-            raised = true
-            return .raise
+            let wanted: Level = waited >= Self.farBehindAfter ? .normal : .nice19
+            guard wanted > level else { return nil }
+            level = wanted
+            return .raise(to: wanted)
         }
         guard raised else { return nil }
         guard let since = keptUpSince else {
@@ -70,7 +102,7 @@ struct StoreThreadPriority: Equatable, Sendable {
             return nil
         }
         guard now - since >= Self.lowerAfter else { return nil }
-        raised = false
+        level = .idle
         keptUpSince = nil
         return .lower
     }

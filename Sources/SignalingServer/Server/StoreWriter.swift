@@ -279,13 +279,16 @@ final class StoreWriter: @unchecked Sendable {
     /// normal` or not permitted), the threads it moves, and since which tick arrivals have
     /// waited with no pass taking any (`untaken`).
     private var threadPriority: StoreThreadPriority?
-    private var priorityThreads: [JoinableThread] = []
+    /// The threads it moves, each with the nice value it had before (what `.normal` restores).
+    private var priorityThreads: [(thread: JoinableThread, nice: Int32)] = []
     private var untaken: (passes: UInt64, since: Instant?) = (0, nil)
     /// The store's threads run at the idle policy now (`/metrics`; written by loop 0, or
     /// by the starting thread before the loops run).
     let threadsAtIdlePriority = Atomic<Bool>(false)
-    /// How many times loop 0 raised them because the writer fell behind (`/metrics`).
+    /// How many times loop 0 raised them because the writer fell behind: to nice 19, and to
+    /// the normal policy at their own nice value (from either idle or nice 19) (`/metrics`).
     let threadPriorityRaises = Atomic<Int>(0)
+    let threadPriorityRaisesToNormal = Atomic<Int>(0)
     private let wakeFD: Int32
     private let stopping = Atomic<Bool>(false)
     private let healthy = Atomic<Bool>(true)
@@ -384,11 +387,17 @@ final class StoreWriter: @unchecked Sendable {
         guard JoinableThread.mayRestoreFromIdle else {
             return "this process may not raise a thread back from the idle policy (needs CAP_SYS_NICE or an RLIMIT_NICE of at least 20)"
         }
-        let threads = self.threads
-        for (index, thread) in threads.enumerated() {
-            let error = thread.setIdlePriority(true)
+        var threads: [(thread: JoinableThread, nice: Int32)] = []
+        for thread in self.threads {
+            guard case .normal(let nice)? = thread.priority else {
+                return "the store's threads' nice values could not be read"
+            }
+            threads.append((thread, nice))
+        }
+        for (index, entry) in threads.enumerated() {
+            let error = entry.thread.setPriority(.idle)
             guard error == 0 else {
-                for moved in threads[..<index] { _ = moved.setIdlePriority(false) }
+                for moved in threads[..<index] { _ = moved.thread.setPriority(.normal(nice: moved.nice)) }
                 return SystemError("pthread_setschedparam", error).reason
             }
         }
@@ -419,11 +428,26 @@ final class StoreWriter: @unchecked Sendable {
         }
         let action = priority.observe(now: now, waited: waited)
         threadPriority = priority
-        guard let action else { return }
-        for thread in priorityThreads { _ = thread.setIdlePriority(action == .lower) }
-        threadsAtIdlePriority.store(action == .lower, ordering: .relaxed)
-        if action == .raise { threadPriorityRaises.add(1, ordering: .relaxed) }
-        context.logger.debug(action == .raise ? "store_threads_raised" : "store_threads_lowered", ["waited_ms": waited.milliseconds])
+        switch action {
+        case nil:
+            return
+        case .lower:
+            for entry in priorityThreads { _ = entry.thread.setPriority(.idle) }
+            threadsAtIdlePriority.store(true, ordering: .relaxed)
+            context.logger.debug("store_threads_lowered", ["waited_ms": waited.milliseconds])
+        case .raise(let level):
+            for entry in priorityThreads {
+                // A thread already lighter than nice 19 (the whole server run at nice 19) keeps its own.
+                _ = entry.thread.setPriority(.normal(nice: level == .normal ? entry.nice : max(entry.nice, 19)))
+            }
+            threadsAtIdlePriority.store(false, ordering: .relaxed)
+            if level == .normal {
+                threadPriorityRaisesToNormal.add(1, ordering: .relaxed)
+            } else {
+                threadPriorityRaises.add(1, ordering: .relaxed)
+            }
+            context.logger.debug("store_threads_raised", ["waited_ms": waited.milliseconds, "to": level == .normal ? "normal" : "nice19"])
+        }
     }
 
     /// Commits what is queued, then stops the thread and closes the store.
@@ -917,7 +941,7 @@ final class StoreWriter: @unchecked Sendable {
         assertOnSupervisor()
         takeDeadlineArrivals()
         while let first = deadlines.first, first.isSettled { deadlines.pop() }
-        if let priority = threadPriority, !priority.raised {
+        if let priority = threadPriority, priority.level != .normal {
             superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: watch.running)
         }
     }
