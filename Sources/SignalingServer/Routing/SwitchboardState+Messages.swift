@@ -108,7 +108,9 @@ extension SwitchboardState {
     mutating func deferReply(of acceptance: MessageAcceptance, _ make: () -> DeferredReply) -> DeferredReply? {
         guard journaling, acceptance.event != nil || acceptance.handOff != nil else { return nil }
         let reply = make()
-        deferReply(reply, answers: acceptance.handOff == nil, queued: acceptance.event)
+        // Made here, so no other thread has it yet: its first part needs no queue.
+        if let event = acceptance.event { reply.addFirst(event, shard: shardMap.index) }
+        deferReply(reply, answers: acceptance.handOff == nil, queued: nil)
         // Copies in chunks: every later hold of them is a unit of this message too.
         acceptance.copies?.committedWith = reply
         return reply
