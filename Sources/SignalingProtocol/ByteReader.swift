@@ -97,10 +97,43 @@ public struct ByteReader {
     public mutating func identifier(_ what: String) throws(ProtocolViolation) -> String {
         let start = offset + 2
         let value = try text(what, minBytes: 1, maxBytes: ProtocolLimits.maxIdentifierBytes)
-        for byte in base[start..<offset] where byte < 0x20 || byte == 0x7F {
+        if Self.hasControlCharacter(UnsafeRawBufferPointer(rebasing: base[start..<offset])) {
             throw ProtocolViolation(.invalidField, "\(what) contains a control character")
         }
         return value
+    }
+
+    /// Whether any byte is a control character (below 0x20, or 0x7F), eight at a time as
+    /// `isASCII` does: byte by byte, with a slice's bounds checks, this cost about 15
+    /// instructions a byte, two identifiers a message (callgrind, issue 16).
+    ///
+    /// Per word: `(w - 0x20 in every byte) & ~w & 0x80 in every byte` is non-zero exactly
+    /// when some byte is below 0x20 (a byte of 0x20 or more borrows nothing from the one
+    /// above it, and `~w` leaves bytes of 0x80 and more out), and the same test for
+    /// "below 1" on `w ^ 0x7F…` finds a byte of 0x7F. A tail shorter than a word is
+    /// checked as the last eight bytes, overlapping the word before.
+    static func hasControlCharacter(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        let count = bytes.count
+        guard count >= 8 else {
+            for byte in bytes where byte < 0x20 || byte == 0x7F { return true }
+            return false
+        }
+        var index = 0
+        while index + 8 <= count {
+            if hasControlCharacter(word: bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)) { return true }
+            index += 8
+        }
+        return index < count && hasControlCharacter(word: bytes.loadUnaligned(fromByteOffset: count - 8, as: UInt64.self))
+    }
+
+    @inline(__always)
+    private static func hasControlCharacter(word: UInt64) -> Bool {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let highBits: UInt64 = 0x8080_8080_8080_8080
+        let belowSpace = (word &- ones &* 0x20) & ~word & highBits
+        let delete = word ^ (ones &* 0x7F)
+        let isDelete = (delete &- ones) & ~delete & highBits
+        return belowSpace | isDelete != 0
     }
 
     /// A `blob` field of at most `maxBytes` bytes.

@@ -94,6 +94,30 @@ struct FrameDecoderErrorTests {
         #expect(violation(frame(0x01, control.bytes))?.code == .invalidField)
     }
 
+    @Test("an identifier's control characters are found word by word exactly as byte by byte: every byte value at every place, in identifiers of 1 to 24 bytes")
+    func controlCharactersEveryPlace() {
+        for length in 1...24 {
+            for place in 0..<length {
+                for value in 0...255 {
+                    var bytes = [UInt8](repeating: UInt8(ascii: "a"), count: length)
+                    bytes[place] = UInt8(value)
+                    // Neighbours that a borrow could reach: a byte just above the range
+                    // and one with the high bit set.
+                    if place + 1 < length { bytes[place + 1] = 0x20 }
+                    if place > 0 { bytes[place - 1] = 0x80 }
+                    let expected = bytes.contains { $0 < 0x20 || $0 == 0x7F }
+                    let found = bytes.withUnsafeBytes { ByteReader.hasControlCharacter($0) }
+                    #expect(found == expected, "\(bytes)")
+                }
+            }
+        }
+        // A whole identifier through the decoder: DEL at the end of a word's tail.
+        var delete = ByteWriter()
+        delete.raw(Array("VSIG".utf8)); delete.u16(1); delete.u8(0); delete.u32(0)
+        delete.text("abcdefghij\u{7F}"); delete.text("d")
+        #expect(violation(frame(0x01, delete.bytes))?.code == .invalidField)
+    }
+
     @Test("text that is not UTF-8 is malformed")
     func invalidUTF8() {
         var w = ByteWriter()

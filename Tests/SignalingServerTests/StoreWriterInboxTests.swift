@@ -27,10 +27,14 @@ struct StoreWriterInboxTests {
         writer.start()
 
         // One device per producer; `lastSeen` numbers its units (an upsert is never
-        // compacted away, so every unit leaves its change in the store's log).
+        // compacted away, so every unit leaves its change in the store's log). Halfway, each
+        // producer waits until the writer has committed something: so the writer takes
+        // between pushes of every producer however the threads are scheduled (the first
+        // commit holds first halves only, and every second half needs a later one).
         let threads = (0..<producers).map { producer in
             JoinableThread {
                 for number in 1...unitsEach {
+                    if number == unitsEach / 2 + 1 { _ = eventually { writer.commits.load(ordering: .relaxed) > 0 } }
                     var unit = CommitUnit()
                     unit.changes = [.upsertDevice(
                         user: "producer-\(producer)", device: "d1", sessionID: SessionID(high: 1, low: 1),
@@ -53,7 +57,7 @@ struct StoreWriterInboxTests {
             let outOfOrder = numbers.indices.first { numbers[$0] != UInt64($0 + 1) }
             #expect(outOfOrder == nil, "producer \(producer)'s units out of order from its unit \(outOfOrder ?? 0) on")
         }
-        #expect(writer.commits.load(ordering: .relaxed) > 1, "one commit only: the writer never took while the producers pushed")
+        #expect(writer.commits.load(ordering: .relaxed) > 1, "one commit only: the writer never took between the producers' pushes")
     }
 
     @Test("messages sent on both loops while the writer is blocked in a write: loop 0 refuses both at the store timeout, and the store serves again once the write returns")

@@ -82,7 +82,7 @@ extension SwitchboardState {
     ///
     /// Costs nothing per target on the usual path (a fan-out checks every device): a queue
     /// shorter than the share cannot hold a share's worth from anyone.
-    func checkSenderShare(_ sender: String, recipient: String, devices: [DeviceRecord]) -> RequestError? {
+    func checkSenderShare(_ sender: String, recipient: String, devices: some Sequence<DeviceRecord>) -> RequestError? {
         let limit = configuration.maxPendingPerSender
         func full(_ queue: ShareQueue) -> Bool {
             (pendingBySender[SenderShareKey(queue: queue, sender: sender)] ?? 0) >= limit
@@ -90,14 +90,18 @@ extension SwitchboardState {
         func refusal(_ which: String) -> RequestError {
             RequestError(.senderQuotaExceeded, "\(sender) already has \(limit) unacknowledged messages waiting for \(recipient)\(which); retry later")
         }
-        if devices.isEmpty {
-            let held = activities[recipient]?.held.count ?? 0
-            return held >= limit && full(.held(recipient)) ? refusal("") : nil
-        }
         // Only a queue at least `limit` long can hold that many from one sender; it is
         // tracked (`shareFloor` is at most `limit`).
-        for device in devices where device.queue.count >= limit && full(.device(ObjectIdentifier(device))) {
-            return refusal(" (device \(device.deviceID))")
+        var hasDevices = false
+        for device in devices {
+            hasDevices = true
+            if device.queue.count >= limit && full(.device(ObjectIdentifier(device))) {
+                return refusal(" (device \(device.deviceID))")
+            }
+        }
+        if !hasDevices {
+            let held = activities[recipient]?.held.count ?? 0
+            return held >= limit && full(.held(recipient)) ? refusal("") : nil
         }
         return nil
     }

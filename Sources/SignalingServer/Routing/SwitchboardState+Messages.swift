@@ -86,7 +86,7 @@ extension SwitchboardState {
                 serverTime: delivered.serverTime, event: undecided.copy, handOff: .deliverMessage(delivered)))
         }
         let holdForUser = recipient.devices.first == nil
-        let targets = recipient.devices.filter { $0 !== sendingDevice }
+        let targets = recipient.devices.skipping(sendingDevice)
         if let refusal = refusalToQueue(delivered, targets: targets, copies: copies, holdForUser: holdForUser) {
             return .failure(refusal)
         }
@@ -108,7 +108,9 @@ extension SwitchboardState {
     mutating func deferReply(of acceptance: MessageAcceptance, _ make: () -> DeferredReply) -> DeferredReply? {
         guard journaling, acceptance.event != nil || acceptance.handOff != nil else { return nil }
         let reply = make()
-        deferReply(reply, answers: acceptance.handOff == nil, queued: acceptance.event)
+        // Made here, so no other thread has it yet: its first part needs no queue.
+        if let event = acceptance.event { reply.addFirst(event, shard: shardMap.index) }
+        deferReply(reply, answers: acceptance.handOff == nil, queued: nil)
         // Copies in chunks: every later hold of them is a unit of this message too.
         acceptance.copies?.committedWith = reply
         return reply
@@ -204,7 +206,7 @@ extension SwitchboardState {
     /// `holdForUser`) now; nil if it can. Checks a full queue first (the recipient's
     /// state), then the sender's share of it.
     private mutating func refusalToQueue(
-        _ message: DeliveredMessage, targets: [DeviceRecord], copies: [DeviceRecord], holdForUser: Bool
+        _ message: DeliveredMessage, targets: some Sequence<DeviceRecord>, copies: [DeviceRecord], holdForUser: Bool
     ) -> RequestError? {
         // All or nothing: a message is either queued to every target or refused. (Two
         // walks, not one of `targets + copies`: no array made per message.)
@@ -238,7 +240,9 @@ extension SwitchboardState {
 
     /// Queues `event` to the recipient's `targets`, or holds it for the recipient, which
     /// has no device (`holdForUser`).
-    private mutating func queue(_ event: QueuedEvent, for recipient: String, targets: [DeviceRecord], holdForUser: Bool, now: Instant) {
+    private mutating func queue(
+        _ event: QueuedEvent, for recipient: String, targets: some Sequence<DeviceRecord>, holdForUser: Bool, now: Instant
+    ) {
         if holdForUser {
             hold(event, for: recipient, now: now)
         } else {

@@ -34,7 +34,8 @@ import Glibc
 // writer sets at each commit's start and end and loop 0 reads at each tick (it replaced the
 // `progress` lock, `store_progress`).
 // A `DeferredReply`'s parts (`eventsByShard`) are no lock: a lock-free queue pushed to by
-// the holds of one message's steps and closed by the thread that settles it. The writer
+// the holds of one message's steps and closed by the thread that settles it (the first
+// part, recorded before the reply is shared, is a plain field that only that thread takes). The writer
 // holds a shard only with no lock of its own held (under the shard's fallback lock: when
 // no loop owns the shard, or its loop stopped).
 
@@ -74,6 +75,13 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     /// message's steps and its settler never wait for each other (the `Mutex` that was here
     /// had holds of up to 68 µs: a holder preempted on a busy host).
     private let eventsByShard = MPSCQueue<Part>()
+    /// The part queued by the hold that made the reply (`addFirst`), before any other thread
+    /// could see it: most messages have no other part, and a queue node for it cost an
+    /// allocation on the loop and a free on the settling thread (callgrind, issue 16).
+    /// Written only then, by that hold; read and cleared only by the thread that settled
+    /// the reply (`takeParts`), which got the reply through the writer's or loop 0's queue
+    /// (an acquiring take of what the hold published with a release).
+    private var firstPart: Part?
 
     /// One of the message's events and the shard holding it.
     struct Part {
@@ -107,6 +115,14 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
         eventsByShard.push(Part(shard: shard, event: event)) != .refused
     }
 
+    /// Records the event queued by the hold that made this reply, before the reply is
+    /// shared with any other thread (`SwitchboardState.deferReply(of:_:)`): nothing can
+    /// have settled it yet, so it needs neither the queue nor a refusal check.
+    func addFirst(_ event: QueuedEvent, shard: Int) {
+        precondition(firstPart == nil, "a reply's first part recorded twice")
+        firstPart = Part(shard: shard, event: event)
+    }
+
     /// The message's events, taken once by the thread that settled it (later calls take
     /// nothing), for its commit's release or its cancellation: closing the queue, so that a
     /// step that queues an event after this learns it from `add` and cancels it itself.
@@ -115,6 +131,12 @@ final class DeferredReply: CommitGroup, @unchecked Sendable {
     /// of (`MemoryLedger`) alive meanwhile.
     func takeParts() -> [Part] {
         var parts: [Part] = []
+        // Only the first call takes the first part (the queue is open until it closes it).
+        guard !eventsByShard.isClosed else { return parts }
+        if let first = firstPart {
+            parts.append(first)
+            firstPart = nil
+        }
         eventsByShard.close(appendingTo: &parts)
         return parts
     }
