@@ -299,16 +299,17 @@ final class EventLoop: @unchecked Sendable {
         } else if !ownedElsewhere(callback) {
             return  // Run in one of the loop's own callbacks, which did the rest.
         }
-        // After the callback (a system call).
+        // After the callback (a system call). The switchboard borrowed, as on every path a
+        // loop runs per callback or per event (`ServerContext.withSwitchboard`).
         if writerWakePending {
             writerWakePending = false
-            context.switchboard.writer?.wake()
+            context.withSwitchboard { $0.writer?.wake() }
         }
         // Loop 0 owns the store's deadline list: it lets go of the answered OKs as their
         // commits land (on its own thread only: tests and benchmarks run callbacks of a
         // loop from theirs).
-        if index == 0, let writer = context.switchboard.writer, shim_current_loop() == unmanagedSelf {
-            writer.dropSettledReplies(now: nowInstant)
+        if index == 0, shim_current_loop() == unmanagedSelf {
+            context.withSwitchboard { $0.writer?.dropSettledReplies(now: nowInstant) }
         }
     }
 
@@ -398,29 +399,31 @@ final class EventLoop: @unchecked Sendable {
     /// receipts with the acknowledgement. Returns the violation, if the ACK was one (the
     /// caller closes the connection).
     func acknowledge(_ device: DeviceRecord, connection ref: ConnectionRef, through seq: UInt64, wall: UInt64) -> ProtocolViolation? {
-        let switchboard = context.switchboard
-        let shard = switchboard.shard(of: device.userID, connectedOn: self)
-        let direct = switchboard.postsSteps(from: self)
-        var steps = AcknowledgementSteps(loop: self, wall: wall)
-        let (violation, next, group, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) {
-            board -> (ProtocolViolation?, [ShardStep], CommitGroup?, [SwitchboardEffect]) in
-            guard direct else {
-                let (violation, next) = board.ack(device, connection: ref, through: seq)
-                return (violation, next, board.group(for: next), board.takeEffects())
+        // Borrowed: a copy of the reference is a write to the count every loop shares.
+        context.withSwitchboard { switchboard in
+            let shard = switchboard.shard(of: device.userID, connectedOn: self)
+            let direct = switchboard.postsSteps(from: self)
+            var steps = AcknowledgementSteps(loop: self, wall: wall)
+            let (violation, next, group, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) {
+                board -> (ProtocolViolation?, [ShardStep], CommitGroup?, [SwitchboardEffect]) in
+                guard direct else {
+                    let (violation, next) = board.ack(device, connection: ref, through: seq)
+                    return (violation, next, board.group(for: next), board.takeEffects())
+                }
+                let violation = board.ack(device, connection: ref, through: seq, handingOn: &steps)
+                // With a chain made by a receipt, the rest joins it (and its group).
+                return (violation, steps.rest, steps.chain == nil ? board.group(for: steps.rest) : nil, board.takeEffects())
             }
-            let violation = board.ack(device, connection: ref, through: seq, handingOn: &steps)
-            // With a chain made by a receipt, the rest joins it (and its group).
-            return (violation, steps.rest, steps.chain == nil ? board.group(for: steps.rest) : nil, board.takeEffects())
+            apply(effects)
+            if !next.isEmpty {
+                // Receipts for senders of other shards, committed with the acknowledgement
+                // (without a store, in the chain of the callback's ACKs).
+                let chain = steps.chain ?? group.map { StepChain(now: context.now(), wall: wall, requester: nil, group: $0) }
+                    ?? acknowledgementChain(now: context.now(), wall: wall)
+                apply(switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
+            }
+            return violation
         }
-        apply(effects)
-        if !next.isEmpty {
-            // Receipts for senders of other shards, committed with the acknowledgement
-            // (without a store, in the chain of the callback's ACKs).
-            let chain = steps.chain ?? group.map { StepChain(now: context.now(), wall: wall, requester: nil, group: $0) }
-                ?? acknowledgementChain(now: context.now(), wall: wall)
-            apply(switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects)
-        }
-        return violation
     }
 
     /// What an ACK's hold hands on (`acknowledge`): its receipts for other shards' senders
@@ -725,13 +728,14 @@ final class EventLoop: @unchecked Sendable {
                 sendPostedReplies()
                 beginDrain()
             case .released(let release, _):
-                apply(context.switchboard.apply(
-                    release, shard: Int(index), wall: context.wallMilliseconds(), writerWake: .afterCallback(of: self)))
+                apply(context.withSwitchboard {
+                    $0.apply(release, shard: Int(index), wall: context.wallMilliseconds(), writerWake: .afterCallback(of: self))
+                })
                 for reply in release.replies {
                     if case .reply(let ref, let frame) = reply, ref.loop == index { postedReplies.append((ref, frame)) }
                 }
             case .steps(let steps, _):
-                let (replies, effects) = context.switchboard.runPosted(steps, on: self)
+                let (replies, effects) = context.withSwitchboard { $0.runPosted(steps, on: self) }
                 // The answers leave before the effects are carried out: what those effects
                 // cause later for the requesting connection cannot overtake its answer
                 // (see `inboxHasTasks`).

@@ -99,10 +99,14 @@ public enum FanOutScaling {
         let wall = context.wallMilliseconds()
 
         // Devices, each attached on its owner's loop to a connection of that loop that
-        // does not exist (wakes find no live slot: no encoding, no socket).
-        var devicesByLoop = Array(repeating: [Recipient](), count: threads)
-        var slot: UInt32 = 1
-        func attach(_ user: String, _ device: String) -> Recipient {
+        // does not exist (wakes find no live slot: no encoding, no socket), by the thread
+        // that owns the shard (below), as a server's loop registers its own devices: each
+        // shard's records, queues and indexes come from its own thread's malloc arena.
+        // Made by one set-up thread (until 3 December 2026), the two shards' records lay
+        // side by side in one arena, and cache lines holding records of both moved between
+        // the cores with every event written to one of them.
+        let recipients = users(count: userCount, shardCount: threads)
+        @Sendable func attach(_ user: String, _ device: String, slot: inout UInt32) -> Recipient {
             let owner = switchboard.shard(of: user)
             let connection = ConnectionRef(loop: UInt16(owner), slot: slot, generation: 1)
             slot += 1
@@ -111,33 +115,31 @@ public enum FanOutScaling {
             }
             return Recipient(user: user, record: record, connection: connection)
         }
-        let recipients = users(count: userCount, shardCount: threads)
-        for user in recipients {
-            for device in 0..<devicesPerUser {
-                let recipient = attach(user, "d\(device)")
-                devicesByLoop[Int(recipient.connection.loop)].append(recipient)
-            }
-        }
-        let senders = (0..<threads).map { index in
-            attach(firstName(prefix: "sender", onShard: index, shardCount: threads), "d")
-        }
 
         let progress = Progress(threads: threads)
         let clock = SystemClock()
         var start = clock.now()
         let workers = (0..<threads).map { index in
-            let driver = Driver(
-                loop: loops[index], sender: senders[index], devices: devicesByLoop[index], recipients: recipients,
-                firstRecipient: index * recipients.count / threads, devicesPerUser: devicesPerUser,
-                messages: messagesPerThread, window: window)
+            let loop = loops[index]
             return JoinableThread(name: "fanout-\(index)") {
-                shim_set_current_loop(Unmanaged.passUnretained(driver.loop).toOpaque())
+                shim_set_current_loop(Unmanaged.passUnretained(loop).toOpaque())
                 // Each thread owns its loop and its shard as a running loop does: no lock.
-                driver.loop.beginOwnedRun()
+                loop.beginOwnedRun()
                 defer {
-                    driver.loop.endOwnedRun()
+                    loop.endOwnedRun()
                     shim_set_current_loop(nil)
                 }
+                // Its own users' devices and its sender, before any thread sends (the start
+                // below waits for every thread's).
+                var slot: UInt32 = 1
+                let devices = recipients.filter { ShardMap.shard(of: $0, count: threads) == index }.flatMap { user in
+                    (0..<devicesPerUser).map { attach(user, "d\($0)", slot: &slot) }
+                }
+                let sender = attach(firstName(prefix: "sender", onShard: index, shardCount: threads), "d", slot: &slot)
+                let driver = Driver(
+                    loop: loop, sender: sender, devices: devices, recipients: recipients,
+                    firstRecipient: index * recipients.count / threads, devicesPerUser: devicesPerUser,
+                    messages: messagesPerThread, window: window)
                 progress.started.add(1, ordering: .acquiringAndReleasing)
                 // All start together (yielding: there may be more threads than cores).
                 while progress.started.load(ordering: .acquiring) < threads { sched_yield() }

@@ -16,7 +16,8 @@ import SignalingSupport
 /// `indirect` (one box per step, made once), so that a step is the size of its largest
 /// inline case (an id and an array or a number), not of a message: a step is copied several times on its way (handed on, gathered per
 /// destination loop, pushed through the inbox, queued, run), and copying the message-sized
-/// value was a fifth of the work a crossing step added (callgrind, issue 16).
+/// value was a fifth of the work a crossing step added (callgrind, issue 16). A message's
+/// two steps carry a reference to one `MessageHandOff` instead of a box each.
 ///
 /// Order: two steps one hold hands the same shard run in the order handed on (one FIFO
 /// inbox per loop, each loop's posts in order). Steps of one operation that reach a
@@ -25,8 +26,8 @@ import SignalingSupport
 enum ShardStep: Sendable, Equatable {
     /// A message its sender's shard admitted (no duplicate, within the sender's rate, its
     /// copies queued to the sender's other devices, awaiting this decision): for the
-    /// recipient's shard to queue or refuse.
-    indirect case deliverMessage(DeliveredMessage)
+    /// recipient's shard to queue or refuse. The same object comes back in the settle step.
+    case deliverMessage(MessageHandOff)
     /// The next chunk of a fan-out to a recipient with more devices than one hold takes
     /// (`FanOut`), run on the recipient's shard; the step that finds it finished answers.
     /// Or of a message's copies to its sender's other devices (`FanOut`, the sender's
@@ -46,7 +47,7 @@ enum ShardStep: Sendable, Equatable {
     case continueBroadcast(user: String, id: UInt64)
     /// The recipient's shard queued (`accepted`) or refused the message: for the sender's
     /// shard, which releases its copies and remembers its id, or cancels them and frees it.
-    indirect case settleMessage(DeliveredMessage, accepted: Bool)
+    case settleMessage(MessageHandOff, accepted: Bool)
     /// Devices of other shards' users acknowledged messages of one sender: the sender's
     /// devices get MESSAGE_DELIVERED for each, in the batch's order. One step per sender
     /// for all the receipts one hold of an acknowledgement made for it (not one per
@@ -78,8 +79,8 @@ enum ShardStep: Sendable, Equatable {
     /// The user whose shard runs this step.
     var user: String {
         switch self {
-        case .deliverMessage(let message): message.recipient
-        case .settleMessage(let message, _): message.sender
+        case .deliverMessage(let handOff): handOff.message.recipient
+        case .settleMessage(let handOff, _): handOff.message.sender
         case .continueFanOut(let user, _): user
         case .continueAcknowledgement(let user, _): user
         case .continueClaim(let user, _): user
@@ -91,6 +92,28 @@ enum ShardStep: Sendable, Equatable {
         case .callerVanished(_, let callee, _): callee
         case .toCaller(_, _, let caller, _): caller.user
         }
+    }
+}
+
+/// A message on its way from its sender's shard to its recipient's (`ShardStep.deliverMessage`)
+/// and back (`settleMessage`): one object, made by the sender's shard and handed back to it
+/// by the recipient's with the decision, so that a message that crosses shards costs one
+/// allocation, made and freed by the sender's loop, and no copy of the message. Two boxes
+/// (the steps' `indirect` payloads) cost an allocation more, a copy of the message (a
+/// retain of each of its strings and its body on the recipient's core), and each box was
+/// freed by the loop that had not made it (docs/LOAD-TESTING.md, "Routing on more cores").
+/// The recipient's loop usually lets go of it before it posts the settle step (the inbox
+/// batch that ran the step ends before its callback posts), so the sender's loop frees it
+/// (in `routing-bench scaling`, 94 % of them: `Tools/bench-shared-counts`).
+final class MessageHandOff: Sendable, Equatable {
+    let message: DeliveredMessage
+
+    init(_ message: DeliveredMessage) {
+        self.message = message
+    }
+
+    static func == (left: MessageHandOff, right: MessageHandOff) -> Bool {
+        left === right || left.message == right.message
     }
 }
 
@@ -191,8 +214,8 @@ extension SwitchboardState {
         assert(shardMap.owns(step.user), "step for \(step.user) on shard \(shardMap.index)")
         precondition(now != nil || !step.needsClock, "\(step) needs the clock")
         switch step {
-        case .deliverMessage(let message):
-            return deliverMessage(message, now: now!)
+        case .deliverMessage(let handOff):
+            return deliverMessage(handOff, now: now!)
         case .continueFanOut(let user, let id):
             return continueFanOut(user, id: id, now: now!)
         case .continueAcknowledgement(let user, let id):
@@ -203,8 +226,8 @@ extension SwitchboardState {
             return continueRing(callee: callee, callID: callID)
         case .continueBroadcast(let user, let id):
             return continueBroadcast(user, id: id)
-        case .settleMessage(let message, let accepted):
-            return settleMessage(message, accepted: accepted, now: now!)
+        case .settleMessage(let handOff, let accepted):
+            return settleMessage(handOff.message, accepted: accepted, now: now!)
         case .receipts(let batch):
             return deliverReceipts(batch)
         case .invite(let invitation):

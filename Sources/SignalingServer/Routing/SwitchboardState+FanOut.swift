@@ -239,7 +239,7 @@ extension SwitchboardState {
             return .continueFanOut(user: fanOut.user, id: fanOut.id)
         }
         fanOut.phase = .awaitingDecision(handedOn: true)
-        return .deliverMessage(fanOut.message)
+        return .deliverMessage(MessageHandOff(fanOut.message))
     }
 
     /// The step that started fan-out `id` (to `user`'s devices, or of `user`'s message to
@@ -397,7 +397,7 @@ extension SwitchboardState {
             fanOut.event.isCancelled = true
             fanOut.phase = .withdrawing(chunk: 0)
         }
-        fanOut.settle = .settleMessage(fanOut.message, accepted: accepted)
+        fanOut.settle = .settleMessage(MessageHandOff(fanOut.message), accepted: accepted)
     }
 
     /// The sender's side: every copy is queued (the message goes on to the recipient's

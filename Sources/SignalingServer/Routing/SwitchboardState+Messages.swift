@@ -83,7 +83,7 @@ extension SwitchboardState {
             let undecided = queueUndecidedCopies(of: delivered, to: copies)
             activity(sender).undecidedMessages[message.messageID] = undecided
             return .success(MessageAcceptance(
-                serverTime: delivered.serverTime, event: undecided.copy, handOff: .deliverMessage(delivered)))
+                serverTime: delivered.serverTime, event: undecided.copy, handOff: .deliverMessage(MessageHandOff(delivered))))
         }
         let holdForUser = recipient.devices.first == nil
         let targets = recipient.devices.skipping(sendingDevice)
@@ -121,14 +121,15 @@ extension SwitchboardState {
     /// A recipient with more devices than one hold takes gets them in chunks (`FanOut`), and
     /// a message to a user whose fan-out, or claim of held messages, is in progress waits
     /// for it.
-    mutating func deliverMessage(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
+    mutating func deliverMessage(_ handOff: MessageHandOff, now: Instant) -> StepOutcome {
+        let message = handOff.message
         // The recipient's activity and devices, looked up once (as in `send`).
         let activity = activities[message.recipient]
         let devices = devices(of: message.recipient)
         // After every message held for the user (`HeldClaim`).
-        if awaitsClaim(activity, devices) { return helpClaim(of: message.recipient, before: .deliverMessage(message)) }
+        if awaitsClaim(activity, devices) { return helpClaim(of: message.recipient, before: .deliverMessage(handOff)) }
         if let inProgress = activity?.fanOut {
-            return helpFanOut(inProgress, before: .deliverMessage(message))
+            return helpFanOut(inProgress, before: .deliverMessage(handOff))
         }
         if fansOutInChunks(activity, devices) { return startFanOut(message, now: now) }
         let recipients = Array(devices)
@@ -149,7 +150,7 @@ extension SwitchboardState {
             outcome = .answered(.success(message.serverTime))
             outcome.queued = event
         }
-        outcome.merge(handOn(.settleMessage(message, accepted: accepted), now: now))
+        outcome.merge(handOn(.settleMessage(handOff, accepted: accepted), now: now))
         return outcome
     }
 

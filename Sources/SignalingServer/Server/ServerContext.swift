@@ -47,6 +47,19 @@ final class ServerContext: Sendable {
     /// through the context).
     func wallMilliseconds() -> UInt64 { clock.wallMilliseconds() }
 
+    /// Runs `body` with the switchboard borrowed, not retained. Every loop reaches the one
+    /// switchboard through its context, and a loop's path that copied the reference (`let
+    /// switchboard = context.switchboard`, a retain and a release per ACK) wrote its
+    /// reference count from every core in turn: the object's cache line (the count, and
+    /// `shards` and `writer`, which every hold reads) moved between the cores at each copy,
+    /// 0.75 reference-count writes per event of a fan-out across two shards
+    /// (docs/LOAD-TESTING.md, "Routing on more cores"). The context keeps the switchboard
+    /// for as long as it lives itself, so `body` may use it without a reference of its own.
+    @inline(__always)
+    func withSwitchboard<Result>(_ body: (Switchboard) -> Result) -> Result {
+        Unmanaged.passUnretained(switchboard)._withUnsafeGuaranteedRef(body)
+    }
+
     init(
         configuration: ServerConfiguration, clock: any Clock, logger: Logger, journaling: Bool,
         pushGateway: (any WakeUpSubmitter)?, tokenVerifier: TokenVerifier?, tlsContext: TLSServerContext? = nil,
