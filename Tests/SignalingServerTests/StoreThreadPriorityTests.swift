@@ -35,6 +35,16 @@ struct StoreThreadPriorityTests {
         #expect(priority.observe(now: start + .milliseconds(3_000), waited: .zero) == nil)
     }
 
+    @Test("a writer that has not run at all for 50 ms is starved, not slow: straight to its own nice value")
+    func starved() {
+        var priority = StoreThreadPriority()
+        #expect(priority.observe(now: start, waited: .milliseconds(60), unrun: .milliseconds(49)) == .raise(to: .nice19), "it ran: slow")
+        #expect(priority.observe(now: start + .milliseconds(20), waited: .milliseconds(80), unrun: .milliseconds(50)) == .raise(to: .normal))
+        var fromIdle = StoreThreadPriority()
+        #expect(fromIdle.observe(now: start, waited: .milliseconds(50), unrun: .milliseconds(50)) == .raise(to: .normal))
+        #expect(fromIdle.observe(now: start + .milliseconds(10), waited: .milliseconds(10)) == nil)
+    }
+
     @Test("work still waiting at 250 ms raises the threads on to their own nice value; from idle, a wait that long goes there at once")
     func farBehind() {
         var priority = StoreThreadPriority()

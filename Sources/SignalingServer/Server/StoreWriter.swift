@@ -441,14 +441,16 @@ final class StoreWriter: @unchecked Sendable {
         // Arrivals that no pass has taken since an earlier look: the writer has not run.
         let passed = passes.load(ordering: .relaxed)
         let waiting = !arrivals.isEmpty
+        var unrun = Duration.zero
         if !waiting || passed != untaken.passes {
             untaken = (passed, waiting ? now : nil)
         } else if let since = untaken.since {
-            waited = max(waited, now - since)
+            unrun = now - since
+            waited = max(waited, unrun)
         } else {
             untaken.since = now
         }
-        let action = priority.observe(now: now, waited: waited)
+        let action = priority.observe(now: now, waited: waited, unrun: unrun)
         threadPriority = priority
         switch action {
         case nil:
