@@ -101,13 +101,7 @@ public struct JoinableThread: @unchecked Sendable {
     }
 
     /// Whether the thread runs at the idle policy now (nil: it cannot be read, the thread is gone).
-    public var runsAtIdlePriority: Bool? {
-        switch shim_thread_is_idle(UInt(handle)) {
-        case 1: true
-        case 0: false
-        default: nil
-        }
-    }
+    public var runsAtIdlePriority: Bool? { priority.map { $0 == .idle } }
 
     /// Whether this process may move a thread to the idle policy and back again, tried on
     /// a thread started for the purpose.

@@ -64,6 +64,16 @@ struct StoreThreadPriority: Equatable, Sendable {
         case normal
 
         static func < (a: Level, b: Level) -> Bool { a.rawValue < b.rawValue }
+
+        /// What a thread that started at nice value `own` runs at on this level. A thread
+        /// already lighter than nice 19 (the whole server run at nice 19) keeps its own.
+        func scheduling(own: Int32) -> SchedulingPriority {
+            switch self {
+            case .idle: .idle
+            case .nice19: .normal(nice: max(own, 19))
+            case .normal: .normal(nice: own)
+            }
+        }
     }
 
     /// What to do with the threads: move them to this level (`raise`, `lower`).

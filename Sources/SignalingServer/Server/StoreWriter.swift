@@ -452,26 +452,17 @@ final class StoreWriter: @unchecked Sendable {
         }
         let action = priority.observe(now: now, waited: waited, unrun: unrun)
         threadPriority = priority
-        switch action {
-        case nil:
-            return
-        case .lower:
-            for entry in priorityThreads { _ = entry.thread.setPriority(.idle) }
-            threadsAtIdlePriority.store(true, ordering: .relaxed)
-            context.logger.debug("store_threads_lowered", ["waited_ms": waited.milliseconds])
-        case .raise(let level):
-            for entry in priorityThreads {
-                // A thread already lighter than nice 19 (the whole server run at nice 19) keeps its own.
-                _ = entry.thread.setPriority(.normal(nice: level == .normal ? entry.nice : max(entry.nice, 19)))
-            }
-            threadsAtIdlePriority.store(false, ordering: .relaxed)
-            if level == .normal {
-                threadPriorityRaisesToNormal.add(1, ordering: .relaxed)
-            } else {
-                threadPriorityRaises.add(1, ordering: .relaxed)
-            }
-            context.logger.debug("store_threads_raised", ["waited_ms": waited.milliseconds, "to": level == .normal ? "normal" : "nice19"])
+        guard action != nil else { return }
+        for entry in priorityThreads { _ = entry.thread.setPriority(priority.level.scheduling(own: entry.nice)) }
+        threadsAtIdlePriority.store(priority.level == .idle, ordering: .relaxed)
+        switch priority.level {
+        case .idle: break
+        case .nice19: threadPriorityRaises.add(1, ordering: .relaxed)
+        case .normal: threadPriorityRaisesToNormal.add(1, ordering: .relaxed)
         }
+        context.logger.debug(priority.raised ? "store_threads_raised" : "store_threads_lowered", [
+            "waited_ms": waited.milliseconds, "level": "\(priority.level)",
+        ])
     }
 
     /// Commits what is queued, then stops the thread and closes the store.
