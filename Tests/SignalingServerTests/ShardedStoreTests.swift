@@ -33,6 +33,29 @@ struct ShardedStoreTests {
         return unit
     }
 
+    @Test("a commit unit has room for the changes its operation journals and no more: a registration's two, an acknowledgement's one, a message's few")
+    func unitRoomFitsItsChanges() throws {
+        let a = ShardMap.shard(of: "alice", count: 2), b = ShardMap.shard(of: "bob", count: 2)
+        var shards = TwoShards(journaling: true)
+        // The thousands of registrations of a handshake ramp may wait in the writer's queue
+        // together: each unit's array is 272 bytes with room for two, 512 with four.
+        let laptop = try shards.attach("alice", "laptop", slot: 1, at: 1)
+        let registration = shards.states[a].takeCommitUnit()
+        #expect(registration?.changes.count == 2 && registration?.changes.capacity == 2, "\(String(describing: registration?.changes))")
+        let phone = try shards.attach("bob", "phone", slot: 2, at: 1)
+        _ = shards.states[b].takeCommitUnit()
+
+        let (handOff, _) = try shards.sendDeferred("m1", to: "alice", from: phone)
+        _ = shards.states[a].handle(handOff, now: TwoShards.at(2))
+        let delivery = shards.states[a].takeCommitUnit()
+        #expect((delivery?.changes.count ?? 0) >= 1 && delivery?.changes.capacity == 4, "the recipient's hold: \(String(describing: delivery?.changes))")
+
+        #expect(laptop.lastSeq > laptop.ackedSeq)
+        _ = shards.states[a].ack(laptop, connection: laptop.connection!, through: laptop.lastSeq)
+        let ack = shards.states[a].takeCommitUnit()
+        #expect(ack?.changes.count == 1 && ack?.changes.capacity == 1, "the acknowledgement: \(String(describing: ack?.changes))")
+    }
+
     @Test("the writer commits a message's units from several shards only together with its answering unit, never some of them alone; an ACK's with its receipts' alike")
     func committableWaitsForTheAnswer() {
         let m1 = TwoShards.deferredReply("m1", sender: "alice"), m2 = TwoShards.deferredReply("m2", sender: "alice"), ack = CommitGroup()

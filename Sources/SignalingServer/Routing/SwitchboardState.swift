@@ -111,12 +111,28 @@ struct CommitUnit: Sendable {
         reply = group as? DeferredReply
     }
 
-    /// Adds a change. A unit starts with room for a few: a message takes two or three
-    /// (its event, its id, now and then a reservation), and growing the array one
-    /// element at a time would allocate for each.
+    /// Adds a change. A unit starts with room for the changes its first one comes with,
+    /// since growing the array one element at a time would allocate for each: a message
+    /// takes two or three (its event, its id, now and then a reservation), a registration
+    /// two (the device, its first reservation), an acknowledgement one. A `StoreChange` is
+    /// 120 bytes: room for four is a 512-byte allocation, for two 272, for one 152. During
+    /// a handshake ramp the store's threads, at idle priority, may not run for 50 ms while
+    /// thousands of registrations wait in their queue, and the memory their units took
+    /// stays with the process after they are freed (issue 16).
     mutating func add(_ change: StoreChange) {
-        if changes.capacity == 0 { changes.reserveCapacity(4) }
+        if changes.capacity == 0 { changes.reserveCapacity(change.unitRoom) }
         changes.append(change)
+    }
+}
+
+extension StoreChange {
+    /// How many changes the hold that journals this one first usually journals in all.
+    fileprivate var unitRoom: Int {
+        switch self {
+        case .appendEvent, .holdForUser, .claimHeldEvent, .rememberMessageID: 4
+        case .upsertDevice: 2
+        default: 1
+        }
     }
 }
 
