@@ -114,7 +114,8 @@ struct CommitUnit: Sendable {
     /// Adds a change. A unit starts with room for the changes its first one comes with,
     /// since growing the array one element at a time would allocate for each: a message
     /// takes two or three (its event, its id, now and then a reservation), a registration
-    /// two (the device, its first reservation), an acknowledgement one. A `StoreChange` is
+    /// two (the device, its first reservation), an acknowledgement one or two (the
+    /// receipt's event when the sender's device is in the same shard). A `StoreChange` is
     /// 120 bytes: room for four is a 512-byte allocation, for two 272, for one 152. During
     /// a handshake ramp the store's threads, at idle priority, may not run for 50 ms while
     /// thousands of registrations wait in their queue, and the memory their units took
@@ -130,7 +131,7 @@ extension StoreChange {
     fileprivate var unitRoom: Int {
         switch self {
         case .appendEvent, .holdForUser, .claimHeldEvent, .rememberMessageID: 4
-        case .upsertDevice: 2
+        case .upsertDevice, .acknowledge: 2
         default: 1
         }
     }
