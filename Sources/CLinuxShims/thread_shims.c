@@ -101,3 +101,40 @@ int shim_may_restore_from_idle(void) {
     pthread_join(probe, NULL);
     return result;
 }
+
+// `struct sched_attr` of <linux/sched/types.h> (not in glibc's headers): its first
+// version, which every kernel with sched_setattr (3.14) takes.
+struct shim_sched_attr {
+    uint32_t size;
+    uint32_t sched_policy;
+    uint64_t sched_flags;
+    int32_t sched_nice;
+    uint32_t sched_priority;
+    uint64_t sched_runtime;
+    uint64_t sched_deadline;
+    uint64_t sched_period;
+};
+
+// SCHED_FLAG_KEEP_POLICY of <linux/sched.h>: the policy stays; the nice value must be
+// given (SCHED_FLAG_KEEP_PARAMS would keep the slice too).
+#define SHIM_SCHED_FLAG_KEEP_POLICY 0x08
+
+int shim_set_thread_slice(int tid, uint64_t nanoseconds) {
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, (id_t)tid);
+    if (nice == -1 && errno != 0) return errno;
+    struct shim_sched_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.size = sizeof(attr);
+    attr.sched_flags = SHIM_SCHED_FLAG_KEEP_POLICY;
+    attr.sched_nice = nice;
+    attr.sched_runtime = nanoseconds;
+    return syscall(SYS_sched_setattr, tid, &attr, 0) == 0 ? 0 : errno;
+}
+
+int64_t shim_thread_slice(int tid) {
+    struct shim_sched_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    if (syscall(SYS_sched_getattr, tid, &attr, sizeof(attr), 0) != 0) return -1;
+    return (int64_t)attr.sched_runtime;
+}

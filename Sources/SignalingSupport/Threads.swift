@@ -100,6 +100,37 @@ public struct JoinableThread: @unchecked Sendable {
         }
     }
 
+    /// Asks the scheduler for a slice of `slice` for the thread (`.zero`: the default slice
+    /// again), keeping its policy and nice value. On Linux 6.12 and later (EEVDF's custom
+    /// slices, clamped to 0.1-100 ms) a waking thread with a shorter slice than the thread
+    /// running on its CPU preempts it at once, where one with the default slice may wait
+    /// for the running one to reach the end of its own (1.4 ms on two CPUs); earlier kernels
+    /// ignore the request. Returns 0 or the error number. One system call (two: the nice
+    /// value is read first, as the call must restate it).
+    public func setSlice(_ slice: Duration) -> Int32 {
+        let nanoseconds = slice.components.seconds * 1_000_000_000 + slice.components.attoseconds / 1_000_000_000
+        return shim_set_thread_slice(kernelID.value.load(ordering: .acquiring), UInt64(clamping: nanoseconds))
+    }
+
+    /// The thread's slice now: the one it asked for, or the kernel's default (1.4 ms on two
+    /// CPUs); `.zero` from kernels that report none. Nil when it cannot be read.
+    public var slice: Duration? {
+        let nanoseconds = shim_thread_slice(kernelID.value.load(ordering: .acquiring))
+        return nanoseconds < 0 ? nil : .nanoseconds(nanoseconds)
+    }
+
+    /// Whether this kernel keeps a slice per thread (`setSlice`): asked once, by a
+    /// short-lived thread of this process of itself.
+    public static let keepsSlicePerThread: Bool = {
+        final class Answer: @unchecked Sendable { var kept = false }
+        let answer = Answer()
+        JoinableThread(name: "vs-slice-probe") {
+            let tid = shim_current_thread_id()
+            answer.kept = shim_set_thread_slice(tid, 500_000) == 0 && shim_thread_slice(tid) == 500_000
+        }.join()  // the join orders the write before the read
+        return answer.kept
+    }()
+
     /// Whether the thread runs at the idle policy now (nil: it cannot be read, the thread is gone).
     public var runsAtIdlePriority: Bool? { priority.map { $0 == .idle } }
 

@@ -128,6 +128,27 @@ struct ThreadPlacementTests {
         _ = try test.connect(user: "alice")
     }
 
+    @Test("--loop-slice: each loop thread asks the kernel for that slice and the listening line says so; by default the kernel's own; outside 100-100000 µs refused")
+    func loopSlice() throws {
+        #expect(ServerConfiguration().loopSlice == .zero)
+        #expect(try ServerOptions.configuration(from: ["--loop-slice", "150"]).0.loopSlice == .microseconds(150))
+        #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--loop-slice", "99"]) }
+        #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--loop-slice", "100001"]) }
+
+        let log = LogFile()
+        let sliced = try TestServer(workers: 2, logger: log.logger) { $0.loopSlice = .microseconds(150) }
+        if JoinableThread.keepsSlicePerThread {
+            #expect(sliced.server.loopThreadSlices == [.microseconds(150), .microseconds(150)])
+            #expect(log.lines("listening").first?.contains("loop_slice=150us") == true)
+        } else {
+            // Before Linux 6.12 the request is ignored: one warning, and the default.
+            #expect(log.lines("loop_slice_ignored").count == 1)
+            #expect(log.lines("listening").first?.contains("loop_slice=default") == true)
+        }
+        let plain = try TestServer(workers: 2)
+        #expect(plain.server.loopThreadSlices.count == 2 && plain.server.loopThreadSlices.allSatisfy { $0 != nil && $0 != .microseconds(150) })
+    }
+
     @Test("a server with a store pins its loop and writer in auto, and nothing when off")
     func serverPlacesItsThreads() throws {
         let allowed = CPUList.allowed()

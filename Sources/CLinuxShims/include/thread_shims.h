@@ -4,6 +4,8 @@
 // arguments are macros (CPU_SET). Only <stdint.h>-level types here: a pthread_t is an
 // unsigned long on Linux.
 
+#include <stdint.h>
+
 /// Names a thread of this process (what `top -H` and `ps -L` show; at most 15 bytes are
 /// kept). Errors (the thread is already gone) are ignored: a name is a convenience.
 void shim_name_thread(unsigned long thread, const char *name);
@@ -51,6 +53,17 @@ int shim_set_thread_nice(int tid, int nice);
 
 /// The nice value of the thread with kernel id `tid`, or INT_MIN when it cannot be read.
 int shim_thread_nice(int tid);
+
+/// Asks the scheduler for a slice of `nanoseconds` for the thread with kernel id `tid`,
+/// keeping its policy and nice value (`sched_setattr`'s `sched_runtime`; 0: the default
+/// slice again). Linux 6.12 and later clamp it to 0.1-100 ms and let a waking thread whose
+/// slice is shorter than the running thread's preempt it at once; earlier kernels ignore
+/// it. Returns 0 or the error number (ESRCH: no such thread; ENOSYS: no sched_setattr).
+int shim_set_thread_slice(int tid, uint64_t nanoseconds);
+
+/// The slice the thread with kernel id `tid` asked for, in ns: 0 when it has the default
+/// one or the kernel does not keep one per thread; -1 when it cannot be read.
+int64_t shim_thread_slice(int tid);
 
 /// 1 when this process may move a thread to SCHED_IDLE and back again, 0 when not: tried
 /// on a short-lived thread of its own, since a thread that could not come back would be

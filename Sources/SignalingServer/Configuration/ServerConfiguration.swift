@@ -104,6 +104,11 @@ public struct ServerConfiguration: Sendable {
     /// saves the wake-up of a sleeping thread on the next event (lower push latency, at the
     /// cost of CPU while traffic flows). Zero: always sleep in epoll_wait.
     public var busyPoll: Duration = .zero
+    /// The scheduler slice each loop thread asks for (`JoinableThread.setSlice`; zero: the
+    /// kernel's default). Shorter than the other threads' (the store writer's, a
+    /// neighbour's), it lets a loop woken by a request preempt them at once (Linux 6.12
+    /// and later; earlier kernels ignore it).
+    public var loopSlice: Duration = .zero
     /// While the server runs, ask the kernel to keep every CPU able to wake within this
     /// (a PM QoS request on /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting).
     /// Saves the wake-up of a halted CPU on each hop of a push, which dominates push

@@ -232,6 +232,7 @@ public final class SignalingServer: Sendable {
 
         let cpuLatencyRequest = requestCPULatencyLimit()
         let threads = loops.map { loop in JoinableThread(name: "vs-loop-\(loop.index)") { loop.run() } }
+        let loopSlice = askLoopSlice(threads)
         // Each loop claims its shard as its thread starts: until then another thread's hold
         // (an admin call, a test) would take the shard's fallback lock. Microseconds.
         _ = Self.poll(every: 100, for: .seconds(10)) { loops.allSatisfy { $0.runsOwned || $0.finished.load(ordering: .acquiring) } }
@@ -276,8 +277,25 @@ public final class SignalingServer: Sendable {
             "tls_proxy_protocol": tls?.proxyProtocol == true ? "v2" : "off",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
             "loop_cpus": placement.loops.isEmpty ? "any" : placement.loops.map(String.init).joined(separator: ","),
+            "loop_slice": loopSlice,
         ])
         if let tls, let tlsContext = context.tlsContext { logTLSCertificate(tls, tlsContext) }
+    }
+
+    /// Asks the scheduler for `--loop-slice` on each loop's thread. Returns what the
+    /// `listening` line reports: the slice, or `default`. A kernel that keeps no slice per
+    /// thread (before Linux 6.12) or a refusal logs one warning, `loop_slice_ignored`.
+    private func askLoopSlice(_ loops: [JoinableThread]) -> String {
+        let slice = configuration.loopSlice
+        guard slice > .zero else { return "default" }
+        let refusal = loops.lazy.map { $0.setSlice(slice) }.first { $0 != 0 }
+        guard let refusal else {
+            if JoinableThread.keepsSlicePerThread { return "\(slice.microseconds)us" }
+            context.logger.warning("loop_slice_ignored", ["detail": "this kernel keeps no scheduler slice per thread (Linux 6.12 and later do)"])
+            return "default"
+        }
+        context.logger.warning("loop_slice_ignored", ["detail": SystemError("sched_setattr", refusal).reason])
+        return "default"
     }
 
     /// Gives the loops and the store's threads their CPUs (`ThreadPlacement`) and logs
@@ -335,6 +353,9 @@ public final class SignalingServer: Sendable {
 
     /// The store's threads' policies and nice values now, read from the kernel (tests).
     var storeThreadPriorities: [SchedulingPriority?] { writer?.threads.map(\.priority) ?? [] }
+
+    /// The scheduler slice each loop thread has asked for, read from the kernel (tests).
+    var loopThreadSlices: [Duration?] { state.withLock { $0.threads }.map(\.slice) }
 
     /// The CPUs each loop thread may run on now, read from the kernel (tests).
     var loopThreadCPUs: [[Int]] { state.withLock { $0.threads }.map(\.allowedCPUs) }
@@ -563,7 +584,7 @@ public final class SignalingServer: Sendable {
         ("dedup-capacity", { "\($0.dedupCapacity)" }), ("max-queued-bytes", { "\($0.maxQueuedBytes)" }),
         ("drain-retry-after", { "\($0.drainRetryAfter)" }), ("drain-jitter", { "\($0.drainJitter)" }),
         ("drain-timeout", { "\($0.drainTimeout)" }), ("tick", { "\($0.tickInterval)" }),
-        ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }),
+        ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }), ("loop-slice", { "\($0.loopSlice)" }),
         ("cpu-latency-limit", { "\(String(describing: $0.cpuLatencyLimit))" }), ("loop-cpus", { "\($0.loopCPUs)" }),
         ("thread-placement", { $0.threadPlacement.rawValue }), ("store-thread-priority", { $0.storeThreadPriority.rawValue }),
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
