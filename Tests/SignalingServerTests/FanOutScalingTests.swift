@@ -31,6 +31,20 @@ struct FanOutScalingTests {
         // Half of the users live on the other thread's shard: their steps were posted.
         #expect(figures.stepsPosted > 0)
         #expect(figures.threadCPUSeconds.count == 2)
+        // Each thread's turns are counted: some found work, waits are idle turns that slept.
+        #expect(figures.turns.count == 2)
+        for counts in figures.turns {
+            #expect(counts.turns > counts.idle && counts.idle >= counts.waits && counts.waits >= counts.timeouts)
+            #expect(counts.blockedSeconds >= 0 && counts.wakeUpsWritten >= 0)
+        }
+    }
+
+    @Test("with a busy-poll window a run on two threads still delivers everything, its idle threads turning before they sleep")
+    func busyPollDeliversEverything() throws {
+        let figures = try FanOutScaling.run(
+            threads: 2, users: 8, devicesPerUser: 16, messagesPerThread: 200, window: 64, busyPoll: .milliseconds(1))
+        #expect(figures.events == 2 * 200 * 16 * 2)
+        for counts in figures.turns { #expect(counts.idle >= counts.waits) }
     }
 
     @Test("the ACKs of one callback without a store share one step chain: a new one for another millisecond and for the next callback")
@@ -62,5 +76,7 @@ struct FanOutScalingTests {
         let figures = try FanOutScaling.run(threads: 1, users: 4, devicesPerUser: 2, messagesPerThread: 10, window: 2)
         #expect(figures.events == 10 * 2 * 2)
         #expect(figures.stepsPosted == 0)
+        // Nothing is posted, so nothing wakes it.
+        #expect(figures.turns.map(\.wakeUpsWritten) == [0])
     }
 }

@@ -3,7 +3,7 @@ import SignalingServer
 
 /// `routing-bench scaling` (see main.swift).
 func runScaling(_ arguments: [String]) {
-    var options = ["--threads": "1 2", "--users": "64", "--devices": "16", "--messages": "20000", "--window": "64", "--rounds": "3"]
+    var options = ["--threads": "1 2", "--users": "64", "--devices": "16", "--messages": "20000", "--window": "64", "--rounds": "3", "--busy-poll": "0"]
     var index = 0
     while index < arguments.count {
         guard options[arguments[index]] != nil, index + 1 < arguments.count else {
@@ -20,8 +20,10 @@ func runScaling(_ arguments: [String]) {
     guard !counts.isEmpty, counts.allSatisfy({ $0 > 0 }) else { fail("--threads must list positive numbers") }
     let users = number("--users"), devices = number("--devices"), messages = number("--messages")
     let window = number("--window"), rounds = number("--rounds")
+    guard let busyPoll = Int(options["--busy-poll"]!), busyPoll >= 0 else { fail("--busy-poll must be microseconds, >= 0") }
 
-    print("fan-out to \(users) users x \(devices) devices over all shards, \(messages) messages per thread, window \(window)")
+    print("fan-out to \(users) users x \(devices) devices over all shards, \(messages) messages per thread, window \(window)"
+        + (busyPoll > 0 ? ", busy-poll \(busyPoll) us" : ""))
     // per CPU s: events per second of the threads' own CPU time (the work per event,
     // whatever share of the machine the threads got); CPU share: that time over
     // threads × seconds (1: every thread had a core to itself all along).
@@ -32,7 +34,8 @@ func runScaling(_ arguments: [String]) {
             let figures: FanOutScaling.Figures
             do {
                 figures = try FanOutScaling.run(
-                    threads: threads, users: users, devicesPerUser: devices, messagesPerThread: messages, window: window)
+                    threads: threads, users: users, devicesPerUser: devices, messagesPerThread: messages, window: window,
+                    busyPoll: .microseconds(busyPoll))
             } catch {
                 fail("\(error)")
             }
@@ -43,6 +46,15 @@ func runScaling(_ arguments: [String]) {
                     + String(figures.events).padding(toLength: 12, withPad: " ", startingAt: 0)
                     + String(format: "%7.2f  %11.0f  %11.0f  %11.0f  %9.2f  %12d", figures.seconds, figures.eventsPerSecond,
                         figures.eventsPerSecondPerThread, figures.eventsPerCPUSecond, figures.cpuShare, figures.stepsPosted))
+            // Per thread, per 1,000 events of all threads: turns, turns that found nothing,
+            // waits on the eventfd, eventfd writes that woke it, and the share of the wall
+            // time it spent waiting (time not running that is not the scheduler's).
+            let thousands = Double(figures.events) / 1000
+            for (thread, counts) in figures.turns.enumerated() {
+                print(String(format: "         thread %d: turns %.1f  idle %.1f  waits %.1f  timeouts %d  woken %.1f per 1,000 events; blocked %.1f %% of the wall",
+                    thread, Double(counts.turns) / thousands, Double(counts.idle) / thousands, Double(counts.waits) / thousands,
+                    counts.timeouts, Double(counts.wakeUpsWritten) / thousands, 100 * counts.blockedSeconds / figures.seconds))
+            }
         }
     }
     print()

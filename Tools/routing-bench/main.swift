@@ -14,14 +14,17 @@
 // ring of 1,000 devices, an accept's answeredElsewhere and a ring timeout's noAnswer to them).
 //
 //   .build/release/routing-bench scaling [--threads "1 2"] [--users 64] [--devices 16]
-//       [--messages 20000] [--window 4] [--rounds 3]
+//       [--messages 20000] [--window 64] [--rounds 3] [--busy-poll 0]
 //
 // `scaling`: whether routing scales with cores (issue 16; docs/LOAD-TESTING.md, "Routing
 // on more cores"): K threads, each owning one shard of K as a server's loops do, fan out
 // to `--users` users of `--devices` devices spread over all shards (`FanOutScaling`); each
 // thread sends `--messages` messages. Every count of `--threads`, alternated in each of
 // `--rounds` rounds (1 2, then 2 1, ...); prints every run, the medians and the ratio of the
-// last count to the first.
+// last count to the first. Under each run, per thread and per 1,000 events: its turns,
+// those that found nothing, its waits on the inbox's eventfd, the eventfd writes that woke
+// it, and the share of the wall it spent waiting. `--busy-poll` µs: as the server's option,
+// an idle thread keeps turning that long after its last busy turn before it waits.
 import Foundation
 import SignalingServer
 

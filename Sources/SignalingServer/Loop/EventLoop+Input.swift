@@ -232,7 +232,8 @@ extension EventLoop {
         let verified = VerifiedHello(hello: hello, keepAliveSeconds: interval, idleTimeoutSeconds: idleTimeout)
         // Before the hold that registers the device, so that until then no `DeviceRecord`
         // refers to the connection and nothing can wake or close it while it moves.
-        if let home = context.switchboard.homeLoop(of: hello.userID, loopCount: peers.count), home != Int(index) {
+        // Borrowed, as on every path a loop runs per request (`ServerContext.withSwitchboard`).
+        if let home = context.withSwitchboard({ $0.homeLoop(of: hello.userID, loopCount: peers.count) }), home != Int(index) {
             beginHandOver(slot, verified, to: UInt16(home))
             return
         }
@@ -243,54 +244,58 @@ extension EventLoop {
     /// device in the user's shard (a resume, or a takeover of the device's older
     /// connection, which lives on this loop too) and answers WELCOME, or closes it.
     func register(_ slot: UInt32, _ verified: VerifiedHello) {
-        let configuration = context.configuration
-        let hello = verified.hello
-        let (interval, idleTimeout) = (verified.keepAliveSeconds, verified.idleTimeoutSeconds)
-        let now = context.now()
-        let ref = reference(slot)
-        let wall = context.wallMilliseconds()
-        var (outcome, receipts, effects) = context.switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
-            let outcome = board.attach(
-                userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
-            let receipts = (try? outcome.get()).flatMap { board.group(for: $0.next) }
-            return (outcome, receipts, board.takeEffects())
-        }
-        if case .success(let grant) = outcome {
-            // Receipts of what the resume point acknowledged, for senders of other shards
-            // (committed with the resume's acknowledgement).
-            let chain = StepChain(now: now, wall: wall, requester: nil, group: receipts)
-            effects += context.switchboard.run(grant.next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects
-            if let claim = grant.claim {
-                // The rest of the held messages, a chunk a hold, each committed on its own.
-                let claiming = StepChain(now: now, wall: wall, requester: nil, group: nil)
-                effects += context.switchboard.run([claim], chain: claiming, on: self, writerWake: .afterCallback(of: self)).effects
+        // Borrowed: a copy of the reference is a write to the count every loop shares
+        // (`ServerContext.withSwitchboard`).
+        context.withSwitchboard { switchboard in
+            let configuration = context.configuration
+            let hello = verified.hello
+            let (interval, idleTimeout) = (verified.keepAliveSeconds, verified.idleTimeoutSeconds)
+            let now = context.now()
+            let ref = reference(slot)
+            let wall = context.wallMilliseconds()
+            var (outcome, receipts, effects) = switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+                let outcome = board.attach(
+                    userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
+                let receipts = (try? outcome.get()).flatMap { board.group(for: $0.next) }
+                return (outcome, receipts, board.takeEffects())
             }
-        }
-        switch outcome {
-        case .failure(let violation):
-            apply(effects)
-            protocolViolation(slot, violation)
-        case .success(let grant):
-            let state = table.state(slot)
-            state.pointee.phase = .established
-            state.pointee.device = grant.record
-            state.pointee.idleTimeout = idleTimeout
-            state.pointee.sentSeq = grant.sentSeq
-            enterIdleWheel(slot)
-            context.counters.handshakesCompleted.increment()
-            context.counters.establishedConnections.increment()
-            if state.pointee.flags.contains(.tls) { context.counters.establishedTLSConnections.increment() }
-            send(.welcome(Welcome(
-                sessionID: grant.sessionID, resumed: grant.resumed, keepAliveSeconds: interval,
-                idleTimeoutSeconds: idleTimeout, serverTime: context.wallMilliseconds(),
-                maxFrameLength: UInt32(configuration.maxFrameLength), ackedSeq: grant.ackedSeq,
-                lastSeq: grant.lastSeq)), to: slot)
-            context.logger.debug("session", [
-                "conn": ref, "peer": peerDescription(slot), "user": hello.userID, "device": hello.deviceID,
-                "resumed": grant.resumed, "keepalive": interval,
-            ])
-            apply(effects)
-            if grant.needsPump { markDirty(slot, generation: ref.generation) }
+            if case .success(let grant) = outcome {
+                // Receipts of what the resume point acknowledged, for senders of other shards
+                // (committed with the resume's acknowledgement).
+                let chain = StepChain(now: now, wall: wall, requester: nil, group: receipts)
+                effects += switchboard.run(grant.next, chain: chain, on: self, writerWake: .afterCallback(of: self)).effects
+                if let claim = grant.claim {
+                    // The rest of the held messages, a chunk a hold, each committed on its own.
+                    let claiming = StepChain(now: now, wall: wall, requester: nil, group: nil)
+                    effects += switchboard.run([claim], chain: claiming, on: self, writerWake: .afterCallback(of: self)).effects
+                }
+            }
+            switch outcome {
+            case .failure(let violation):
+                apply(effects)
+                protocolViolation(slot, violation)
+            case .success(let grant):
+                let state = table.state(slot)
+                state.pointee.phase = .established
+                state.pointee.device = grant.record
+                state.pointee.idleTimeout = idleTimeout
+                state.pointee.sentSeq = grant.sentSeq
+                enterIdleWheel(slot)
+                context.counters.handshakesCompleted.increment()
+                context.counters.establishedConnections.increment()
+                if state.pointee.flags.contains(.tls) { context.counters.establishedTLSConnections.increment() }
+                send(.welcome(Welcome(
+                    sessionID: grant.sessionID, resumed: grant.resumed, keepAliveSeconds: interval,
+                    idleTimeoutSeconds: idleTimeout, serverTime: context.wallMilliseconds(),
+                    maxFrameLength: UInt32(configuration.maxFrameLength), ackedSeq: grant.ackedSeq,
+                    lastSeq: grant.lastSeq)), to: slot)
+                context.logger.debug("session", [
+                    "conn": ref, "peer": peerDescription(slot), "user": hello.userID, "device": hello.deviceID,
+                    "resumed": grant.resumed, "keepalive": interval,
+                ])
+                apply(effects)
+                if grant.needsPump { markDirty(slot, generation: ref.generation) }
+            }
         }
     }
 
@@ -304,99 +309,103 @@ extension EventLoop {
 
     private func handleRequest(_ slot: UInt32, id: UInt32, _ request: Request) {
         guard let device = table.state(slot).pointee.device else { return }
-        context.counters.requestsHandled.increment()
-        metrics.recordRequest(request.type)
-        let now = context.now()
-        let wall = context.wallMilliseconds()
-        let ref = reference(slot)
-        let writer = context.switchboard.writer
-        if let writer, !writer.isHealthy {
-            switch request {
-            case .messageSend, .callInvite:
-                // Fail fast while the store cannot commit: nothing would be accepted anyway.
-                send(.error(requestID: id, code: .storeUnavailable, message: "the store is unavailable; retry later"), to: slot)
-                return
-            default: break
-            }
-        }
-        let storeTimeout = context.storeTimeoutNanoseconds
-        // The first hold is the sender's shard's; a request that spans users goes on to the
-        // other users' shards as steps, and one of them may be what answers it.
-        // A message to another shard's user, with a store: its OK, deferred until every
-        // step's changes are committed (`Switchboard.runMessage`).
-        var deferredHandOff: DeferredReply?
-        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
-        var (stepOutcome, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
-            let outcome: StepOutcome
-            switch request {
-            case .callInvite(let callID, let callee, let offer):
-                outcome = board.invite(callID: callID, callee: callee, offer: offer, from: device, now: now)
-            case .callRinging(let callID):
-                outcome = board.ringing(callID: callID, from: device)
-            case .callAccept(let callID, let answer):
-                outcome = board.accept(callID: callID, answer: answer, from: device)
-            case .callReject(let callID, let reason):
-                outcome = board.reject(callID: callID, reason: reason, from: device)
-            case .callCancel(let callID):
-                outcome = board.cancel(callID: callID, from: device)
-            case .callHangup(let callID):
-                outcome = board.hangUp(callID: callID, from: device)
-            case .messageSend(let message):
-                switch board.send(message, from: device, now: now) {
-                case .success(let acceptance):
-                    let deferred = board.deferReply(of: acceptance) {
-                        DeferredReply(
-                            target: .connection(ref, requestID: id), serverTime: acceptance.serverTime,
-                            sender: device.userID, messageID: message.messageID, deadline: now.adding(nanoseconds: storeTimeout))
-                    }
-                    if let handOff = acceptance.handOff {
-                        deferredHandOff = deferred
-                        outcome = StepOutcome(reply: nil, next: [handOff])
-                    } else if deferred != nil {
-                        return (nil, board.takeEffects())
-                    } else {
-                        outcome = .answered(.success(acceptance.serverTime))
-                    }
-                case .failure(let error):
-                    outcome = .answered(.failure(error))
+        // Borrowed: a copy of the reference is a write to the count every loop shares
+        // (`ServerContext.withSwitchboard`).
+        context.withSwitchboard { switchboard in
+            context.counters.requestsHandled.increment()
+            metrics.recordRequest(request.type)
+            let now = context.now()
+            let wall = context.wallMilliseconds()
+            let ref = reference(slot)
+            let writer = switchboard.writer
+            if let writer, !writer.isHealthy {
+                switch request {
+                case .messageSend, .callInvite:
+                    // Fail fast while the store cannot commit: nothing would be accepted anyway.
+                    send(.error(requestID: id, code: .storeUnavailable, message: "the store is unavailable; retry later"), to: slot)
+                    return
+                default: break
                 }
-            case .pushRegister(let platform, let token, let environment, let topic):
-                let registration = PushRegistration(platform: platform, token: token, environment: environment ?? "", topic: topic ?? "")
-                outcome = .answered(board.registerPush(registration, for: device).map { wall })
             }
-            return (outcome, board.takeEffects())
-        }
-        // A step run by another loop (the owner of its shard) answers through this loop's
-        // inbox (`StepChain.requester`).
-        let requester = StepChain.Requester(connection: ref, requestID: id)
-        if case .messageSend = request, let handOff = stepOutcome?.next.first {
-            let (stepReply, stepEffects) = context.switchboard.runMessage(
-                handOff, deferring: deferredHandOff, requester: requester, on: self, now: now, wall: wall,
-                writerWake: .afterCallback(of: self))
-            effects += stepEffects
-            // nil: the store writer answers once everything is committed, or a step of
-            // another loop answers.
-            if stepReply == nil { stepOutcome = nil } else { stepOutcome?.reply = stepReply }
-        } else if let next = stepOutcome?.next, !next.isEmpty {
-            let answered = stepOutcome?.reply != nil
-            let chain = StepChain(now: now, wall: wall, requester: answered ? nil : requester, group: nil)
-            let (stepReply, stepEffects) = context.switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self))
-            effects += stepEffects
-            if !answered {
-                // nil: a step of another loop answers.
+            let storeTimeout = context.storeTimeoutNanoseconds
+            // The first hold is the sender's shard's; a request that spans users goes on to the
+            // other users' shards as steps, and one of them may be what answers it.
+            // A message to another shard's user, with a store: its OK, deferred until every
+            // step's changes are committed (`Switchboard.runMessage`).
+            var deferredHandOff: DeferredReply?
+            let shard = switchboard.shard(of: device.userID, connectedOn: self)
+            var (stepOutcome, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
+                let outcome: StepOutcome
+                switch request {
+                case .callInvite(let callID, let callee, let offer):
+                    outcome = board.invite(callID: callID, callee: callee, offer: offer, from: device, now: now)
+                case .callRinging(let callID):
+                    outcome = board.ringing(callID: callID, from: device)
+                case .callAccept(let callID, let answer):
+                    outcome = board.accept(callID: callID, answer: answer, from: device)
+                case .callReject(let callID, let reason):
+                    outcome = board.reject(callID: callID, reason: reason, from: device)
+                case .callCancel(let callID):
+                    outcome = board.cancel(callID: callID, from: device)
+                case .callHangup(let callID):
+                    outcome = board.hangUp(callID: callID, from: device)
+                case .messageSend(let message):
+                    switch board.send(message, from: device, now: now) {
+                    case .success(let acceptance):
+                        let deferred = board.deferReply(of: acceptance) {
+                            DeferredReply(
+                                target: .connection(ref, requestID: id), serverTime: acceptance.serverTime,
+                                sender: device.userID, messageID: message.messageID, deadline: now.adding(nanoseconds: storeTimeout))
+                        }
+                        if let handOff = acceptance.handOff {
+                            deferredHandOff = deferred
+                            outcome = StepOutcome(reply: nil, next: [handOff])
+                        } else if deferred != nil {
+                            return (nil, board.takeEffects())
+                        } else {
+                            outcome = .answered(.success(acceptance.serverTime))
+                        }
+                    case .failure(let error):
+                        outcome = .answered(.failure(error))
+                    }
+                case .pushRegister(let platform, let token, let environment, let topic):
+                    let registration = PushRegistration(platform: platform, token: token, environment: environment ?? "", topic: topic ?? "")
+                    outcome = .answered(board.registerPush(registration, for: device).map { wall })
+                }
+                return (outcome, board.takeEffects())
+            }
+            // A step run by another loop (the owner of its shard) answers through this loop's
+            // inbox (`StepChain.requester`).
+            let requester = StepChain.Requester(connection: ref, requestID: id)
+            if case .messageSend = request, let handOff = stepOutcome?.next.first {
+                let (stepReply, stepEffects) = switchboard.runMessage(
+                    handOff, deferring: deferredHandOff, requester: requester, on: self, now: now, wall: wall,
+                    writerWake: .afterCallback(of: self))
+                effects += stepEffects
+                // nil: the store writer answers once everything is committed, or a step of
+                // another loop answers.
                 if stepReply == nil { stepOutcome = nil } else { stepOutcome?.reply = stepReply }
+            } else if let next = stepOutcome?.next, !next.isEmpty {
+                let answered = stepOutcome?.reply != nil
+                let chain = StepChain(now: now, wall: wall, requester: answered ? nil : requester, group: nil)
+                let (stepReply, stepEffects) = switchboard.run(next, chain: chain, on: self, writerWake: .afterCallback(of: self))
+                effects += stepEffects
+                if !answered {
+                    // nil: a step of another loop answers.
+                    if stepReply == nil { stepOutcome = nil } else { stepOutcome?.reply = stepReply }
+                }
             }
+            let reply: Frame? = stepOutcome.map { outcome in
+                Frame.answer(to: id, outcome.reply ?? .failure(RequestError(.internalError, "the request was not answered")))
+            }
+            // The reply goes out before any event the request caused for this same connection
+            // (those are written when the dirty list is flushed, after this callback).
+            if let reply {
+                logIfRefusedByLimit(reply, on: slot)
+                send(reply, to: slot)
+            }
+            apply(effects)
         }
-        let reply: Frame? = stepOutcome.map { outcome in
-            Frame.answer(to: id, outcome.reply ?? .failure(RequestError(.internalError, "the request was not answered")))
-        }
-        // The reply goes out before any event the request caused for this same connection
-        // (those are written when the dirty list is flushed, after this callback).
-        if let reply {
-            logIfRefusedByLimit(reply, on: slot)
-            send(reply, to: slot)
-        }
-        apply(effects)
     }
 
     /// A request refused by a backlog or a limit is worth an operator's attention (a device

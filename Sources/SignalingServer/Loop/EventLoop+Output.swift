@@ -240,13 +240,17 @@ extension EventLoop {
         out.removeAll(keepingCapacity: true)
         var count = 0
         let writtenAt = LoopMetrics.now()
-        let shard = context.switchboard.shard(of: device.userID, connectedOn: self)
-        let batch = context.switchboard.withDevices(shard: shard) { board in
-            board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
-                FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
-                metrics.recordWrite(event, at: writtenAt)
-                count += 1
-                return out.count < byteLimit
+        // Borrowed: a copy of the reference is a write to the count every loop shares
+        // (`ServerContext.withSwitchboard`).
+        let batch = context.withSwitchboard { switchboard in
+            let shard = switchboard.shard(of: device.userID, connectedOn: self)
+            return switchboard.withDevices(shard: shard) { board in
+                board.nextBatch(for: device, connection: ref, after: sentSeq, limit: Self.pumpBatch) { seq, event in
+                    FrameEncoder.append(event: event.encoded, seq: seq, to: &out)
+                    metrics.recordWrite(event, at: writtenAt)
+                    count += 1
+                    return out.count < byteLimit
+                }
             }
         }
         let full = out.count >= byteLimit

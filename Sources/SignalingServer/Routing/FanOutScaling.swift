@@ -33,6 +33,9 @@ public enum FanOutScaling {
         public let threadCPUSeconds: [Double]
         /// Steps posted to another loop's inbox, all threads.
         public let stepsPosted: Int
+        /// What each thread's turns found, by thread: where the time a thread is not
+        /// running goes (counts, so noise-free; `blockedSeconds` is timed).
+        public let turns: [TurnCounts]
 
         public var eventsPerSecond: Double { Double(events) / seconds }
         public var eventsPerSecondPerThread: Double { eventsPerSecond / Double(threads) }
@@ -40,6 +43,24 @@ public enum FanOutScaling {
         public var eventsPerCPUSecond: Double { Double(events) / threadCPUSeconds.reduce(0, +) }
         /// The threads' CPU time over `threads × seconds`: 1 when each had a core all along.
         public var cpuShare: Double { threadCPUSeconds.reduce(0, +) / (Double(threads) * seconds) }
+    }
+
+    /// One thread's turns (`Driver.turn`) from the start to its end, and its waits on the
+    /// inbox's eventfd: what splits a second thread's loss on the wall into more work per
+    /// event and time it was not running.
+    public struct TurnCounts: Sendable {
+        /// Turns run.
+        public var turns = 0
+        /// Turns that found nothing to do (no task in the inbox, no ACK, no room to send).
+        public var idle = 0
+        /// Idle turns that went to sleep on the eventfd (`prepareToSleep` found nothing).
+        public var waits = 0
+        /// Waits that ended at the timeout, with nothing posted (the last thread running).
+        public var timeouts = 0
+        /// Time spent in those waits (the poll), seconds.
+        public var blockedSeconds = 0.0
+        /// Eventfd writes other threads made to wake this thread's loop (`post`).
+        public var wakeUpsWritten = 0
     }
 
     /// `count` user names whose shards, among `shardCount`, are as even as can be: shard
@@ -68,7 +89,8 @@ public enum FanOutScaling {
     /// per thread; each of the `devicesPerUser` devices of a user acknowledges what it got
     /// on its owner's next turn. Returns when every thread's messages are complete.
     public static func run(
-        threads: Int, users userCount: Int, devicesPerUser: Int, messagesPerThread: Int, window: Int = 64
+        threads: Int, users userCount: Int, devicesPerUser: Int, messagesPerThread: Int, window: Int = 64,
+        busyPoll: Duration = .zero
     ) throws -> Figures {
         precondition(threads >= 1 && userCount >= 1 && devicesPerUser >= 1 && window >= 1)
         var configuration = ServerConfiguration()
@@ -76,6 +98,9 @@ public enum FanOutScaling {
         // Room for every event in flight (the window's copies and receipts), and no
         // per-sender rate: nothing is refused.
         configuration.maxPendingEvents = 1_000_000
+        // As the server's `--busy-poll`: an idle thread keeps turning this long after its
+        // last busy turn before it waits on the eventfd (`EventLoop.runUntilBroken`).
+        configuration.busyPoll = busyPoll
         let context = ServerContext(
             configuration: configuration, clock: SystemClock(), logger: .silent, journaling: false, pushGateway: nil,
             tokenVerifier: nil)
@@ -144,11 +169,16 @@ public enum FanOutScaling {
                 // All start together (yielding: there may be more threads than cores).
                 while progress.started.load(ordering: .acquiring) < threads { sched_yield() }
                 let cpuStart = threadCPUSeconds()
+                let wakeUpsAtStart = loop.wakeUpsWritten.load(ordering: .relaxed)
+                var counts = TurnCounts()
                 var done = false
+                let pollWindow = busyPoll
+                var lastBusy = clock.now()
                 // A thread whose messages are complete keeps running its inbox and its
                 // devices' ACKs until every thread's are.
                 while progress.finished.load(ordering: .acquiring) < threads {
                     let (complete, busy) = driver.turn()
+                    counts.turns += 1
                     if complete, !done {
                         done = true
                         progress.finished.add(1, ordering: .acquiringAndReleasing)
@@ -156,10 +186,20 @@ public enum FanOutScaling {
                     // Nothing to do until another loop posts: wait on the inbox's eventfd
                     // as a loop waits in epoll (bounded: the last thread to finish posts
                     // nothing).
-                    if !busy { driver.loop.waitForInbox(milliseconds: 1) }
+                    if busy {
+                        if pollWindow > .zero { lastBusy = clock.now() }
+                    } else if pollWindow > .zero && clock.now() - lastBusy < pollWindow {
+                        counts.idle += 1
+                    } else {
+                        counts.idle += 1
+                        driver.loop.waitForInbox(milliseconds: 1, counting: &counts)
+                    }
                 }
                 let used = threadCPUSeconds() - cpuStart
                 progress.cpuSeconds.withLock { $0[index] = used }
+                // Written by the other threads: taken after all have joined, less the set-up's.
+                counts.wakeUpsWritten = -wakeUpsAtStart
+                progress.turns.withLock { $0[index] = counts }
             }
         }
         while progress.started.load(ordering: .acquiring) < threads { sched_yield() }
@@ -169,7 +209,12 @@ public enum FanOutScaling {
         return Figures(
             threads: threads, users: userCount, devicesPerUser: devicesPerUser, messagesPerThread: messagesPerThread,
             events: switchboard.counters.eventsQueued, seconds: seconds, threadCPUSeconds: progress.cpuSeconds.withLock { $0 },
-            stepsPosted: loops.reduce(0) { $0 + Int($1.metrics.stepsPosted.value) })
+            stepsPosted: loops.reduce(0) { $0 + Int($1.metrics.stepsPosted.value) },
+            turns: zip(progress.turns.withLock { $0 }, loops).map { counts, loop in
+                var counts = counts
+                counts.wakeUpsWritten += loop.wakeUpsWritten.load(ordering: .relaxed)
+                return counts
+            })
     }
 
     /// The first name `<prefix><n>` that `ShardMap` puts on `shard`.
@@ -188,9 +233,11 @@ public enum FanOutScaling {
         let started = Atomic<Int>(0)
         let finished = Atomic<Int>(0)
         let cpuSeconds: Mutex<[Double]>
+        let turns: Mutex<[TurnCounts]>
 
         init(threads: Int) {
             cpuSeconds = Mutex(Array(repeating: 0, count: threads))
+            turns = Mutex(Array(repeating: TurnCounts(), count: threads))
         }
     }
 
@@ -242,45 +289,59 @@ public enum FanOutScaling {
 
         /// One turn of the loop, as a server's loop runs (`EventLoop.runUntilBroken`): its
         /// inbox until it is empty (steps other loops posted, and its own next chunks of
-        /// an ACK), each run a callback of its own, and then the ACKs of the devices with
-        /// new events and new messages while the window has room, in one callback (the
-        /// connections' input). The steps handed on are posted when each callback ends
-        /// (`EventLoop.owned`). Returns whether this thread's messages are all complete,
-        /// and whether the turn found anything to do.
+        /// an ACK), each run a callback of its own; then the ACKs of the devices with new
+        /// events in one callback (their connections' input), and the sender's ACK and its
+        /// new messages while the window has room in another (its connection's). The steps
+        /// handed on are posted when each callback ends (`EventLoop.owned`), so the
+        /// receipts the devices' ACKs made for the other shard's sender leave before this
+        /// thread sends, as a server's loop posts them at the end of each connection's
+        /// callback. Returns whether this thread's messages are all complete, and whether
+        /// the turn found anything to do.
         ///
         /// (Until 3 December 2026 a turn ran the inbox once: a sender's acknowledgement of
         /// more than two chunks of receipts per turn then fell behind, one chunk a turn,
         /// and the receipts it had acknowledged piled up in its queue until the end, freed
         /// with the state: memory grew with the messages sent, with 2 threads only, and
         /// the 2-shard count included 100-220 instructions per event of that teardown,
-        /// varying with how the threads interleaved.)
+        /// varying with how the threads interleaved. Until round 5 of crossing shards the
+        /// devices' ACKs and the sends were one callback, and the other shard got its
+        /// receipts only after this thread's sends.)
         func turn() -> (complete: Bool, busy: Bool) {
             var busy = false
             while loop.hasPostedTasks {
                 busy = true
                 loop.owned { loop.runInbox() }
             }
-            loop.owned {
-                let switchboard = loop.context.switchboard
-                let now = loop.context.now()
-                let wall = loop.context.wallMilliseconds()
-                // Only this thread changes its shard: reading a record outside a hold is safe.
-                for (index, device) in devices.enumerated() where device.record.lastSeq > acknowledged[index] {
-                    busy = true
-                    acknowledged[index] = acknowledge(device, wall: wall)
+            let wall = loop.context.wallMilliseconds()
+            // Only this thread changes its shard: reading a record outside a hold is safe.
+            if devices.indices.contains(where: { devices[$0].record.lastSeq > acknowledged[$0] }) {
+                busy = true
+                loop.owned {
+                    for (index, device) in devices.enumerated() where device.record.lastSeq > acknowledged[index] {
+                        acknowledged[index] = acknowledge(device, wall: wall)
+                    }
+                    loop.flushDirty()
                 }
+            }
+            let mayAcknowledge = sender.record.lastSeq > senderAcknowledged
+            guard mayAcknowledge || (sent < messages && sent - complete < window) else {
+                return (complete >= messages, busy)
+            }
+            busy = true
+            // Borrowed, as the server's loops do (`ServerContext.withSwitchboard`): a copy
+            // per turn was the last write to the switchboard's count both threads made.
+            loop.owned { loop.context.withSwitchboard { switchboard in
+                let now = loop.context.now()
                 if sender.record.lastSeq > senderAcknowledged {
-                    busy = true
                     let through = acknowledge(sender, wall: wall)
                     receipts += through - senderAcknowledged
                     senderAcknowledged = through
                 }
                 while sent < messages && sent - complete < window {
-                    busy = true
                     send(on: switchboard, now: now, wall: wall)
                 }
                 loop.flushDirty()
-            }
+            } }
             return (complete >= messages, busy)
         }
 
@@ -326,9 +387,13 @@ extension EventLoop {
     /// Waits until something is posted to the inbox (its eventfd is readable) or
     /// `milliseconds` have passed: what `run` does in epoll, for a loop driven by a
     /// benchmark's thread (`FanOutScaling`).
-    fileprivate func waitForInbox(milliseconds: Int32) {
+    /// Counts the waits in `counts` (a clock read either side of each: only when it sleeps).
+    fileprivate func waitForInbox(milliseconds: Int32, counting counts: inout FanOutScaling.TurnCounts) {
         guard prepareToSleep() else { return }
+        counts.waits += 1
         var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
-        _ = poll(&descriptor, 1, milliseconds)
+        let start = SystemClock().now()
+        if poll(&descriptor, 1, milliseconds) == 0 { counts.timeouts += 1 }
+        counts.blockedSeconds += Double(SystemClock().now().nanoseconds - start.nanoseconds) / 1e9
     }
 }

@@ -132,19 +132,21 @@ extension SwitchboardState {
             return helpFanOut(inProgress, before: .deliverMessage(handOff))
         }
         if fansOutInChunks(activity, devices) { return startFanOut(message, now: now) }
-        let recipients = Array(devices)
         // A note to oneself skips the sending device, as `send` does (it comes here when it
-        // waited for a claim or a fan-out).
-        let targets = message.recipient == message.sender
-            ? recipients.filter { $0.deviceID != message.senderDevice } : recipients
+        // waited for a claim or a fan-out). The list walked, not copied into an array: an
+        // array was an allocation and a retain and a release of every device per message
+        // that crosses shards, made on the recipient's core.
+        let sending = message.recipient == message.sender ? devices.first(where: { $0.deviceID == message.senderDevice }) : nil
+        let targets = devices.skipping(sending)
+        let holdForUser = devices.first == nil
         let accepted: Bool
         var outcome: StepOutcome
-        if let refusal = refusalToQueue(message, targets: targets, copies: [], holdForUser: recipients.isEmpty) {
+        if let refusal = refusalToQueue(message, targets: targets, copies: [], holdForUser: holdForUser) {
             accepted = false
             outcome = .answered(.failure(refusal))
         } else {
             let event = messageEvent(message)
-            queue(event, for: message.recipient, targets: targets, holdForUser: recipients.isEmpty, now: now)
+            queue(event, for: message.recipient, targets: targets, holdForUser: holdForUser, now: now)
             counters.messagesAccepted += 1
             accepted = true
             outcome = .answered(.success(message.serverTime))
