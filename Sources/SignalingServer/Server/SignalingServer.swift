@@ -354,7 +354,7 @@ public final class SignalingServer: Sendable {
     /// The store's threads' policies and nice values now, read from the kernel (tests).
     var storeThreadPriorities: [SchedulingPriority?] { writer?.threads.map(\.priority) ?? [] }
 
-    /// The scheduler slice each loop thread has asked for, read from the kernel (tests).
+    /// Each loop thread's scheduler slice now (asked for, or the default), read from the kernel (tests).
     var loopThreadSlices: [Duration?] { state.withLock { $0.threads }.map(\.slice) }
 
     /// The CPUs each loop thread may run on now, read from the kernel (tests).
