@@ -120,9 +120,8 @@ struct shim_sched_attr {
 #define SHIM_SCHED_FLAG_KEEP_POLICY 0x08
 
 int shim_set_thread_slice(int tid, uint64_t nanoseconds) {
-    errno = 0;
-    int nice = getpriority(PRIO_PROCESS, (id_t)tid);
-    if (nice == -1 && errno != 0) return errno;
+    int nice = shim_thread_nice(tid);
+    if (nice == INT_MIN) return errno;
     struct shim_sched_attr attr;
     memset(&attr, 0, sizeof(attr));
     attr.size = sizeof(attr);

@@ -108,8 +108,7 @@ public struct JoinableThread: @unchecked Sendable {
     /// ignore the request. Returns 0 or the error number. One system call (two: the nice
     /// value is read first, as the call must restate it).
     public func setSlice(_ slice: Duration) -> Int32 {
-        let nanoseconds = slice.components.seconds * 1_000_000_000 + slice.components.attoseconds / 1_000_000_000
-        return shim_set_thread_slice(kernelID.value.load(ordering: .acquiring), UInt64(clamping: nanoseconds))
+        shim_set_thread_slice(kernelID.value.load(ordering: .acquiring), slice.wholeNanoseconds)
     }
 
     /// The thread's slice now: the one it asked for, or the kernel's default (1.4 ms on two

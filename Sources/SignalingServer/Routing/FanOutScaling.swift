@@ -183,15 +183,15 @@ public enum FanOutScaling {
                         done = true
                         progress.finished.add(1, ordering: .acquiringAndReleasing)
                     }
-                    // Nothing to do until another loop posts: wait on the inbox's eventfd
-                    // as a loop waits in epoll (bounded: the last thread to finish posts
-                    // nothing).
                     if busy {
                         if pollWindow > .zero { lastBusy = clock.now() }
-                    } else if pollWindow > .zero && clock.now() - lastBusy < pollWindow {
-                        counts.idle += 1
-                    } else {
-                        counts.idle += 1
+                        continue
+                    }
+                    // Nothing to do until another loop posts: past the busy-poll window, wait
+                    // on the inbox's eventfd as a loop waits in epoll (bounded: the last
+                    // thread to finish posts nothing).
+                    counts.idle += 1
+                    if pollWindow == .zero || clock.now() - lastBusy >= pollWindow {
                         driver.loop.waitForInbox(milliseconds: 1, counting: &counts)
                     }
                 }
