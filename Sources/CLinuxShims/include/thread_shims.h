@@ -61,8 +61,9 @@ int shim_thread_nice(int tid);
 /// it. Returns 0 or the error number (ESRCH: no such thread; ENOSYS: no sched_setattr).
 int shim_set_thread_slice(int tid, uint64_t nanoseconds);
 
-/// The slice the thread with kernel id `tid` asked for, in ns: 0 when it has the default
-/// one or the kernel does not keep one per thread; -1 when it cannot be read.
+/// The slice of the thread with kernel id `tid` in force, in ns: the one it asked for, or
+/// the default (Linux 6.12 and later report it); 0 from kernels that keep none per thread;
+/// -1 when it cannot be read.
 int64_t shim_thread_slice(int tid);
 
 /// 1 when this process may move a thread to SCHED_IDLE and back again, 0 when not: tried
