@@ -208,6 +208,39 @@ import SignalingSupport
         #expect(try #require(fields["p99_us"]) <= (try #require(fields["read_p99_us"])), "\(summary)")
     }
 
+    @Test("--turns: one report per pacing over all its turns, 'ready' then 'done' per turn, nothing after 'end'; message ids never repeat across turns")
+    func turnsAddUpPerPacing() throws {
+        let files = try TemporaryDirectory("reference-probe-turns")
+        let run = try probeInTurns("closed 40\n500 30\n\nclosed 40\nend\nclosed 999\n", files: files)
+        #expect(run.exitCode == 0, "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        let summaries = run.stdout.split(separator: "\n").filter { $0.hasPrefix("SUMMARY ") }
+        #expect(summaries.count == 2, "\(run.stdout)")
+        // The second closed turn's 40 events reached their devices: the server did not take
+        // them for retries of the first turn's (a message id is unique over the turns).
+        #expect(summaries.first?.contains(" pacing=closed ") == true && summaries.first?.contains(" samples=80 ") == true, "\(summaries)")
+        #expect(summaries.last?.contains(" pacing=500 ") == true && summaries.last?.contains(" samples=30 ") == true, "\(summaries)")
+        #expect(summaries.allSatisfy { $0.contains(" lost=0 ") }, "\(summaries)")
+        #expect(try String(contentsOfFile: files.file("done"), encoding: .utf8) == "ready\ndone\ndone\ndone\n")
+    }
+
+    @Test func aTurnThatIsNotClosedOrARateStopsTheProbe() throws {
+        let run = try probeInTurns("sometimes 10\n", files: try TemporaryDirectory("reference-probe-turns"))
+        #expect(run.exitCode == 2 && run.stderr.contains("a turn's pacing is 'closed' or events/s"), "\(run.stderr)")
+    }
+
+    /// reference-probe against a fresh server, its turns read from a file holding `turns`,
+    /// `done` written beside it.
+    private func probeInTurns(_ turns: String, files: TemporaryDirectory) throws -> ExecutableRun {
+        let server = try ServerProcess(["--store", "memory", "--log-level", "info", "--workers", "1"])
+        defer { _ = server.terminate() }
+        try turns.write(toFile: files.file("go"), atomically: false, encoding: .utf8)
+        return try ExecutableRun.run("reference-probe", [
+            "--protocol", "voip", "--server", "127.0.0.1:\(server.port)", "--subscribers", "30",
+            "--source-addresses", "4", "--settle", "0.1", "--server-pid", "\(server.process.pid)",
+            "--turns", files.file("go"), "--turns-done", files.file("done"),
+        ], timeoutSeconds: 60)
+    }
+
     @Test func badUsageIsExit64() throws {
         let run = try ExecutableRun.run("reference-probe", ["--protocol", "carrier-pigeon"], timeoutSeconds: 30)
         #expect(run.exitCode == 64, "\(run.stderr)")

@@ -24,16 +24,17 @@ enum ProbeCommand {
         }
         signal(SIGPIPE, SIG_IGN)
         do {
-            let report = try run(options)
-            StandardStreams.output(report.text())
-            return report.clean ? 0 : 1
+            let reports = try run(options)
+            for report in reports { StandardStreams.output(report.text()) }
+            return reports.allSatisfy(\.clean) ? 0 : 1
         } catch {
             StandardStreams.error("reference-probe: \(error)\n")
             return 2
         }
     }
 
-    static func run(_ options: ProbeOptions) throws(ProbeError) -> ProbeReport {
+    /// The measurement: one report, or with `--turns` one per pacing.
+    static func run(_ options: ProbeOptions) throws(ProbeError) -> [ProbeReport] {
         let limit = Int(clamping: SocketCalls.raiseDescriptorLimit())
         guard options.subscribers + 64 <= limit else {
             throw ProbeError("\(options.subscribers) subscribers need more file descriptors than the limit of \(limit)")
@@ -59,13 +60,92 @@ enum ProbeCommand {
         let publisherFD = try connectPublisher(to: publisherServer, dialect: dialect)
         defer { close(publisherFD) }
 
+        func report(_ turns: Turns, closedLoop: Bool, rate: Double, events: Int) -> ProbeReport {
+            var options = options
+            (options.closedLoop, options.rate, options.events) = (closedLoop, rate, events)
+            return ProbeReport(
+                options: options, connect: connect, rssBefore: rssBefore, rssAfter: rssAfter,
+                publisher: turns.publisher, receiver: turns.receiver, cpu: CPUAccounting.usage(of: turns.cpu))
+        }
+        guard let paths = options.turns else {
+            let once = measure(
+                table: table, publisherFD: publisherFD, dialect: dialect, options: options,
+                closedLoop: options.closedLoop, rate: options.rate, events: options.events, firstNumber: 0, seed: options.seed)
+            return [report(once, closedLoop: options.closedLoop, rate: options.rate, events: options.events)]
+        }
+
+        // Turns: one line each, until a line `end` or the end of the file.
+        guard let go = fopen(paths.go, "r") else { throw ProbeError(call: "open \(paths.go)", code: errno) }
+        defer { fclose(go) }
+        var done: Int32 = -1
+        if let path = paths.done {
+            done = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+            guard done >= 0 else { throw ProbeError(call: "open \(path)", code: errno) }
+        }
+        defer { if done >= 0 { close(done) } }
+        func tell(_ word: String) throws(ProbeError) {
+            guard done >= 0 else { return }
+            let line = word + "\n"
+            let written = line.withCString { write(done, $0, line.utf8.count) }
+            guard written == line.utf8.count else { throw ProbeError(call: "write \(paths.done ?? "")", code: errno) }
+        }
+        try tell("ready")
+        // Per pacing, in the order first seen: its turns added up, and their events.
+        var pacings: [(closedLoop: Bool, rate: Double, events: Int, turns: Turns)] = []
+        var line: UnsafeMutablePointer<CChar>?
+        var capacity = 0
+        defer { free(line) }
+        var number: UInt64 = 0
+        var sent = 0
+        while getline(&line, &capacity, go) > 0, let line {
+            var text = String(cString: line)
+            while text.last == "\n" || text.last == "\r" { text.removeLast() }
+            if text.isEmpty { continue }
+            // An explicit end: the script's FIFO may stay open in processes it started since.
+            if text == "end" { break }
+            let turn: (closedLoop: Bool, rate: Double, events: Int)
+            do { turn = try ProbeOptions.turn(text) } catch { throw ProbeError("--turns: \(error)") }
+            let measured = measure(
+                table: table, publisherFD: publisherFD, dialect: dialect, options: options,
+                closedLoop: turn.closedLoop, rate: turn.rate, events: turn.events, firstNumber: sent, seed: options.seed &+ number)
+            number += 1
+            sent += turn.events
+            if let index = pacings.firstIndex(where: { $0.closedLoop == turn.closedLoop && (turn.closedLoop || $0.rate == turn.rate) }) {
+                pacings[index].events += turn.events
+                pacings[index].turns.add(measured)
+            } else {
+                pacings.append((turn.closedLoop, turn.rate, turn.events, measured))
+            }
+            try tell("done")
+        }
+        return pacings.map { report($0.turns, closedLoop: $0.closedLoop, rate: $0.rate, events: $0.events) }
+    }
+
+    /// What one or more runs of the publisher and the receiver measured.
+    struct Turns {
+        var publisher: Publisher.Outcome
+        var receiver: Receiver.Outcome
+        var cpu: CPUAccounting.Interval
+
+        mutating func add(_ other: Turns) {
+            publisher.add(other.publisher)
+            receiver.add(other.receiver)
+            cpu = cpu + other.cpu
+        }
+    }
+
+    /// One run: `events` events from the publisher thread, read by the receiver thread.
+    private static func measure(
+        table: SubscriberTable, publisherFD: Int32, dialect: any Dialect, options: ProbeOptions,
+        closedLoop: Bool, rate: Double, events: Int, firstNumber: Int, seed: UInt64
+    ) -> Turns {
         let board = ProgressBoard()
         let receiver = Receiver(
             table: table, board: board, lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9),
-            reportsArrivals: options.closedLoop)
+            reportsArrivals: closedLoop)
         let publisher = Publisher(
-            fd: publisherFD, dialect: dialect, subscribers: options.subscribers, events: options.events,
-            rate: options.rate, closedLoop: options.closedLoop, payloadBytes: options.payloadBytes, seed: options.seed,
+            fd: publisherFD, dialect: dialect, subscribers: options.subscribers, events: events,
+            firstNumber: firstNumber, rate: rate, closedLoop: closedLoop, payloadBytes: options.payloadBytes, seed: seed,
             board: board, replyTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9),
             lossTimeoutNanoseconds: UInt64(options.lossTimeoutSeconds * 1e9))
         let received = ResultSlot<Receiver.Outcome>()
@@ -78,11 +158,7 @@ enum ProbeCommand {
         publisherThread.join()
         receiverThread.join()
         let cpuAfter = CPUAccounting.sample(serverPID: options.serverPID, at: clock.now().nanoseconds)
-
-        return ProbeReport(
-            options: options, connect: connect, rssBefore: rssBefore, rssAfter: rssAfter,
-            publisher: published.take()!, receiver: received.take()!,
-            cpu: CPUAccounting.usage(from: cpuBefore, to: cpuAfter))
+        return Turns(publisher: published.take()!, receiver: received.take()!, cpu: .between(cpuBefore, cpuAfter))
     }
 
     /// A blocking connection from 127.0.0.1 whose handshake (CONNACK / WELCOME) is done.

@@ -20,6 +20,8 @@ struct ProbeOptions {
     var settleSeconds: Double
     var lossTimeoutSeconds: Double
     var seed: UInt64
+    /// `--turns`: where the turns' lines come from, and where each turn is reported done.
+    var turns: (go: String, done: String?)?
 
     static let parser = CommandLineParser(
         command: "reference-probe",
@@ -44,6 +46,8 @@ struct ProbeOptions {
             OptionSpec("settle", value: "SECONDS", default: "2", help: "Pause after the last handshake before measuring memory."),
             OptionSpec("loss-timeout", value: "SECONDS", default: "5", help: "An event not arrived this long after the last send is lost."),
             OptionSpec("seed", value: "N", default: "1", help: "Seed of the random choice of recipients."),
+            OptionSpec("turns", value: "PATH", help: "Measure in turns instead of once: after the subscribers connected, read one line per turn from PATH ('closed EVENTS' or 'RATE EVENTS'), run it, and write 'done' to --turns-done (and 'ready' there before the first); at a line 'end' (or the end of PATH), print one report per pacing over all its turns. With FIFOs a script alternates turns between probes of several servers, so that they share the host's slow moments (Tools/bench-reference, BENCH_INTERLEAVE). --events, --rate and --closed-loop are then unused."),
+            OptionSpec("turns-done", value: "PATH", help: "With --turns: where the probe writes 'ready' once its subscribers are connected, then 'done' after each turn."),
         ],
         epilogue: "Exit status: 0 all events arrived; 1 something was lost or failed; 2 the probe could not run; 64 usage."
     )
@@ -72,6 +76,12 @@ struct ProbeOptions {
         var serverPID: Int32?
         if let pid = try parsed.int("server-pid", in: 1...Int(Int32.max)) { serverPID = Int32(pid) }
         let seed = try parsed.int("seed", in: 0...Int.max) ?? 1
+        var turns: (go: String, done: String?)?
+        if let go = parsed.string("turns") {
+            turns = (go, parsed.string("turns-done"))
+        } else if parsed.string("turns-done") != nil {
+            throw UsageError("--turns-done is for --turns")
+        }
         return ProbeOptions(
             wireProtocol: wireProtocol, server: server, publisherServer: publisherServer,
             subscribers: try parsed.int("subscribers", in: 1...1_000_000) ?? 1000,
@@ -84,7 +94,20 @@ struct ProbeOptions {
             maxInFlight: try parsed.int("max-in-flight", in: 1...100_000) ?? 64,
             settleSeconds: try parsed.double("settle", in: 0...600) ?? 2,
             lossTimeoutSeconds: try parsed.double("loss-timeout", in: 0.1...600) ?? 5,
-            seed: UInt64(seed))
+            seed: UInt64(seed), turns: turns)
+    }
+
+    /// One turn of `--turns`: its line, `closed EVENTS` or `RATE EVENTS`.
+    static func turn(_ line: String) throws(UsageError) -> (closedLoop: Bool, rate: Double, events: Int) {
+        let words = line.split(separator: " ", omittingEmptySubsequences: true)
+        guard words.count == 2, let events = Int(words[1]), events >= 1 else {
+            throw UsageError("a turn is 'closed EVENTS' or 'RATE EVENTS', got '\(line)'")
+        }
+        if words[0] == "closed" { return (true, 2000, events) }
+        guard let rate = Double(words[0]), rate >= 1, rate <= 1_000_000 else {
+            throw UsageError("a turn's pacing is 'closed' or events/s (1-1000000), got '\(words[0])'")
+        }
+        return (false, rate, events)
     }
 
     /// 127.0.0.2, 127.0.0.3, ...

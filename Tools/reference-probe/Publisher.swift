@@ -17,6 +17,9 @@ struct Publisher {
     var dialect: any Dialect
     var subscribers: Int
     var events: Int
+    /// The number of the first event (each event's number is unique over the probe's
+    /// turns: voip makes it the message id, which the server would take for a retry).
+    var firstNumber = 0
     var rate: Double
     /// Send each event once the previous one arrived, not at `rate`.
     var closedLoop: Bool
@@ -38,6 +41,17 @@ struct Publisher {
         var lastError: String?
         var problem: String?
         var achievedRate: Double { seconds > 0 ? Double(max(0, sent - 1)) / seconds : 0 }
+
+        /// Adds a later turn's outcome (`--turns`): its sends, time and replies.
+        mutating func add(_ turn: Outcome) {
+            sent += turn.sent
+            seconds += turn.seconds
+            lateness.merge(turn.lateness)
+            oks += turn.oks
+            errors += turn.errors
+            lastError = turn.lastError ?? lastError
+            problem = problem ?? turn.problem
+        }
     }
 
     func run(expectsReplies: Bool) -> Outcome {
@@ -99,7 +113,7 @@ struct Publisher {
             // voipserver pay that wait where Mosquitto, whose QoS 0 publisher has nothing to
             // read, did not.
             guard drainReplies() else { break }
-            var packet = dialect.publication(number: number, subscriber: random.below(subscribers), payload: payload)
+            var packet = dialect.publication(number: firstNumber + number, subscriber: random.below(subscribers), payload: payload)
             let stampOffset = packet.count - payloadBytes
             let sent = packet.withUnsafeMutableBytes { bytes in
                 // The payload carries CLOCK_REALTIME: the clock of the kernel's receive

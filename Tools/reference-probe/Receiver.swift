@@ -31,6 +31,18 @@ struct Receiver {
         var connectionsLost = 0
         var firstProblem: String?
         var stampsFromTheFuture = 0
+
+        /// Adds a later turn's outcome (`--turns`).
+        mutating func add(_ turn: Outcome) {
+            latency.merge(turn.latency)
+            readLatency.merge(turn.readLatency)
+            unstamped += turn.unstamped
+            received += turn.received
+            misrouted += turn.misrouted
+            connectionsLost += turn.connectionsLost
+            firstProblem = firstProblem ?? turn.firstProblem
+            stampsFromTheFuture += turn.stampsFromTheFuture
+        }
     }
 
     func run() -> Outcome {
