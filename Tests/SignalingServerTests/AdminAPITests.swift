@@ -33,6 +33,16 @@ struct AdminAPITests {
 
     // MARK: Health
 
+    @Test("a metric's HELP text escapes backslashes and line feeds but not quotes; label values escape quotes too")
+    func prometheusEscaping() {
+        #expect(PrometheusText.escapedHelp("plain \"quoted\" text") == "plain \"quoted\" text")
+        #expect(PrometheusText.escapedHelp("a\\b\nc") == "a\\\\b\\nc")
+        var out = PrometheusText()
+        out.family("x_total", .counter, "Two\nlines.")
+        out.sample("x_total", ["path": "C:\\\"q\""], 3)
+        #expect(out.text == "# HELP x_total Two\\nlines.\n# TYPE x_total counter\nx_total{path=\"C:\\\\\\\"q\\\"\"} 3\n")
+    }
+
     @Test("/healthz answers 200; /readyz answers 200 while serving and 503 once draining")
     func healthAndReadiness() throws {
         let server = try adminServer()

@@ -11,6 +11,13 @@ struct SupportTests {
             OptionSpec("tag", value: "T", repeatable: true, help: "Tags."),
         ])
 
+    @Test("backslash escaping: a value with nothing to escape comes back as it is; backslash, quote and line feed are escaped")
+    func backslashEscaping() {
+        #expect(TextEscaping.backslashEscaped("vs-loop-0 éé") == "vs-loop-0 éé")
+        #expect(TextEscaping.backslashEscaped("a\\b\"c\nd") == "a\\\\b\\\"c\\nd")
+        #expect(TextEscaping.backslashEscaped("") == "")
+    }
+
     @Test("options, flags, repeats, = syntax, -- and positionals")
     func parses() throws {
         let parsed = try parser.parse(["a", "--name", "n1", "--verbose", "--tag=t1", "--tag", "t2", "--", "--not-an-option"])

@@ -1,4 +1,3 @@
-import Foundation
 import SignalingSupport
 
 /// Builds a Prometheus text exposition (format 0.0.4): each family's `# HELP` and
@@ -69,7 +68,19 @@ struct PrometheusText {
 
     static func escapedLabel(_ value: String) -> String { TextEscaping.backslashEscaped(value) }
 
+    /// A HELP text escapes backslashes and line feeds (not quotes). Byte by byte, without
+    /// Foundation: each scrape escapes a hundred of them, and bridging to NSString for
+    /// `replacingOccurrences` was the largest part of rendering `/metrics`.
     static func escapedHelp(_ value: String) -> String {
-        value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\n", with: "\\n")
+        guard value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\n") }) else { return value }
+        var escaped = ""
+        for character in value {
+            switch character {
+            case "\\": escaped += "\\\\"
+            case "\n": escaped += "\\n"
+            default: escaped.append(character)
+            }
+        }
+        return escaped
     }
 }
