@@ -1,19 +1,21 @@
 /// The two escapings the project writes text with, in one place: the log's `key=value`
-/// values and Prometheus label values share backslash escaping; JSON lines (logs,
+/// values and Prometheus label values and HELP texts share backslash escaping; JSON lines (logs,
 /// voipclient's output) share RFC 8259 string literals.
 public enum TextEscaping {
-    /// `\`, `"` and newline escaped with a backslash (no surrounding quotes).
-    public static func backslashEscaped(_ value: String) -> String {
+    /// `\`, `"` and newline escaped with a backslash (no surrounding quotes); with
+    /// `quotes: false`, `"` is left alone (a Prometheus HELP text escapes only the other two).
+    public static func backslashEscaped(_ value: String, quotes: Bool = true) -> String {
         // Most values need nothing: one pass over the bytes instead of building a copy
-        // character by character (a `/metrics` scrape escapes hundreds of label values).
-        guard value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\n") }) else {
+        // character by character (a `/metrics` scrape escapes hundreds of label values and
+        // a hundred HELP texts).
+        guard value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\n") || (quotes && $0 == UInt8(ascii: "\"")) }) else {
             return value
         }
         var escaped = ""
         for character in value {
             switch character {
             case "\\": escaped += "\\\\"
-            case "\"": escaped += "\\\""
+            case "\"" where quotes: escaped += "\\\""
             case "\n": escaped += "\\n"
             default: escaped.append(character)
             }

@@ -68,19 +68,6 @@ struct PrometheusText {
 
     static func escapedLabel(_ value: String) -> String { TextEscaping.backslashEscaped(value) }
 
-    /// A HELP text escapes backslashes and line feeds (not quotes). Byte by byte, without
-    /// Foundation: each scrape escapes a hundred of them, and bridging to NSString for
-    /// `replacingOccurrences` was the largest part of rendering `/metrics`.
-    static func escapedHelp(_ value: String) -> String {
-        guard value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\n") }) else { return value }
-        var escaped = ""
-        for character in value {
-            switch character {
-            case "\\": escaped += "\\\\"
-            case "\n": escaped += "\\n"
-            default: escaped.append(character)
-            }
-        }
-        return escaped
-    }
+    /// A HELP text escapes backslashes and line feeds, not quotes.
+    static func escapedHelp(_ value: String) -> String { TextEscaping.backslashEscaped(value, quotes: false) }
 }
