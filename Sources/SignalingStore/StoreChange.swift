@@ -29,10 +29,16 @@ public enum StoreChange: Sendable, Equatable {
     /// Deletes the user's held events with ordinal ≤ `through` (they were handed to a
     /// device, whose `appendEvent`s are in the same batch, or they expired).
     case releaseHeld(user: String, through: UInt64)
-    /// Remembers a message id for de-duplication.
+    /// Remembers a message id for de-duplication. The server remembers an id only while it
+    /// holds no live record of it (never remembered, forgotten since, or expired: an expired
+    /// record may stay stored, and a snapshot returns an id's latest record).
     case rememberMessageID(StoredMessageID)
-    /// Forgets one message id (expired or evicted).
-    case forgetMessageID(sender: String, messageID: String)
+    /// Forgets the record of a message id that `rememberMessageID` stored with this
+    /// `serverTime` (it expired, was evicted, or its message was withdrawn). The server time
+    /// finds the record: the SQLite store keeps ids in the order they were accepted, so that
+    /// remembering and forgetting write the two ends of one B-tree, not a random page each
+    /// (issue 16: apps' message ids are random UUIDs).
+    case forgetMessageID(sender: String, messageID: String, serverTime: UInt64)
     /// Stores one of the device's push registrations, replacing the device's earlier one
     /// of the same kind (`PushRegistration.kind`) and no other.
     case registerPush(user: String, device: String, registration: PushRegistration)
@@ -119,7 +125,7 @@ extension StoreChange {
         case .holdForUser(let user, let event): return "holdForUser \(user) ordinal \(event.seq)"
         case .releaseHeld(let user, let through): return "releaseHeld \(user) through \(through)"
         case .rememberMessageID(let remembered): return "rememberMessageID \(remembered.sender)/\(remembered.messageID)"
-        case .forgetMessageID(let sender, let messageID): return "forgetMessageID \(sender)/\(messageID)"
+        case .forgetMessageID(let sender, let messageID, _): return "forgetMessageID \(sender)/\(messageID)"
         case .registerPush(let user, let device, let registration): return "registerPush \(user)/\(device) \(registration.kind.rawValue)"
         case .removePush(let user, let device, let kind): return "removePush \(user)/\(device) \(kind.rawValue)"
         case .claimHeldEvent(let user, let device, let seq, let ordinal): return "claimHeldEvent \(user)/\(device) seq \(seq) ordinal \(ordinal)"
@@ -140,7 +146,7 @@ extension StoreChange {
              .withdrawEvent(let user, _, _), .withdrawHeld(let user, _):
             return user
         case .rememberMessageID(let remembered): return remembered.sender
-        case .forgetMessageID(let sender, _): return sender
+        case .forgetMessageID(let sender, _, _): return sender
         }
     }
 }

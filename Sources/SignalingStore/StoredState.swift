@@ -167,6 +167,17 @@ public struct StoredMessageID: Sendable, Equatable {
     }
 }
 
+/// A message id's identity: its sender and the id.
+public struct StoredMessageKey: Hashable, Sendable {
+    public var sender: String
+    public var messageID: String
+
+    public init(sender: String, messageID: String) {
+        self.sender = sender
+        self.messageID = messageID
+    }
+}
+
 /// Everything a store holds, loaded once when the server starts.
 public struct StoredSnapshot: Sendable, Equatable {
     public var devices: [StoredDevice]
@@ -178,5 +189,26 @@ public struct StoredSnapshot: Sendable, Equatable {
         self.devices = devices
         self.held = held
         self.messageIDs = messageIDs
+    }
+}
+
+extension StoredSnapshot {
+    /// Every store's order: devices by (user, device), message ids by (sender, message
+    /// id), byte-wise on UTF-8 (SQLite's BINARY collation), so that two stores' snapshots
+    /// compare equal.
+    public mutating func sort() {
+        devices.sort { Self.utf8Less(($0.userID, $0.deviceID), ($1.userID, $1.deviceID)) }
+        Self.sortMessageIDs(&messageIDs)
+    }
+
+    /// Message ids in the order `sort()` gives them.
+    public static func sortMessageIDs(_ messageIDs: inout [StoredMessageID]) {
+        messageIDs.sort { utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) }
+    }
+
+    /// Byte-wise on UTF-8, then the second key.
+    private static func utf8Less(_ a: (String, String), _ b: (String, String)) -> Bool {
+        if a.0 != b.0 { return a.0.utf8.lexicographicallyPrecedes(b.0.utf8) }
+        return a.1.utf8.lexicographicallyPrecedes(b.1.utf8)
     }
 }

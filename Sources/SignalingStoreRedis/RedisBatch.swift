@@ -106,7 +106,7 @@ struct RedisBatch {
             command.append("M")
             command.append(remembered.messageID)
             command.append(MessageIDRecord.encode(remembered))
-        case .forgetMessageID(_, let messageID):
+        case .forgetMessageID(_, let messageID, _):
             command.append("F")
             command.append(messageID)
         case .registerPush(_, let device, let registration):

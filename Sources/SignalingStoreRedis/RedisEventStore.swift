@@ -107,7 +107,7 @@ public final class RedisEventStore: EventStore, EventBodySource, @unchecked Send
                 try RedisSnapshotReader(connection: connection).read(into: &snapshot, instance: instance.index, of: instances.count)
             }
         }
-        RedisSnapshotReader.sort(&snapshot)
+        snapshot.sort()
         return snapshot
     }
 

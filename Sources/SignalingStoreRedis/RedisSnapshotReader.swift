@@ -14,7 +14,7 @@ struct RedisSnapshotReader {
     func read() throws(StoreError) -> StoredSnapshot {
         var snapshot = StoredSnapshot()
         try read(into: &snapshot)
-        Self.sort(&snapshot)
+        snapshot.sort()
         return snapshot
     }
 
@@ -37,11 +37,6 @@ struct RedisSnapshotReader {
         }
     }
 
-    /// The SQLite store's order, so that both stores' snapshots compare equal.
-    static func sort(_ snapshot: inout StoredSnapshot) {
-        snapshot.devices.sort { utf8Less(($0.userID, $0.deviceID), ($1.userID, $1.deviceID)) }
-        snapshot.messageIDs.sort { utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) }
-    }
 
     /// SSCAN, not SMEMBERS: Redis serves other clients between the pages.
     private func readUsers() throws(StoreError) -> [String] {
@@ -133,11 +128,5 @@ struct RedisSnapshotReader {
     private func unexpected(_ what: String, _ reply: RedisReply) -> StoreError {
         if case .error(let message) = reply { return RedisEventStore.error(fromReply: message, address: connection.endpoint.address) }
         return StoreError(.corrupt, "\(what): unexpected reply")
-    }
-
-    /// The SQLite store's order (byte-wise on UTF-8), so both stores' snapshots compare equal.
-    private static func utf8Less(_ a: (String, String), _ b: (String, String)) -> Bool {
-        if a.0 != b.0 { return a.0.utf8.lexicographicallyPrecedes(b.0.utf8) }
-        return a.1.utf8.lexicographicallyPrecedes(b.1.utf8)
     }
 }

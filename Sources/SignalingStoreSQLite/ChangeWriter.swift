@@ -99,14 +99,17 @@ final class ChangeWriter {
         deleteHeldEvent = try connection.prepare("""
             DELETE FROM held_events WHERE user_id = ?1 AND ordinal = ?2
             """, as: "delete held event")
+        // Keyed by server time first (schema version 3): ids are remembered in about the
+        // order of their server times and forgotten oldest first, so both write the ends of
+        // the B-tree, where a key of (sender, id) put each random id (a UUID) on a random
+        // page: a page read and a page of WAL per message, twice (issue 16).
         upsertMessageID = try connection.prepare("""
-            INSERT INTO message_ids (sender_id, message_id, server_time, expires_at)
-            VALUES (?1, ?2, ?3, ?4)
-            ON CONFLICT (sender_id, message_id) DO UPDATE
-            SET server_time = excluded.server_time, expires_at = excluded.expires_at
+            INSERT INTO message_ids (server_time, sender_id, message_id, expires_at)
+            VALUES (?3, ?1, ?2, ?4)
+            ON CONFLICT (server_time, sender_id, message_id) DO UPDATE SET expires_at = excluded.expires_at
             """, as: "upsert message id")
         deleteMessageID = try connection.prepare("""
-            DELETE FROM message_ids WHERE sender_id = ?1 AND message_id = ?2
+            DELETE FROM message_ids WHERE server_time = ?3 AND sender_id = ?1 AND message_id = ?2
             """, as: "delete message id")
         upsertPushRegistration = try connection.prepare("""
             INSERT INTO push_registrations (user_id, device_id, kind, platform, token, environment, topic)
@@ -250,9 +253,10 @@ final class ChangeWriter {
             try upsertMessageID.bind(4, StoredValue.timestamp(remembered.expiresAt))
             try upsertMessageID.run()
 
-        case .forgetMessageID(let sender, let messageID):
+        case .forgetMessageID(let sender, let messageID, let serverTime):
             try deleteMessageID.bind(1, sender)
             try deleteMessageID.bind(2, messageID)
+            try deleteMessageID.bind(3, StoredValue.timestamp(serverTime))
             try deleteMessageID.run()
 
         case .registerPush(let user, let device, let registration):

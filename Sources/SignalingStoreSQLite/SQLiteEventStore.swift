@@ -85,6 +85,17 @@ public final class SQLiteEventStore: EventStore, EventBodySource, @unchecked Sen
     /// Checkpoints the background checkpointer has run (for tests and monitoring).
     var checkpointsRun: Int { database?.checkpointer.checkpoints.load(ordering: .relaxed) ?? 0 }
 
+    /// Pages the commits have written to the WAL so far (SQLite's
+    /// SQLITE_DBSTATUS_CACHE_WRITE), 4 KiB each: what the commits cost the disk, before the
+    /// checkpoints copy them on (Tools/store-bench). Read on the thread that applies, or
+    /// while none does (the connection is not shared).
+    public var pagesWritten: Int {
+        guard let database else { return 0 }
+        var current: Int32 = 0, highwater: Int32 = 0
+        sqlite3_db_status(database.connection.handle, SQLITE_DBSTATUS_CACHE_WRITE, &current, &highwater, 0)
+        return Int(current)
+    }
+
     public func loadSnapshot() throws(StoreError) -> StoredSnapshot {
         guard let database else { throw Self.closedError }
         let snapshot = try SnapshotReader(connection: database.connection, logger: logger).read()

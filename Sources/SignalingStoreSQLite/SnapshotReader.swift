@@ -89,19 +89,26 @@ struct SnapshotReader {
         return held
     }
 
-    /// Message ids in (sender, message id) order.
+    /// Message ids in (sender, message id) order, each id's latest record only: the table
+    /// is in server-time order (schema version 3), and an id remembered again after its
+    /// record expired has two (`StoreChange.rememberMessageID`).
     private func readMessageIDs() throws(StoreError) -> [StoredMessageID] {
-        var messageIDs: [StoredMessageID] = []
+        var latest: [StoredMessageKey: StoredMessageID] = [:]
         let rows = try connection.prepare("""
-            SELECT sender_id, message_id, server_time, expires_at FROM message_ids ORDER BY sender_id, message_id
+            SELECT sender_id, message_id, server_time, expires_at FROM message_ids
             """, as: "read message ids")
         defer { rows.reset() }
         while try rows.step() {
-            messageIDs.append(StoredMessageID(
+            let record = StoredMessageID(
                 sender: rows.text(0), messageID: rows.text(1),
                 serverTime: StoredValue.timestamp(from: rows.int64(2)),
-                expiresAt: StoredValue.timestamp(from: rows.int64(3))))
+                expiresAt: StoredValue.timestamp(from: rows.int64(3)))
+            let key = StoredMessageKey(sender: record.sender, messageID: record.messageID)
+            if let earlier = latest[key], earlier.serverTime > record.serverTime { continue }
+            latest[key] = record
         }
+        var messageIDs = Array(latest.values)
+        StoredSnapshot.sortMessageIDs(&messageIDs)
         return messageIDs
     }
 

@@ -46,7 +46,7 @@ public enum CrashWorkload {
         if n > 3 { changes.append(.releaseHeld(user: "frank", through: n - 3)) }
         changes.append(.rememberMessageID(StoredMessageID(
             sender: "carol", messageID: "m\(n)", serverTime: 1_800_000_000_000 + n, expiresAt: 1_800_086_400_000 + n)))
-        if n > 10 { changes.append(.forgetMessageID(sender: "carol", messageID: "m\(n - 10)")) }
+        if n > 10 { changes.append(.forgetMessageID(sender: "carol", messageID: "m\(n - 10)", serverTime: 1_800_000_000_000 + n - 10)) }
         return changes
     }
 }

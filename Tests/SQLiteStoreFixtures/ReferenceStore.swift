@@ -3,17 +3,11 @@ import SignalingStore
 
 /// What a correct store holds after a sequence of batches, computed in memory from the
 /// documented meaning of each `StoreChange`. Tests compare a real store's snapshot with it.
-/// Its snapshot is in the SQLite store's order: devices by (user, device) and message ids
-/// by (sender, message id), comparing UTF-8 bytes.
+/// Its snapshot is in every store's order (`StoredSnapshot.sort`).
 public struct ReferenceStore: Sendable {
-    private struct MessageKey: Hashable, Sendable {
-        var sender: String
-        var messageID: String
-    }
-
     private var devices: [DeviceKey: StoredDevice] = [:]
     private var held: [String: [StoredEvent]] = [:]
-    private var messageIDs: [MessageKey: StoredMessageID] = [:]
+    private var messageIDs: [StoredMessageKey: StoredMessageID] = [:]
 
     public init() {}
 
@@ -62,9 +56,11 @@ public struct ReferenceStore: Sendable {
             held[user]?.removeAll { $0.seq <= through }
             if held[user]?.isEmpty == true { held[user] = nil }
         case .rememberMessageID(let remembered):
-            messageIDs[MessageKey(sender: remembered.sender, messageID: remembered.messageID)] = remembered
-        case .forgetMessageID(let sender, let messageID):
-            messageIDs[MessageKey(sender: sender, messageID: messageID)] = nil
+            messageIDs[StoredMessageKey(sender: remembered.sender, messageID: remembered.messageID)] = remembered
+        case .forgetMessageID(let sender, let messageID, let serverTime):
+            // Only the record remembered with that server time (`StoreChange.forgetMessageID`).
+            let key = StoredMessageKey(sender: sender, messageID: messageID)
+            if messageIDs[key]?.serverTime == serverTime { messageIDs[key] = nil }
         case .registerPush(let user, let device, let registration):
             devices[DeviceKey(userID: user, deviceID: device)]?.pushRegistrations.register(registration)
         case .removePush(let user, let device, let kind):
@@ -81,20 +77,13 @@ public struct ReferenceStore: Sendable {
     }
 
     public var snapshot: StoredSnapshot {
-        StoredSnapshot(
-            devices: devices.values.sorted { Self.utf8Less(($0.userID, $0.deviceID), ($1.userID, $1.deviceID)) },
-            held: held,
-            messageIDs: messageIDs.values.sorted { Self.utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) })
+        var snapshot = StoredSnapshot(devices: Array(devices.values), held: held, messageIDs: Array(messageIDs.values))
+        snapshot.sort()
+        return snapshot
     }
 
     private static func insertInOrder(_ event: StoredEvent, into events: inout [StoredEvent]) {
         let index = events.lastIndex { $0.seq < event.seq }.map { $0 + 1 } ?? 0
         events.insert(event, at: index)
-    }
-
-    /// SQLite's BINARY collation: byte-wise on UTF-8, then the second key.
-    private static func utf8Less(_ a: (String, String), _ b: (String, String)) -> Bool {
-        if a.0 != b.0 { return a.0.utf8.lexicographicallyPrecedes(b.0.utf8) }
-        return a.1.utf8.lexicographicallyPrecedes(b.1.utf8)
     }
 }

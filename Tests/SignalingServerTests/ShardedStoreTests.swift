@@ -316,7 +316,7 @@ struct ShardedStoreTests {
 
             store.openGate()
             try server.waitFor("the refused message to be withdrawn") { _ in
-                store.appliedChanges.contains { if case .forgetMessageID("alice", "m1") = $0 { true } else { false } }
+                store.appliedChanges.contains { if case .forgetMessageID("alice", "m1", _) = $0 { true } else { false } }
             }
             let withdrawn = store.appliedChanges.compactMap { change -> String? in
                 if case .withdrawEvent(let user, let device, _) = change { "\(user)/\(device)" } else { nil }

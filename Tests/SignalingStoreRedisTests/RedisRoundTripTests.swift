@@ -62,8 +62,8 @@ struct RedisRoundTripTests {
             .withdrawEvent(user: "alice", device: "phone", seq: 90),
             .withdrawHeld(user: "dave", ordinal: 1),
             .rememberMessageID(StoredMessageID(sender: "bob", messageID: "m1", serverTime: 30, expiresAt: 40)),
-            .forgetMessageID(sender: "bob", messageID: "m2"),
-            .forgetMessageID(sender: "nobody", messageID: "never"),
+            .forgetMessageID(sender: "bob", messageID: "m2", serverTime: 11),
+            .forgetMessageID(sender: "nobody", messageID: "never", serverTime: 1),
         ])
         try harness.reopen()
         let snapshot = try harness.verify()

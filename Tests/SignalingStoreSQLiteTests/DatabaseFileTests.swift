@@ -20,7 +20,7 @@ struct DatabaseFileTests {
         return path
     }
 
-    @Test("a new store creates its directory, with parents, and a WAL-mode file with schema version 2")
+    @Test("a new store creates its directory, with parents, and a WAL-mode file with schema version 3")
     func createsEverything() throws {
         let directory = try TemporaryDirectory()
         let configuration = SQLiteStoreConfiguration(directory: directory.file("a/b/data"))
@@ -28,7 +28,7 @@ struct DatabaseFileTests {
         try store.apply([Sample.device("alice", "phone")])
         let database = try RawDatabase(path: configuration.databasePath)
         #expect(try database.text("PRAGMA journal_mode") == "wal")
-        #expect(try database.text("PRAGMA user_version") == "2")
+        #expect(try database.text("PRAGMA user_version") == "3")
         #expect(try database.text("SELECT count(*) FROM devices") == "1")
         store.close()
         let mode = try FileManager.default.attributesOfItem(atPath: configuration.databasePath)[.posixPermissions] as? Int
@@ -57,7 +57,7 @@ struct DatabaseFileTests {
         #expect(try database.text("SELECT count(*) FROM sqlite_master WHERE name = 'devices'") == "0")
     }
 
-    @Test("a version 1 file is upgraded: its one push registration per device moves to push_registrations, by kind")
+    @Test("a version 1 file is upgraded: its one push registration per device moves to push_registrations, by kind, and its message ids stay")
     func upgradesVersion1() throws {
         let directory = try TemporaryDirectory()
         let configuration = configuration(directory)
@@ -81,6 +81,7 @@ struct DatabaseFileTests {
             INSERT INTO devices VALUES ('alice', 'phone', zeroblob(16), 0, 3, 10, 'apns', x'0102');
             INSERT INTO devices VALUES ('bob', 'pixel', zeroblob(16), 0, 0, 10, 'my-gateway', x'09');
             INSERT INTO devices VALUES ('carol', 'pc', zeroblob(16), 0, 0, 10, NULL, NULL);
+            INSERT INTO message_ids VALUES ('bob', 'm2', 20, 120), ('bob', 'm1', 30, 130), ('amy', 'm9', 10, 110);
             PRAGMA application_id = 1448298823; PRAGMA user_version = 1;
             """)
         let store = try SQLiteEventStore(configuration: configuration)
@@ -92,8 +93,13 @@ struct DatabaseFileTests {
         #expect(byUser["bob"]?.pushRegistrations.map(\.kind) == [.webhook])
         #expect(byUser["bob"]?.pushRegistrations.first?.platform == "my-gateway")
         #expect(byUser["carol"]?.pushRegistrations == [])
+        #expect(snapshot.messageIDs == [
+            StoredMessageID(sender: "amy", messageID: "m9", serverTime: 10, expiresAt: 110),
+            StoredMessageID(sender: "bob", messageID: "m1", serverTime: 30, expiresAt: 130),
+            StoredMessageID(sender: "bob", messageID: "m2", serverTime: 20, expiresAt: 120),
+        ])
         let database = try RawDatabase(path: path)
-        #expect(try database.text("PRAGMA user_version") == "2")
+        #expect(try database.text("PRAGMA user_version") == "3")
         #expect(try database.text("SELECT count(*) FROM devices WHERE push_platform IS NOT NULL") == "0")
     }
 

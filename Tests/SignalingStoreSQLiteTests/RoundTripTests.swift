@@ -172,23 +172,26 @@ struct RoundTripTests {
         #expect(snapshot.held["dave"]?.map(\.seq) == [2])
     }
 
-    @Test("rememberMessageID replaces an earlier entry; forgetMessageID deletes one")
+    @Test("an id remembered again (its record expired) reads back as its latest record; forgetMessageID deletes the record of its server time")
     func messageIDs() throws {
         let harness = try StoreHarness()
         try harness.apply([
             .rememberMessageID(StoredMessageID(sender: "bob", messageID: "m1", serverTime: 10, expiresAt: 20)),
             .rememberMessageID(StoredMessageID(sender: "bob", messageID: "m2", serverTime: 11, expiresAt: 21)),
             .rememberMessageID(StoredMessageID(sender: "amy", messageID: "m1", serverTime: 12, expiresAt: 22)),
+            .rememberMessageID(StoredMessageID(sender: "amy", messageID: "m2", serverTime: 13, expiresAt: 23)),
         ])
         try harness.apply([
             .rememberMessageID(StoredMessageID(sender: "bob", messageID: "m1", serverTime: 30, expiresAt: 40)),
-            .forgetMessageID(sender: "bob", messageID: "m2"),
-            .forgetMessageID(sender: "nobody", messageID: "never-stored"),
+            .forgetMessageID(sender: "bob", messageID: "m2", serverTime: 11),
+            .forgetMessageID(sender: "amy", messageID: "m2", serverTime: 99),  // not that record: it stays
+            .forgetMessageID(sender: "nobody", messageID: "never-stored", serverTime: 1),
         ])
         try harness.reopen()
         let snapshot = try harness.verify()
         #expect(snapshot.messageIDs == [
             StoredMessageID(sender: "amy", messageID: "m1", serverTime: 12, expiresAt: 22),
+            StoredMessageID(sender: "amy", messageID: "m2", serverTime: 13, expiresAt: 23),
             StoredMessageID(sender: "bob", messageID: "m1", serverTime: 30, expiresAt: 40),
         ])
     }

@@ -19,7 +19,11 @@
 // recipient's acknowledgement, the receipt to the sender's device and the sender's
 // acknowledgement; M messages per commit, compacted (StoreBatch) as the writer does. It
 // prints the writer's CPU per message (thread CPU time, compaction included), which other
-// work on the machine changes far less than it changes latencies.
+// work on the machine changes far less than it changes latencies, and the bytes it wrote
+// per message (WAL frames and checkpoints: what the disk gets). Message ids are random
+// (--message-id-style random: UUIDs, as apps send them) or a counter, and --retained-ids
+// of them are kept, the oldest forgotten as each new one is remembered, as the server's
+// --dedup-capacity does once it is full (the store starts with that many).
 import SignalingProtocol
 import SignalingStore
 import SignalingStoreRedis
@@ -46,6 +50,10 @@ let parser = CommandLineParser(
         OptionSpec("message-ids", help: "Remember a message id with every event (and forget an old one), as for messages."),
         OptionSpec("messages-per-commit", value: "M",
                    help: "Replay the server's changes for 1:1 messages to random devices instead, M messages per commit (closed loop at 15,000 devices: about 40; 1000/s: 2)."),
+        OptionSpec("message-id-style", value: "random|sequential", default: "random",
+                   help: "With --messages-per-commit: message ids as apps make them (random UUIDs), or a counter (as Tools/reference-probe does)."),
+        OptionSpec("retained-ids", value: "N", default: "100000",
+                   help: "With --messages-per-commit: message ids kept (stored before the run; the oldest forgotten for each new one), as a server whose --dedup-capacity is N and full."),
     ])
 
 @MainActor func fail(_ message: String) -> Never {
@@ -55,6 +63,7 @@ let parser = CommandLineParser(
 
 let options: ParsedOptions
 let deviceCount: Int, batchSize: Int, bodyBytes: Int, seconds: Double, messagesPerCommit: Int?
+let randomMessageIDs: Bool, retainedIDs: Int
 let synchronous: SQLiteStoreConfiguration.Synchronous
 var redisEndpoint: RedisEndpoint?
 do {
@@ -73,6 +82,12 @@ do {
     bodyBytes = try options.int("body-bytes", in: 0...65_536) ?? 200
     seconds = try options.double("seconds", in: 0.1...3_600) ?? 5
     messagesPerCommit = try options.int("messages-per-commit", in: 1...100_000)
+    switch options.string("message-id-style") ?? "random" {
+    case "random": randomMessageIDs = true
+    case "sequential": randomMessageIDs = false
+    default: throw UsageError("--message-id-style must be random or sequential")
+    }
+    retainedIDs = try options.int("retained-ids", in: 1...100_000_000) ?? 100_000
     guard let parsed = SQLiteStoreConfiguration.Synchronous(rawValue: options.string("synchronous") ?? "normal") else {
         throw UsageError("--synchronous must be normal or full")
     }
@@ -162,6 +177,18 @@ if let messagesPerCommit {
     exit(0)
 }
 
+/// Bytes this process has passed to write system calls (`wchar` in /proc/self/io).
+func bytesWritten() -> Int {
+    guard let file = fopen("/proc/self/io", "r") else { return 0 }
+    defer { fclose(file) }
+    var line = [CChar](repeating: 0, count: 128)
+    while fgets(&line, Int32(line.count), file) != nil {
+        let text = line.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+        if text.hasPrefix("wchar:") { return Int(text.dropFirst(6).filter { $0.isNumber }) ?? 0 }
+    }
+    return 0
+}
+
 /// The --messages-per-commit workload (see the top of this file).
 @MainActor func runMessages(perCommit: Int) {
     let sender = (user: "sender", device: "p1")
@@ -185,6 +212,32 @@ if let messagesPerCommit {
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
         return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
+    var idCount = 0
+    func nextMessageID() -> String {
+        idCount += 1
+        guard randomMessageIDs else { return "m\(idPrefix)-\(idCount)" }
+        let high = random.next() as UInt64, low = random.next() as UInt64
+        let hex = String(high, radix: 16) + String(low, radix: 16)
+        return String(repeating: "0", count: 32 - hex.count) + hex
+    }
+    // The retained ids, oldest first from `oldestRetained` (a ring).
+    var retained: [StoredMessageID] = []
+    retained.reserveCapacity(retainedIDs)
+    var oldestRetained = 0
+    // Accepted before the run, a thousand a second, as a server's ids are spread over its
+    // de-duplication window.
+    let filledFrom = clock.wallMilliseconds() - UInt64(retainedIDs)
+    while retained.count < retainedIDs {
+        let count = min(batchSize, retainedIDs - retained.count)
+        let remembered = (0..<count).map { offset in
+            let time = filledFrom + UInt64(retained.count + offset)
+            return StoredMessageID(sender: sender.user, messageID: nextMessageID(), serverTime: time, expiresAt: time + 86_400_000)
+        }
+        retained += remembered
+        run(remembered.map { .rememberMessageID($0) })
+    }
+    let writtenBefore = bytesWritten()
+    let pagesBefore = (store as? SQLiteEventStore)?.pagesWritten
     let start = clock.now()
     let end = start + .milliseconds(Int64(seconds * 1000))
     while clock.now() < end {
@@ -199,12 +252,16 @@ if let messagesPerCommit {
                 reserved[index] = seq + window
                 batch.append(.reserveSequence(user: device.user, device: device.device, through: reserved[index]))
             }
-            let messageID = "m\(idPrefix)-\(messages)"
+            let messageID = nextMessageID()
             batch.append(.appendEvent(user: device.user, device: device.device, event: StoredEvent(
                 seq: seq, type: FrameType.message.rawValue, body: body,
                 receipt: StoredReceipt(sender: sender.user, messageID: messageID, recipient: device.user), createdAt: now)))
-            batch.append(.rememberMessageID(StoredMessageID(
-                sender: sender.user, messageID: messageID, serverTime: now, expiresAt: now + 86_400_000)))
+            let remembered = StoredMessageID(sender: sender.user, messageID: messageID, serverTime: now, expiresAt: now + 86_400_000)
+            batch.append(.rememberMessageID(remembered))
+            let oldest = retained[oldestRetained]
+            batch.append(.forgetMessageID(sender: oldest.sender, messageID: oldest.messageID, serverTime: oldest.serverTime))
+            retained[oldestRetained] = remembered
+            oldestRetained = (oldestRetained + 1) % retained.count
             batch.append(.acknowledge(user: device.user, device: device.device, through: seq))
             senderSeq += 1
             if senderSeq > senderReserved {
@@ -223,12 +280,18 @@ if let messagesPerCommit {
         commits += 1
     }
     let elapsed = (clock.now() - start).seconds
+    // The store's checkpoints (its own thread) count too: they are part of what the disk gets.
+    let written = bytesWritten() - writtenBefore
+    let pages = pagesBefore.map { (store as! SQLiteEventStore).pagesWritten - $0 }
     store.close()
     removeTemporaryStore()
     StandardStreams.output("""
-        \(setting) devices=\(deviceCount) messages-per-commit=\(perCommit) body-bytes=\(bodyBytes)
+        \(setting) devices=\(deviceCount) messages-per-commit=\(perCommit) body-bytes=\(bodyBytes) \
+        message-ids=\(randomMessageIDs ? "random" : "sequential") retained-ids=\(retainedIDs)
         messages: \(messages) in \(commits) commits, \(decimal(elapsed)) s
         writer CPU per message: \(decimal(Double(cpu) / Double(max(1, messages)) / 1000)) µs (compaction and apply, thread CPU time)
+        written per message: \(written / max(1, messages)) bytes (write system calls of the whole process: WAL frames, checkpoints)\
+        \(pages.map { "; WAL pages per commit: \(decimal(Double($0) / Double(max(1, commits))))" } ?? "")
 
         """)
 }
@@ -241,6 +304,8 @@ do {
 }
 var latencies: [Duration] = []
 var appends = 0, acknowledgements = 0, messageIDChanges = 0
+/// The server times of the last 10,000 ids remembered, by `appends % 10_000`.
+var serverTimes = [UInt64](repeating: 0, count: 10_000)
 var nextDevice = 0
 let start = clock.now()
 let end = start + .milliseconds(Int64(seconds * 1000))
@@ -265,7 +330,11 @@ while clock.now() < end {
             // From one of 100 senders; ids are forgotten 10,000 messages later.
             let sender = "sender\(appends % 100)"
             batch.append(.rememberMessageID(StoredMessageID(sender: sender, messageID: "m\(appends)", serverTime: now, expiresAt: now + 86_400_000)))
-            if appends > 10_000 { batch.append(.forgetMessageID(sender: sender, messageID: "m\(appends - 10_000)")) }
+            // (10,000 is a multiple of 100: the forgotten id was this sender's too.)
+            if appends > 10_000 {
+                batch.append(.forgetMessageID(sender: sender, messageID: "m\(appends - 10_000)", serverTime: serverTimes[appends % 10_000]))
+            }
+            serverTimes[appends % 10_000] = now
             messageIDChanges += appends > 10_000 ? 2 : 1
         }
     }

@@ -870,8 +870,8 @@ struct SwitchboardState {
     }
 
     mutating func forgetMessageID(_ messageID: String, sender: String) {
-        guard let activity = activities[sender], activity.recentMessageIDs.removeValue(forKey: messageID) != nil else { return }
-        journal(.forgetMessageID(sender: sender, messageID: messageID))
+        guard let activity = activities[sender], let serverTime = activity.recentMessageIDs.removeValue(forKey: messageID) else { return }
+        journal(.forgetMessageID(sender: sender, messageID: messageID, serverTime: serverTime))
         compactActivity(sender)
     }
 

@@ -739,14 +739,10 @@ final class StoreWriter: @unchecked Sendable {
             let device: Device
             let seq: UInt64
         }
-        struct MessageKey: Hashable {
-            let sender: String
-            let messageID: String
-        }
         var events = Set<EventKey>()
         var eventDevices = Set<Device>()
         var devices = Set<Device>()
-        var messageIDs = Set<MessageKey>()
+        var messageIDs = Set<StoredMessageKey>()
         var heldUsers = Set<String>()
 
         init() {}
@@ -766,9 +762,9 @@ final class StoreWriter: @unchecked Sendable {
                 case .holdForUser(let user, _), .releaseHeld(let user, _), .withdrawHeld(let user, _):
                     heldUsers.insert(user)
                 case .rememberMessageID(let remembered):
-                    messageIDs.insert(MessageKey(sender: remembered.sender, messageID: remembered.messageID))
-                case .forgetMessageID(let sender, let messageID):
-                    messageIDs.insert(MessageKey(sender: sender, messageID: messageID))
+                    messageIDs.insert(StoredMessageKey(sender: remembered.sender, messageID: remembered.messageID))
+                case .forgetMessageID(let sender, let messageID, _):
+                    messageIDs.insert(StoredMessageKey(sender: sender, messageID: messageID))
                 }
             }
             for (device, _, _) in unit.durable { devices.insert(Device(user: device.userID, device: device.deviceID)) }
@@ -809,7 +805,7 @@ final class StoreWriter: @unchecked Sendable {
             case .holdForUser(let user, let event):
                 return .withdrawHeld(user: user, ordinal: event.seq)
             case .rememberMessageID(let remembered) where remembered.sender == reply.sender && remembered.messageID == reply.messageID:
-                return .forgetMessageID(sender: remembered.sender, messageID: remembered.messageID)
+                return .forgetMessageID(sender: remembered.sender, messageID: remembered.messageID, serverTime: remembered.serverTime)
             default:
                 return nil
             }
