@@ -76,10 +76,12 @@ struct StoreThreadPriority: Equatable, Sendable {
         }
     }
 
-    /// What to do with the threads: move them to this level (`raise`, `lower`).
+    /// What to do with the threads: move them to this level (`raise`, `stepDown`, `lower`).
     enum Action: Equatable, Sendable {
         /// Move the threads up to this level: the writer fell behind.
         case raise(to: Level)
+        /// Move them from their own nice value down to nice 19: the writer caught up.
+        case stepDown
         /// Move them back to the idle policy: it has kept up for `lowerAfter`.
         case lower
     }
@@ -104,9 +106,10 @@ struct StoreThreadPriority: Equatable, Sendable {
     /// The threads run above the idle policy now.
     var raised: Bool { level != .idle }
 
-    /// Loop 0's tick or callback: how long the writer has kept work waiting, at `now`, and of
-    /// that how long arrivals have waited with no pass of the writer taking any (`unrun`).
-    mutating func observe(now: Instant, waited: Duration, unrun: Duration = .zero) -> Action? {
+    /// Loop 0's tick or callback: how long the writer has kept work waiting, at `now`, of
+    /// that how long arrivals have waited with no pass of the writer taking any (`unrun`),
+    /// and whether devices completed handshakes since loop 0's previous tick (`settingUp`).
+    mutating func observe(now: Instant, waited: Duration, unrun: Duration = .zero, settingUp: Bool = false) -> Action? {
         if waited >= Self.behindAfter {
             keptUpSince = nil
             // Not run at all: starved, not slow (see above).
@@ -117,6 +120,22 @@ struct StoreThreadPriority: Equatable, Sendable {
             return .raise(to: wanted)
         }
         guard raised else { return nil }
+        // Caught up at its own nice value, and no connections are being set up: down to
+        // nice 19 at once, where a loop that wakes gets the CPU within tens of µs, instead
+        // of competing as an equal for the whole second of keeping up. In the benchmark's
+        // closed loop (both CPUs busy) the writer is starved at idle every few seconds and
+        // raised straight to its own nice value; kept there, it ran before 193 and 310 of
+        // loop 0's waits over 50 µs while raised, and 34 and 12 with the step down
+        // (`Tools/bench-sched-delays`, alternated). Not during a ramp of handshakes: at
+        // nice 19 the writer then lags by up to `farBehindAfter`, its waiting units
+        // interleaved with the connections' long-lived allocations, and they stayed
+        // resident after the ramp (506-537 B per idle device against 475-499). Starved
+        // again at nice 19, it goes back up at 50 ms.
+        if level == .normal && !settingUp {
+            level = .nice19
+            keptUpSince = now
+            return .stepDown
+        }
         guard let since = keptUpSince else {
             keptUpSince = now
             return nil

@@ -304,6 +304,14 @@ final class StoreWriter: @unchecked Sendable {
     /// The threads it moves, each with the nice value it had before (what `.normal` restores).
     private var priorityThreads: [(thread: JoinableThread, nice: Int32)] = []
     private var untaken: (passes: UInt64, since: Instant?) = (0, nil)
+    /// Handshakes completed by loop 0's previous tick, and when (`superviseCommits`).
+    private var handshakesAtLastTick: (count: Int, at: Instant)?
+    /// Whether they came at `rampHandshakesPerSecond` or more then: a ramp of connections.
+    private var connectionsRamping = false
+    /// Handshakes a second that make a ramp of connections, during which the raised store
+    /// threads do not step down (`StoreThreadPriority.observe`): far above a deployment's
+    /// steady reconnections, far below a ramp's thousands.
+    static let rampHandshakesPerSecond = 200.0
     /// The store's threads run at the idle policy now (`/metrics`; written by loop 0, or
     /// by the starting thread before the loops run).
     let threadsAtIdlePriority = Atomic<Bool>(false)
@@ -432,7 +440,9 @@ final class StoreWriter: @unchecked Sendable {
     /// Loop 0's, at each tick and, while the threads are at idle, after each callback: how
     /// long the writer has kept work waiting, and the threads' policy that follows
     /// (`StoreThreadPriority`). `oldestReply`: the oldest message waiting for its commit.
-    private func superviseThreadPriority(now: Instant, oldestReply: DeferredReply?, commit: CommitWatch.Commit?) {
+    private func superviseThreadPriority(
+        now: Instant, oldestReply: DeferredReply?, commit: CommitWatch.Commit?, settingUp: Bool = false
+    ) {
         guard var priority = threadPriority else { return }
         var waited = Duration.zero
         // (`Instant` differences are never negative: the time left, taken from the timeout.)
@@ -450,19 +460,21 @@ final class StoreWriter: @unchecked Sendable {
         } else {
             untaken.since = now
         }
-        let action = priority.observe(now: now, waited: waited, unrun: unrun)
+        let action = priority.observe(now: now, waited: waited, unrun: unrun, settingUp: settingUp)
         threadPriority = priority
-        guard action != nil else { return }
+        guard let action else { return }
         for entry in priorityThreads { _ = entry.thread.setPriority(priority.level.scheduling(own: entry.nice)) }
         threadsAtIdlePriority.store(priority.level == .idle, ordering: .relaxed)
-        switch priority.level {
-        case .idle: break
-        case .nice19: threadPriorityRaises.add(1, ordering: .relaxed)
-        case .normal: threadPriorityRaisesToNormal.add(1, ordering: .relaxed)
+        switch action {
+        case .raise(to: .nice19): threadPriorityRaises.add(1, ordering: .relaxed)
+        case .raise(to: .normal): threadPriorityRaisesToNormal.add(1, ordering: .relaxed)
+        case .raise(to: .idle), .stepDown, .lower: break
         }
-        context.logger.debug(priority.raised ? "store_threads_raised" : "store_threads_lowered", [
-            "waited_ms": waited.milliseconds, "level": "\(priority.level)",
-        ])
+        let event = switch action {
+        case .raise: "store_threads_raised"
+        case .stepDown, .lower: "store_threads_lowered"
+        }
+        context.logger.debug(event, ["waited_ms": waited.milliseconds, "level": "\(priority.level)"])
     }
 
     /// Commits what is queued, then stops the thread and closes the store.
@@ -914,7 +926,18 @@ final class StoreWriter: @unchecked Sendable {
         if !overdue.isEmpty { wake() }
 
         let underWay = watch.running
-        superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: underWay)
+        // A ramp of connections under way: handshakes completed since the previous tick at
+        // `rampHandshakesPerSecond` or more (judged again only once the clock has moved).
+        let handshakes = context.counters.handshakesCompleted.value
+        if let last = handshakesAtLastTick {
+            if now > last.at {
+                connectionsRamping = Double(handshakes - last.count) / (now - last.at).seconds >= Self.rampHandshakesPerSecond
+                handshakesAtLastTick = (handshakes, now)
+            }
+        } else {
+            handshakesAtLastTick = (handshakes, now)
+        }
+        superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: underWay, settingUp: connectionsRamping)
         guard let commit = underWay else {
             watched = nil
             return
