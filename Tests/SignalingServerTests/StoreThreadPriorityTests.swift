@@ -97,13 +97,7 @@ struct StoreThreadPriorityTests {
             return
         }
         #expect(server.server.storeThreadsAtIdlePriority == [true])
-        let (alice, _) = try server.connect(user: "alice")
-        let (bob, _) = try server.connect(user: "bob")
-        try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
-
-        store.closeGate()
-        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
-        try server.waitFor("the commit to hang") { _ in store.appliesWaitingAtGate == 1 }
+        let (alice, bob) = try hangACommit(server, store)
         let own = nice(0)  // what the test process runs at: the store's threads inherited it
         try server.advance(by: .milliseconds(30))
         #expect(server.server.storeThreadPriorities == [.idle], "30 ms of waiting is not behind")
@@ -135,12 +129,7 @@ struct StoreThreadPriorityTests {
         let server = try TestServer(workers: 1, store: store) { $0.storeThreadPriority = .auto }
         defer { store.openGate() }
         guard JoinableThread.mayRestoreFromIdle else { return }  // the first test covers the unprivileged case
-        let (alice, _) = try server.connect(user: "alice")
-        let (bob, _) = try server.connect(user: "bob")
-        try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
-        store.closeGate()
-        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
-        try server.waitFor("the commit to hang") { _ in store.appliesWaitingAtGate == 1 }
+        let (alice, bob) = try hangACommit(server, store)
         // 80 handshakes within 300 ms of the clock (with alice's and bob's: 273 a second).
         var devices: [TestClient] = []
         for index in 0..<80 { devices.append(try server.connect(user: "ramp\(index)").0) }
@@ -187,6 +176,18 @@ struct StoreThreadPriorityTests {
         let raisedBy = SystemClock().now() + .milliseconds(200)
         while server.server.storeThreadsAtIdlePriority != [false] && SystemClock().now() < raisedBy { usleep(1_000) }
         #expect(server.server.storeThreadsAtIdlePriority == [false], "raised by the PING's callback")
+    }
+
+    /// Connects alice and bob, and leaves a message from alice to bob hanging in its commit
+    /// (the store's gate closed; the caller opens it).
+    private func hangACommit(_ server: TestServer, _ store: ModelEventStore) throws -> (alice: TestClient, bob: TestClient) {
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        try server.waitFor("the devices to be stored") { _ in (try? store.loadSnapshot().devices.count) == 2 }
+        store.closeGate()
+        try alice.send(.request(id: 1, Request.identifiedMessage("m1", to: "bob")))
+        try server.waitFor("the commit to hang") { _ in store.appliesWaitingAtGate == 1 }
+        return (alice, bob)
     }
 
     @Test("--store-thread-priority normal leaves the writer at the normal policy, whatever the process may do")
