@@ -37,7 +37,8 @@ public enum StoreChange: Sendable, Equatable {
     /// `serverTime` (it expired, was evicted, or its message was withdrawn). The server time
     /// finds the record: the SQLite store keeps ids in the order they were accepted, so that
     /// remembering and forgetting write the two ends of one B-tree, not a random page each
-    /// (issue 16: apps' message ids are random UUIDs).
+    /// (issue 16: apps' message ids are random UUIDs). The Redis store keeps one record per
+    /// id and needs no server time. The server forgets only the record it holds.
     case forgetMessageID(sender: String, messageID: String, serverTime: UInt64)
     /// Stores one of the device's push registrations, replacing the device's earlier one
     /// of the same kind (`PushRegistration.kind`) and no other.
