@@ -36,14 +36,18 @@ struct StoreThreadPriorityTests {
         #expect(priority.observe(now: start + .milliseconds(3_000), waited: .zero) == nil)
     }
 
-    @Test("a writer that has not run at all for 50 ms is starved, not slow: straight to its own nice value")
+    @Test("a writer that has not run at all for 20 ms (twice the commit interval, if longer) is starved, not slow: straight to its own nice value")
     func starved() {
         var priority = StoreThreadPriority()
-        #expect(priority.observe(now: start, waited: .milliseconds(60), unrun: .milliseconds(49)) == .raise(to: .nice19), "it ran: slow")
-        #expect(priority.observe(now: start + .milliseconds(20), waited: .milliseconds(80), unrun: .milliseconds(50)) == .raise(to: .normal))
+        #expect(priority.observe(now: start, waited: .milliseconds(60), unrun: .milliseconds(19)) == .raise(to: .nice19), "it ran: slow")
+        #expect(priority.observe(now: start + .milliseconds(20), waited: .milliseconds(80), unrun: .milliseconds(20)) == .raise(to: .normal))
         var fromIdle = StoreThreadPriority()
-        #expect(fromIdle.observe(now: start, waited: .milliseconds(50), unrun: .milliseconds(50)) == .raise(to: .normal))
+        #expect(fromIdle.observe(now: start, waited: .milliseconds(20), unrun: .milliseconds(20)) == .raise(to: .normal))
         #expect(fromIdle.observe(now: start + .milliseconds(10), waited: .milliseconds(10)) == .stepDown, "caught up: nice 19")
+        // A writer that gathers for 30 ms (--commit-interval 30) leaves arrivals that long on purpose.
+        var gathering = StoreThreadPriority(commitInterval: .milliseconds(30))
+        #expect(gathering.observe(now: start, waited: .milliseconds(40), unrun: .milliseconds(40)) == nil)
+        #expect(gathering.observe(now: start + .milliseconds(20), waited: .milliseconds(60), unrun: .milliseconds(60)) == .raise(to: .normal))
     }
 
     @Test("work still waiting at 250 ms raises the threads on to their own nice value; from idle, a wait that long goes there at once")

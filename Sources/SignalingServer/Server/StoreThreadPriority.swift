@@ -40,13 +40,16 @@ public enum StoreThreadPriorityMode: String, Sendable, CaseIterable {
 /// within tens of µs. Only a writer that stays behind at nice 19 for `farBehindAfter`
 /// competes as an equal.
 ///
-/// But a writer that has not run at all for `behindAfter` (arrivals no pass has taken) is
+/// But a writer that has not run at all for `starvedAfter` (arrivals no pass has taken) is
 /// starved, not slow: the CPUs are saturated, and its queue grows by everything the loops
 /// accept, each unit resident until committed. It goes straight to the normal policy, as
 /// with one step: at nice 19 it stayed starved up to `farBehindAfter`, and a 15,000-device
 /// ramp of handshakes left 540-650 B per idle device resident afterwards, against 490. In
 /// the benchmark's closed loop most raises are of this kind too, so there the two steps
-/// help little; they serve a writer that runs but is slow.
+/// help little; they serve a writer that runs but is slow. `starvedAfter` is 20 ms (at
+/// least twice `--commit-interval`, which the writer spends gathering on purpose): at 50
+/// ms, as `behindAfter`, the ramp's backlog left 483-583 B per idle device resident
+/// after it; at 20 ms, 481-489 (alternated, four runs each).
 ///
 /// Raising a thread from `SCHED_IDLE`, or lowering its nice value, needs CAP_SYS_NICE or an
 /// RLIMIT_NICE of at least 20 (root has both; systemd: `LimitNICE=20`), so `auto` lowers the
@@ -97,6 +100,15 @@ struct StoreThreadPriority: Equatable, Sendable {
     /// How long the writer must keep up before its threads go back to idle: transitions
     /// at most about once a second however the load swings.
     static let lowerAfter: Duration = .seconds(1)
+    /// Arrivals no pass has taken for this long mean the writer is starved (above).
+    let starvedAfter: Duration
+
+    /// - Parameter commitInterval: how long the writer gathers before it commits
+    ///   (`--commit-interval`): arrivals wait that long on purpose, so a writer is starved
+    ///   only after twice that, and never before 20 ms.
+    init(commitInterval: Duration = .milliseconds(2)) {
+        starvedAfter = max(.milliseconds(20), commitInterval * 2)
+    }
 
     /// Where the threads are now.
     private(set) var level = Level.idle
@@ -110,10 +122,10 @@ struct StoreThreadPriority: Equatable, Sendable {
     /// that how long arrivals have waited with no pass of the writer taking any (`unrun`),
     /// and whether devices completed handshakes since loop 0's previous tick (`settingUp`).
     mutating func observe(now: Instant, waited: Duration, unrun: Duration = .zero, settingUp: Bool = false) -> Action? {
-        if waited >= Self.behindAfter {
+        if waited >= Self.behindAfter || unrun >= starvedAfter {
             keptUpSince = nil
             // Not run at all: starved, not slow (see above).
-            let starved = unrun >= Self.behindAfter
+            let starved = unrun >= starvedAfter
             let wanted: Level = waited >= Self.farBehindAfter || starved ? .normal : .nice19
             guard wanted > level else { return nil }
             level = wanted

@@ -432,7 +432,7 @@ final class StoreWriter: @unchecked Sendable {
             }
         }
         priorityThreads = threads
-        threadPriority = StoreThreadPriority()
+        threadPriority = StoreThreadPriority(commitInterval: commitInterval)
         threadsAtIdlePriority.store(true, ordering: .relaxed)
         return nil
     }
