@@ -37,7 +37,6 @@ struct RedisSnapshotReader {
         }
     }
 
-
     /// SSCAN, not SMEMBERS: Redis serves other clients between the pages.
     private func readUsers() throws(StoreError) -> [String] {
         var users = Set<String>()  // SSCAN may return a member twice

@@ -142,7 +142,7 @@ struct StoreThreadPriority: Equatable, Sendable {
         // nice 19 the writer then lags by up to `farBehindAfter`, its waiting units
         // interleaved with the connections' long-lived allocations, and they stayed
         // resident after the ramp (506-537 B per idle device against 475-499). Starved
-        // again at nice 19, it goes back up at 50 ms.
+        // again at nice 19, it goes back up at `starvedAfter`.
         if level == .normal && !settingUp {
             level = .nice19
             keptUpSince = now
