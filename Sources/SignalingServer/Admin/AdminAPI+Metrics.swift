@@ -176,7 +176,7 @@ extension AdminAPI {
             out.histogram("voipserver_store_commit_seconds", "Time one store commit took (committed or failed).", writer.commitLatency.snapshot())
             out.family("voipserver_store_threads_idle_priority", .gauge, "1 while the store writer and the store's own threads run at the idle scheduling policy (--store-thread-priority auto), 0 while at the normal one (raised, at nice 19 or their own nice value).")
             out.sample("voipserver_store_threads_idle_priority", [:], writer.threadsAtIdlePriority.load(ordering: .relaxed) ? 1 : 0)
-            out.family("voipserver_store_thread_raises_total", .counter, "Times the store's threads were raised because the writer had kept work waiting: to the normal policy at nice 19 (50 ms), or at their own nice value (250 ms).")
+            out.family("voipserver_store_thread_raises_total", .counter, "Times the store's threads were raised because the writer had kept work waiting: to the normal policy at nice 19 (50 ms), or at their own nice value (250 ms; 20 ms without a pass of the writer: starved).")
             out.sample("voipserver_store_thread_raises_total", ["to": "nice19"], writer.threadPriorityRaises.load(ordering: .relaxed))
             out.sample("voipserver_store_thread_raises_total", ["to": "normal"], writer.threadPriorityRaisesToNormal.load(ordering: .relaxed))
         }
