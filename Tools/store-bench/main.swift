@@ -179,14 +179,9 @@ if let messagesPerCommit {
 
 /// Bytes this process has passed to write system calls (`wchar` in /proc/self/io).
 func bytesWritten() -> Int {
-    guard let file = fopen("/proc/self/io", "r") else { return 0 }
-    defer { fclose(file) }
-    var line = [CChar](repeating: 0, count: 128)
-    while fgets(&line, Int32(line.count), file) != nil {
-        let text = line.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
-        if text.hasPrefix("wchar:") { return Int(text.dropFirst(6).filter { $0.isNumber }) ?? 0 }
-    }
-    return 0
+    let io = readTextFile("/proc/self/io") ?? ""
+    guard let line = io.split(separator: "\n").first(where: { $0.hasPrefix("wchar:") }) else { return 0 }
+    return Int(line.dropFirst(6).drop(while: { $0 == " " })) ?? 0
 }
 
 /// The --messages-per-commit workload (see the top of this file).
