@@ -306,7 +306,8 @@ final class StoreWriter: @unchecked Sendable {
     private var untaken: (passes: UInt64, since: Instant?) = (0, nil)
     /// Handshakes completed by loop 0's previous tick, and when (`superviseCommits`).
     private var handshakesAtLastTick: (count: Int, at: Instant)?
-    /// Whether they came at `rampHandshakesPerSecond` or more then: a ramp of connections.
+    /// Whether they came at `rampHandshakesPerSecond` or more then: a ramp of connections
+    /// (every look at the threads' priority uses it, at a tick or after a callback).
     private var connectionsRamping = false
     /// Handshakes a second that make a ramp of connections, during which the raised store
     /// threads do not step down (`StoreThreadPriority.observe`): far above a deployment's
@@ -440,9 +441,7 @@ final class StoreWriter: @unchecked Sendable {
     /// Loop 0's, at each tick and, while the threads are at idle, after each callback: how
     /// long the writer has kept work waiting, and the threads' policy that follows
     /// (`StoreThreadPriority`). `oldestReply`: the oldest message waiting for its commit.
-    private func superviseThreadPriority(
-        now: Instant, oldestReply: DeferredReply?, commit: CommitWatch.Commit?, settingUp: Bool = false
-    ) {
+    private func superviseThreadPriority(now: Instant, oldestReply: DeferredReply?, commit: CommitWatch.Commit?) {
         guard var priority = threadPriority else { return }
         var waited = Duration.zero
         // (`Instant` differences are never negative: the time left, taken from the timeout.)
@@ -460,7 +459,7 @@ final class StoreWriter: @unchecked Sendable {
         } else {
             untaken.since = now
         }
-        let action = priority.observe(now: now, waited: waited, unrun: unrun, settingUp: settingUp)
+        let action = priority.observe(now: now, waited: waited, unrun: unrun, settingUp: connectionsRamping)
         threadPriority = priority
         guard let action else { return }
         for entry in priorityThreads { _ = entry.thread.setPriority(priority.level.scheduling(own: entry.nice)) }
@@ -937,7 +936,7 @@ final class StoreWriter: @unchecked Sendable {
         } else {
             handshakesAtLastTick = (handshakes, now)
         }
-        superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: underWay, settingUp: connectionsRamping)
+        superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: underWay)
         guard let commit = underWay else {
             watched = nil
             return
