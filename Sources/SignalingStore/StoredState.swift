@@ -167,14 +167,24 @@ public struct StoredMessageID: Sendable, Equatable {
     }
 }
 
-/// A message id's identity: its sender and the id.
-public struct StoredMessageKey: Hashable, Sendable {
+extension StoredMessageID {
+    /// The id's identity, without its times.
+    public var key: StoredMessageKey { StoredMessageKey(sender: sender, messageID: messageID) }
+}
+
+/// A message id's identity: its sender and the id. Ordered by sender, then id, byte-wise on
+/// UTF-8 (SQLite's BINARY collation): the order of every store's snapshot (`StoredSnapshot.sort()`).
+public struct StoredMessageKey: Hashable, Comparable, Sendable {
     public var sender: String
     public var messageID: String
 
     public init(sender: String, messageID: String) {
         self.sender = sender
         self.messageID = messageID
+    }
+
+    public static func < (a: StoredMessageKey, b: StoredMessageKey) -> Bool {
+        StoredSnapshot.utf8Less((a.sender, a.messageID), (b.sender, b.messageID))
     }
 }
 
@@ -203,11 +213,11 @@ extension StoredSnapshot {
 
     /// Message ids in the order `sort()` gives them.
     public static func sortMessageIDs(_ messageIDs: inout [StoredMessageID]) {
-        messageIDs.sort { utf8Less(($0.sender, $0.messageID), ($1.sender, $1.messageID)) }
+        messageIDs.sort { $0.key < $1.key }
     }
 
     /// Byte-wise on UTF-8, then the second key.
-    private static func utf8Less(_ a: (String, String), _ b: (String, String)) -> Bool {
+    fileprivate static func utf8Less(_ a: (String, String), _ b: (String, String)) -> Bool {
         if a.0 != b.0 { return a.0.utf8.lexicographicallyPrecedes(b.0.utf8) }
         return a.1.utf8.lexicographicallyPrecedes(b.1.utf8)
     }

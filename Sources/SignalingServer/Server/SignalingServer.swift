@@ -125,13 +125,17 @@ public final class SignalingServer: Sendable {
             store.close()
             throw ServerError("cannot load the store: \(error)")
         }
-        context.switchboard.load(
-            snapshot, now: clock.now(), wall: clock.wallMilliseconds(), evictsBodies: store is any EventBodySource)
+        let wall = clock.wallMilliseconds()
+        context.switchboard.load(snapshot, now: clock.now(), wall: wall, evictsBodies: store is any EventBodySource)
+        // Ids that expired while the server was down: the load skipped them, the writer
+        // forgets them in the store (`ExpiredMessageIDSweep`).
+        let expiredMessageIDs = snapshot.messageIDs.filter { $0.expiresAt <= wall }
         logger.info("store_loaded", [
             "devices": snapshot.devices.count, "pending_events": snapshot.devices.reduce(0) { $0 + $1.events.count },
             "held_events": snapshot.held.values.reduce(0) { $0 + $1.count },
+            "message_ids": snapshot.messageIDs.count - expiredMessageIDs.count, "expired_message_ids": expiredMessageIDs.count,
         ])
-        let writer = try StoreWriter(store: store, context: context)
+        let writer = try StoreWriter(store: store, context: context, expiredMessageIDs: expiredMessageIDs)
         context.switchboard.attach(writer)
         self.writer = writer
     }

@@ -343,6 +343,11 @@ final class StoreWriter: @unchecked Sendable {
     /// events its units journaled).
     private var bodyRequests: [BodyRequest] = []
     private var failures = 0
+    /// Message ids that expired while the server was down, forgotten a chunk per pass
+    /// while nothing journaled waits (nil once every chunk is committed, or if none expired).
+    private var sweep: ExpiredMessageIDSweep?
+    /// The sweep's last chunk is in `pending`: once it is committed, the sweep is logged and dropped.
+    private var sweepEnding = false
     /// What to log about failures and recoveries (the writer's thread only).
     private var healthLog = StoreHealthLog()
     /// When the writer last woke up to work (monotonic): the next commit starts
@@ -373,9 +378,12 @@ final class StoreWriter: @unchecked Sendable {
     /// How long `store.apply` took, committed or failed (real time; this thread writes it).
     let commitLatency = LatencyHistogram()
 
-    init(store: any EventStore, context: ServerContext) throws(ServerError) {
+    /// `expiredMessageIDs`: the snapshot's ids that had expired when it was loaded
+    /// (`ExpiredMessageIDSweep`), in the snapshot's order.
+    init(store: any EventStore, context: ServerContext, expiredMessageIDs: [StoredMessageID] = []) throws(ServerError) {
         self.store = store
         self.context = context
+        if !expiredMessageIDs.isEmpty { sweep = ExpiredMessageIDSweep(expiredMessageIDs) }
         commitInterval = context.configuration.commitInterval
         longestGather = max(commitInterval, min(.milliseconds(250), context.configuration.storeTimeout / 4))
         stallThreshold = min(.seconds(1), context.configuration.storeTimeout / 2)
@@ -530,17 +538,37 @@ final class StoreWriter: @unchecked Sendable {
                 passes.add(1, ordering: .relaxed)
                 for arrival in arrived {
                     switch arrival {
-                    case .unit(let unit): pending.append(unit)
+                    case .unit(let unit):
+                        // An expired id remembered again: its old record goes first (`ExpiredMessageIDSweep`).
+                        if let forgets = sweep?.claim(unit), !forgets.isEmpty {
+                            var early = CommitUnit()
+                            early.changes = forgets
+                            pending.append(early)
+                        }
+                        pending.append(unit)
                     case .bodyRequest(let request): bodyRequests.append(request)
                     }
                 }
                 // A ramp of handshakes can bring thousands: keep no buffer that size for ever.
                 arrived.removeAll(keepingCapacity: arrived.count <= Self.keptArrivalCapacity)
             }
+            // The sweep's next chunk, when nothing journaled waits: a message arriving meanwhile
+            // waits for one chunk's commit at most.
+            if pending.isEmpty && !stop && !sweepEnding && sweep != nil {
+                var chunk = CommitUnit()
+                chunk.changes = sweep?.nextChunk() ?? []
+                sweepEnding = sweep?.isDone ?? true
+                if !chunk.changes.isEmpty { pending.append(chunk) }
+            }
             if !pending.isEmpty {
                 let started = monotonic.now()
                 commitPending()
                 lastCommitDuration = monotonic.now() - started
+            }
+            if sweepEnding && pending.isEmpty, let sweep {
+                context.logger.info("message_ids_swept", ["forgotten": sweep.forgotten])
+                self.sweep = nil
+                sweepEnding = false
             }
             // Everything journaled before the requests is committed now (or they wait).
             if pending.isEmpty && !bodyRequests.isEmpty { serveBodyRequests() }
@@ -552,7 +580,8 @@ final class StoreWriter: @unchecked Sendable {
             }
             // Sleep until new units arrive or the next retry is due.
             var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
-            let timeout: Int32 = pending.isEmpty ? -1 : retryDelayMilliseconds()
+            // (With sweep chunks left, no wait: the next pass gathers for a commit interval first.)
+            let timeout: Int32 = pending.isEmpty ? (sweep == nil || sweepEnding ? -1 : 0) : retryDelayMilliseconds()
             if poll(&descriptor, 1, timeout) > 0 { shim_eventfd_drain(wakeFD) }
             wokeAt = monotonic.now()
         }
