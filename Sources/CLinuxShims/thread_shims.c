@@ -66,6 +66,18 @@ int shim_set_thread_idle(unsigned long thread, int idle) {
     return pthread_setschedparam((pthread_t)thread, idle ? SCHED_IDLE : SCHED_OTHER, &param);
 }
 
+int shim_set_thread_fifo(unsigned long thread, int priority) {
+    struct sched_param param = {.sched_priority = priority};
+    return pthread_setschedparam((pthread_t)thread, priority > 0 ? SCHED_FIFO : SCHED_OTHER, &param);
+}
+
+int shim_thread_fifo_priority(unsigned long thread) {
+    struct sched_param param;
+    int policy = 0;
+    if (pthread_getschedparam((pthread_t)thread, &policy, &param) != 0) return -1;
+    return policy == SCHED_FIFO ? param.sched_priority : 0;
+}
+
 int shim_thread_is_idle(unsigned long thread) {
     struct sched_param param;
     int policy = 0;

@@ -100,6 +100,20 @@ public struct JoinableThread: @unchecked Sendable {
         }
     }
 
+    /// Moves the thread to the real-time policy `SCHED_FIFO` at `priority` (1-99): no
+    /// thread of the normal or idle policy preempts it while it runs, and it preempts them
+    /// when it wakes. 0 moves it back to the normal policy. Returns 0 or the error number
+    /// (EPERM: needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least `priority`). One system call.
+    public func setRealtime(priority: Int32) -> Int32 {
+        shim_set_thread_fifo(UInt(handle), priority)
+    }
+
+    /// The thread's `SCHED_FIFO` priority, 0 under another policy (nil: the thread is gone).
+    public var realtimePriority: Int32? {
+        let priority = shim_thread_fifo_priority(UInt(handle))
+        return priority < 0 ? nil : priority
+    }
+
     /// Asks the scheduler for a slice of `slice` for the thread (`.zero`: the default slice
     /// again), keeping its policy and nice value. On Linux 6.12 and later (EEVDF's custom
     /// slices, clamped to 0.1-100 ms) a waking thread with a shorter slice than the thread

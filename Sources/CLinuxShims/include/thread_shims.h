@@ -40,6 +40,10 @@ int shim_set_thread_idle(unsigned long thread, int idle);
 
 /// 1 when `thread` runs at SCHED_IDLE, 0 when it does not, -1 when it cannot be read.
 int shim_thread_is_idle(unsigned long thread);
+/// SCHED_FIFO at `priority` (1-99), or SCHED_OTHER for 0. 0 or the error number.
+int shim_set_thread_fifo(unsigned long thread, int priority);
+/// The thread's SCHED_FIFO priority, 0 under another policy, -1 if it cannot be read.
+int shim_thread_fifo_priority(unsigned long thread);
 
 /// The calling thread's kernel id (gettid): what `setpriority` and /proc/self/task name a
 /// thread by.

@@ -109,6 +109,15 @@ public struct ServerConfiguration: Sendable {
     /// neighbour's), it lets a loop woken by a request preempt them at once (Linux 6.12
     /// and later; earlier kernels ignore it).
     public var loopSlice: Duration = .zero
+    /// The `SCHED_FIFO` priority of each loop thread (1-99; 0: the normal policy). A loop
+    /// at a real-time priority is never preempted by a thread of the normal policy (the
+    /// load generator on the same host, the store writer, a neighbour) while it handles a
+    /// request, and takes its CPU from them at once when woken: on a 2-core VM it took the
+    /// closed-loop push p99 from 1.1 times Mosquitto's to 0.87 (docs/LOAD-TESTING.md).
+    /// Off by default: it needs CAP_SYS_NICE, and a loop that never sleeps (an overload)
+    /// would then leave its CPU to the normal threads only as the kernel's real-time
+    /// throttling allows (5 % by default). Not with `busyPoll`.
+    public var loopRealtimePriority: Int32 = 0
     /// While the server runs, ask the kernel to keep every CPU able to wake within this
     /// (a PM QoS request on /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting).
     /// Saves the wake-up of a halted CPU on each hop of a push, which dominates push

@@ -237,6 +237,7 @@ public final class SignalingServer: Sendable {
         let cpuLatencyRequest = requestCPULatencyLimit()
         let threads = loops.map { loop in JoinableThread(name: "vs-loop-\(loop.index)") { loop.run() } }
         let loopSlice = askLoopSlice(threads)
+        let loopRealtime = askLoopRealtime(threads)
         // Each loop claims its shard as its thread starts: until then another thread's hold
         // (an admin call, a test) would take the shard's fallback lock. Microseconds.
         _ = Self.poll(every: 100, for: .seconds(10)) { loops.allSatisfy { $0.runsOwned || $0.finished.load(ordering: .acquiring) } }
@@ -281,7 +282,7 @@ public final class SignalingServer: Sendable {
             "tls_proxy_protocol": tls?.proxyProtocol == true ? "v2" : "off",
             "cpu_latency_limit": cpuLatencyRequest.map { "\($0.microseconds)us" } ?? "none",
             "loop_cpus": placement.loops.isEmpty ? "any" : placement.loops.map(String.init).joined(separator: ","),
-            "loop_slice": loopSlice,
+            "loop_slice": loopSlice, "loop_realtime": loopRealtime,
         ])
         if let tls, let tlsContext = context.tlsContext { logTLSCertificate(tls, tlsContext) }
     }
@@ -300,6 +301,26 @@ public final class SignalingServer: Sendable {
         }
         context.logger.warning("loop_slice_ignored", ["detail": SystemError("sched_setattr", refusal).reason])
         return "default"
+    }
+
+    /// Moves each loop's thread to `SCHED_FIFO` at `--loop-realtime`. Returns what the
+    /// `listening` line reports: the priority, or `off`. A refusal (no CAP_SYS_NICE) logs one
+    /// warning, `loop_realtime_ignored`, and every loop stays at the normal policy; so does
+    /// a configuration that also polls (`busyPoll`), which would keep the loop's CPU from
+    /// every other thread.
+    private func askLoopRealtime(_ loops: [JoinableThread]) -> String {
+        let priority = configuration.loopRealtimePriority
+        guard priority > 0 else { return "off" }
+        guard configuration.busyPoll == .zero else {
+            context.logger.warning("loop_realtime_ignored", ["detail": "a polling loop (--busy-poll) at a real-time priority would keep its CPU from every other thread"])
+            return "off"
+        }
+        guard let refusal = loops.lazy.map({ $0.setRealtime(priority: priority) }).first(where: { $0 != 0 }) else {
+            return "\(priority)"
+        }
+        for loop in loops { _ = loop.setRealtime(priority: 0) }
+        context.logger.warning("loop_realtime_ignored", ["detail": SystemError("pthread_setschedparam", refusal).reason])
+        return "off"
     }
 
     /// Gives the loops and the store's threads their CPUs (`ThreadPlacement`) and logs
@@ -360,6 +381,8 @@ public final class SignalingServer: Sendable {
 
     /// Each loop thread's scheduler slice now (asked for, or the default), read from the kernel (tests).
     var loopThreadSlices: [Duration?] { state.withLock { $0.threads }.map(\.slice) }
+    /// Each loop thread's `SCHED_FIFO` priority (0: the normal policy; nil: gone).
+    var loopThreadRealtimePriorities: [Int32?] { state.withLock { $0.threads }.map(\.realtimePriority) }
 
     /// The CPUs each loop thread may run on now, read from the kernel (tests).
     var loopThreadCPUs: [[Int]] { state.withLock { $0.threads }.map(\.allowedCPUs) }
@@ -588,7 +611,7 @@ public final class SignalingServer: Sendable {
         ("dedup-capacity", { "\($0.dedupCapacity)" }), ("max-queued-bytes", { "\($0.maxQueuedBytes)" }),
         ("drain-retry-after", { "\($0.drainRetryAfter)" }), ("drain-jitter", { "\($0.drainJitter)" }),
         ("drain-timeout", { "\($0.drainTimeout)" }), ("tick", { "\($0.tickInterval)" }),
-        ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }), ("loop-slice", { "\($0.loopSlice)" }),
+        ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }), ("loop-slice", { "\($0.loopSlice)" }), ("loop-realtime", { "\($0.loopRealtimePriority)" }),
         ("cpu-latency-limit", { "\(String(describing: $0.cpuLatencyLimit))" }), ("loop-cpus", { "\($0.loopCPUs)" }),
         ("thread-placement", { $0.threadPlacement.rawValue }), ("store-thread-priority", { $0.storeThreadPriority.rawValue }),
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),
