@@ -113,10 +113,11 @@ public struct ServerConfiguration: Sendable {
     /// at a real-time priority is never preempted by a thread of the normal policy (the
     /// load generator on the same host, the store writer, a neighbour) while it handles a
     /// request, and takes its CPU from them at once when woken: on a 2-core VM it took the
-    /// closed-loop push p99 from 1.1 times Mosquitto's to 0.87 (docs/LOAD-TESTING.md).
-    /// Off by default: it needs CAP_SYS_NICE, and a loop that never sleeps (an overload)
-    /// would then leave its CPU to the normal threads only as the kernel's real-time
-    /// throttling allows (5 % by default). Not with `busyPoll`.
+    /// closed-loop push p99 from 1.1 times Mosquitto's to 0.83-0.88 (docs/LOAD-TESTING.md).
+    /// Off by default: it needs CAP_SYS_NICE; through a ramp of handshakes it starves the
+    /// store writer, whose backlog then stays resident (711 B per idle device against 475);
+    /// and a loop that never sleeps (an overload) leaves its CPU to the normal threads only
+    /// as the kernel's real-time throttling allows (5 % by default). Not with `busyPoll`.
     public var loopRealtimePriority: Int32 = 0
     /// While the server runs, ask the kernel to keep every CPU able to wake within this
     /// (a PM QoS request on /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting).
