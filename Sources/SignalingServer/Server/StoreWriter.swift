@@ -10,7 +10,7 @@ import Glibc
 // Ownership and locks of this file (docs/ARCHITECTURE.md, "Locks"); the owners are checked
 // at run time in debug builds (`StoreWriter.assertOnWriter`, `.assertOnSupervisor`).
 //
-// - The writer's thread ("vs-store") owns the commit pipeline (`pending`, `bodyRequests`,
+// - The writer's thread ("vs-store") owns the commit pipeline (`pending`, `bodyRequests`, `sweep`,
 //   `failures`, the back-off and gathering state) and is the one consumer of `arrivals`.
 // - Loop 0, the supervisor (`loops[0]`), owns the deadline list of the deferred OKs
 //   (`deadlines`) and what its ticks saw of the commit under way (`watched`), and is the
