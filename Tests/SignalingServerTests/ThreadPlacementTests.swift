@@ -155,6 +155,9 @@ struct ThreadPlacementTests {
         #expect(try ServerOptions.configuration(from: ["--loop-realtime", "2"]).0.loopRealtimePriority == 2)
         #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--loop-realtime", "100"]) }
         #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--loop-realtime", "1", "--busy-poll", "50"]) }
+        #expect(throws: ServerError.self) {
+            try TestServer(workers: 1) { $0.loopRealtimePriority = 1; $0.busyPoll = .microseconds(50) }
+        }
 
         let log = LogFile()
         let realtime = try TestServer(workers: 2, logger: log.logger) { $0.loopRealtimePriority = 2 }

@@ -226,6 +226,9 @@ public struct ServerConfiguration: Sendable {
         guard tickInterval > .zero && tickInterval <= .seconds(1) else {
             throw UsageError("tick must be between 1 ms and 1 s")
         }
+        if loopRealtimePriority > 0 && busyPoll > .zero {
+            throw UsageError("--loop-realtime and --busy-poll together would keep a loop's CPU from every other thread: choose one")
+        }
         if let limit = cpuLatencyLimit, limit < .zero || limit > .seconds(1) {
             throw UsageError("cpu-latency-limit must be between 0 and 1,000,000 microseconds")
         }

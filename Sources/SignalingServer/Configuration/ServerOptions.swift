@@ -414,9 +414,6 @@ public enum ServerOptions {
         }
         if let value = try options.int("busy-poll", in: 0...1_000_000) { configuration.busyPoll = .microseconds(value) }
         if let value = try options.int("loop-realtime", in: 0...99) { configuration.loopRealtimePriority = Int32(value) }
-        if configuration.loopRealtimePriority > 0 && configuration.busyPoll > .zero {
-            throw UsageError("--loop-realtime and --busy-poll together would keep a loop's CPU from every other thread: choose one")
-        }
         if let value = try options.int("loop-slice", in: 0...100_000) {
             guard value == 0 || value >= 100 else { throw UsageError("--loop-slice must be 0, or 100 to 100000 microseconds (the kernel's range)") }
             configuration.loopSlice = .microseconds(value)

@@ -303,18 +303,13 @@ public final class SignalingServer: Sendable {
         return "default"
     }
 
-    /// Moves each loop's thread to `SCHED_FIFO` at `--loop-realtime`. Returns what the
-    /// `listening` line reports: the priority, or `off`. A refusal (no CAP_SYS_NICE) logs one
-    /// warning, `loop_realtime_ignored`, and every loop stays at the normal policy; so does
-    /// a configuration that also polls (`busyPoll`), which would keep the loop's CPU from
-    /// every other thread.
+    /// Moves each loop's thread to `SCHED_FIFO` at `--loop-realtime` (never with `busyPoll`:
+    /// `ServerConfiguration.validate`). Returns what the `listening` line reports: the
+    /// priority, or `off`. A refusal (no CAP_SYS_NICE) logs one warning,
+    /// `loop_realtime_ignored`, and every loop stays at the normal policy.
     private func askLoopRealtime(_ loops: [JoinableThread]) -> String {
         let priority = configuration.loopRealtimePriority
         guard priority > 0 else { return "off" }
-        guard configuration.busyPoll == .zero else {
-            context.logger.warning("loop_realtime_ignored", ["detail": "a polling loop (--busy-poll) at a real-time priority would keep its CPU from every other thread"])
-            return "off"
-        }
         guard let refusal = loops.lazy.map({ $0.setRealtime(priority: priority) }).first(where: { $0 != 0 }) else {
             return "\(priority)"
         }
