@@ -170,6 +170,10 @@ public struct StoredMessageID: Sendable, Equatable {
 extension StoredMessageID {
     /// The id's identity, without its times.
     public var key: StoredMessageKey { StoredMessageKey(sender: sender, messageID: messageID) }
+
+    /// Whether the id is forgotten at `wall` (ms since the Unix epoch): the load skips it,
+    /// and the server sweeps it from the store.
+    public func hasExpired(at wall: UInt64) -> Bool { expiresAt <= wall }
 }
 
 /// A message id's identity: its sender and the id. Ordered by sender, then id, byte-wise on

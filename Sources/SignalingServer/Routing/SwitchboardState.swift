@@ -1076,7 +1076,7 @@ struct SwitchboardState {
             let remaining = configuration.eventTTL - .seconds(Int64(age(event.createdAt)))
             heldExpiry.push((userID, event, now + max(.zero, remaining)))
         }
-        for stored in snapshot.messageIDs.sorted(by: { $0.expiresAt < $1.expiresAt }) where stored.expiresAt > currentWall {
+        for stored in snapshot.messageIDs.sorted(by: { $0.expiresAt < $1.expiresAt }) where !stored.hasExpired(at: currentWall) {
             activity(stored.sender).recentMessageIDs[stored.messageID] = stored.serverTime
             dedupExpiry.push((stored.sender, stored.messageID, now + .milliseconds(Int64(stored.expiresAt - currentWall))))
         }

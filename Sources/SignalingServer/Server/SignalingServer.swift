@@ -129,7 +129,7 @@ public final class SignalingServer: Sendable {
         context.switchboard.load(snapshot, now: clock.now(), wall: wall, evictsBodies: store is any EventBodySource)
         // Ids that expired while the server was down: the load skipped them, the writer
         // forgets them in the store (`ExpiredMessageIDSweep`).
-        let expiredMessageIDs = snapshot.messageIDs.filter { $0.expiresAt <= wall }
+        let expiredMessageIDs = snapshot.messageIDs.filter { $0.hasExpired(at: wall) }
         logger.info("store_loaded", [
             "devices": snapshot.devices.count, "pending_events": snapshot.devices.reduce(0) { $0 + $1.events.count },
             "held_events": snapshot.held.values.reduce(0) { $0 + $1.count },

@@ -344,10 +344,9 @@ final class StoreWriter: @unchecked Sendable {
     private var bodyRequests: [BodyRequest] = []
     private var failures = 0
     /// Message ids that expired while the server was down, forgotten a chunk per pass
-    /// while nothing journaled waits (nil once every chunk is committed, or if none expired).
+    /// while nothing journaled waits (nil once every chunk is committed, or if none expired;
+    /// done but not nil: its last chunk is still in `pending`).
     private var sweep: ExpiredMessageIDSweep?
-    /// The sweep's last chunk is in `pending`: once it is committed, the sweep is logged and dropped.
-    private var sweepEnding = false
     /// What to log about failures and recoveries (the writer's thread only).
     private var healthLog = StoreHealthLog()
     /// When the writer last woke up to work (monotonic): the next commit starts
@@ -554,10 +553,9 @@ final class StoreWriter: @unchecked Sendable {
             }
             // The sweep's next chunk, when nothing journaled waits: a message arriving meanwhile
             // waits for one chunk's commit at most.
-            if pending.isEmpty && !stop && !sweepEnding && sweep != nil {
+            if pending.isEmpty && !stop && sweep?.isDone == false {
                 var chunk = CommitUnit()
                 chunk.changes = sweep?.nextChunk() ?? []
-                sweepEnding = sweep?.isDone ?? true
                 if !chunk.changes.isEmpty { pending.append(chunk) }
             }
             if !pending.isEmpty {
@@ -565,10 +563,9 @@ final class StoreWriter: @unchecked Sendable {
                 commitPending()
                 lastCommitDuration = monotonic.now() - started
             }
-            if sweepEnding && pending.isEmpty, let sweep {
+            if pending.isEmpty, let sweep, sweep.isDone {
                 context.logger.info("message_ids_swept", ["forgotten": sweep.forgotten])
                 self.sweep = nil
-                sweepEnding = false
             }
             // Everything journaled before the requests is committed now (or they wait).
             if pending.isEmpty && !bodyRequests.isEmpty { serveBodyRequests() }
@@ -581,7 +578,7 @@ final class StoreWriter: @unchecked Sendable {
             // Sleep until new units arrive or the next retry is due.
             var descriptor = pollfd(fd: wakeFD, events: Int16(POLLIN), revents: 0)
             // (With sweep chunks left, no wait: the next pass gathers for a commit interval first.)
-            let timeout: Int32 = pending.isEmpty ? (sweep == nil || sweepEnding ? -1 : 0) : retryDelayMilliseconds()
+            let timeout: Int32 = pending.isEmpty ? (sweep?.isDone == false ? 0 : -1) : retryDelayMilliseconds()
             if poll(&descriptor, 1, timeout) > 0 { shim_eventfd_drain(wakeFD) }
             wokeAt = monotonic.now()
         }
