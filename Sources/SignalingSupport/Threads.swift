@@ -144,6 +144,17 @@ public struct JoinableThread: @unchecked Sendable {
         return answer.kept
     }()
 
+    /// The CPU time the thread has used so far (nil: it cannot be read, the thread is gone):
+    /// how busy it was between two reads. One system call (`clock_gettime` on the thread's
+    /// CPU clock, which the vDSO does not serve).
+    public var cpuTime: Duration? {
+        var clock = clockid_t()
+        guard pthread_getcpuclockid(handle, &clock) == 0 else { return nil }
+        var time = timespec()
+        guard clock_gettime(clock, &time) == 0 else { return nil }
+        return .seconds(time.tv_sec) + .nanoseconds(time.tv_nsec)
+    }
+
     /// Whether the thread runs at the idle policy now (nil: it cannot be read, the thread is gone).
     public var runsAtIdlePriority: Bool? { priority.map { $0 == .idle } }
 

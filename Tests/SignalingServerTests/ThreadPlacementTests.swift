@@ -149,31 +149,6 @@ struct ThreadPlacementTests {
         #expect(plain.server.loopThreadSlices.count == 2 && plain.server.loopThreadSlices.allSatisfy { $0 != nil && $0 != .microseconds(150) })
     }
 
-    @Test("--loop-realtime: each loop thread runs under SCHED_FIFO at that priority and the listening line says so; off by default; refused outside 1-99 and with --busy-poll")
-    func loopRealtime() throws {
-        #expect(ServerConfiguration().loopRealtimePriority == 0)
-        #expect(try ServerOptions.configuration(from: ["--loop-realtime", "2"]).0.loopRealtimePriority == 2)
-        #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--loop-realtime", "100"]) }
-        #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--loop-realtime", "1", "--busy-poll", "50"]) }
-        #expect(throws: ServerError.self) {
-            try TestServer(workers: 1) { $0.loopRealtimePriority = 1; $0.busyPoll = .microseconds(50) }
-        }
-
-        let log = LogFile()
-        let realtime = try TestServer(workers: 2, logger: log.logger) { $0.loopRealtimePriority = 2 }
-        if getuid() == 0 {
-            #expect(realtime.server.loopThreadRealtimePriorities == [2, 2])
-            #expect(log.lines("listening").first?.contains("loop_realtime=2") == true)
-        } else {
-            // Without CAP_SYS_NICE: one warning, and the normal policy.
-            #expect(log.lines("loop_realtime_ignored").count == 1)
-            #expect(realtime.server.loopThreadRealtimePriorities == [0, 0])
-        }
-        _ = try realtime.connect(user: "alice")
-        let plain = try TestServer(workers: 2)
-        #expect(plain.server.loopThreadRealtimePriorities == [0, 0])
-    }
-
     @Test("a server with a store pins its loop and writer in auto, and nothing when off")
     func serverPlacesItsThreads() throws {
         let allowed = CPUList.allowed()

@@ -31,7 +31,10 @@ public final class ServerProcess {
     /// `until`: wait for a log line with this event instead (such as `standby`: a node
     /// that does not listen yet); `port` is then 0, and `listeningPorts(after:)` finds the
     /// ports once it listens.
-    public init(_ arguments: [String] = [], until event: String? = nil, timeoutSeconds: Double = 30) throws {
+    ///
+    /// `through`: a command line that runs the server (`prlimit ...`, `setpriv ...`): the
+    /// server's path and arguments are appended to it.
+    public init(_ arguments: [String] = [], until event: String? = nil, through: [String] = [], timeoutSeconds: Double = 30) throws {
         let unique = "\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         logPath = FileManager.default.temporaryDirectory.appendingPathComponent("voipserver-\(unique).log").path
         var arguments = arguments
@@ -47,8 +50,9 @@ public final class ServerProcess {
         // Tests start many servers at once: automatic placement would pin every one's loop to
         // the first CPU and its store writer to the next. A test of placement names it.
         if !arguments.contains("--thread-placement") { arguments += ["--thread-placement", "off"] }
+        let command = through + [ExecutableRun.path(of: "voipserver")] + arguments
         process = try ChildProcess.spawn(
-            ExecutableRun.path(of: "voipserver"), arguments: arguments,
+            command[0], arguments: Array(command.dropFirst()),
             pipeInput: false, stdout: .file(logPath), stderr: .file(logPath))
         let clock = SystemClock()
         let deadline = clock.now() + .milliseconds(Int64(timeoutSeconds * 1000))

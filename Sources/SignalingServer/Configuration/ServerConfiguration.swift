@@ -109,16 +109,16 @@ public struct ServerConfiguration: Sendable {
     /// neighbour's), it lets a loop woken by a request preempt them at once (Linux 6.12
     /// and later; earlier kernels ignore it).
     public var loopSlice: Duration = .zero
-    /// The `SCHED_FIFO` priority of each loop thread (1-99; 0: the normal policy). A loop
-    /// at a real-time priority is never preempted by a thread of the normal policy (the
-    /// load generator on the same host, the store writer, a neighbour) while it handles a
-    /// request, and takes its CPU from them at once when woken: on a 2-core VM it took the
-    /// closed-loop push p99 from 1.1 times Mosquitto's to 0.83-0.88 (docs/LOAD-TESTING.md).
-    /// Off by default: it needs CAP_SYS_NICE; through a ramp of handshakes it starves the
-    /// store writer, whose backlog then stays resident (711 B per idle device against 475);
-    /// and a loop that never sleeps (an overload) leaves its CPU to the normal threads only
-    /// as the kernel's real-time throttling allows (5 % by default). Not with `busyPoll`.
-    public var loopRealtimePriority: Int32 = 0
+    /// Whether the loop threads run under `SCHED_FIFO` while they keep up
+    /// (`LoopRealtimeSupervision`: at the normal policy through a ramp of connections and
+    /// while a loop is saturated). A loop at a real-time priority is never preempted by a
+    /// thread of the normal policy (the load generator on the same host, the store
+    /// writer, a neighbour) while it handles a request, and takes its CPU from them at once
+    /// when woken: on a 2-core VM that halved the closed-loop push p99
+    /// (docs/LOAD-TESTING.md). `auto` (the default) does so at priority 1 where the process
+    /// may (CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1) and never with `busyPoll`; a
+    /// priority given outright is refused with `busyPoll`.
+    public var loopRealtime = LoopRealtimeMode.auto
     /// While the server runs, ask the kernel to keep every CPU able to wake within this
     /// (a PM QoS request on /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting).
     /// Saves the wake-up of a halted CPU on each hop of a push, which dominates push
@@ -226,7 +226,7 @@ public struct ServerConfiguration: Sendable {
         guard tickInterval > .zero && tickInterval <= .seconds(1) else {
             throw UsageError("tick must be between 1 ms and 1 s")
         }
-        if loopRealtimePriority > 0 && busyPoll > .zero {
+        if case .priority = loopRealtime, busyPoll > .zero {
             throw UsageError("--loop-realtime and --busy-poll together would keep a loop's CPU from every other thread: choose one")
         }
         if let limit = cpuLatencyLimit, limit < .zero || limit > .seconds(1) {

@@ -88,7 +88,7 @@ public enum ServerOptions {
             OptionSpec("tick", value: "SECONDS", default: "0.25", help: "Timer resolution of each event loop."),
             OptionSpec("busy-poll", value: "MICROSECONDS", default: "0", help: "Keep polling this long after activity instead of sleeping (lower latency, more CPU)."),
             OptionSpec("loop-slice", value: "MICROSECONDS", default: "0", help: "The scheduler slice each event loop thread asks for (100-100000; 0 = the kernel's default): a woken loop with a shorter slice preempts the thread on its CPU at once (Linux 6.12 and later)."),
-            OptionSpec("loop-realtime", value: "PRIORITY", default: "0", help: "Run each event loop thread under SCHED_FIFO at this priority (1-99; 0 = the normal policy): no normal thread preempts a loop at work, and a woken loop takes its CPU at once. Needs CAP_SYS_NICE (or an RLIMIT_RTPRIO); not with --busy-poll."),
+            OptionSpec("loop-realtime", value: "auto|off|PRIORITY", default: "auto", help: "Run the event loop threads under SCHED_FIFO (auto: priority 1; or 1-99) while they keep up: no normal thread preempts a loop at work, and a woken loop takes its CPU at once. Through a ramp of connections and while a loop is saturated they run at the normal policy. auto: only where the process may (CAP_SYS_NICE or an RLIMIT_RTPRIO), and never with --busy-poll; a priority that is refused logs a warning. off: the normal policy."),
             OptionSpec("loop-cpus", value: "LIST", help: "Run event loop i only on the i-th CPU of LIST (such as 1 or 2-5,7), for loops on cores of their own. (default: any CPU)"),
             OptionSpec("thread-placement", value: "auto|off", default: "off", help: "off: the scheduler places every thread; auto: with a store and more CPUs than loops, run loop i on the i-th CPU the process may use and the store's threads on the others, so that store work never delays a loop (a refusal is logged, not fatal; helps a busy host, costs a quiet one: docs/LOAD-TESTING.md). --loop-cpus wins over it."),
             OptionSpec("store-thread-priority", value: "auto|normal", default: "auto", help: "auto: with a store, run the store writer and the store's own threads at the idle scheduling policy (SCHED_IDLE), so that a loop woken by a request never waits for a commit's CPU, and at the normal one whenever the writer falls behind (nice 19 after 50 ms of waiting work, its own nice value after 250 ms, or at 50 ms when the writer has not run at all); only when the process may raise them back (root, CAP_SYS_NICE or LimitNICE=20), else as normal. normal: the normal policy (docs/OPERATIONS.md)."),
@@ -413,7 +413,17 @@ public enum ServerOptions {
             configuration.commitInterval = .microseconds(Int64((value * 1000).rounded()))
         }
         if let value = try options.int("busy-poll", in: 0...1_000_000) { configuration.busyPoll = .microseconds(value) }
-        if let value = try options.int("loop-realtime", in: 0...99) { configuration.loopRealtimePriority = Int32(value) }
+        if let value = options.string("loop-realtime") {
+            switch value {
+            case "auto": configuration.loopRealtime = .auto
+            case "off", "0": configuration.loopRealtime = .off
+            default:
+                guard let priority = Int32(value), (1...99).contains(priority) else {
+                    throw UsageError("--loop-realtime must be auto, off or a priority from 1 to 99")
+                }
+                configuration.loopRealtime = .priority(priority)
+            }
+        }
         if let value = try options.int("loop-slice", in: 0...100_000) {
             guard value == 0 || value >= 100 else { throw UsageError("--loop-slice must be 0, or 100 to 100000 microseconds (the kernel's range)") }
             configuration.loopSlice = .microseconds(value)

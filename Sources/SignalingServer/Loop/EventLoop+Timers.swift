@@ -48,8 +48,12 @@ extension EventLoop {
         // For loop 0's `stats` line, which waits for no other loop.
         if ownShard { switchboard.publishCounters(by: self) }
         if index == 0 {
-            // The store's deadlines too: the writer thread may be stuck in a write.
-            context.switchboard.writer?.superviseCommits(now: context.now())
+            // The store's deadlines too: the writer thread may be stuck in a write. Both
+            // supervisors of thread priorities give way to a ramp of connections.
+            let instant = context.now()
+            let ramping = connectionRamp.observe(handshakes: context.counters.handshakesCompleted.value, now: instant)
+            context.switchboard.writer?.superviseCommits(now: instant, connectionsRamping: ramping)
+            context.loopPriority?.observe(now: instant, ramping: ramping)
             logStatisticsIfDue(now)
             relayIO?.home.checkPresenceIfDue(now: nowInstant)
         }

@@ -514,6 +514,8 @@ final class EventLoop: @unchecked Sendable {
         finished.store(true, ordering: .releasing)
     }
 
+    /// Loop 0's: whether devices are connecting in a ramp, judged at each tick.
+    var connectionRamp = ConnectionRamp()
     /// When loop 0 next logs its statistics line (server seconds; 0 = not yet scheduled).
     var nextStatsSecond: UInt32 = 0
     /// Callbacks run so far; the busy-poll window restarts whenever it moves.

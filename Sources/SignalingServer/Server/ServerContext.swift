@@ -35,6 +35,10 @@ final class ServerContext: Sendable {
     /// Set on a front (docs/CLUSTER.md, "Fronts"): the loops relay their devices to the
     /// home and run no protocol (EventLoop+Front.swift).
     let front: FrontRelay?
+    /// Loop 0's hold on the loops' scheduling policy (`--loop-realtime`; nil: off, or
+    /// `auto` with `busyPoll`). It moves the threads only once the start has found the
+    /// process permitted (`SignalingServer.askLoopRealtime`).
+    let loopPriority: LoopPriorityControl?
 
     /// The clock's monotonic time. Read through this rather than `context.clock.now()`:
     /// there a caller copies the existential clock first (through its value witnesses,
@@ -67,6 +71,8 @@ final class ServerContext: Sendable {
     ) {
         self.configuration = configuration
         self.front = front
+        let realtimePriority = configuration.busyPoll > .zero ? 0 : configuration.loopRealtime.wantedPriority
+        self.loopPriority = realtimePriority > 0 ? LoopPriorityControl(priority: realtimePriority, logger: logger) : nil
         self.tlsContexts = Reloadable(tlsContext)
         self.pushGateway = pushGateway
         self.tokenVerifiers = Reloadable(tokenVerifier)

@@ -303,19 +303,37 @@ public final class SignalingServer: Sendable {
         return "default"
     }
 
-    /// Moves each loop's thread to `SCHED_FIFO` at `--loop-realtime` (never with `busyPoll`:
-    /// `ServerConfiguration.validate`). Returns what the `listening` line reports: the
-    /// priority, or `off`. A refusal (no CAP_SYS_NICE) logs one warning,
-    /// `loop_realtime_ignored`, and every loop stays at the normal policy.
+    /// Finds whether the loops may run under `SCHED_FIFO` at `--loop-realtime`'s priority
+    /// (each thread moved there and straight back) and, if so, hands their threads to loop
+    /// 0's supervision (`LoopPriorityControl`), which raises them once connections are not
+    /// ramping and no loop is saturated. Returns what the `listening` line reports: the
+    /// priority, or `off`. Refused (no CAP_SYS_NICE or RLIMIT_RTPRIO), `auto` says why in
+    /// the `loop_realtime` line and a priority given outright logs one warning,
+    /// `loop_realtime_ignored`; either way the loops stay at the normal policy.
     private func askLoopRealtime(_ loops: [JoinableThread]) -> String {
-        let priority = configuration.loopRealtimePriority
-        guard priority > 0 else { return "off" }
-        guard let refusal = loops.lazy.map({ $0.setRealtime(priority: priority) }).first(where: { $0 != 0 }) else {
-            return "\(priority)"
+        guard let control = context.loopPriority else {
+            if configuration.loopRealtime == .auto {
+                context.logger.info("loop_realtime", ["priority": "off", "detail": "--busy-poll: a polling loop at a real-time priority would keep its CPU from every other thread"])
+            }
+            return "off"
         }
+        let refusal = loops.lazy.map { $0.setRealtime(priority: control.priority) }.first { $0 != 0 }
         for loop in loops { _ = loop.setRealtime(priority: 0) }
-        context.logger.warning("loop_realtime_ignored", ["detail": SystemError("pthread_setschedparam", refusal).reason])
-        return "off"
+        if let refusal {
+            let reason = SystemError("pthread_setschedparam", refusal).reason
+            if configuration.loopRealtime == .auto {
+                context.logger.info("loop_realtime", ["priority": "off", "detail": "not permitted (needs CAP_SYS_NICE or LimitRTPRIO=1): \(reason)"])
+            } else {
+                context.logger.warning("loop_realtime_ignored", ["detail": reason])
+            }
+            return "off"
+        }
+        control.control(loops)
+        context.logger.info("loop_realtime", [
+            "priority": control.priority,
+            "detail": "the loops run under SCHED_FIFO once connections stop ramping and while none is saturated, at the normal policy until then",
+        ])
+        return "\(control.priority)"
     }
 
     /// Gives the loops and the store's threads their CPUs (`ThreadPlacement`) and logs
@@ -378,6 +396,14 @@ public final class SignalingServer: Sendable {
     var loopThreadSlices: [Duration?] { state.withLock { $0.threads }.map(\.slice) }
     /// Each loop thread's `SCHED_FIFO` priority (0: the normal policy; nil: gone).
     var loopThreadRealtimePriorities: [Int32?] { state.withLock { $0.threads }.map(\.realtimePriority) }
+
+    /// The loops' moves to `SCHED_FIFO` and back, by reason (tests; nil: `--loop-realtime`
+    /// off, or `auto` with `--busy-poll`).
+    var loopRealtimeChanges: (raises: Int, loweredForRamp: Int, loweredSaturated: Int)? {
+        context.loopPriority.map {
+            ($0.raises.load(ordering: .relaxed), $0.loweredForRamp.load(ordering: .relaxed), $0.loweredSaturated.load(ordering: .relaxed))
+        }
+    }
 
     /// The CPUs each loop thread may run on now, read from the kernel (tests).
     var loopThreadCPUs: [[Int]] { state.withLock { $0.threads }.map(\.allowedCPUs) }
@@ -606,7 +632,7 @@ public final class SignalingServer: Sendable {
         ("dedup-capacity", { "\($0.dedupCapacity)" }), ("max-queued-bytes", { "\($0.maxQueuedBytes)" }),
         ("drain-retry-after", { "\($0.drainRetryAfter)" }), ("drain-jitter", { "\($0.drainJitter)" }),
         ("drain-timeout", { "\($0.drainTimeout)" }), ("tick", { "\($0.tickInterval)" }),
-        ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }), ("loop-slice", { "\($0.loopSlice)" }), ("loop-realtime", { "\($0.loopRealtimePriority)" }),
+        ("tcp-user-timeout", { "\($0.tcpUserTimeout)" }), ("busy-poll", { "\($0.busyPoll)" }), ("loop-slice", { "\($0.loopSlice)" }), ("loop-realtime", { "\($0.loopRealtime)" }),
         ("cpu-latency-limit", { "\(String(describing: $0.cpuLatencyLimit))" }), ("loop-cpus", { "\($0.loopCPUs)" }),
         ("thread-placement", { $0.threadPlacement.rawValue }), ("store-thread-priority", { $0.storeThreadPriority.rawValue }),
         ("push-gateway", { "\(String(describing: $0.pushGateway))" }), ("stats-interval", { "\($0.statsInterval)" }),

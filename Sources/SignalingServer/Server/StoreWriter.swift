@@ -304,15 +304,10 @@ final class StoreWriter: @unchecked Sendable {
     /// The threads it moves, each with the nice value it had before (what `.normal` restores).
     private var priorityThreads: [(thread: JoinableThread, nice: Int32)] = []
     private var untaken: (passes: UInt64, since: Instant?) = (0, nil)
-    /// Handshakes completed by loop 0's previous tick, and when (`superviseCommits`).
-    private var handshakesAtLastTick: (count: Int, at: Instant)?
-    /// Whether they came at `rampHandshakesPerSecond` or more then: a ramp of connections
-    /// (every look at the threads' priority uses it, at a tick or after a callback).
+    /// Whether devices were connecting in a ramp at loop 0's last tick (`ConnectionRamp`),
+    /// during which the raised store threads do not step down (`StoreThreadPriority.observe`;
+    /// every look at the threads' priority uses it, at a tick or after a callback).
     private var connectionsRamping = false
-    /// Handshakes a second that make a ramp of connections, during which the raised store
-    /// threads do not step down (`StoreThreadPriority.observe`): far above a deployment's
-    /// steady reconnections, far below a ramp's thousands.
-    static let rampHandshakesPerSecond = 200.0
     /// The store's threads run at the idle policy now (`/metrics`; written by loop 0, or
     /// by the starting thread before the loops run).
     let threadsAtIdlePriority = Atomic<Bool>(false)
@@ -936,7 +931,7 @@ final class StoreWriter: @unchecked Sendable {
     /// `stallWarningInterval` until the commit returns. Costs one take of the deferred OKs
     /// pushed since the last tick and one pass over those settled since then; takes no
     /// lock for them (the deadline list is loop 0's own).
-    func superviseCommits(now: Instant) {
+    func superviseCommits(now: Instant, connectionsRamping: Bool) {
         assertOnSupervisor()
         takeDeadlineArrivals()
         var overdue: [DeferredReply] = []
@@ -951,17 +946,7 @@ final class StoreWriter: @unchecked Sendable {
         if !overdue.isEmpty { wake() }
 
         let underWay = watch.running
-        // A ramp of connections under way: handshakes completed since the previous tick at
-        // `rampHandshakesPerSecond` or more (judged again only once the clock has moved).
-        let handshakes = context.counters.handshakesCompleted.value
-        if let last = handshakesAtLastTick {
-            if now > last.at {
-                connectionsRamping = Double(handshakes - last.count) / (now - last.at).seconds >= Self.rampHandshakesPerSecond
-                handshakesAtLastTick = (handshakes, now)
-            }
-        } else {
-            handshakesAtLastTick = (handshakes, now)
-        }
+        self.connectionsRamping = connectionsRamping
         superviseThreadPriority(now: now, oldestReply: deadlines.first, commit: underWay)
         guard let commit = underWay else {
             watched = nil

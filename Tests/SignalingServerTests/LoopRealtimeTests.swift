@@ -1,0 +1,176 @@
+import Foundation
+import Synchronization
+import SignalingProtocol
+@testable import SignalingServer
+import SignalingSupport
+import TestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `--loop-realtime`: the loops under `SCHED_FIFO` while they keep up, at the normal policy
+/// at start, through a ramp of connections and while a loop is saturated; `auto` (the
+/// default) only where the process may.
+@Suite("The event loops at a real-time priority while they keep up")
+struct LoopRealtimeTests {
+    let start = Instant(nanoseconds: 1_000_000_000)
+
+    @Test("the loops rise only after a whole second with no ramp and no saturated loop, and drop back at the first look that finds either")
+    func supervisionRisesAfterACalmSecond() {
+        var supervision = LoopRealtimeSupervision()
+        #expect(supervision.observe(now: start, ramping: false, busiestLoopShare: 0.2) == nil, "calm from here")
+        #expect(supervision.observe(now: start + .milliseconds(999), ramping: false, busiestLoopShare: 0.5) == nil)
+        #expect(supervision.observe(now: start + .seconds(1), ramping: false, busiestLoopShare: 0.89) == .raise)
+        #expect(supervision.realtime)
+        #expect(supervision.observe(now: start + .seconds(2), ramping: false, busiestLoopShare: 0) == nil, "already there")
+
+        #expect(supervision.observe(now: start + .seconds(3), ramping: true, busiestLoopShare: 0) == .lower(.ramp))
+        #expect(!supervision.realtime)
+        #expect(supervision.observe(now: start + .seconds(3) + .milliseconds(250), ramping: true, busiestLoopShare: 0) == nil)
+        // The calm second counts from the first look without the ramp.
+        #expect(supervision.observe(now: start + .seconds(4), ramping: false, busiestLoopShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(4) + .milliseconds(500), ramping: false, busiestLoopShare: 0.95) == nil, "saturated: the count restarts")
+        #expect(supervision.observe(now: start + .seconds(5), ramping: false, busiestLoopShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(5) + .milliseconds(999), ramping: false, busiestLoopShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(6), ramping: false, busiestLoopShare: 0) == .raise)
+
+        #expect(supervision.observe(now: start + .seconds(7), ramping: false, busiestLoopShare: 0.9) == .lower(.saturated))
+        #expect(supervision.observe(now: start + .seconds(7), ramping: true, busiestLoopShare: 1) == nil, "already down")
+    }
+
+    @Test("a ramp is 200 handshakes a second or more since the previous look, judged again only once the clock has moved")
+    func connectionRamp() {
+        var ramp = ConnectionRamp()
+        #expect(ramp.observe(handshakes: 0, now: start) == false, "the first look only notes the count")
+        #expect(ramp.observe(handshakes: 50, now: start + .milliseconds(250)) == true, "200 a second")
+        #expect(ramp.observe(handshakes: 60, now: start + .milliseconds(250)) == true, "the clock stood still: the answer stays")
+        #expect(ramp.observe(handshakes: 99, now: start + .milliseconds(500)) == false, "49 in 250 ms: 196 a second")
+        #expect(ramp.observe(handshakes: 99, now: start + .seconds(10)) == false)
+    }
+
+    @Test("auto is the default of the library and of voipserver; off, 0 and a priority of 1-99 are taken, anything else refused, and a priority with --busy-poll")
+    func option() throws {
+        #expect(ServerConfiguration().loopRealtime == .auto)
+        #expect(try ServerOptions.configuration(from: []).0.loopRealtime == .auto)
+        #expect(try ServerOptions.configuration(from: ["--loop-realtime", "off"]).0.loopRealtime == .off)
+        #expect(try ServerOptions.configuration(from: ["--loop-realtime", "0"]).0.loopRealtime == .off)
+        #expect(try ServerOptions.configuration(from: ["--loop-realtime", "2"]).0.loopRealtime == .priority(2))
+        #expect(try ServerOptions.configuration(from: ["--loop-realtime", "auto", "--busy-poll", "50"]).0.busyPoll == .microseconds(50))
+        for refused in [["100"], ["-1"], ["fast"], ["1", "--busy-poll", "50"]] {
+            #expect(throws: UsageError.self) { try ServerOptions.configuration(from: ["--loop-realtime"] + refused) }
+        }
+        #expect(throws: ServerError.self) {
+            try TestServer(workers: 1) { $0.loopRealtime = .priority(1); $0.busyPoll = .microseconds(50) }
+        }
+        // auto with a polling loop: the normal policy, and the start-up line says why.
+        let log = LogFile()
+        let polling = try TestServer(workers: 1, logger: log.logger) { $0.loopRealtime = .auto; $0.busyPoll = .microseconds(50) }
+        #expect(polling.server.loopRealtimeChanges == nil)
+        #expect(log.lines("loop_realtime").first?.contains("--busy-poll") == true)
+        #expect(log.lines("listening").first?.contains("loop_realtime=off") == true)
+    }
+
+    @Test(.enabled(if: getuid() == 0, "needs CAP_SYS_NICE"))
+    func loopsRiseAfterACalmSecondAndGiveWayToARamp() throws {
+        let log = LogFile()
+        let server = try TestServer(workers: 2, logger: log.logger) { $0.loopRealtime = .priority(2) }
+        #expect(log.lines("listening").first?.contains("loop_realtime=2") == true)
+        #expect(server.server.loopThreadRealtimePriorities == [0, 0], "the normal policy at start")
+        // The calm second counts from loop 0's first tick with the threads in its hands.
+        try server.advance(by: .zero)
+        try server.advance(by: .milliseconds(500))
+        #expect(server.server.loopThreadRealtimePriorities == [0, 0], "not yet a calm second")
+        try server.advance(by: .milliseconds(600))
+        #expect(server.server.loopThreadRealtimePriorities == [2, 2])
+        let (alice, _) = try server.connect(user: "alice")
+        let (bob, _) = try server.connect(user: "bob")
+        #expect(try alice.request(1, .messageSend(OutgoingMessage(messageID: "m1", recipient: "bob", contentType: "t", body: [1]))).isOK)
+        #expect(try Self.isMessage(bob.nextEvent().event))
+
+        // 80 handshakes within 300 ms of the clock (with alice's and bob's: 273 a second).
+        var devices: [TestClient] = []
+        for index in 0..<80 { devices.append(try server.connect(user: "ramp\(index)").0) }
+        try server.advance(by: .milliseconds(300))
+        #expect(server.server.loopThreadRealtimePriorities == [0, 0], "a ramp: back to the normal policy")
+        #expect(server.server.loopRealtimeChanges.map { $0.raises == 1 && $0.loweredForRamp == 1 } == true)
+        try server.advance(by: .milliseconds(600))
+        try server.advance(by: .milliseconds(600))
+        #expect(server.server.loopThreadRealtimePriorities == [0, 0], "calm for 600 ms only: the first look after the ramp starts the count")
+        try server.advance(by: .milliseconds(500))
+        #expect(server.server.loopThreadRealtimePriorities == [2, 2])
+        #expect(server.server.loopRealtimeChanges.map { $0.raises == 2 } == true)
+        #expect(try bob.request(1, .messageSend(OutgoingMessage(messageID: "m2", recipient: "alice", contentType: "t", body: [2]))).isOK)
+        #expect(try Self.isMessage(alice.nextEvent().event))
+        #expect(devices.count == 80)
+    }
+
+    @Test(.enabled(if: getuid() == 0, "needs CAP_SYS_NICE"))
+    func voipserverByDefaultRunsItsLoopsUnderSCHEDFIFOOnceCalm() throws {
+        let server = try ServerProcess(["--store", "memory", "--workers", "2"])
+        let log = try String(contentsOfFile: server.logPath, encoding: .utf8)
+        #expect(log.contains("event=loop_realtime priority=1"), "\(log)")
+        #expect(log.contains("loop_realtime=1"), "\(log)")
+        // Real time, unlike the tests above: a second without a ramp, then the next tick.
+        let deadline = SystemClock().now() + .seconds(20)
+        while Self.loopPolicies(pid: server.process.pid) != [SCHED_FIFO, SCHED_FIFO] {
+            #expect(SystemClock().now() < deadline, "the loops did not rise: \(Self.loopPolicies(pid: server.process.pid))")
+            guard SystemClock().now() < deadline else { return }
+            usleep(20_000)
+        }
+        let client = try TestClient(port: server.port)
+        _ = try client.hello(user: "alice", device: "d1")
+    }
+
+    @Test(.enabled(if: getuid() == 0, "drops CAP_SYS_NICE from root"))
+    func withoutPermissionAutoSaysSoAndKeepsTheNormalPolicy() throws {
+        // Root without CAP_SYS_NICE and with an RLIMIT_RTPRIO of 0 may not use SCHED_FIFO.
+        let server = try ServerProcess(
+            ["--store", "memory", "--workers", "2"],
+            through: ["/usr/bin/prlimit", "--rtprio=0:0", "/usr/bin/setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"])
+        let log = try String(contentsOfFile: server.logPath, encoding: .utf8)
+        #expect(log.contains("event=loop_realtime priority=off detail=\"not permitted"), "\(log)")
+        #expect(log.contains("loop_realtime=off"), "\(log)")
+        #expect(!log.contains("loop_realtime_ignored"), "auto warns of nothing: \(log)")
+        #expect(Self.loopPolicies(pid: server.process.pid) == [SCHED_OTHER, SCHED_OTHER])
+        // A priority asked for outright and refused is a warning.
+        let explicit = try ServerProcess(
+            ["--store", "memory", "--loop-realtime", "3"],
+            through: ["/usr/bin/prlimit", "--rtprio=0:0", "/usr/bin/setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"])
+        let explicitLog = try String(contentsOfFile: explicit.logPath, encoding: .utf8)
+        #expect(explicitLog.contains("event=loop_realtime_ignored"), "\(explicitLog)")
+    }
+
+    @Test("a thread's CPU time grows while it runs and not while it sleeps")
+    func threadCPUTime() throws {
+        let stop = Atomic<Bool>(false)
+        let spinner = JoinableThread(name: "vs-test-spin") { while !stop.load(ordering: .relaxed) {} }
+        let sleeper = JoinableThread(name: "vs-test-sleep") { while !stop.load(ordering: .relaxed) { usleep(1_000) } }
+        defer {
+            stop.store(true, ordering: .relaxed)
+            spinner.join()
+            sleeper.join()
+        }
+        let deadline = SystemClock().now() + .seconds(20)
+        while (spinner.cpuTime ?? .zero) < .milliseconds(50) {
+            guard SystemClock().now() < deadline else { Issue.record("the spinning thread's CPU time stayed at \(String(describing: spinner.cpuTime))"); return }
+            usleep(5_000)
+        }
+        let sleeping = try #require(sleeper.cpuTime)
+        #expect(sleeping < .milliseconds(25), "a thread asleep in usleep uses little CPU: \(sleeping)")
+    }
+
+    static func isMessage(_ event: Event) -> Bool {
+        if case .message = event { return true } else { return false }
+    }
+
+    /// The scheduling policy of each of the process's `vs-loop-*` threads, by name.
+    static func loopPolicies(pid: pid_t) -> [Int32] {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.compactMap { tid -> (String, Int32)? in
+            guard let name = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/comm", encoding: .utf8),
+                  name.hasPrefix("vs-loop"), let id = pid_t(tid) else { return nil }
+            return (name, sched_getscheduler(id))
+        }.sorted { $0.0 < $1.0 }.map(\.1)
+    }
+}
