@@ -119,9 +119,9 @@ struct LoopRealtimeSupervision: Equatable, Sendable {
 /// loop threads it moves, and what `/metrics` reads of it.
 ///
 /// Ownership: `observe` and the state it keeps run on loop 0's thread only (checked in
-/// debug builds, once the threads are handed over); `threads` is set once by the starting thread after the loops' threads
-/// exist, under its lock, which loop 0 takes once per tick to read it; the counters are
-/// atomics any thread reads.
+/// debug builds, once the threads are handed over); `threads` is set once by the starting
+/// thread after the loops' threads exist, under its lock, which loop 0 takes once per tick
+/// to read it; the counters are atomics any thread reads.
 final class LoopPriorityControl: @unchecked Sendable {
     /// The `SCHED_FIFO` priority the loops take while calm (1-99).
     let priority: Int32
