@@ -41,7 +41,7 @@ public enum LoopRealtimeMode: Equatable, Sendable, CustomStringConvertible {
 /// tool on the benchmark's 2 cores, the store writer, a neighbour), a loop at the normal
 /// policy is preempted in the middle of a request and, woken, waits for the thread on its
 /// CPU. Under `SCHED_FIFO` neither happens: on the 2-core benchmark host that took the
-/// default configuration's closed-loop push p99 from 2.1 times Mosquitto's to 1.2
+/// default configuration's closed-loop push p99 from 1.5-2.7 times Mosquitto's to 0.96-1.26
 /// (docs/LOAD-TESTING.md, "The loops at a real-time priority once the ramp is over").
 ///
 /// Why not through a ramp: a real-time loop busy with thousands of handshakes a second
