@@ -1,4 +1,3 @@
-import Foundation
 import Synchronization
 import SignalingProtocol
 @testable import SignalingServer
@@ -108,7 +107,7 @@ struct LoopRealtimeTests {
     @Test(.enabled(if: getuid() == 0, "needs CAP_SYS_NICE"))
     func voipserverByDefaultRunsItsLoopsUnderSCHEDFIFOOnceCalm() throws {
         let server = try ServerProcess(["--store", "memory", "--workers", "2"])
-        let log = try String(contentsOfFile: server.logPath, encoding: .utf8)
+        let log = server.log
         #expect(log.contains("event=loop_realtime priority=1"), "\(log)")
         #expect(log.contains("loop_realtime=1"), "\(log)")
         // Real time, unlike the tests above: a second without a ramp, then the next tick.
@@ -128,7 +127,7 @@ struct LoopRealtimeTests {
         let server = try ServerProcess(
             ["--store", "memory", "--workers", "2"],
             through: ["/usr/bin/prlimit", "--rtprio=0:0", "/usr/bin/setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"])
-        let log = try String(contentsOfFile: server.logPath, encoding: .utf8)
+        let log = server.log
         #expect(log.contains("event=loop_realtime priority=off detail=\"not permitted"), "\(log)")
         #expect(log.contains("loop_realtime=off"), "\(log)")
         #expect(!log.contains("loop_realtime_ignored"), "auto warns of nothing: \(log)")
@@ -137,7 +136,7 @@ struct LoopRealtimeTests {
         let explicit = try ServerProcess(
             ["--store", "memory", "--loop-realtime", "3"],
             through: ["/usr/bin/prlimit", "--rtprio=0:0", "/usr/bin/setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"])
-        let explicitLog = try String(contentsOfFile: explicit.logPath, encoding: .utf8)
+        let explicitLog = explicit.log
         #expect(explicitLog.contains("event=loop_realtime_ignored"), "\(explicitLog)")
     }
 
@@ -166,11 +165,6 @@ struct LoopRealtimeTests {
 
     /// The scheduling policy of each of the process's `vs-loop-*` threads, by name.
     static func loopPolicies(pid: pid_t) -> [Int32] {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-        return tasks.compactMap { tid -> (String, Int32)? in
-            guard let name = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/comm", encoding: .utf8),
-                  name.hasPrefix("vs-loop"), let id = pid_t(tid) else { return nil }
-            return (name, sched_getscheduler(id))
-        }.sorted { $0.0 < $1.0 }.map(\.1)
+        namedThreads(of: pid).filter { $0.name.hasPrefix("vs-loop") }.sorted { $0.name < $1.name }.map { sched_getscheduler($0.tid) }
     }
 }

@@ -117,9 +117,7 @@ struct VoipServerExecutableTests {
     @Test("the server's threads are named for top -H: loops, store writer, checkpointer")
     func threadNames() throws {
         let server = try ServerProcess(["--workers", "2"])  // the SQLite store, in a fresh directory
-        let names = listDirectory("/proc/\(server.process.pid)/task").compactMap { task in
-            readTextFile("/proc/\(server.process.pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init)
-        }
+        let names = namedThreads(of: server.process.pid).map(\.name)
         for expected in ["vs-loop-0", "vs-loop-1", "vs-store", "vs-checkpoint"] {
             #expect(names.contains(expected), "\(names)")
         }
@@ -183,9 +181,8 @@ struct VoipServerExecutableTests {
     /// (`/proc/PID/task/TID/comm` and the `Cpus_allowed_list` of its `status`).
     static func threadCPUs(of pid: pid_t) -> [String: String] {
         var cpus: [String: String] = [:]
-        for task in listDirectory("/proc/\(pid)/task") {
-            let name = readTextFile("/proc/\(pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init) ?? ""
-            let status = readTextFile("/proc/\(pid)/task/\(task)/status") ?? ""
+        for (tid, name) in namedThreads(of: pid) {
+            let status = readTextFile("/proc/\(pid)/task/\(tid)/status") ?? ""
             let line = status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
             if !name.isEmpty, let line { cpus[name] = line.split(separator: "\t").last.map(String.init) }
         }

@@ -13,7 +13,7 @@ struct ConnectionRamp: Sendable {
     /// The handshake count at the previous look, and when.
     private var last: (count: Int, at: Instant)?
     /// The answer of the last look at which the clock had moved.
-    private(set) var ramping = false
+    private var ramping = false
 
     /// Loop 0's tick: `handshakes` completed so far, at `now`. Judged again only once the
     /// clock has moved (a manual clock may stand still between ticks).

@@ -23,6 +23,17 @@ func listDirectory(_ path: String) -> [String] {
     return names
 }
 
+/// The threads of process `pid`: each one's kernel id and name (`/proc/PID/task/TID/comm`,
+/// what `top -H` shows); threads whose name cannot be read are left out.
+func namedThreads(of pid: pid_t) -> [(tid: pid_t, name: String)] {
+    listDirectory("/proc/\(pid)/task").compactMap { task in
+        guard let tid = pid_t(task),
+              let name = readTextFile("/proc/\(pid)/task/\(task)/comm")?.split(separator: "\n").first.map(String.init)
+        else { return nil }
+        return (tid, name)
+    }
+}
+
 /// A log file for a library server: `logger` writes to it, `lines` reads it back.
 final class LogFile {
     let path = "/tmp/voipserver-test-log-\(getpid())-\(UInt32.random(in: 0...UInt32.max)).log"
