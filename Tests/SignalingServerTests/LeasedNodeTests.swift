@@ -96,9 +96,11 @@ struct LeasedNodeTests {
     func standbyTakesOver() throws {
         let (clock, lease, node) = try startedNode(leaseHeldBy: "other-node")
         defer { node.stop() }
-        #expect(eventually { lease.attempts >= 1 })
+        // The reason is set once the attempt has asked who holds the lease: wait for it,
+        // not for the attempt (which counts before that, and raced this check).
+        #expect(eventually { node.listeningDescription.contains("held by other-node") }, "\(node.listeningDescription)")
+        #expect(lease.attempts >= 1)
         #expect(node.role == .standby)
-        #expect(node.listeningDescription.contains("held by other-node"), "\(node.listeningDescription)")
 
         lease.setHolder(nil)  // the other node's lease expired
         #expect(eventually { clock.advance(by: .milliseconds(100)); return node.role == .active })
