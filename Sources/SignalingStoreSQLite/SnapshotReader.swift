@@ -90,8 +90,9 @@ struct SnapshotReader {
     }
 
     /// Message ids in (sender, message id) order, each id's latest record only: the table
-    /// is in server-time order (schema version 3), and an id remembered again after its
-    /// record expired has two (`StoreChange.rememberMessageID`).
+    /// is in server-time order (schema version 3). It holds one record per id (version 4
+    /// removed the superseded ones older servers left); should a file hold two, the
+    /// later wins.
     private func readMessageIDs() throws(StoreError) -> [StoredMessageID] {
         var latest: [StoredMessageKey: StoredMessageID] = [:]
         let rows = try connection.prepare("""

@@ -20,7 +20,7 @@ struct DatabaseFileTests {
         return path
     }
 
-    @Test("a new store creates its directory, with parents, and a WAL-mode file with schema version 3")
+    @Test("a new store creates its directory, with parents, and a WAL-mode file with schema version 4")
     func createsEverything() throws {
         let directory = try TemporaryDirectory()
         let configuration = SQLiteStoreConfiguration(directory: directory.file("a/b/data"))
@@ -28,7 +28,7 @@ struct DatabaseFileTests {
         try store.apply([Sample.device("alice", "phone")])
         let database = try RawDatabase(path: configuration.databasePath)
         #expect(try database.text("PRAGMA journal_mode") == "wal")
-        #expect(try database.text("PRAGMA user_version") == "3")
+        #expect(try database.text("PRAGMA user_version") == "4")
         #expect(try database.text("SELECT count(*) FROM devices") == "1")
         store.close()
         let mode = try FileManager.default.attributesOfItem(atPath: configuration.databasePath)[.posixPermissions] as? Int
@@ -99,8 +99,35 @@ struct DatabaseFileTests {
             StoredMessageID(sender: "bob", messageID: "m2", serverTime: 20, expiresAt: 120),
         ])
         let database = try RawDatabase(path: path)
-        #expect(try database.text("PRAGMA user_version") == "3")
+        #expect(try database.text("PRAGMA user_version") == "4")
         #expect(try database.text("SELECT count(*) FROM devices WHERE push_platform IS NOT NULL") == "0")
+    }
+
+    @Test("a version 3 file is upgraded: of an id's superseded records only the latest stays, other ids untouched")
+    func upgradesVersion3() throws {
+        let directory = try TemporaryDirectory()
+        let configuration = configuration(directory)
+        try SQLiteEventStore(configuration: configuration).close()
+        // As a version 3 server left it: bob's m1 expired while the server was down and was
+        // sent again twice (three records), before the start-up sweep existed.
+        let raw = try RawDatabase(path: configuration.databasePath)
+        try raw.execute("""
+            INSERT INTO message_ids (server_time, sender_id, message_id, expires_at) VALUES
+                (10, 'bob', 'm1', 110), (30, 'bob', 'm1', 130), (20, 'bob', 'm1', 120),
+                (15, 'amy', 'm1', 115), (25, 'bob', 'm2', 125);
+            PRAGMA user_version = 3;
+            """)
+        let store = try SQLiteEventStore(configuration: configuration)
+        let snapshot = try store.loadSnapshot()
+        store.close()
+        #expect(snapshot.messageIDs == [
+            StoredMessageID(sender: "amy", messageID: "m1", serverTime: 15, expiresAt: 115),
+            StoredMessageID(sender: "bob", messageID: "m1", serverTime: 30, expiresAt: 130),
+            StoredMessageID(sender: "bob", messageID: "m2", serverTime: 25, expiresAt: 125),
+        ])
+        let database = try RawDatabase(path: configuration.databasePath)
+        #expect(try database.text("PRAGMA user_version") == "4")
+        #expect(try database.text("SELECT group_concat(server_time) FROM (SELECT server_time FROM message_ids ORDER BY server_time)") == "15,25,30")
     }
 
     @Test("a store written by a newer schema version is refused as corrupt, naming both versions")
