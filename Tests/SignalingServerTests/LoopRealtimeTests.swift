@@ -1,3 +1,4 @@
+import Foundation
 import Synchronization
 import SignalingProtocol
 @testable import SignalingServer
@@ -9,8 +10,8 @@ import Glibc
 #endif
 
 /// `--loop-realtime`: the loops under `SCHED_FIFO` while they keep up, at the normal policy
-/// at start, through a ramp of connections and while a loop is saturated; `auto` (the
-/// default) only where the process may.
+/// at start, through a ramp of connections, while a loop is saturated and while the
+/// hypervisor steals; `auto` (the default) only where the process may.
 @Suite("The event loops at a real-time priority while they keep up")
 struct LoopRealtimeTests {
     let start = Instant(nanoseconds: 1_000_000_000)
@@ -36,6 +37,34 @@ struct LoopRealtimeTests {
 
         #expect(supervision.observe(now: start + .seconds(7), ramping: false, busiestLoopShare: 0.9) == .lower(.saturated))
         #expect(supervision.observe(now: start + .seconds(7), ramping: true, busiestLoopShare: 1) == nil, "already down")
+    }
+
+    @Test("the loops drop back when the hypervisor steals 2 % of the host's CPU time or more, and rise again after a calm second without")
+    func supervisionGivesWayToSteal() {
+        var supervision = LoopRealtimeSupervision()
+        #expect(supervision.observe(now: start, ramping: false, busiestLoopShare: 0.3, stolenShare: 0.019) == nil)
+        #expect(supervision.observe(now: start + .seconds(1), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.019) == .raise)
+        #expect(supervision.observe(now: start + .seconds(2), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.02) == .lower(.steal))
+        #expect(supervision.observe(now: start + .seconds(3), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.05) == nil, "already down")
+        #expect(supervision.observe(now: start + .seconds(4), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.001) == nil)
+        #expect(supervision.observe(now: start + .seconds(5), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.001) == .raise)
+        // A ramp counts first: the reason is the ramp, whatever the host steals.
+        #expect(supervision.observe(now: start + .seconds(6), ramping: true, busiestLoopShare: 0.3, stolenShare: 0.5) == .lower(.ramp))
+    }
+
+    @Test("the host's stolen time is read from /proc/stat's cpu line, its share taken between two readings")
+    func hostCPUTime() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.file("stat")
+        try "cpu  100 5 50 800 10 3 2 30 0 0\ncpu0 50 2 25 400 5 1 1 15 0 0\nintr 12345 0 1\n".write(toFile: path, atomically: true, encoding: .utf8)
+        let first = try #require(HostCPUTime.read(path))
+        #expect(first == HostCPUTime(total: 1_000, steal: 30))
+        #expect(HostCPUTime(total: 2_000, steal: 80).stolenShare(since: first) == 0.05)
+        #expect(first.stolenShare(since: first) == 0, "no time passed")
+        #expect(HostCPUTime.read(directory.file("missing")) == nil)
+        try "intr 1 2 3\n".write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(HostCPUTime.read(path) == nil, "no cpu line first")
+        #expect(HostCPUTime.read(HostCPUTime.path) != nil, "this host's /proc/stat")
     }
 
     @Test("a ramp is 200 handshakes a second or more since the previous look, judged again only once the clock has moved")
@@ -102,6 +131,41 @@ struct LoopRealtimeTests {
         #expect(try bob.request(1, .messageSend(OutgoingMessage(messageID: "m2", recipient: "alice", contentType: "t", body: [2]))).isOK)
         #expect(try Self.isMessage(alice.nextEvent().event))
         #expect(devices.count == 80)
+    }
+
+    @Test(.enabled(if: getuid() == 0, "needs CAP_SYS_NICE"))
+    func loopsGiveWayWhileTheHypervisorSteals() throws {
+        let directory = try TemporaryDirectory()
+        let stat = directory.file("stat")
+        func host(total: Int, steal: Int) throws {
+            try "cpu  \(total - steal) 0 0 0 0 0 0 \(steal) 0 0\n".write(toFile: stat, atomically: true, encoding: .utf8)
+        }
+        try host(total: 1_000, steal: 0)
+        let server = try TestServer(workers: 2) {
+            $0.loopRealtime = .priority(2)
+            $0.hostCPUTimePath = stat
+        }
+        try server.advance(by: .zero)
+        try server.advance(by: .milliseconds(1_100))
+        #expect(server.server.loopThreadRealtimePriorities == [2, 2], "a calm second, no steal")
+        // 5 % of the host's time stolen since: judged once a second of real time has passed
+        // since the first reading.
+        try host(total: 2_000, steal: 50)
+        let deadline = SystemClock().now() + .seconds(10)
+        while server.server.loopThreadRealtimePriorities != [0, 0] && SystemClock().now() < deadline {
+            try server.advance(by: .milliseconds(250))
+            usleep(50_000)
+        }
+        #expect(server.server.loopThreadRealtimePriorities == [0, 0], "the hypervisor steals: back to the normal policy")
+        #expect(server.server.loopRealtimeChanges.map { $0.raises == 1 && $0.loweredForSteal == 1 } == true)
+        // No more steal: up again after a calm second, once the next window has been judged.
+        try host(total: 3_000, steal: 50)
+        while server.server.loopThreadRealtimePriorities != [2, 2] && SystemClock().now() < deadline + .seconds(10) {
+            try server.advance(by: .milliseconds(250))
+            usleep(50_000)
+        }
+        #expect(server.server.loopThreadRealtimePriorities == [2, 2])
+        #expect(server.server.loopRealtimeChanges.map { $0.raises == 2 } == true)
     }
 
     @Test(.enabled(if: getuid() == 0, "needs CAP_SYS_NICE"))

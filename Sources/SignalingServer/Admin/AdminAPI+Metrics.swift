@@ -180,13 +180,14 @@ extension AdminAPI {
             out.sample("voipserver_store_thread_raises_total", ["to": "nice19"], writer.threadPriorityRaises.load(ordering: .relaxed))
             out.sample("voipserver_store_thread_raises_total", ["to": "normal"], writer.threadPriorityRaisesToNormal.load(ordering: .relaxed))
         }
-        out.family("voipserver_loops_realtime", .gauge, "1 while the event loops run under SCHED_FIFO (--loop-realtime), 0 while at the normal policy (a ramp of connections, a saturated loop, off or not permitted).")
+        out.family("voipserver_loops_realtime", .gauge, "1 while the event loops run under SCHED_FIFO (--loop-realtime), 0 while at the normal policy (a ramp of connections, a saturated loop, the hypervisor stealing CPU time, off or not permitted).")
         out.sample("voipserver_loops_realtime", [:], context.loopPriority?.realtimeNow.load(ordering: .relaxed) == true ? 1 : 0)
         if let control = context.loopPriority {
-            out.family("voipserver_loops_realtime_changes_total", .counter, "Moves of the event loops to SCHED_FIFO after a calm second (to=\"realtime\") and back to the normal policy for a ramp of connections or a saturated loop (to=\"normal\").")
+            out.family("voipserver_loops_realtime_changes_total", .counter, "Moves of the event loops to SCHED_FIFO after a calm second (to=\"realtime\") and back to the normal policy for a ramp of connections, a saturated loop or the hypervisor stealing 2 % or more of the host's CPU time (to=\"normal\").")
             out.sample("voipserver_loops_realtime_changes_total", ["to": "realtime", "reason": "calm"], control.raises.load(ordering: .relaxed))
             out.sample("voipserver_loops_realtime_changes_total", ["to": "normal", "reason": "ramp"], control.loweredForRamp.load(ordering: .relaxed))
             out.sample("voipserver_loops_realtime_changes_total", ["to": "normal", "reason": "saturated"], control.loweredSaturated.load(ordering: .relaxed))
+            out.sample("voipserver_loops_realtime_changes_total", ["to": "normal", "reason": "steal"], control.loweredForSteal.load(ordering: .relaxed))
         }
         if let push = pushGateway?.statistics {
             out.family("voipserver_wakeups_total", .counter, "Push wake-ups by outcome (docs/PUSH.md).")

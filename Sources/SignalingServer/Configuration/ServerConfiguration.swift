@@ -110,8 +110,8 @@ public struct ServerConfiguration: Sendable {
     /// and later; earlier kernels ignore it).
     public var loopSlice: Duration = .zero
     /// Whether the loop threads run under `SCHED_FIFO` while they keep up
-    /// (`LoopRealtimeSupervision`: at the normal policy through a ramp of connections and
-    /// while a loop is saturated). A loop at a real-time priority is never preempted by a
+    /// (`LoopRealtimeSupervision`: at the normal policy through a ramp of connections,
+    /// while a loop is saturated and while the hypervisor steals). A loop at a real-time priority is never preempted by a
     /// thread of the normal policy (the load generator on the same host, the store
     /// writer, a neighbour) while it handles a request, and takes its CPU from them at once
     /// when woken: on a 2-core VM that halved the closed-loop push p99
@@ -119,6 +119,9 @@ public struct ServerConfiguration: Sendable {
     /// may (CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1) and never with `busyPoll`; a
     /// priority given outright is refused with `busyPoll`.
     public var loopRealtime = LoopRealtimeMode.auto
+    /// Where the loops' supervision reads the host's stolen CPU time (tests give a file
+    /// of their own).
+    var hostCPUTimePath = HostCPUTime.path
     /// While the server runs, ask the kernel to keep every CPU able to wake within this
     /// (a PM QoS request on /dev/cpu_dma_latency; 0: idle CPUs poll instead of halting).
     /// Saves the wake-up of a halted CPU on each hop of a push, which dominates push

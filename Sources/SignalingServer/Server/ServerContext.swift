@@ -72,7 +72,7 @@ final class ServerContext: Sendable {
         self.configuration = configuration
         self.front = front
         let realtimePriority = configuration.busyPoll > .zero ? 0 : configuration.loopRealtime.wantedPriority
-        self.loopPriority = realtimePriority > 0 ? LoopPriorityControl(priority: realtimePriority, logger: logger) : nil
+        self.loopPriority = realtimePriority > 0 ? LoopPriorityControl(priority: realtimePriority, logger: logger, hostCPUTimePath: configuration.hostCPUTimePath) : nil
         self.tlsContexts = Reloadable(tlsContext)
         self.pushGateway = pushGateway
         self.tokenVerifiers = Reloadable(tokenVerifier)

@@ -331,7 +331,7 @@ public final class SignalingServer: Sendable {
         control.control(loops)
         context.logger.info("loop_realtime", [
             "priority": control.priority,
-            "detail": "the loops run under SCHED_FIFO once connections stop ramping and while none is saturated, at the normal policy until then",
+            "detail": "the loops run under SCHED_FIFO once connections stop ramping, while none is saturated and while the hypervisor steals under 2 % of the host's CPU time; at the normal policy until then",
         ])
         return "\(control.priority)"
     }
@@ -399,9 +399,12 @@ public final class SignalingServer: Sendable {
 
     /// The loops' moves to `SCHED_FIFO` and back, by reason (tests; nil: `--loop-realtime`
     /// off, or `auto` with `--busy-poll`).
-    var loopRealtimeChanges: (raises: Int, loweredForRamp: Int, loweredSaturated: Int)? {
+    var loopRealtimeChanges: (raises: Int, loweredForRamp: Int, loweredSaturated: Int, loweredForSteal: Int)? {
         context.loopPriority.map {
-            ($0.raises.load(ordering: .relaxed), $0.loweredForRamp.load(ordering: .relaxed), $0.loweredSaturated.load(ordering: .relaxed))
+            (
+                $0.raises.load(ordering: .relaxed), $0.loweredForRamp.load(ordering: .relaxed), $0.loweredSaturated.load(ordering: .relaxed),
+                $0.loweredForSteal.load(ordering: .relaxed)
+            )
         }
     }
 
