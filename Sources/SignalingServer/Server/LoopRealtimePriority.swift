@@ -68,9 +68,10 @@ public enum LoopRealtimeMode: Equatable, Sendable, CustomStringConvertible {
 /// reports preempted, `vcpu_is_preempted`). So while a virtual machine's vCPUs are being
 /// preempted, a real-time loop woken for a request can wait for its vCPU to come back,
 /// milliseconds, where a normal one runs at once on the other. On the 2-core test VM, in
-/// the three benchmark runs whose paced phases the host stole 6.5-9.4 % of a core from,
-/// every server with real-time loops had a paced p99 of 1.3-1.6 ms against Mosquitto's 190
-/// µs in the same minutes (docs/LOAD-TESTING.md). A look that finds the host stole
+/// the two benchmark runs whose paced phases the host stole 6.5-9.4 % of a core from, all
+/// five servers with real-time loops had a paced p99 of 1.3-1.6 ms against Mosquitto's 190
+/// µs in the same minutes (docs/LOAD-TESTING.md, "Real-time loops while the hypervisor
+/// steals"). A look that finds the host stole
 /// `stealShare` or more of its CPU time since the previous judged window (`/proc/stat`, at
 /// least `LoopPriorityControl.stealWindow`) puts the loops back to the normal policy, as a
 /// ramp does.
@@ -95,10 +96,10 @@ struct LoopRealtimeSupervision: Equatable, Sendable {
         case steal
     }
 
-    /// How long the loops must have had no ramp and no saturation before they rise: at
-    /// most about one transition a second however the load swings, and a ramp's last
-    /// handshakes are past (their units committed) before a loop takes the CPU from the
-    /// writer.
+    /// How long the loops must have had no ramp, no saturation and no steal before they
+    /// rise: at most about one transition a second however the load swings, and a ramp's
+    /// last handshakes are past (their units committed) before a loop takes the CPU from
+    /// the writer.
     static let raiseAfter: Duration = .seconds(1)
     /// The share of the time between two looks a loop must have run (its thread's CPU
     /// time) to count as saturated: a loop with slack sleeps in `epoll_wait` for more.
