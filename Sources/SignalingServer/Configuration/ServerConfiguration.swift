@@ -111,10 +111,10 @@ public struct ServerConfiguration: Sendable {
     public var loopSlice: Duration = .zero
     /// Whether the loop threads run under `SCHED_FIFO` while they keep up
     /// (`LoopRealtimeSupervision`: at the normal policy through a ramp of connections,
-    /// while a loop is saturated and while the hypervisor steals). A loop at a real-time priority is never preempted by a
-    /// thread of the normal policy (the load generator on the same host, the store
-    /// writer, a neighbour) while it handles a request, and takes its CPU from them at once
-    /// when woken: on a 2-core VM that halved the closed-loop push p99
+    /// while a loop is saturated and while the hypervisor steals). A loop at a real-time
+    /// priority is never preempted by a thread of the normal policy (the load generator on
+    /// the same host, the store writer, a neighbour) while it handles a request, and takes
+    /// its CPU from them at once when woken: on a 2-core VM that halved the closed-loop push p99
     /// (docs/LOAD-TESTING.md). `auto` (the default) does so at priority 1 where the process
     /// may (CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1) and never with `busyPoll`; a
     /// priority given outright is refused with `busyPoll`.
