@@ -1,3 +1,4 @@
+import SignalingSupport
 import VoipLoadKit
 #if canImport(Glibc)
 import Glibc
@@ -28,11 +29,10 @@ struct CPUAccounting {
 
     static func sample(serverPID: Int32?, at nanoseconds: UInt64) -> Sample {
         var sample = Sample(nanoseconds: nanoseconds)
-        if let fields = firstLineFields("/proc/stat"), fields.count > 8, fields[0] == "cpu" {
-            let value = { (index: Int) in UInt64(fields[index]) ?? 0 }
-            sample.machineBusy = value(1) + value(2) + value(3)
-            sample.interrupts = value(6) + value(7)
-            sample.steal = value(8)
+        if let host = HostCPUTime.read() {
+            sample.machineBusy = host.user + host.nice + host.system
+            sample.interrupts = host.irq + host.softirq
+            sample.steal = host.steal
         }
         sample.probe = processTicks("/proc/self/stat") ?? 0
         sample.server = serverPID.flatMap { processTicks("/proc/\($0)/stat") }
@@ -82,9 +82,5 @@ struct CPUAccounting {
     /// utime + stime of a /proc/PID/stat file.
     private static func processTicks(_ path: String) -> UInt64? {
         ProcessStats.readFile(path).flatMap(ProcessStats.parseCPUTicks(stat:))
-    }
-
-    private static func firstLineFields(_ path: String) -> [Substring]? {
-        ProcessStats.readFile(path)?.split(separator: "\n", maxSplits: 1).first?.split(separator: " ")
     }
 }

@@ -1,8 +1,5 @@
 import SignalingSupport
 import Synchronization
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// `--loop-realtime`: whether the event loops run under the real-time policy `SCHED_FIFO`.
 public enum LoopRealtimeMode: Equatable, Sendable, CustomStringConvertible {
@@ -166,7 +163,8 @@ final class LoopPriorityControl: @unchecked Sendable {
     static let busyWindow: Duration = .milliseconds(200)
     /// The shortest window over which the host's stolen time is judged: `/proc/stat`
     /// counts in hundredths of a second, so over a second of 2 CPUs one count is 0.5 % of
-    /// the host's time, a quarter of `stealShare`.
+    /// the host's time, a quarter of `stealShare`. Loop 0 reads the file once a window
+    /// (`HostCPUTime`: about 20 µs on the test host).
     static let stealWindow: Duration = .seconds(1)
     /// The host's CPU time at the previous judged steal window (nil: none yet, or no
     /// `/proc/stat`), and the share stolen over the last window.
@@ -253,41 +251,5 @@ final class LoopPriorityControl: @unchecked Sendable {
                 "stolen_share": (stolen * 1000).rounded() / 1000,
             ])
         }
-    }
-}
-
-/// The host's CPU time so far, all CPUs (`/proc/stat`'s first line, in clock ticks): what
-/// the hypervisor stole of it, for `LoopPriorityControl`.
-///
-/// Cost: loop 0 reads it once a `stealWindow`, the first 256 bytes only; the kernel still
-/// renders the whole file for it (every CPU's line, every interrupt's count): 21 µs on the
-/// 2-CPU test host, more with many CPUs.
-struct HostCPUTime: Equatable {
-    static let path = "/proc/stat"
-    /// user + nice + system + idle + iowait + irq + softirq + steal.
-    var total: UInt64
-    var steal: UInt64
-
-    /// Parses the `cpu` line; nil for anything else (no such file, another format).
-    static func read(_ path: String) -> HostCPUTime? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var bytes = [UInt8](repeating: 0, count: 256)
-        let count = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-        guard count > 0, let text = String(validating: bytes[..<count], as: UTF8.self),
-            let line = text.split(separator: "\n", maxSplits: 1).first
-        else { return nil }
-        let fields = line.split(separator: " ")
-        guard fields.count > 8, fields[0] == "cpu" else { return nil }
-        let values = fields[1...8].compactMap { UInt64($0) }
-        guard values.count == 8 else { return nil }
-        return HostCPUTime(total: values.reduce(0, +), steal: values[7])
-    }
-
-    /// The share of the time since `earlier` that was stolen (0 when none passed).
-    func stolenShare(since earlier: HostCPUTime) -> Double {
-        guard total > earlier.total, steal >= earlier.steal else { return 0 }
-        return Double(steal - earlier.steal) / Double(total - earlier.total)
     }
 }
