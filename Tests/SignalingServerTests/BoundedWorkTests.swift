@@ -160,3 +160,109 @@ struct IncrementalUserIndexTests {
         #expect(index["user-7"] == nil)
     }
 }
+
+/// The routing core's tables that grow with traffic (a sender's message ids, users with
+/// activity, calls, push registrations, per-sender counts) grow like the user index: a
+/// `Dictionary` rehashed every key in the one insert that outgrew it (7 ms at 24,576 ids,
+/// docs/LOAD-TESTING.md, "Tables that grow a few slots at a time").
+@Suite("Routing tables grow a few slots at a time (pure)")
+struct IncrementalTableTests {
+    let now = Instant(nanoseconds: 1_000_000_000)
+
+    @Test("during a migration, lookups, inserts, replacements and removals agree with a dictionary")
+    func dictionaryAgreesDuringMigration() {
+        var table = IncrementalDictionary<String, Int>()
+        var model: [String: Int] = [:]
+        var generator = FastRandom(seed: (5, 7, 11, 13))
+        var migrations = 0
+        var wasGrowing = false
+        for step in 0..<60_000 {
+            let key = "k\(generator.next() % 6_000)"
+            switch generator.next() % 5 {
+            case 0, 1, 2:
+                table[key] = step
+                model[key] = step
+            case 3:
+                #expect(table.removeValue(forKey: key) == model.removeValue(forKey: key), "removal of \(key)")
+            default:
+                #expect(table[key] == model[key], "lookup of \(key)")
+            }
+            #expect(table.count == model.count)
+            if table.isGrowing && !wasGrowing { migrations += 1 }
+            wasGrowing = table.isGrowing
+        }
+        #expect(migrations >= 5, "the test must cross several growths")
+        for (key, value) in model { #expect(table[key] == value, "lost \(key)") }
+        #expect(Dictionary(uniqueKeysWithValues: table.map { ($0.key, $0.value) }) == model)
+        #expect(Set(table.keys) == Set(model.keys))
+        #expect(table.values.sorted() == model.values.sorted())
+    }
+
+    @Test("a class entry's slot is one word, and an empty table holds no storage")
+    func slotSizes() {
+        #expect(MemoryLayout<IncrementalHashTable<DeviceRecord>.Slot>.stride == 8)
+        var table = IncrementalHashTable<KeyedValue<String, UInt64>>()
+        #expect(table.capacitySlots == 0)
+        #expect(table["m1"] == nil)
+        #expect(table.remove("m1") == nil)
+        #expect(table.capacitySlots == 0, "a lookup or removal allocates nothing")
+        table.insert(KeyedValue(hashKey: "m1", value: 1))
+        #expect(table.capacitySlots == 4)
+    }
+
+    @Test("an absent key is not found right after each growth, the first from 4 slots included")
+    func absentKeyAfterGrowth() {
+        var table = IncrementalHashTable<KeyedValue<String, UInt64>>()
+        var growths = 0
+        for number in 0..<5_000 {
+            let wasGrowing = table.isGrowing
+            table.insert(KeyedValue(hashKey: "k\(number)", value: UInt64(number)))
+            if table.isGrowing && !wasGrowing {
+                growths += 1
+                // (A table filled before it grew had no empty slot to end this probe.)
+                #expect(table["absent"] == nil)
+            }
+        }
+        #expect(growths >= 10)
+    }
+
+    @Test("a sender's message ids grow with at most N/32 messages migrating a table of N slots")
+    func senderMessageIDsGrowIncrementally() {
+        var state = SwitchboardState(configuration: SwitchboardConfiguration(), epoch: now)
+        let sender = state.activity("alice")
+        var remembered = 0
+        func remember() {
+            state.rememberMessageID("m\(remembered)", sender: "alice", serverTime: UInt64(remembered), now: now, in: sender)
+            remembered += 1
+        }
+        // Up to a growth from 8,192 slots (it starts at 3/4 of them, 6,144 ids).
+        while remembered < 6_000 || !sender.recentMessageIDs.isGrowing { remember() }
+        #expect(remembered == 6_145, "the growth came where a 3/4 load factor puts it")
+        var during = 0
+        while sender.recentMessageIDs.isGrowing {
+            remember()
+            during += 1
+        }
+        #expect(during <= 8_192 / IncrementalHashTable<KeyedValue<String, UInt64>>.migrationStep)
+        #expect(sender.recentMessageIDs.count == remembered)
+        #expect((0..<remembered).allSatisfy { sender.recentMessageIDs["m\($0)"] == UInt64($0) })
+    }
+
+    @Test("users' activity records grow incrementally, and are all found during the growth")
+    func activitiesGrowIncrementally() {
+        var state = SwitchboardState(configuration: SwitchboardConfiguration(), epoch: now)
+        var users = 0
+        while users < 3_000 || !state.activities.isGrowing {
+            _ = state.activity("u\(users)")
+            users += 1
+        }
+        let records = (0..<users).map { state.activities["u\($0)"] }
+        #expect(records.allSatisfy { $0 != nil })
+        while state.activities.isGrowing {
+            _ = state.activity("u\(users)")
+            users += 1
+        }
+        #expect(state.activities.count == users)
+        #expect((0..<records.count).allSatisfy { state.activities["u\($0)"] === records[$0] }, "a record was replaced")
+    }
+}

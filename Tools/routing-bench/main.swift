@@ -25,11 +25,34 @@
 // those that found nothing, its waits on the inbox's eventfd, the eventfd writes that woke
 // it, and the share of the wall it spent waiting. `--busy-poll` µs: as the server's option,
 // an idle thread keeps turning that long after its last busy turn before it waits.
+//
+//   .build/release/routing-bench growth [KEYS]
+//
+// `growth`: the slowest insert while a routing table grows from empty to KEYS (default
+// 1,000,000) message-id-like keys: a Swift `Dictionary` (rehashes every key when it
+// outgrows its storage) against the incremental table the routing core uses, and the
+// core's own paths (one sender's message ids, new users' activity records); three rounds
+// (docs/LOAD-TESTING.md, "Tables that grow a few slots at a time").
 import Foundation
 import SignalingServer
 
 if CommandLine.arguments.dropFirst().first == "scaling" {
     runScaling(Array(CommandLine.arguments.dropFirst(2)))
+    exit(0)
+}
+if CommandLine.arguments.dropFirst().first == "growth" {
+    let keys = CommandLine.arguments.dropFirst(2).first.flatMap { Int($0) } ?? 1_000_000
+    guard keys > 0 else { fail("growth: KEYS must be a positive number") }
+    print("table                                    round  inserts    longest µs  over 100 µs  mean ns")
+    for round in 1...3 {
+        for figure in TableGrowthBenchmark.run(count: keys) {
+            print(
+                figure.table.padding(toLength: 41, withPad: " ", startingAt: 0)
+                    + String(round).padding(toLength: 7, withPad: " ", startingAt: 0)
+                    + String(figure.inserts).padding(toLength: 9, withPad: " ", startingAt: 0)
+                    + String(format: "%12.1f  %11d  %7.0f", Double(figure.longest) / 1000, figure.over100Microseconds, figure.mean))
+        }
+    }
     exit(0)
 }
 

@@ -168,8 +168,9 @@ final class UserActivity: @unchecked Sendable {
     var held: ArraySlice<QueuedEvent> = []
     /// Ordinal of `held.first` (the store orders held events by ordinal).
     var firstHeldOrdinal: UInt64 = 1
-    /// messageId → server time, for de-duplicating this user's sends.
-    var recentMessageIDs: [String: UInt64] = [:]
+    /// messageId → server time, for de-duplicating this user's sends (up to a day of a
+    /// sender's messages: a table that grows incrementally, `IncrementalDictionary`).
+    var recentMessageIDs = IncrementalDictionary<String, UInt64>()
     /// messageId → a message of this user to another shard's user that this shard
     /// admitted and the recipient's shard has not decided yet (its id is claimed: a repeat
     /// meanwhile is neither a new message nor a duplicate).

@@ -160,7 +160,7 @@ extension SwitchboardState {
 
     /// Starts the bookkeeping afresh for every queue (after a load, or new limits).
     mutating func retrackShares() {
-        pendingBySender = [:]
+        pendingBySender = IncrementalDictionary()
         trackedShareQueues = []
         for head in users.heads {
             for device in DeviceList(first: head) where device.queue.count >= shareFloor {

@@ -207,8 +207,8 @@ struct SwitchboardState {
     /// The head of each user's device list.
     var users = UserIndex()
     /// Calls, held messages and recent message ids, for the users that have any.
-    var activities: [String: UserActivity] = [:]
-    var calls: [String: CallRecord] = [:]
+    var activities = IncrementalDictionary<String, UserActivity>()
+    var calls = IncrementalDictionary<String, CallRecord>()
     /// Fan-outs in chunks (`FanOut`) by id, from their start until the step that started
     /// each takes its answer; `nextFanOutID` numbers them.
     var fanOuts: [UInt64: FanOut] = [:]
@@ -224,7 +224,7 @@ struct SwitchboardState {
     var acknowledgements = Acknowledgements()
     /// Each device's push registrations (at most one per kind, a handful of bytes each);
     /// a device with none has no entry.
-    var pushRegistrations: [ObjectIdentifier: [PushRegistration]] = [:]
+    var pushRegistrations = IncrementalDictionary<ObjectIdentifier, [PushRegistration]>()
     var counters = SwitchboardCounters()
     /// The memory held by this shard's events, exactly (`--memory-budget`, with the other
     /// shards' as they published it: `heldBytes`).
@@ -237,7 +237,7 @@ struct SwitchboardState {
     let callDirectory: CallDirectory
     /// Unacknowledged messages per sender and recipient queue (`maxPendingPerSender`);
     /// an entry exists only while its count is positive.
-    var pendingBySender: [SenderShareKey: Int] = [:]
+    var pendingBySender = IncrementalDictionary<SenderShareKey, Int>()
     /// The queues whose shares are counted (see `shareFloor`).
     var trackedShareQueues: Set<ShareQueue> = []
     /// The push services configured (nil: none; offline devices are never woken).
