@@ -21,8 +21,9 @@ public enum TableGrowthBenchmark {
     /// into each table: a `[String: UInt64]` (the routing core's tables until 4 December
     /// 2026), an `IncrementalDictionary<String, UInt64>`, one sender's ids through
     /// `SwitchboardState.rememberMessageID` (its table, the dedup expiry queue and the
-    /// capacity check: what a MESSAGE_SEND's hold adds for its id), and `count` users'
-    /// activity records through `SwitchboardState.activity` (a user's first message).
+    /// capacity check: what a MESSAGE_SEND's hold adds for its id), `count` users'
+    /// activity records through `SwitchboardState.activity` (a user's first message), and
+    /// the dedup expiry's `FIFOQueue` filled to `count`, then one push and one pop per id.
     public static func run(count: Int) -> [Figures] {
         precondition(count > 0)
         var random = FastRandom(seed: (11, 13, 17, 19))
@@ -46,6 +47,15 @@ public enum TableGrowthBenchmark {
             state.rememberMessageID(key, sender: "sender", serverTime: index, now: now, in: sender)
         })
         figures.append(timed("SwitchboardState.activity (new users)", keys) { key, _ in _ = state.activity(key) })
+
+        // The dedup window's queue (`FIFOQueue`): pushed to `count` entries, then a push
+        // and a pop per id, as at `--dedup-capacity`, where each id remembered forgets the oldest.
+        var queue = FIFOQueue<(sender: String, messageID: String, deadline: Instant)>()
+        figures.append(timed("FIFOQueue push (dedup expiry entries)", keys) { key, _ in queue.push(("sender", key, now)) })
+        figures.append(timed("FIFOQueue push + pop, full", keys) { key, _ in
+            queue.push(("sender", key, now))
+            _ = queue.pop()
+        })
         return figures
     }
 
