@@ -25,8 +25,8 @@ protocol HashTableEntry {
 /// removal adds at most `migrationStep` (32) visited slots and as many re-inserted entries,
 /// about a microsecond (a re-insert hashes its key). What is not bounded: allocating the
 /// new table and filling its slots (`MemoryLayout<Slot>.stride` bytes each: 8 for a class
-/// entry, 24 for a string key and a word), once per doubling: 9-37 ms for the 2 million
-/// slots of a million message ids or users. Memory: a slot per 3/8 to 3/4 of an entry, no
+/// entry, 24 for a string key and a word), once per doubling: 9-44 ms for the 2 million
+/// slots of a million message ids, up to 108 ms for a million users' activity records. Memory: a slot per 3/8 to 3/4 of an entry, no
 /// storage at all until the first insert (most users' tables stay empty or tiny).
 ///
 /// Not thread-safe: owned like the shard state that holds it.

@@ -1,13 +1,10 @@
-import SignalingProtocol
-
 /// The first device of every user, by user id: a hash table that stores only the record
 /// pointer (the key is the record's own `userID`).
 ///
 /// A `[String: DeviceRecord]` costs 24 bytes per slot (the key's 16 plus the value's 8),
 /// so 32 to 64 bytes per user at its load factors; this table costs 8 bytes per slot, 11 to
 /// 21 per user. With one user per idle connection that difference is a tenth of the
-/// per-connection budget. Open addressing with linear probing; deletion shifts entries
-/// back instead of leaving tombstones, so the table never degrades.
+/// per-connection budget.
 ///
 /// Growth is incremental (`IncrementalHashTable`): the index grows while a loop holds its
 /// shard, and no insert rehashes every user. The table's slot for a record is one word
