@@ -26,8 +26,9 @@ protocol HashTableEntry {
 /// about a microsecond (a re-insert hashes its key). What is not bounded: allocating the
 /// new table and filling its slots (`MemoryLayout<Slot>.stride` bytes each: 8 for a class
 /// entry, 24 for a string key and a word), once per doubling: 9-44 ms for the 2 million
-/// slots of a million message ids, up to 108 ms for a million users' activity records. Memory: a slot per 3/8 to 3/4 of an entry, no
-/// storage at all until the first insert (most users' tables stay empty or tiny).
+/// slots of a million message ids, up to 108 ms for a million users' activity records.
+/// Memory: a slot per 3/8 to 3/4 of an entry, no storage at all until the first insert
+/// (most users' tables stay empty or tiny).
 ///
 /// Not thread-safe: owned like the shard state that holds it.
 struct IncrementalHashTable<Entry: HashTableEntry> {
@@ -74,12 +75,7 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
     subscript(key: Key) -> Entry? {
         guard count > 0 else { return nil }
         let hash = key.hashValue
-        let mask = slots.count - 1
-        var index = hash & mask
-        while case .occupied(let entry) = slots[index] {
-            if entry.hashKey == key { return entry }
-            index = (index + 1) & mask
-        }
+        if let entry = findCurrent(key, hash: hash).entry { return entry }
         guard let old = findDraining(key, hash: hash), case .occupied(let entry) = draining[old] else { return nil }
         return entry
     }
@@ -90,23 +86,22 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
         migrateStep()
         if slots.isEmpty { slots = Array(repeating: .empty, count: firstSize) }
         let hash = entry.hashKey.hashValue
-        var (index, found) = findCurrent(entry.hashKey, hash: hash)
-        var replaced: Entry?
-        if found, case .occupied(let old) = slots[index] {
-            replaced = old
-        } else if let old = findDraining(entry.hashKey, hash: hash) {
-            // Moves to the current table: not a new key.
-            if case .occupied(let moved) = draining[old] { replaced = moved }
-            draining[old] = .vacated
-        } else {
-            // A new key: room first, so that no table is ever more than 3/4 full (the old
-            // table of a growth keeps empty slots, where probes for absent keys end; a
-            // table of 4 slots filled before it grew had none).
-            if (count + 1) * 4 > slots.count * 3 {
-                grow()
-                index = findCurrent(entry.hashKey, hash: hash).index
+        var (index, replaced) = findCurrent(entry.hashKey, hash: hash)
+        if replaced == nil {
+            if let old = findDraining(entry.hashKey, hash: hash) {
+                // Moves to the current table: not a new key.
+                if case .occupied(let moved) = draining[old] { replaced = moved }
+                draining[old] = .vacated
+            } else {
+                // A new key: room first, so that no table is ever more than 3/4 full (the
+                // old table of a growth keeps empty slots, where probes for absent keys end;
+                // a table of 4 slots filled before it grew had none).
+                if (count + 1) * 4 > slots.count * 3 {
+                    grow()
+                    index = findCurrent(entry.hashKey, hash: hash).index
+                }
+                count += 1
             }
-            count += 1
         }
         slots[index] = .occupied(entry)
         return replaced
@@ -118,8 +113,8 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
         guard count > 0 else { return nil }
         migrateStep()
         let hash = key.hashValue
-        let (index, found) = findCurrent(key, hash: hash)
-        if found, case .occupied(let removed) = slots[index] {
+        let (index, current) = findCurrent(key, hash: hash)
+        if let removed = current {
             removeCurrent(at: index)
             return removed
         }
@@ -144,15 +139,16 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
         return all
     }
 
-    /// The slot holding `key` in the current table, or the empty slot where it would go.
-    private func findCurrent(_ key: Key, hash: Int) -> (index: Int, found: Bool) {
+    /// The slot holding `key` in the current table and its entry, or the empty slot where
+    /// it would go and nil.
+    private func findCurrent(_ key: Key, hash: Int) -> (index: Int, entry: Entry?) {
         let mask = slots.count - 1
         var index = hash & mask
         while case .occupied(let entry) = slots[index] {
-            if entry.hashKey == key { return (index, true) }
+            if entry.hashKey == key { return (index, entry) }
             index = (index + 1) & mask
         }
-        return (index, false)
+        return (index, nil)
     }
 
     /// The slot holding `key` in the old table, if it is still there.
@@ -223,8 +219,8 @@ struct KeyedValue<Key: Hashable, Value>: HashTableEntry {
 
 /// The part of `Dictionary`'s interface the routing core uses, on an
 /// `IncrementalHashTable`: for the tables that grow with traffic while their shard is held
-/// (message ids per sender, users with activity, push registrations per device), where a
-/// `Dictionary`'s growth rehashed every key in one insert.
+/// (message ids per sender, users with activity, calls, push registrations per device,
+/// per-sender counts), where a `Dictionary`'s growth rehashed every key in one insert.
 struct IncrementalDictionary<Key: Hashable, Value>: Sequence {
     private var table = IncrementalHashTable<KeyedValue<Key, Value>>()
 
