@@ -19,11 +19,12 @@ struct AcknowledgementTests {
 
     /// `sender` sends messages `prefix`1...`count` to bob, each decided at once.
     func send(_ shards: inout TwoShards, _ count: Int, from sender: DeviceRecord, prefix: String = "m") {
+        var effects: [SwitchboardEffect] = []
         for number in 1...count {
             let message = OutgoingMessage(
                 messageID: "\(prefix)\(number)", recipient: bob, contentType: "text/plain", body: Array("\(prefix)\(number)".utf8))
             let reply = shards.request(sender.userID, at: 2) { state in
-                switch state.send(message, from: sender, now: TwoShards.at(2)) {
+                switch state.send(message, from: sender, now: TwoShards.at(2), into: &effects) {
                 case .success(let acceptance):
                     return .answered(.success(acceptance.serverTime), next: acceptance.handOff.map { [$0] } ?? [])
                 case .failure(let refusal): return .answered(.failure(refusal))
@@ -67,11 +68,12 @@ struct AcknowledgementTests {
     /// Runs the steps of `pending` one hold at a time (first in, first out); returns how
     /// many holds of bob's shard took events out, checking each took at most a chunk.
     func runChain(_ shards: inout TwoShards, _ pending: inout [ShardStep], device: DeviceRecord) -> Int {
+        var effects: [SwitchboardEffect] = []
         var chunks = 0
         while !pending.isEmpty {
             let step = pending.removeFirst()
             let before = device.queue.count
-            let outcome = shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(3))
+            let outcome = shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(3), into: &effects)
             if case .continueAcknowledgement = step {
                 #expect(before - device.queue.count <= Self.chunk, "one hold took \(before - device.queue.count) events out")
                 chunks += 1
@@ -100,6 +102,7 @@ struct AcknowledgementTests {
 
     @Test("an ACK of more events than a chunk takes them out a chunk per hold, the rest in holds of their own, and every receipt goes to the sender on the other shard exactly once, in order")
     func chunkedAcrossShards() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
@@ -107,7 +110,7 @@ struct AcknowledgementTests {
         send(&shards, count, from: laptop)
         #expect(phone.queue.count == count)
 
-        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: phone.lastSeq).next
+        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: phone.lastSeq, into: &effects).next
         #expect(phone.queue.count == count - Self.chunk, "the ACK's own hold took out \(count - phone.queue.count) events")
         #expect(pending.filter { if case .continueAcknowledgement = $0 { true } else { false } }.count == 1)
         #expect(pending.last.map { if case .continueAcknowledgement = $0 { true } else { false } } == true, "the chain goes after the chunk's receipts")
@@ -121,22 +124,23 @@ struct AcknowledgementTests {
 
     @Test("receipts for a sender on the acknowledging device's own shard are delivered in the hold that takes each event out, exactly once, and each copy counts against the hold's chunk: a sender with three devices gets a quarter chunk of receipts a hold")
     func chunkedWithinOneShard() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let tablet = try shards.attach(carol, "tablet", slot: 1, at: 1)
         let others = try (0..<2).map { try shards.attach(carol, "d\($0)", slot: UInt32(10 + $0), at: 1) }
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
         let count = Self.chunk + 1
         send(&shards, count, from: tablet)
-        for device in others { _ = shards.states[1].ack(device, connection: device.connection!, through: device.lastSeq) }
+        for device in others { _ = shards.states[1].ack(device, connection: device.connection!, through: device.lastSeq, into: &effects) }
         // Each event costs one, and its receipt one per sender device: 4.
         let perHold = Self.chunk / 4
-        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: phone.lastSeq).next
+        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: phone.lastSeq, into: &effects).next
         #expect(Self.receipts(tablet).count == perHold, "the first hold's receipts")
         #expect(phone.queue.count == count - perHold)
         while !pending.isEmpty {
             let step = pending.removeFirst()
             let before = (phone.queue.count, Self.receipts(tablet).count)
-            pending += shards.states[1].handle(step, now: TwoShards.at(3)).next
+            pending += shards.states[1].handle(step, now: TwoShards.at(3), into: &effects).next
             #expect(before.0 - phone.queue.count <= perHold, "one hold took \(before.0 - phone.queue.count) events out")
             #expect(Self.receipts(tablet).count - before.1 == before.0 - phone.queue.count, "a receipt per event, in the same hold")
         }
@@ -145,6 +149,7 @@ struct AcknowledgementTests {
 
     @Test("while an ACK is taken out in chunks, everything through it counts as acknowledged: a duplicate or lower ACK does nothing, the pump writes only what came after, and each receipt still goes out once")
     func duplicateAndLowerMeanwhile() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
@@ -152,12 +157,12 @@ struct AcknowledgementTests {
         send(&shards, count, from: laptop)
         let through = phone.lastSeq
         send(&shards, 2, from: laptop, prefix: "late")
-        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: through).next
+        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: through, into: &effects).next
         #expect(shards.states[1].acknowledgedSeq(of: phone) == through)
         #expect(phone.ackedSeq < through, "the rest is still queued")
 
-        let duplicate = shards.states[1].ack(phone, connection: phone.connection!, through: through)
-        let lower = shards.states[1].ack(phone, connection: phone.connection!, through: through - 1)
+        let duplicate = shards.states[1].ack(phone, connection: phone.connection!, through: through, into: &effects)
+        let lower = shards.states[1].ack(phone, connection: phone.connection!, through: through - 1, into: &effects)
         #expect(duplicate.violation == nil && duplicate.next.isEmpty && lower.violation == nil && lower.next.isEmpty)
         #expect(phone.queue.count == count - Self.chunk + 2, "a duplicate or lower ACK took events out")
         // The pump, even from the oldest queued number, writes only the two late messages.
@@ -171,14 +176,15 @@ struct AcknowledgementTests {
 
     @Test("a higher ACK while one is in progress takes a chunk in its own hold and extends the one in progress, whose chain goes on to it; receipts once")
     func higherMeanwhile() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
         send(&shards, 4 * Self.chunk, from: laptop)
         let first = try #require(Self.seq(of: "m\(2 * Self.chunk)", in: phone))
-        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: first).next
+        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: first, into: &effects).next
         let higher = try #require(Self.seq(of: "m\(4 * Self.chunk - 3)", in: phone))
-        let more = shards.states[1].ack(phone, connection: phone.connection!, through: higher).next
+        let more = shards.states[1].ack(phone, connection: phone.connection!, through: higher, into: &effects).next
         #expect(!more.contains { if case .continueAcknowledgement = $0 { true } else { false } }, "a second chain for one device")
         #expect(phone.queue.count == 2 * Self.chunk, "each ACK's hold took a chunk")
         pending += more
@@ -190,17 +196,18 @@ struct AcknowledgementTests {
 
     @Test("a disconnect and a new session while an ACK is in progress: the ACK stands, WELCOME's ackedSeq is all of it, nothing it covers is sent again, and a resume point beyond it extends it")
     func reconnectMeanwhile() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
         send(&shards, 3 * Self.chunk, from: laptop)
         let through = try #require(Self.seq(of: "m\(2 * Self.chunk + 10)", in: phone))
-        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: through).next
+        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: through, into: &effects).next
         shards.states[1].detach(phone, connection: TwoShards.connection(2), now: TwoShards.at(3))
 
         // A new session (no resume point): sent from after the whole ACK.
         let fresh = try shards.states[1].attach(
-            userID: bob, deviceID: "phone", resume: nil, connection: TwoShards.connection(3), now: TwoShards.at(4)).get()
+            userID: bob, deviceID: "phone", resume: nil, connection: TwoShards.connection(3), now: TwoShards.at(4), into: &effects).get()
         #expect(fresh.ackedSeq == through && fresh.sentSeq == through)
         #expect(Self.writable(shards.states[1], phone, after: fresh.sentSeq).first == through + 1)
 
@@ -208,7 +215,7 @@ struct AcknowledgementTests {
         let resumePoint = through + 20
         let resumed = try shards.states[1].attach(
             userID: bob, deviceID: "phone", resume: ResumePoint(sessionID: fresh.sessionID, lastReceivedSeq: resumePoint),
-            connection: TwoShards.connection(4), now: TwoShards.at(5)).get()
+            connection: TwoShards.connection(4), now: TwoShards.at(5), into: &effects).get()
         #expect(resumed.ackedSeq == resumePoint && resumed.sentSeq == resumePoint)
         #expect(!resumed.next.contains { if case .continueAcknowledgement = $0 { true } else { false } })
         pending += resumed.next
@@ -219,12 +226,13 @@ struct AcknowledgementTests {
 
     @Test("a device forgotten while its ACK is in progress ends it: the next step does nothing, and no event is counted out twice")
     func forgottenMeanwhile() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
         send(&shards, 3 * Self.chunk, from: laptop)
-        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: phone.lastSeq).next
-        let (forgotten, _) = shards.states[1].forgetUser(bob, now: TwoShards.at(3))
+        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: phone.lastSeq, into: &effects).next
+        let (forgotten, _) = shards.states[1].forgetUser(bob, now: TwoShards.at(3), into: &effects)
         #expect((try? forgotten.get()) == 1)
         #expect(shards.states[1].acknowledgements.isEmpty)
         _ = runChain(&shards, &pending, device: phone)
@@ -234,13 +242,14 @@ struct AcknowledgementTests {
 
     @Test("with a store, the hold that receives an ACK in chunks journals all of it, and it starts a commit group that the chain's units join")
     func journaledWhole() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards(journaling: true)
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
         send(&shards, 2 * Self.chunk + 1, from: laptop)
         for index in 0..<2 { _ = shards.states[index].takeCommitUnit() }
         let through = phone.lastSeq
-        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: through).next
+        var pending = shards.states[1].ack(phone, connection: phone.connection!, through: through, into: &effects).next
         let started = shards.states[1].group(for: pending)
         let group = try #require(started, "no group for the chain")
         let taken = shards.states[1].takeCommitUnit()
@@ -253,7 +262,7 @@ struct AcknowledgementTests {
         while !pending.isEmpty {
             let step = pending.removeFirst()
             let shard = ShardMap.shard(of: step.user, count: 2)
-            let outcome = shards.states[shard].handle(step, now: TwoShards.at(3))
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(3), into: &effects)
             shards.states[shard].join(group)
             if let unit = shards.states[shard].takeCommitUnit() {
                 #expect(unit.group === group && !unit.closesGroup)

@@ -14,6 +14,7 @@ struct BoundedExpiryTests {
 
     @Test("10,000 due deadlines run 256 per call, in deadline order, none skipped")
     func expiryBudget() throws {
+        var effects: [SwitchboardEffect] = []
         var configuration = SwitchboardConfiguration()
         configuration.sessionTTL = .seconds(100)
         configuration.dedupWindow = .seconds(100)
@@ -23,7 +24,7 @@ struct BoundedExpiryTests {
         var devices: [(record: DeviceRecord, session: SessionID, second: UInt32)] = []
         for index in 0..<5_000 {
             let connection = ConnectionRef(loop: 0, slot: UInt32(index), generation: 1)
-            let grant = try state.attach(userID: "u\(index)", deviceID: "d", resume: nil, connection: connection, now: at(1)).get()
+            let grant = try state.attach(userID: "u\(index)", deviceID: "d", resume: nil, connection: connection, now: at(1), into: &effects).get()
             let lost = at(10 + Double(index) * 0.01)
             state.detach(grant.record, connection: connection, now: lost)
             devices.append((grant.record, grant.sessionID, state.second(lost)))
@@ -39,7 +40,7 @@ struct BoundedExpiryTests {
         var expiredBefore = 0
         var forgottenBefore = 0
         while moreDue {
-            moreDue = state.expire(now: at(1_000)).moreDue
+            moreDue = state.expire(now: at(1_000), into: &effects).moreDue
             calls += 1
             let expired = devices.filter { $0.record.sessionID != $0.session }
             let forgotten = (0..<5_000).filter { sender.recentMessageIDs["m\($0)"] == nil }
@@ -59,18 +60,19 @@ struct BoundedExpiryTests {
         #expect(calls == (10_000 + SwitchboardState.expiryBudget - 1) / SwitchboardState.expiryBudget)
         #expect(state.counters.sessionsExpired == 5_000)
         #expect(sender.recentMessageIDs.isEmpty)
-        #expect(state.expire(now: at(1_000)).moreDue == false, "nothing is left")
+        #expect(state.expire(now: at(1_000), into: &effects).moreDue == false, "nothing is left")
     }
 
     @Test("a deadline that is not due stays, whatever the budget left")
     func budgetLeavesFutureDeadlines() throws {
+        var effects: [SwitchboardEffect] = []
         var state = SwitchboardState(configuration: SwitchboardConfiguration(), epoch: epoch)
         let sender = state.activity("alice")
         for index in 0..<300 {
             state.rememberMessageID("m\(index)", sender: "alice", serverTime: 0, now: at(Double(index)), in: sender)
         }
         // The window is a day: at 86,400 + 149.5 s the first 150 ids are due.
-        #expect(state.expire(now: at(86_400 + 149.5)).moreDue == false)
+        #expect(state.expire(now: at(86_400 + 149.5), into: &effects).moreDue == false)
         #expect(sender.recentMessageIDs.count == 150)
         #expect(sender.recentMessageIDs["m150"] != nil && sender.recentMessageIDs["m149"] == nil)
     }

@@ -42,15 +42,17 @@ struct CallEndingChunkTests {
 
     /// alice calls bob (`callID`), and the call rings every connected device of bob's.
     func ringAll(_ shards: inout TwoShards, _ callID: String, from caller: DeviceRecord) {
-        let invited = shards.request(alice, at: 2) { $0.invite(callID: callID, callee: bob, offer: [1], from: caller, now: TwoShards.at(2)) }
+        var effects: [SwitchboardEffect] = []
+        let invited = shards.request(alice, at: 2) { $0.invite(callID: callID, callee: bob, offer: [1], from: caller, now: TwoShards.at(2), into: &effects) }
         #expect(TwoShards.isOK(invited))
     }
 
     /// bob's device `device` accepts `callID`: the events the accept's hold queued, and the
     /// steps it hands on.
     func accept(_ callID: String, _ device: DeviceRecord, _ shards: inout TwoShards) -> (queued: Int, reply: Result<UInt64, RequestError>?, next: [ShardStep]) {
+        var effects: [SwitchboardEffect] = []
         let before = shards.states[1].counters.eventsQueued
-        let outcome = shards.states[1].accept(callID: callID, answer: [2], from: device)
+        let outcome = shards.states[1].accept(callID: callID, answer: [2], from: device, into: &effects)
         return (shards.states[1].counters.eventsQueued - before, outcome.reply, outcome.next)
     }
 
@@ -72,12 +74,13 @@ struct CallEndingChunkTests {
 
     @Test("the ring timeout tells every device of the callee, connected or not, noAnswer once, at most 128 devices a hold")
     func ringTimeoutInChunks() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, callee) = try devices(&shards, count: 300)
         ringAll(&shards, "c1", from: caller)
         for device in callee.prefix(100) { shards.states[1].detach(device, connection: device.connection!, now: TwoShards.at(3)) }
         let before = shards.states[1].counters.eventsQueued
-        let pass = shards.states[1].expire(now: TwoShards.at(63), budget: SwitchboardState.expiryBudget)
+        let pass = shards.states[1].expire(now: TwoShards.at(63), budget: SwitchboardState.expiryBudget, into: &effects)
         let perHold = try [shards.states[1].counters.eventsQueued - before] + shards.eventsPerHold(pass.next, on: 1)
         #expect(perHold == [128, 128, 44])
         for device in callee { #expect(endings(device) == [.noAnswer]) }
@@ -85,10 +88,11 @@ struct CallEndingChunkTests {
 
     @Test("the ring timeout's walk of the callee's devices steps over devices forgotten while it goes on, the next one to reach among them")
     func forgottenMidTimeout() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, callee) = try devices(&shards, count: 300)
         ringAll(&shards, "c1", from: caller)
-        let pass = shards.states[1].expire(now: TwoShards.at(63))
+        let pass = shards.states[1].expire(now: TwoShards.at(63), into: &effects)
         // The list is newest first: the first chunk reached callee[299] to callee[172].
         #expect(endings(callee[172]) == [.noAnswer] && endings(callee[171]).isEmpty)
         let forgotten = [callee[171], callee[50]]  // the walk's next device, and a later one
@@ -102,20 +106,21 @@ struct CallEndingChunkTests {
 
     @Test("an expire pass that times out the rings of three big callees queues at most its budget and a chunk; the rest follows, once each")
     func ringTimeoutsShareTheBudget() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let caller = try shards.attach(alice, slot: 1, at: 1)
         let callees = (["bob", "carol", "dave"]).map { TwoShards.user($0, onShard: 1) }
         var rung: [DeviceRecord] = []
         for (number, callee) in callees.enumerated() {
             rung += try (0..<300).map { try shards.attach(callee, "d\($0)", slot: UInt32(number * 1_000 + $0 + 2), at: 1) }
-            let invited = shards.request(alice, at: 2) { $0.invite(callID: "c\(number)", callee: callee, offer: [1], from: caller, now: TwoShards.at(2)) }
+            let invited = shards.request(alice, at: 2) { $0.invite(callID: "c\(number)", callee: callee, offer: [1], from: caller, now: TwoShards.at(2), into: &effects) }
             #expect(TwoShards.isOK(invited))
         }
         var passes: [Int] = [], steps: [ShardStep] = []
         var moreDue = true
         while moreDue {
             let before = shards.states[1].counters.eventsQueued
-            let pass = shards.states[1].expire(now: TwoShards.at(63))
+            let pass = shards.states[1].expire(now: TwoShards.at(63), into: &effects)
             passes.append(shards.states[1].counters.eventsQueued - before)
             steps += pass.next
             moreDue = pass.moreDue
@@ -144,6 +149,7 @@ struct CallEndingChunkTests {
 
     @Test("a device that reconnects (resumed or in a new session) while the ending goes out gets it once and is not rung again")
     func reconnectMidEnding() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, callee) = try devices(&shards, count: 300)
         ringAll(&shards, "c1", from: caller)
@@ -157,7 +163,7 @@ struct CallEndingChunkTests {
             let resume: ResumePoint? = number < 2 ? ResumePoint(sessionID: device.sessionID, lastReceivedSeq: 0) : nil
             _ = try shards.states[1].attach(
                 userID: bob, deviceID: device.deviceID, resume: resume, connection: TwoShards.connection(UInt32(9_000 + number)),
-                now: TwoShards.at(3)
+                now: TwoShards.at(3), into: &effects
             ).get()
         }
         try shards.eventsPerHold(accepted.next, on: 1)
@@ -185,6 +191,7 @@ struct CallEndingChunkTests {
 
     @Test("two calls ended one after the other end in that order on every device, though the second's devices come in another order")
     func endingsInDecisionOrder() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, callee) = try devices(&shards, count: 300)
         ringAll(&shards, "c1", from: caller)
@@ -194,7 +201,7 @@ struct CallEndingChunkTests {
         // its first chunk reaches devices c1's ending has not reached yet.
         for device in callee.suffix(100) { shards.states[1].detach(device, connection: device.connection!, now: TwoShards.at(3)) }
         ringAll(&shards, "c2", from: caller)
-        let cancelled = shards.request(alice, at: 3) { $0.cancel(callID: "c2", from: caller) }
+        let cancelled = shards.request(alice, at: 3) { $0.cancel(callID: "c2", from: caller, into: &effects) }
         #expect(TwoShards.isOK(cancelled))
         try shards.eventsPerHold(accepted.next, on: 1)
         for device in callee where invitations(device, of: "c2") == 1 {
@@ -207,6 +214,7 @@ struct CallEndingChunkTests {
 
     @Test("with a store, each hold of the ending is a commit unit of its chunk's events")
     func journaledChunks() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards(journaling: true)
         let (caller, callee) = try devices(&shards, count: 300)
         ringAll(&shards, "c1", from: caller)
@@ -221,7 +229,7 @@ struct CallEndingChunkTests {
         while !pending.isEmpty {
             let step = pending.removeFirst()
             let shard = ShardMap.shard(of: step.user, count: 2)
-            pending += shards.states[shard].handle(step, now: TwoShards.at(3)).next
+            pending += shards.states[shard].handle(step, now: TwoShards.at(3), into: &effects).next
             if shard == 1 { appended.append(appendedEvents(shards.states[1].takeCommitUnit())) }
         }
         #expect(appended == [128, 128, 43])

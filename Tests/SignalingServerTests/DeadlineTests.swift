@@ -29,37 +29,41 @@ struct SwitchboardDeadlineTests {
     func attach(
         _ state: inout SwitchboardState, _ user: String, slot: UInt32, resume: ResumePoint? = nil, at seconds: Double
     ) throws -> AttachGrant {
-        try state.attach(userID: user, deviceID: "d1", resume: resume, connection: connection(slot), now: at(seconds)).get()
+        var effects: [SwitchboardEffect] = []
+        return try state.attach(userID: user, deviceID: "d1", resume: resume, connection: connection(slot), now: at(seconds), into: &effects).get()
     }
 
     /// alice calls bob, bob answers; both connected at second 1.
     func activeCall(_ state: inout SwitchboardState) throws -> (alice: DeviceRecord, bob: AttachGrant) {
+        var effects: [SwitchboardEffect] = []
         let alice = try attach(&state, "alice", slot: 1, at: 1).record
         let bob = try attach(&state, "bob", slot: 2, at: 1)
-        _ = state.invite(callID: "c1", callee: "bob", offer: [], from: alice, now: at(1))
-        _ = state.accept(callID: "c1", answer: [], from: bob.record)
+        _ = state.invite(callID: "c1", callee: "bob", offer: [], from: alice, now: at(1), into: &effects)
+        _ = state.accept(callID: "c1", answer: [], from: bob.record, into: &effects)
         #expect(state.calls["c1"] != nil)
         return (alice, bob)
     }
 
     /// Runs `expire` every 250 ms (the default tick) from `from` through `through`.
     func tick(_ state: inout SwitchboardState, from: Double, through: Double) {
+        var effects: [SwitchboardEffect] = []
         var time = from
         while time <= through + 1e-9 {
-            state.expire(now: at(time))
+            state.expire(now: at(time), into: &effects)
             time += 0.25
         }
-        state.expire(now: at(through))
+        state.expire(now: at(through), into: &effects)
     }
 
     @Test("call grace: a party lost at x.9 s is given up no earlier than the grace, and right after it")
     func callGraceExact() throws {
+        var effects: [SwitchboardEffect] = []
         var state = makeState { $0.callGrace = .seconds(2) }
         let (_, bob) = try activeCall(&state)
         state.detach(bob.record, connection: connection(2), now: at(100.9))
         tick(&state, from: 100.9, through: 102.899)
         #expect(state.calls["c1"] != nil, "the call ended before its 2 s grace")
-        state.expire(now: at(102.901))
+        state.expire(now: at(102.901), into: &effects)
         #expect(state.calls["c1"] == nil, "the call outlived its grace")
     }
 
@@ -76,6 +80,7 @@ struct SwitchboardDeadlineTests {
 
     @Test("call grace: the check of an earlier loss does not act on a later loss in the same second")
     func graceCheckOfEarlierLoss() throws {
+        var effects: [SwitchboardEffect] = []
         var state = makeState { $0.callGrace = .seconds(2) }
         let (_, bob) = try activeCall(&state)
         state.detach(bob.record, connection: connection(2), now: at(100.1))
@@ -83,7 +88,7 @@ struct SwitchboardDeadlineTests {
         state.detach(again.record, connection: connection(3), now: at(100.9))
         tick(&state, from: 100.9, through: 102.899)
         #expect(state.calls["c1"] != nil, "the first loss's grace ended the call 0.8 s early")
-        state.expire(now: at(102.901))
+        state.expire(now: at(102.901), into: &effects)
         #expect(state.calls["c1"] == nil)
     }
 
@@ -113,6 +118,7 @@ struct SwitchboardDeadlineTests {
 
     @Test("a device that reconnects often keeps one expiry entry each, and expires from its last loss")
     func expiryEntriesPerDevice() throws {
+        var effects: [SwitchboardEffect] = []
         var state = makeState { $0.sessionTTL = .seconds(100); $0.eventTTL = .seconds(200) }
         var grant = try attach(&state, "bob", slot: 1, at: 1)
         var time = 1.0
@@ -121,7 +127,7 @@ struct SwitchboardDeadlineTests {
             state.detach(grant.record, connection: connection(UInt32(cycle % 2 + 1)), now: at(time))
             time += 0.05
             grant = try attach(&state, "bob", slot: UInt32((cycle + 1) % 2 + 1), at: time)
-            state.expire(now: at(time))
+            state.expire(now: at(time), into: &effects)
         }
         #expect(state.expiryEntryCount == 2)
         // The last loss, late in a second; the first entries come due long before it expires.
@@ -141,28 +147,30 @@ struct SwitchboardDeadlineTests {
 
     @Test("ring timeout: exact, from an invite at x.9 s")
     func ringTimeout() throws {
+        var effects: [SwitchboardEffect] = []
         var state = makeState { $0.ringTimeout = .seconds(60) }
         let alice = try attach(&state, "alice", slot: 1, at: 1).record
         _ = try attach(&state, "bob", slot: 2, at: 1)
-        _ = state.invite(callID: "c1", callee: "bob", offer: [], from: alice, now: at(10.9))
+        _ = state.invite(callID: "c1", callee: "bob", offer: [], from: alice, now: at(10.9), into: &effects)
         tick(&state, from: 10.9, through: 70.899)
         #expect(state.calls["c1"] != nil, "the call stopped ringing early")
-        state.expire(now: at(70.901))
+        state.expire(now: at(70.901), into: &effects)
         #expect(state.calls["c1"] == nil)
     }
 
     @Test("de-duplication window: exact, from a send at x.9 s")
     func dedupWindow() throws {
+        var effects: [SwitchboardEffect] = []
         var state = makeState { $0.dedupWindow = .seconds(30) }
         let alice = try attach(&state, "alice", slot: 1, at: 1).record
         _ = try attach(&state, "bob", slot: 2, at: 1)
         let message = OutgoingMessage(messageID: "m1", recipient: "bob", contentType: "text/plain", body: [1])
-        _ = try state.send(message, from: alice, now: at(10.9)).get()
+        _ = try state.send(message, from: alice, now: at(10.9), into: &effects).get()
         tick(&state, from: 10.9, through: 40.899)
-        #expect(try state.send(message, from: alice, now: at(40.899)).get().event == nil, "forgotten before the window ended")
+        #expect(try state.send(message, from: alice, now: at(40.899), into: &effects).get().event == nil, "forgotten before the window ended")
         #expect(state.counters.messagesDeduplicated == 1)
-        state.expire(now: at(40.901))
-        #expect(try state.send(message, from: alice, now: at(40.901)).get().event != nil, "still remembered after the window")
+        state.expire(now: at(40.901), into: &effects)
+        #expect(try state.send(message, from: alice, now: at(40.901), into: &effects).get().event != nil, "still remembered after the window")
     }
 
 }

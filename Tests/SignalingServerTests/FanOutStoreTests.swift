@@ -28,6 +28,7 @@ struct FanOutCommitGroupTests {
 
     @Test("with a store a fan-out takes several holds, each hold's unit a step of the message's group (the hold another message's step spends helping it too), every copy in exactly one of them")
     func chunksJoinTheMessagesGroup() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards(journaling: true)
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let bobDevice = try shards.attach(bob, "d1", slot: 2, at: 1)
@@ -51,7 +52,7 @@ struct FanOutCommitGroupTests {
             let (step, message) = steps.removeFirst()
             let shard = ShardMap.shard(of: step.user, count: 2)
             shards.states[shard].deferReply(message, answers: false, queued: nil)
-            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2), into: &effects)
             if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: message) }
             if let unit = shards.states[shard].takeCommitUnit() { units.append(unit) }
             if let reply = outcome.reply { replies[message.messageID] = reply }
@@ -98,9 +99,10 @@ struct FanOutCommitGroupTests {
         for index in 0..<2 { if let unit = shards.states[index].takeCommitUnit() { units.append(unit) } }
         /// Runs `step` in a hold tied to `message`, as `Switchboard.run` does; what it hands on.
         func hold(_ step: ShardStep, _ message: DeferredReply) -> [ShardStep] {
+            var effects: [SwitchboardEffect] = []
             let shard = ShardMap.shard(of: step.user, count: 2)
             shards.states[shard].deferReply(message, answers: false, queued: nil)
-            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2), into: &effects)
             if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: message) }
             if let unit = shards.states[shard].takeCommitUnit() { units.append(unit) }
             return outcome.next
@@ -122,16 +124,18 @@ struct FanOutCommitGroupTests {
 
     @Test("a fan-out refused by the store (its deadline) while its chunks are still being queued: no copy is ever written, and the sender's settle step does not remember the id, so a retry is a new message")
     func storeRefusalDuringTheChunks() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards(journaling: true)
         let sender = try shards.attach(bob, "d1", slot: 1, at: 1)
         let devices = try (0..<(2 * Self.chunk + 10)).map { try shards.attach(fan, "d\($0)", slot: UInt32(100 + $0), at: 1) }
         let (handOff, m1) = try shards.sendDeferred("m1", to: fan, from: sender)
         var steps = [handOff]
         func runOne() {
+            var effects: [SwitchboardEffect] = []
             let step = steps.removeFirst()
             let shard = ShardMap.shard(of: step.user, count: 2)
             shards.states[shard].deferReply(m1, answers: false, queued: nil)
-            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2), into: &effects)
             if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: m1) }
             steps += outcome.next
         }
@@ -147,7 +151,7 @@ struct FanOutCommitGroupTests {
         while !steps.isEmpty { runOne() }
         for device in devices { #expect(FanOutTests.writable(shards.states[0], device).isEmpty, "a refused copy is writable") }
         #expect(shards.states[1].activities[bob]?.recentMessageIDs["m1"] == nil, "the refused message's id is remembered")
-        guard case .success(let retry) = shards.states[1].send(TwoShards.message("m1", to: fan), from: sender, now: TwoShards.at(3)) else {
+        guard case .success(let retry) = shards.states[1].send(TwoShards.message("m1", to: fan), from: sender, now: TwoShards.at(3), into: &effects) else {
             Issue.record("the retry was refused"); return
         }
         #expect(retry.handOff != nil, "the retry was taken for a duplicate")

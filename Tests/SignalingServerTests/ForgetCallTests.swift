@@ -18,10 +18,11 @@ struct ForgetCallTests {
     func call(
         _ shards: inout TwoShards, callerShard index: Int, calleeDevices devices: [String] = ["phone", "tablet"]
     ) throws -> (caller: DeviceRecord, callee: [DeviceRecord]) {
+        var effects: [SwitchboardEffect] = []
         let alice = TwoShards.user("alice", onShard: index)
         let caller = try shards.attach(alice, slot: 1, at: 1)
         let callee = try devices.enumerated().map { try shards.attach(bob, $1, slot: UInt32($0 + 2), at: 1) }
-        let invited = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2)) }
+        let invited = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2), into: &effects) }
         #expect(TwoShards.isOK(invited))
         return (caller, callee)
     }
@@ -29,8 +30,9 @@ struct ForgetCallTests {
     /// The operator forgets `user` at `seconds`; every step it hands on is run. Returns the
     /// number of devices removed.
     func forget(_ user: String, _ shards: inout TwoShards, at seconds: Double = 3) -> Int? {
+        var effects: [SwitchboardEffect] = []
         let (result, _) = shards.on(user, at: seconds) { state -> (Result<Int, AdminRefusal>, [ShardStep]) in
-            let (removed, next) = state.forgetUser(user, now: TwoShards.at(seconds))
+            let (removed, next) = state.forgetUser(user, now: TwoShards.at(seconds), into: &effects)
             return (removed, next)
         }
         return try? result.get()
@@ -49,6 +51,7 @@ struct ForgetCallTests {
 
     @Test("the callee forgotten while its rung devices are connected: the caller hears peerDisconnected at once, and the call is gone", arguments: [0, 1])
     func calleeForgottenWhileRinging(callerShard: Int) throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, _) = try call(&shards, callerShard: callerShard)
         #expect(forget(bob, &shards) == 2)
@@ -57,7 +60,7 @@ struct ForgetCallTests {
         #expect(TwoShards.isCallEnded(ended.first, .peerDisconnected, peer: bob))
         expectGone(shards, caller: caller)
         // Nothing more comes at the ring timeout.
-        for index in 0..<2 { _ = shards.run(shards.states[index].expire(now: TwoShards.at(100)).next, at: 100) }
+        for index in 0..<2 { _ = shards.run(shards.states[index].expire(now: TwoShards.at(100), into: &effects).next, at: 100) }
         #expect(TwoShards.events(caller).filter(isCallEnded).count == 1)
     }
 
@@ -73,17 +76,18 @@ struct ForgetCallTests {
 
     @Test("the callee forgotten while its call still has devices to ring in later holds: peerDisconnected at once, and the later holds ring nobody")
     func calleeForgottenMidRing() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.fanOutChunk = 2 }
         let alice = TwoShards.user("alice", onShard: 0)
         let caller = try shards.attach(alice, slot: 1, at: 1)
         let callee = try (0..<5).map { try shards.attach(bob, "d\($0)", slot: UInt32($0 + 2), at: 1) }
-        let invite = shards.states[0].invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2))
+        let invite = shards.states[0].invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2), into: &effects)
         // The invite's step rings the first chunk; the rest wait in a step of their own.
-        var pending = shards.states[1].handle(try #require(invite.next.first), now: TwoShards.at(2)).next
+        var pending = shards.states[1].handle(try #require(invite.next.first), now: TwoShards.at(2), into: &effects).next
         #expect(callee.filter { !TwoShards.events($0).isEmpty }.count == 2)
         #expect(forget(bob, &shards) == 5)
         while !pending.isEmpty {
-            pending += shards.states[ShardMap.shard(of: pending[0].user, count: 2)].handle(pending.removeFirst(), now: TwoShards.at(3)).next
+            pending += shards.states[ShardMap.shard(of: pending[0].user, count: 2)].handle(pending.removeFirst(), now: TwoShards.at(3), into: &effects).next
         }
         #expect(TwoShards.isCallEnded(TwoShards.events(caller).last, .peerDisconnected, peer: bob))
         #expect(shards.states[1].counters.pendingEvents == 0, "a forgotten device was rung")
@@ -92,6 +96,7 @@ struct ForgetCallTests {
 
     @Test("the callee forgotten while its only device, offline, is being woken by push: peerDisconnected at once")
     func calleeForgottenWhileWaking() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         shards.states[1].pushRouting = PushRouting(services: [.webhook])
         let alice = TwoShards.user("alice", onShard: 0)
@@ -99,7 +104,7 @@ struct ForgetCallTests {
         let phone = try shards.attach(bob, "phone", slot: 2, at: 1)
         #expect((try? shards.states[1].registerPush(PushRegistration(platform: "fcm", token: [1]), for: phone).get()) != nil)
         shards.states[1].detach(phone, connection: phone.connection!, now: TwoShards.at(1.5))
-        let invited = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2)) }
+        let invited = shards.request(alice, at: 2) { $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(2), into: &effects) }
         #expect(TwoShards.isOK(invited))
         #expect(shards.states[1].calls["c1"] != nil, "the call waits for the woken device")
         #expect(forget(bob, &shards) == 1)
@@ -120,9 +125,10 @@ struct ForgetCallTests {
 
     @Test("an answered call: forgetting either party ends it at once for the other with peerDisconnected", arguments: [0, 1], [false, true])
     func answeredCallForgotten(callerShard: Int, forgetCaller: Bool) throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, callee) = try call(&shards, callerShard: callerShard)
-        #expect(TwoShards.isOK(shards.request(bob, at: 2.5) { $0.accept(callID: "c1", answer: [2], from: callee[1]) }))
+        #expect(TwoShards.isOK(shards.request(bob, at: 2.5) { $0.accept(callID: "c1", answer: [2], from: callee[1], into: &effects) }))
         if forgetCaller {
             #expect(forget(caller.userID, &shards) == 1)
             #expect(TwoShards.isCallEnded(TwoShards.events(callee[1]).last, .peerDisconnected, peer: caller.userID))

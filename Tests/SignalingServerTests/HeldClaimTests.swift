@@ -30,17 +30,19 @@ struct HeldClaimBench {
 
     /// alice sends message `id` to bob; its steps run to the end (not the claim's).
     mutating func send(_ id: String) throws {
-        let acceptance = try #require(try? shards.states[0].send(TwoShards.message(id, to: bob), from: laptop, now: TwoShards.at(2)).get())
+        var effects: [SwitchboardEffect] = []
+        let acceptance = try #require(try? shards.states[0].send(TwoShards.message(id, to: bob), from: laptop, now: TwoShards.at(2), into: &effects).get())
         takeUnits()
         try run([#require(acceptance.handOff)])
     }
 
     /// Runs `steps` and those they hand on, one hold each (a claim's steps included).
     mutating func run(_ steps: [ShardStep]) throws {
+        var effects: [SwitchboardEffect] = []
         var pending = steps
         while !pending.isEmpty {
             let step = pending.removeFirst()
-            pending += shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(2)).next
+            pending += shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(2), into: &effects).next
             takeUnits()
         }
     }
@@ -48,8 +50,9 @@ struct HeldClaimBench {
     /// bob's device `device` connects (a new session, or `resume`); returns it and the
     /// step for the rest of its claim.
     mutating func connect(_ device: String, slot: UInt32, resume: ResumePoint? = nil) throws -> (DeviceRecord, ShardStep?) {
+        var effects: [SwitchboardEffect] = []
         let grant = try shards.states[1].attach(
-            userID: bob, deviceID: device, resume: resume, connection: TwoShards.connection(slot), now: TwoShards.at(3)
+            userID: bob, deviceID: device, resume: resume, connection: TwoShards.connection(slot), now: TwoShards.at(3), into: &effects
         ).get()
         takeUnits()
         return (grant.record, grant.claim)
@@ -57,8 +60,9 @@ struct HeldClaimBench {
 
     /// Runs one step of a claim (one hold); returns the events it queued and its next step.
     mutating func claimStep(_ step: ShardStep) -> (queued: Int, next: ShardStep?) {
+        var effects: [SwitchboardEffect] = []
         let before = shards.states[1].counters.eventsQueued
-        let next = shards.states[1].handle(step, now: TwoShards.at(3)).next
+        let next = shards.states[1].handle(step, now: TwoShards.at(3), into: &effects).next
         takeUnits()
         #expect(next.count <= 1)
         return (shards.states[1].counters.eventsQueued - before, next.first)
@@ -93,12 +97,13 @@ struct HeldClaimTests {
 
     @Test("a message arriving while the claim is unfinished waits for it, helping it along, and comes after every held one")
     func messageMidClaimComesAfter() throws {
+        var effects: [SwitchboardEffect] = []
         var bench = try HeldClaimBench(held: 1_000)
         let (device, step) = try bench.connect("phone", slot: 2)
         #expect(FanOutTests.messageIDs(device).count == HeldClaimBench.chunk)
         // "late" from alice, and "note" from bob's own device, before the claim's next step.
-        let acceptance = try #require(try? bench.shards.states[0].send(TwoShards.message("late", to: bench.bob), from: bench.laptop, now: TwoShards.at(3)).get())
-        let note = try #require(try? bench.shards.states[1].send(TwoShards.message("note", to: bench.bob), from: device, now: TwoShards.at(3)).get())
+        let acceptance = try #require(try? bench.shards.states[0].send(TwoShards.message("late", to: bench.bob), from: bench.laptop, now: TwoShards.at(3), into: &effects).get())
+        let note = try #require(try? bench.shards.states[1].send(TwoShards.message("note", to: bench.bob), from: device, now: TwoShards.at(3), into: &effects).get())
         #expect(note.handOff != nil, "a message to the claiming user was queued at once")
         try bench.run([#require(acceptance.handOff), #require(note.handOff), #require(step)])
         // The note to oneself skips its sending device, as it does without a claim.
@@ -182,6 +187,7 @@ struct HeldClaimStoreTests {
 
     @Test("a restart after some chunks were committed and some claimed messages acknowledged: the device gets the rest once, in order, nothing acknowledged again")
     func restartMidClaim() throws {
+        var effects: [SwitchboardEffect] = []
         let store = ModelEventStore()
         var bench = try HeldClaimBench(held: 1_000, journaling: true)
         func commit(_ bench: inout HeldClaimBench) throws {
@@ -193,7 +199,7 @@ struct HeldClaimStoreTests {
         var (device, step) = try bench.connect("phone", slot: 2)
         step = bench.claimStep(try #require(step)).next  // two chunks
         // The device acknowledges the first 200 (its receipts are not this test's).
-        let ack = bench.shards.states[1].ack(device, connection: TwoShards.connection(2), through: 200)
+        let ack = bench.shards.states[1].ack(device, connection: TwoShards.connection(2), through: 200, into: &effects)
         #expect(ack.violation == nil)
         bench.takeUnits()
         try bench.run(ack.next)
@@ -210,11 +216,11 @@ struct HeldClaimStoreTests {
         let session = device.sessionID
         let grant = try restarted.attach(
             userID: bench.bob, deviceID: "phone", resume: ResumePoint(sessionID: session, lastReceivedSeq: 200),
-            connection: TwoShards.connection(9), now: TwoShards.at(10)
+            connection: TwoShards.connection(9), now: TwoShards.at(10), into: &effects
         ).get()
         device = grant.record
         var next = grant.claim
-        while let current = next { next = restarted.handle(current, now: TwoShards.at(10)).next.first }
+        while let current = next { next = restarted.handle(current, now: TwoShards.at(10), into: &effects).next.first }
         #expect(FanOutTests.messageIDs(device) == HeldClaimBench.ids(200..<1_000), "lost or repeated after the restart")
     }
 }

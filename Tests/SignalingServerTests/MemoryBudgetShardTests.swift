@@ -16,10 +16,11 @@ struct MemoryBudgetShardTests {
     /// Messages of `size` bytes from `sender` to users of its own shard that nobody uses
     /// (held there), until one is refused. Returns how many were accepted and the refusal.
     func fill(_ shards: inout TwoShards, from sender: DeviceRecord, size: Int) -> (accepted: Int, refusal: RequestError?) {
+        var effects: [SwitchboardEffect] = []
         let shard = ShardMap.shard(of: sender.userID, count: 2)
         for index in 0..<100 {
             let ghost = TwoShards.user("ghost\(index)-", onShard: shard)
-            switch shards.states[shard].send(message("m\(index)", to: ghost, size: size), from: sender, now: TwoShards.at(2)) {
+            switch shards.states[shard].send(message("m\(index)", to: ghost, size: size), from: sender, now: TwoShards.at(2), into: &effects) {
             case .success: continue
             case .failure(let error): return (index, error)
             }
@@ -29,6 +30,7 @@ struct MemoryBudgetShardTests {
 
     @Test("a shard's held messages are counted in its own ledger and refused past the budget at once; another shard, which reads them as published every 64 KiB, refuses near the budget on the exact sum")
     func budgetAcrossShards() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.memoryBudget = Self.budget }
         let sender = try shards.attach(TwoShards.user("sender", onShard: 1), slot: 1, at: 1)
         let other = try shards.attach(TwoShards.user("other", onShard: 0), slot: 2, at: 1)
@@ -46,17 +48,18 @@ struct MemoryBudgetShardTests {
         let exact = shards.states[0].ledger.bytes + shards.states[1].ledger.bytes
         #expect(abs(shards.states[1].ledger.total.bytes - exact) < MemoryTotal.publishStep)
         #expect(shards.states[0].heldBytes(adding: 100_000) == exact, "near the budget the check is exact")
-        let refusedHere = shards.states[0].send(message("big", to: "nobody", size: 100_000), from: other, now: TwoShards.at(3))
+        let refusedHere = shards.states[0].send(message("big", to: "nobody", size: 100_000), from: other, now: TwoShards.at(3), into: &effects)
         #expect(TwoShards.code(refusedHere.map { _ in 0 }) == .capacityExceeded)
     }
 
     @Test("far from the budget a check reads the published total, not every shard's count: at most a step per shard from the exact sum")
     func farFromTheBudget() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.memoryBudget = 64 << 20 }
         let sender = try shards.attach(TwoShards.user("sender", onShard: 1), slot: 1, at: 1)
         for index in 0..<5 {
             let ghost = TwoShards.user("ghost\(index)-", onShard: 1)
-            #expect((try? shards.states[1].send(message("m\(index)", to: ghost, size: 20_000), from: sender, now: TwoShards.at(2)).get()) != nil)
+            #expect((try? shards.states[1].send(message("m\(index)", to: ghost, size: 20_000), from: sender, now: TwoShards.at(2), into: &effects).get()) != nil)
         }
         let exact = shards.states[1].ledger.bytes
         #expect(exact > MemoryTotal.publishStep)

@@ -29,9 +29,10 @@ struct ReceiptChunkTests {
 
     /// alice's first device sends `ids` to `recipient`, each decided at once.
     func send(_ ids: [String], to recipient: String, from device: DeviceRecord, _ shards: inout TwoShards) {
+        var effects: [SwitchboardEffect] = []
         for id in ids {
             let reply = shards.request(alice, at: 2) { state in
-                switch state.send(TwoShards.message(id, to: recipient), from: device, now: TwoShards.at(2)) {
+                switch state.send(TwoShards.message(id, to: recipient), from: device, now: TwoShards.at(2), into: &effects) {
                 case .success(let acceptance):
                     StepOutcome(reply: acceptance.handOff == nil ? .success(acceptance.serverTime) : nil, next: acceptance.handOff.map { [$0] } ?? [])
                 case .failure(let refusal): .answered(.failure(refusal))
@@ -44,9 +45,10 @@ struct ReceiptChunkTests {
     /// `device` acknowledges everything it has: the events the ACK's hold queued on alice's
     /// shard, and the steps it hands on.
     func acknowledgeAll(_ device: DeviceRecord, _ shards: inout TwoShards) -> (queued: Int, next: [ShardStep]) {
+        var effects: [SwitchboardEffect] = []
         let shard = ShardMap.shard(of: device.userID, count: 2)
         let before = shards.states[0].counters.eventsQueued
-        let (violation, next) = shards.states[shard].ack(device, connection: device.connection!, through: device.lastSeq)
+        let (violation, next) = shards.states[shard].ack(device, connection: device.connection!, through: device.lastSeq, into: &effects)
         #expect(violation == nil)
         return (shards.states[0].counters.eventsQueued - before, next)
     }
@@ -90,20 +92,21 @@ struct ReceiptChunkTests {
 
     @Test("a sender device that reconnects while a receipt goes out gets it once")
     func reconnectMidReceipt() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (senders, recipient) = try devices(&shards, recipient: bob)
         send(["m1"], to: bob, from: senders[0], &shards)
         var pending = acknowledgeAll(recipient, &shards).next
         // The receipt step: the first chunk (the newest 128 devices).
         let first = pending.removeFirst()
-        pending += shards.states[0].handle(first, now: TwoShards.at(3)).next
+        pending += shards.states[0].handle(first, now: TwoShards.at(3), into: &effects).next
         let waiting = try #require(senders.first { receipts($0).isEmpty })
         let reached = try #require(senders.last { !receipts($0).isEmpty })
         for (number, device) in [waiting, reached].enumerated() {
             shards.states[0].detach(device, connection: device.connection!, now: TwoShards.at(3))
             _ = try shards.states[0].attach(
                 userID: alice, deviceID: device.deviceID, resume: ResumePoint(sessionID: device.sessionID, lastReceivedSeq: 0),
-                connection: TwoShards.connection(UInt32(9_000 + number)), now: TwoShards.at(3)
+                connection: TwoShards.connection(UInt32(9_000 + number)), now: TwoShards.at(3), into: &effects
             ).get()
         }
         _ = try shards.eventsPerHold(pending, on: 0)
@@ -112,11 +115,12 @@ struct ReceiptChunkTests {
 
     @Test("with a store, every hold of a receipt's copies is a unit of the acknowledgement's commit group")
     func journaledInTheAcknowledgementsGroup() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards(journaling: true)
         let (senders, recipient) = try devices(&shards, recipient: carol)
         send(["m1"], to: carol, from: senders[0], &shards)
         _ = shards.states[0].takeCommitUnit()
-        let (_, next) = shards.states[0].ack(recipient, connection: recipient.connection!, through: recipient.lastSeq)
+        let (_, next) = shards.states[0].ack(recipient, connection: recipient.connection!, through: recipient.lastSeq, into: &effects)
         // As the loop does: the ACK's steps are run in a group started with its unit.
         let started = shards.states[0].group(for: next)
         let group = try #require(started)
@@ -126,7 +130,7 @@ struct ReceiptChunkTests {
         var pending = next, units = 0
         while !pending.isEmpty {
             let step = pending.removeFirst()
-            pending += shards.states[0].handle(step, now: TwoShards.at(3)).next
+            pending += shards.states[0].handle(step, now: TwoShards.at(3), into: &effects).next
             let taken = shards.states[0].takeCommitUnit()
             let unit = try #require(taken)
             #expect(unit.group === group && !unit.closesGroup)
@@ -137,6 +141,7 @@ struct ReceiptChunkTests {
 
     @Test("receipts waiting behind a sender's broadcast in progress count against --memory-budget until they have gone out: past it a new message is refused with capacityExceeded")
     func waitingReceiptsCountAgainstTheBudget() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (senders, recipient) = try devices(&shards, recipient: bob)
         let ids = (1...5).map { "m\($0)" }
@@ -149,7 +154,7 @@ struct ReceiptChunkTests {
         var pending = acked.next
         while let step = pending.first, case .receipts = step {
             pending.removeFirst()
-            pending = shards.states[0].handle(step, now: TwoShards.at(3)).next + pending
+            pending = shards.states[0].handle(step, now: TwoShards.at(3), into: &effects).next + pending
         }
         let receiptCost = DeviceBroadcast.footprint + QueuedEvent.footprint(of: EncodedEvent(
             .messageDelivered(messageID: "m1", recipient: bob, recipientDevice: "d1", serverTime: 1)))
@@ -157,13 +162,13 @@ struct ReceiptChunkTests {
         #expect(ledger.bytes - before <= ids.count * (receiptCost + 16))
         // With the budget just below what the server holds now, a message is refused.
         shards.states[0].configuration.memoryBudget = ledger.bytes
-        let refused = shards.states[0].send(TwoShards.message("late", to: bob), from: senders[0], now: TwoShards.at(3))
+        let refused = shards.states[0].send(TwoShards.message("late", to: bob), from: senders[0], now: TwoShards.at(3), into: &effects)
         #expect(TwoShards.code(refused.map { $0.serverTime }) == .capacityExceeded)
         // Once every receipt has gone out, their memory is free again.
         _ = try shards.eventsPerHold(pending, on: 0)
         #expect(ledger.bytes == before)
         for device in senders { #expect(receipts(device) == ids, "\(device.deviceID)") }
         #expect(TwoShards.isOK(shards.run([try #require(try shards.states[0].send(
-            TwoShards.message("later", to: bob), from: senders[0], now: TwoShards.at(4)).get().handOff)], at: 4)))
+            TwoShards.message("later", to: bob), from: senders[0], now: TwoShards.at(4), into: &effects).get().handOff)], at: 4)))
     }
 }

@@ -105,6 +105,7 @@ struct SenderLimitsTests {
 struct SenderShareBookkeepingTests {
     @Test("share counts stay exact as queues grow past the floor and shrink under half of it, through random sends and acknowledgements")
     func sharesStayExact() throws {
+        var effects: [SwitchboardEffect] = []
         var configuration = SwitchboardConfiguration()
         configuration.maxPendingEvents = 60
         configuration.maxPendingPerSender = 12
@@ -113,12 +114,12 @@ struct SenderShareBookkeepingTests {
         let senders = try (1...3).map { index in
             try state.attach(
                 userID: "s\(index)", deviceID: "d", resume: nil,
-                connection: ConnectionRef(loop: 0, slot: UInt32(index), generation: 1), now: epoch).get().record
+                connection: ConnectionRef(loop: 0, slot: UInt32(index), generation: 1), now: epoch, into: &effects).get().record
         }
         let recipients = try (1...2).map { index in
             try state.attach(
                 userID: "r\(index)", deviceID: "d", resume: nil,
-                connection: ConnectionRef(loop: 0, slot: UInt32(10 + index), generation: 1), now: epoch).get().record
+                connection: ConnectionRef(loop: 0, slot: UInt32(10 + index), generation: 1), now: epoch, into: &effects).get().record
         }
         var random = SystemRandomNumberGenerator()
         var next = 0
@@ -135,11 +136,11 @@ struct SenderShareBookkeepingTests {
                 let sender = senders.randomElement(using: &random)!
                 let outcome = state.send(
                     OutgoingMessage(messageID: "m\(next)", recipient: recipient.userID, contentType: "t", body: [1]),
-                    from: sender, now: epoch)
+                    from: sender, now: epoch, into: &effects)
                 if case .failure(let error) = outcome, error.code == .senderQuotaExceeded { refusedByShare += 1 }
             } else if recipient.queue.count > 0 {
                 let through = recipient.ackedSeq + UInt64(Int.random(in: 1...max(1, recipient.queue.count / 4), using: &random))
-                _ = state.ack(recipient, connection: recipient.connection!, through: min(through, recipient.lastSeq))
+                _ = state.ack(recipient, connection: recipient.connection!, through: min(through, recipient.lastSeq), into: &effects)
             }
             #expect(state.counters.pendingEvents == recipients.reduce(0) { $0 + $1.queue.count } + senders.reduce(0) { $0 + $1.queue.count })
             // Every tracked queue's counts equal a count made from scratch; no other queue

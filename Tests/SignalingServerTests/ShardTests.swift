@@ -49,8 +49,9 @@ struct TwoShards {
     /// that hold (`deferReply(of:)`). Returns the hand-off to the recipient's shard and the
     /// deferred OK; throws (recording why) when the message was not handed on.
     mutating func sendDeferred(_ id: String, to recipient: String, from device: DeviceRecord) throws -> (handOff: ShardStep, reply: DeferredReply) {
+        var effects: [SwitchboardEffect] = []
         let shard = ShardMap.shard(of: device.userID, count: 2)
-        let acceptance = try #require(try? states[shard].send(Self.message(id, to: recipient), from: device, now: Self.at(2)).get(), "\(id) was refused")
+        let acceptance = try #require(try? states[shard].send(Self.message(id, to: recipient), from: device, now: Self.at(2), into: &effects).get(), "\(id) was refused")
         let handOff = try #require(acceptance.handOff, "\(id) was not handed on to \(recipient)'s shard")
         let reply = Self.deferredReply(id, sender: device.userID)
         _ = states[shard].deferReply(of: acceptance) { reply }
@@ -67,11 +68,12 @@ struct TwoShards {
 
     /// Runs `steps`, and those they hand on, each on its user's shard (first in, first out).
     mutating func run(_ steps: [ShardStep], at seconds: Double) -> Swift.Result<UInt64, RequestError>? {
+        var effects: [SwitchboardEffect] = []
         var pending = steps
         var reply: Swift.Result<UInt64, RequestError>?
         while !pending.isEmpty {
             let step = pending.removeFirst()
-            let outcome = states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: Self.at(seconds))
+            let outcome = states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: Self.at(seconds), into: &effects)
             if reply == nil { reply = outcome.reply }
             pending += outcome.next
         }
@@ -83,11 +85,12 @@ struct TwoShards {
     /// none there (what a test of an operation in chunks counts per hold).
     @discardableResult
     mutating func eventsPerHold(_ steps: [ShardStep], on index: Int) throws -> [Int] {
+        var effects: [SwitchboardEffect] = []
         var pending = steps, perHold: [Int] = [], holds = 0
         while !pending.isEmpty {
             let step = pending.removeFirst()
             let before = states[index].counters.eventsQueued
-            pending += states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: Self.at(3)).next
+            pending += states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: Self.at(3), into: &effects).next
             let queued = states[index].counters.eventsQueued - before
             if queued > 0 { perHold.append(queued) }
             holds += 1
@@ -106,8 +109,9 @@ struct TwoShards {
     }
 
     mutating func attach(_ user: String, _ device: String = "d1", slot: UInt32, at seconds: Double) throws -> DeviceRecord {
+        var effects: [SwitchboardEffect] = []
         let grant = try states[ShardMap.shard(of: user, count: 2)].attach(
-            userID: user, deviceID: device, resume: nil, connection: Self.connection(slot), now: Self.at(seconds)
+            userID: user, deviceID: device, resume: nil, connection: Self.connection(slot), now: Self.at(seconds), into: &effects
         ).get()
         #expect(grant.next.isEmpty)
         return grant.record
@@ -159,10 +163,11 @@ struct ShardStepTests {
     func call(
         _ shards: inout TwoShards, calleeDevices devices: [String] = ["d1"], at seconds: Double = 2
     ) throws -> (caller: DeviceRecord, callee: [DeviceRecord]) {
+        var effects: [SwitchboardEffect] = []
         let caller = try shards.attach(alice, slot: 1, at: 1)
         let callee = try devices.enumerated().map { try shards.attach(bob, $1, slot: UInt32($0 + 2), at: 1) }
         let invited = shards.request(alice, at: seconds) {
-            $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(seconds))
+            $0.invite(callID: "c1", callee: bob, offer: [1], from: caller, now: TwoShards.at(seconds), into: &effects)
         }
         #expect(TwoShards.isOK(invited))
         return (caller, callee)
@@ -197,13 +202,14 @@ struct ShardStepTests {
 
     @Test("a message to another shard's user: queued there, copied to the sender's other device, answered once; the receipt comes back")
     func messageAndReceipt() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
         let bobDevice = try shards.attach(bob, slot: 3, at: 1)
 
         let (acceptance, reply) = shards.on(alice, at: 2) { state in
-            let acceptance = try! state.send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+            let acceptance = try! state.send(message("m1", to: bob), from: laptop, now: TwoShards.at(2), into: &effects).get()
             return (acceptance, acceptance.handOff.map { [$0] } ?? [])
         }
         #expect(acceptance.handOff != nil, "the recipient's shard decides")
@@ -215,13 +221,13 @@ struct ShardStepTests {
         #expect(TwoShards.events(laptop).isEmpty, "no copy to the sending device")
 
         // A retry is a duplicate on the sender's shard: nothing is handed on, nothing queued twice.
-        let retry = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(3)).get()
+        let retry = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(3), into: &effects).get()
         #expect(retry.handOff == nil && retry.event == nil)
         #expect(TwoShards.events(bobDevice).count == 1)
 
         // Bob acknowledges: the receipt is a step to alice's shard, for both her devices.
         let (ack, _) = shards.on(bob, at: 4) { state in
-            let (violation, next) = state.ack(bobDevice, connection: TwoShards.connection(3), through: bobDevice.lastSeq)
+            let (violation, next) = state.ack(bobDevice, connection: TwoShards.connection(3), through: bobDevice.lastSeq, into: &effects)
             return (violation, next)
         }
         #expect(ack == nil)
@@ -237,6 +243,7 @@ struct ShardStepTests {
 
     @Test("a message the recipient's shard refuses is answered with the refusal, and its id is free again")
     func refusedAcrossShards() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.maxPendingEvents = 1 }
         let sender = try shards.attach(alice, slot: 1, at: 1)
         let recipient = try shards.attach(bob, slot: 2, at: 1)
@@ -245,7 +252,7 @@ struct ShardStepTests {
         }
         #expect(TwoShards.isOK(send("m1", at: 2)))
         #expect(TwoShards.code(send("m2", at: 3)) == .recipientBacklogFull)
-        _ = shards.states[1].ack(recipient, connection: TwoShards.connection(2), through: recipient.lastSeq)
+        _ = shards.states[1].ack(recipient, connection: TwoShards.connection(2), through: recipient.lastSeq, into: &effects)
         // Refused, so not remembered: the same id is a new message now, not a duplicate.
         #expect(TwoShards.isOK(send("m2", at: 4)))
         #expect(TwoShards.events(recipient).count == 1)
@@ -254,8 +261,9 @@ struct ShardStepTests {
 
     /// alice's `device` sends message `id` to bob, and every step runs: the answer.
     func sendToBob(_ shards: inout TwoShards, _ id: String, from device: DeviceRecord, at seconds: Double) -> Result<UInt64, RequestError>? {
-        shards.request(alice, at: seconds) { state in
-            switch state.send(message(id, to: bob), from: device, now: TwoShards.at(seconds)) {
+        var effects: [SwitchboardEffect] = []
+        return shards.request(alice, at: seconds) { state in
+            switch state.send(message(id, to: bob), from: device, now: TwoShards.at(seconds), into: &effects) {
             case .success(let acceptance):
                 // Handed on: the recipient's shard answers.
                 StepOutcome(
@@ -278,6 +286,7 @@ struct ShardStepTests {
 
     @Test("a message to another shard's user takes its room in the sender's other devices at once: a queue that fills before the decision still gets the copy, in order, nothing dropped")
     func copiesReservedBeforeTheDecision() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards {
             $0.maxPendingEvents = 2
             $0.maxPendingPerSender = 2
@@ -288,18 +297,18 @@ struct ShardStepTests {
         let bobDevice = try shards.attach(bob, slot: 3, at: 1)
 
         // First step, on alice's shard: admitted, handed to bob's shard.
-        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2), into: &effects).get()
         let handOff = try #require(first.handOff)
         // Before bob's shard decides, carol (alice's shard) writes to alice: her phone's
         // queue fills up. The copy of m1 already holds its place, so the second is refused.
         let fromCarol = shards.states[0].send(
-            message("c1", to: alice), sender: carol, senderDevice: "web", sendingDevice: nil, now: TwoShards.at(2))
+            message("c1", to: alice), sender: carol, senderDevice: "web", sendingDevice: nil, now: TwoShards.at(2), into: &effects)
         #expect((try? fromCarol.get()) != nil)
         let overflow = shards.states[0].send(
-            message("c2", to: alice), sender: carol, senderDevice: "web", sendingDevice: nil, now: TwoShards.at(2))
+            message("c2", to: alice), sender: carol, senderDevice: "web", sendingDevice: nil, now: TwoShards.at(2), into: &effects)
         #expect(TwoShards.code(overflow.map { $0.serverTime }) == .recipientBacklogFull)
         // A repeat of m1 before the decision could get a wrong OK: refused, nothing changes.
-        let repeated = shards.states[0].send(message("m1", to: bob), from: phone, now: TwoShards.at(2))
+        let repeated = shards.states[0].send(message("m1", to: bob), from: phone, now: TwoShards.at(2), into: &effects)
         #expect(TwoShards.code(repeated.map { $0.serverTime }) == .rateLimited)
         // Nothing goes out to the phone yet: the copy awaits the decision, carol's message
         // comes after it.
@@ -317,12 +326,13 @@ struct ShardStepTests {
         #expect(writable(shards.states[0], phone, slot: 2).map(\.1) == [.message, .message])
         #expect(shards.states[0].counters.eventsDropped == 0)
         // Decided: a repeat now is the duplicate it is.
-        let duplicate = try shards.states[0].send(message("m1", to: bob), from: phone, now: TwoShards.at(3)).get()
+        let duplicate = try shards.states[0].send(message("m1", to: bob), from: phone, now: TwoShards.at(3), into: &effects).get()
         #expect(duplicate.handOff == nil && duplicate.serverTime == first.serverTime)
     }
 
     @Test("a message the recipient's shard refuses leaves nothing on the sender's other devices: the copy queued in the first step is withdrawn, never written, its room free again")
     func refusedCopyNeverWritten() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.maxPendingEvents = 1 }
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
@@ -331,7 +341,7 @@ struct ShardStepTests {
             sendToBob(&shards, id, from: laptop, at: seconds)
         }
         #expect(TwoShards.isOK(send("m1", at: 2)))
-        _ = shards.states[0].ack(phone, connection: TwoShards.connection(2), through: phone.lastSeq)
+        _ = shards.states[0].ack(phone, connection: TwoShards.connection(2), through: phone.lastSeq, into: &effects)
         // Bob's queue is full: m2 is refused, and its copy on the phone is cancelled.
         let before = phone.lastSeq
         #expect(TwoShards.code(send("m2", at: 3)) == .recipientBacklogFull)
@@ -339,7 +349,7 @@ struct ShardStepTests {
         #expect(writable(shards.states[0], phone, slot: 2).isEmpty)
         // Its room is free: the phone takes the next event, and writes it.
         shards.states[0].deliverReceipt(
-            DeliveryReceipt(sender: alice, messageID: "m1", recipient: bob, shards: shards.states[0].shardMap), recipientDevice: "d1", serverTime: 1)
+            DeliveryReceipt(sender: alice, messageID: "m1", recipient: bob, shards: shards.states[0].shardMap), recipientDevice: "d1", serverTime: 1, into: &effects)
         #expect(writable(shards.states[0], phone, slot: 2).map(\.1) == [.messageDelivered])
         #expect(shards.states[0].counters.eventsDropped == 0)
         // The id is free again.
@@ -349,13 +359,14 @@ struct ShardStepTests {
 
     @Test("a sender's device forgotten before the recipient's shard refuses the message: its copy is not withdrawn twice")
     func copyOfForgottenDevice() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.maxPendingEvents = 1 }
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let phone = try shards.attach(alice, "phone", slot: 2, at: 1)
         let bobDevice = try shards.attach(bob, slot: 3, at: 1)
-        _ = shards.states[1].enqueue(QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice)  // bob is full
+        _ = shards.states[1].enqueue(QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice, into: &effects)  // bob is full
         let pendingBefore = shards.states[0].counters.pendingEvents
-        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2), into: &effects).get()
         #expect(shards.states[0].counters.pendingEvents == pendingBefore + 1, "the copy on the phone")
         shards.states[0].removeDevice(phone)
         #expect(TwoShards.code(shards.run([try #require(first.handOff)], at: 2)) == .recipientBacklogFull)
@@ -364,13 +375,14 @@ struct ShardStepTests {
 
     @Test("a sender with many devices, one forgotten before the refusal (the settle step checks them against one set): only the others' copies are withdrawn, each once")
     func copiesOfManyDevicesOneForgotten() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.maxPendingEvents = 1 }
         let laptop = try shards.attach(alice, "laptop", slot: 1, at: 1)
         let others = try (0..<8).map { try shards.attach(alice, "d\($0)", slot: UInt32(10 + $0), at: 1) }
         let bobDevice = try shards.attach(bob, slot: 3, at: 1)
-        _ = shards.states[1].enqueue(QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice)  // bob is full
+        _ = shards.states[1].enqueue(QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice, into: &effects)  // bob is full
         let pendingBefore = shards.states[0].counters.pendingEvents
-        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2)).get()
+        let first = try shards.states[0].send(message("m1", to: bob), from: laptop, now: TwoShards.at(2), into: &effects).get()
         #expect(shards.states[0].counters.pendingEvents == pendingBefore + others.count, "a copy on each other device")
         shards.states[0].removeDevice(others[3])
         #expect(TwoShards.code(shards.run([try #require(first.handOff)], at: 2)) == .recipientBacklogFull)
@@ -380,6 +392,7 @@ struct ShardStepTests {
 
     @Test("a call to another shard's user with two devices: both ring, the first accept wins, the other hears answeredElsewhere")
     func firstAcceptWins() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, callee) = try call(&shards, calleeDevices: ["phone", "tablet"])
         let (phone, tablet) = (callee[0], callee[1])
@@ -391,17 +404,17 @@ struct ShardStepTests {
         // The same id from anyone else is in use, whichever shard asks.
         let carol = TwoShards.user("carol", onShard: 0)
         let other = try shards.attach(carol, slot: 4, at: 1)
-        let reused = shards.request(carol, at: 2) { $0.invite(callID: "c1", callee: alice, offer: [], from: other, now: TwoShards.at(2)) }
+        let reused = shards.request(carol, at: 2) { $0.invite(callID: "c1", callee: alice, offer: [], from: other, now: TwoShards.at(2), into: &effects) }
         #expect(TwoShards.code(reused) == .callIdInUse)
 
-        #expect(TwoShards.isOK(shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [2], from: tablet) }))
-        let late = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [3], from: phone) }
+        #expect(TwoShards.isOK(shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [2], from: tablet, into: &effects) }))
+        let late = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [3], from: phone, into: &effects) }
         #expect(TwoShards.code(late) == .illegalCallTransition)
         #expect(TwoShards.events(caller) == [.callAccepted(callID: "c1", device: "tablet", answer: [2])])
         #expect(TwoShards.isCallEnded(TwoShards.events(phone).last, .answeredElsewhere, peer: alice))
 
         // The caller hangs up from its shard: a step to the callee's.
-        #expect(TwoShards.isOK(shards.request(alice, at: 4) { $0.hangUp(callID: "c1", from: caller) }))
+        #expect(TwoShards.isOK(shards.request(alice, at: 4) { $0.hangUp(callID: "c1", from: caller, into: &effects) }))
         #expect(TwoShards.isCallEnded(TwoShards.events(tablet).last, .hungUp, peer: alice))
         #expect(shards.states[1].calls.isEmpty)
         #expect(shards.states[0].activities[alice] == nil, "the caller's shard forgot the call")
@@ -410,12 +423,13 @@ struct ShardStepTests {
 
     @Test("the caller's shard applies the callee's notices in the callee's order, even when their steps run the other way round")
     func noticesInOrder() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (caller, callee) = try call(&shards, calleeDevices: ["phone", "tablet"])
         let (phone, tablet) = (callee[0], callee[1])
         // Two holds of bob's shard (two loops): the phone rings, then the tablet rejects.
-        let rang = shards.states[1].ringing(callID: "c1", from: phone)
-        let rejected = shards.states[1].reject(callID: "c1", reason: .declined, from: tablet)
+        let rang = shards.states[1].ringing(callID: "c1", from: phone, into: &effects)
+        let rejected = shards.states[1].reject(callID: "c1", reason: .declined, from: tablet, into: &effects)
         #expect(rang.next.count == 1 && rejected.next.count == 2)
         // The second hold's steps run first (another thread got there first).
         _ = shards.run(rejected.next, at: 3)
@@ -431,30 +445,32 @@ struct ShardStepTests {
 
     @Test("ring timeout in the callee's shard: the caller on the other shard hears noAnswer, and forgets the call")
     func ringTimeout() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.ringTimeout = .seconds(60) }
         let (caller, callees) = try call(&shards, at: 10)
         let callee = callees[0]
-        #expect(shards.states[1].expire(now: TwoShards.at(69.9)).next.isEmpty)
-        let pass = shards.states[1].expire(now: TwoShards.at(70.001))
+        #expect(shards.states[1].expire(now: TwoShards.at(69.9), into: &effects).next.isEmpty)
+        let pass = shards.states[1].expire(now: TwoShards.at(70.001), into: &effects)
         #expect(pass.next.map(\.user) == [alice, alice], "the caller's event, then its shard's bookkeeping")
         _ = shards.run(pass.next, at: 70.001)
         #expect(TwoShards.isCallEnded(TwoShards.events(caller).last, .noAnswer, peer: bob))
         #expect(TwoShards.isCallEnded(TwoShards.events(callee).last, .noAnswer, peer: alice))
         #expect(shards.states[0].activities[alice] == nil)
         // The id is free again.
-        #expect(TwoShards.isOK(shards.request(alice, at: 71) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(71)) }))
+        #expect(TwoShards.isOK(shards.request(alice, at: 71) { $0.invite(callID: "c1", callee: bob, offer: [], from: caller, now: TwoShards.at(71), into: &effects) }))
     }
 
     @Test("a caller that loses its connection and stays away: its shard's grace check ends the call with peerDisconnected in the callee's")
     func callerDisconnects() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.callGrace = .seconds(10) }
         let (caller, callees) = try call(&shards)
         let callee = callees[0]
-        _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee) }
+        _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee, into: &effects) }
         shards.states[0].detach(caller, connection: TwoShards.connection(1), now: TwoShards.at(20))
-        #expect(shards.states[0].expire(now: TwoShards.at(29.9)).next.isEmpty, "not before the grace ends")
+        #expect(shards.states[0].expire(now: TwoShards.at(29.9), into: &effects).next.isEmpty, "not before the grace ends")
         #expect(shards.states[1].calls["c1"] != nil)
-        let pass = shards.states[0].expire(now: TwoShards.at(30.001))
+        let pass = shards.states[0].expire(now: TwoShards.at(30.001), into: &effects)
         #expect(pass.next.map(\.user) == [bob])
         _ = shards.run(pass.next, at: 30.001)
         #expect(TwoShards.isCallEnded(TwoShards.events(callee).last, .peerDisconnected, peer: alice))
@@ -464,13 +480,14 @@ struct ShardStepTests {
 
     @Test("a caller back within its grace keeps the call")
     func callerReturns() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.callGrace = .seconds(10) }
         let (caller, callees) = try call(&shards)
         let callee = callees[0]
-        _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee) }
+        _ = shards.request(bob, at: 3) { $0.accept(callID: "c1", answer: [], from: callee, into: &effects) }
         shards.states[0].detach(caller, connection: TwoShards.connection(1), now: TwoShards.at(20))
         _ = try shards.attach(alice, slot: 5, at: 25)
-        #expect(shards.states[0].expire(now: TwoShards.at(31)).next.isEmpty)
+        #expect(shards.states[0].expire(now: TwoShards.at(31), into: &effects).next.isEmpty)
         #expect(shards.states[1].calls["c1"] != nil)
     }
 }

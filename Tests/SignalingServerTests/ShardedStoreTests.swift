@@ -35,6 +35,7 @@ struct ShardedStoreTests {
 
     @Test("a commit unit has room for the changes its operation journals and no more: a registration's two, an acknowledgement's two (with a receipt in its shard), a message's few")
     func unitRoomFitsItsChanges() throws {
+        var effects: [SwitchboardEffect] = []
         let a = ShardMap.shard(of: "alice", count: 2), b = ShardMap.shard(of: "bob", count: 2)
         var shards = TwoShards(journaling: true)
         // The thousands of registrations of a handshake ramp may wait in the writer's queue
@@ -46,12 +47,12 @@ struct ShardedStoreTests {
         _ = shards.states[b].takeCommitUnit()
 
         let (handOff, _) = try shards.sendDeferred("m1", to: "alice", from: phone)
-        _ = shards.states[a].handle(handOff, now: TwoShards.at(2))
+        _ = shards.states[a].handle(handOff, now: TwoShards.at(2), into: &effects)
         let delivery = shards.states[a].takeCommitUnit()
         #expect((delivery?.changes.count ?? 0) >= 1 && delivery?.changes.capacity == 4, "the recipient's hold: \(String(describing: delivery?.changes))")
 
         #expect(laptop.lastSeq > laptop.ackedSeq)
-        _ = shards.states[a].ack(laptop, connection: laptop.connection!, through: laptop.lastSeq)
+        _ = shards.states[a].ack(laptop, connection: laptop.connection!, through: laptop.lastSeq, into: &effects)
         let ack = shards.states[a].takeCommitUnit()
         #expect(ack?.changes.count == 1 && ack?.changes.capacity == 2, "the acknowledgement: \(String(describing: ack?.changes))")
     }
@@ -190,6 +191,7 @@ struct ShardedStoreTests {
 
     @Test("a message the store refuses between the sender's hold and the recipient's (its deadline passed meanwhile): the recipient's event is cancelled in the hold that queues it, never written")
     func refusedBetweenTheSteps() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards(journaling: true)
         let sender = TwoShards.user("sender", onShard: 1), recipient = TwoShards.user("recipient", onShard: 0)
         let from = try shards.attach(sender, "d1", slot: 1, at: 1)
@@ -202,7 +204,7 @@ struct ShardedStoreTests {
         shards.states[1].cancelMessage([], sender: sender, messageID: "m1")
         // Then the recipient's step, as `Switchboard.run` runs it.
         shards.states[0].deferReply(m1, answers: false, queued: nil)
-        let outcome = shards.states[0].handle(handOff, now: TwoShards.at(2))
+        let outcome = shards.states[0].handle(handOff, now: TwoShards.at(2), into: &effects)
         let queued = try #require(outcome.queued, "the recipient's shard queued nothing")
         shards.states[0].recordPart(queued, of: m1)
         #expect(queued.isCancelled)

@@ -46,8 +46,9 @@ struct SyncedCopyChunkTests {
     func send(
         _ id: String, to recipient: String, from device: DeviceRecord, _ shards: inout TwoShards
     ) -> (queued: Int, handOff: ShardStep?, refusal: RequestError?) {
+        var effects: [SwitchboardEffect] = []
         let before = shards.states[0].counters.eventsQueued
-        switch shards.states[0].send(TwoShards.message(id, to: recipient), from: device, now: TwoShards.at(2)) {
+        switch shards.states[0].send(TwoShards.message(id, to: recipient), from: device, now: TwoShards.at(2), into: &effects) {
         case .success(let acceptance):
             return (shards.states[0].counters.eventsQueued - before, acceptance.handOff, nil)
         case .failure(let refusal):
@@ -58,12 +59,13 @@ struct SyncedCopyChunkTests {
     /// Runs `steps` on alice's shard until the message goes on to `recipient`'s side
     /// (`deliverMessage`, returned with what is left); the events each hold queued there.
     func copyingHolds(_ steps: [ShardStep], _ shards: inout TwoShards) throws -> (perHold: [Int], rest: [ShardStep]) {
+        var effects: [SwitchboardEffect] = []
         var pending = steps, perHold: [Int] = []
         while let step = pending.first {
             if case .deliverMessage = step { break }
             pending.removeFirst()
             let before = shards.states[0].counters.eventsQueued
-            pending += shards.states[0].handle(step, now: TwoShards.at(2)).next
+            pending += shards.states[0].handle(step, now: TwoShards.at(2), into: &effects).next
             perHold.append(shards.states[0].counters.eventsQueued - before)
             try #require(perHold.count < 100, "the copies do not end")
         }
@@ -96,19 +98,20 @@ struct SyncedCopyChunkTests {
 
     @Test("the settle step wakes the copies a chunk per hold, each hold touching at most 128 devices")
     func settledInChunks() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (senders, _) = try devices(&shards, recipient: bob)
         for device in senders { device.wakePending = false }
         let handOff = try #require(send("m1", to: bob, from: senders[0], &shards).handOff)
         let copying = try copyingHolds([handOff], &shards)
-        _ = shards.states[0].takeEffects()
         // bob's shard decides; alice's settles: one hold that wakes nobody, then chunks.
-        var pending = shards.states[1].handle(copying.rest[0], now: TwoShards.at(2)).next
+        var pending = shards.states[1].handle(copying.rest[0], now: TwoShards.at(2), into: &effects).next
         var wakesPerHold: [Int] = []
         while let step = pending.first {
             pending.removeFirst()
-            pending += shards.states[0].handle(step, now: TwoShards.at(2)).next
-            wakesPerHold.append(shards.states[0].takeEffects().count)
+            var wakes: [SwitchboardEffect] = []
+            pending += shards.states[0].handle(step, now: TwoShards.at(2), into: &wakes).next
+            wakesPerHold.append(wakes.count)
             try #require(wakesPerHold.count < 100)
         }
         #expect(wakesPerHold == [0, 128, 128, 43])
@@ -116,6 +119,7 @@ struct SyncedCopyChunkTests {
 
     @Test("a second message sent while the first's copies are still being queued waits behind them: every other device gets both in the order sent")
     func secondMessageWaits() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards()
         let (senders, bobDevice) = try devices(&shards, recipient: bob)
         let first = try #require(send("m1", to: bob, from: senders[0], &shards).handOff)
@@ -126,7 +130,7 @@ struct SyncedCopyChunkTests {
         var waiting = [try #require(second.handOff)]
         for _ in 0..<2 {
             let before = messages(senders[2])
-            waiting = shards.states[0].handle(waiting[0], now: TwoShards.at(2)).next
+            waiting = shards.states[0].handle(waiting[0], now: TwoShards.at(2), into: &effects).next
             #expect(waiting.count == 1 && !messages(senders[2]).contains("m2"), "\(before)")
         }
         var pending = [first] + waiting
@@ -134,7 +138,7 @@ struct SyncedCopyChunkTests {
         var holds = 0
         while !pending.isEmpty {
             let step = pending.removeFirst()
-            let outcome = shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(2))
+            let outcome = shards.states[ShardMap.shard(of: step.user, count: 2)].handle(step, now: TwoShards.at(2), into: &effects)
             if let reply = outcome.reply { replies.append(reply) }
             pending += outcome.next
             holds += 1
@@ -149,12 +153,13 @@ struct SyncedCopyChunkTests {
 
     @Test("a full sender device in a later chunk refuses the message: the chunks queued before are withdrawn (none ever written), nothing reaches the recipient, the id is free again")
     func fullDeviceInALaterChunk() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.maxPendingEvents = 1 }
         let (senders, bobDevice) = try devices(&shards, recipient: bob)
         // d1 is among the oldest devices, so in the last chunk (the walk starts at the newest).
         let full = senders[1]
         _ = shards.states[0].enqueue(
-            QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: full)
+            QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: full, into: &effects)
         let pendingBefore = shards.states[0].counters.pendingEvents
         let sent = send("m1", to: bob, from: senders[0], &shards)
         let handOff = try #require(sent.handOff)
@@ -168,7 +173,7 @@ struct SyncedCopyChunkTests {
         }
         #expect(shards.states[0].activities[alice] == nil, "nothing of the message is left: the id is free")
         // Once d1 has room, the same id is a new message, accepted.
-        _ = shards.states[0].ack(full, connection: full.connection!, through: full.lastSeq)
+        _ = shards.states[0].ack(full, connection: full.connection!, through: full.lastSeq, into: &effects)
         let retry = try #require(send("m1", to: bob, from: senders[0], &shards).handOff)
         #expect(TwoShards.isOK(shards.run([retry], at: 3)))
         #expect(messages(bobDevice) == ["m1"])
@@ -177,11 +182,12 @@ struct SyncedCopyChunkTests {
 
     @Test("a full sender device in the first chunk refuses the message in its first hold, with nothing queued")
     func fullDeviceInTheFirstChunk() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.maxPendingEvents = 1 }
         let (senders, _) = try devices(&shards, recipient: bob)
         let newest = try #require(senders.last)
         _ = shards.states[0].enqueue(
-            QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: newest)
+            QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: newest, into: &effects)
         let sent = send("m1", to: bob, from: senders[0], &shards)
         #expect(sent.refusal?.code == .recipientBacklogFull && sent.handOff == nil && sent.queued == 0)
         #expect(shards.states[0].activities[alice] == nil)
@@ -189,10 +195,11 @@ struct SyncedCopyChunkTests {
 
     @Test("a message the recipient's shard refuses: every copy is withdrawn a chunk per hold, never written, the id free again")
     func refusedByTheRecipientsShard() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards { $0.maxPendingEvents = 1 }
         let (senders, bobDevice) = try devices(&shards, recipient: bob)
         _ = shards.states[1].enqueue(
-            QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice)
+            QueuedEvent(.messageDelivered(messageID: "x", recipient: "y", recipientDevice: "z", serverTime: 0), createdAt: 0), to: bobDevice, into: &effects)
         let pendingBefore = shards.states[0].counters.pendingEvents
         let handOff = try #require(send("m1", to: bob, from: senders[0], &shards).handOff)
         let copying = try copyingHolds([handOff], &shards)
@@ -240,6 +247,7 @@ struct SyncedCopyChunkTests {
 
     @Test("with a store, every hold of the copies is a unit of the message's commit group, none closing it: the OK waits for the commit of all of them")
     func journaledInTheMessagesGroup() throws {
+        var effects: [SwitchboardEffect] = []
         var shards = TwoShards(journaling: true)
         let (senders, _) = try devices(&shards, recipient: bob)
         for index in 0..<2 { _ = shards.states[index].takeCommitUnit() }
@@ -252,7 +260,7 @@ struct SyncedCopyChunkTests {
             let step = pending.removeFirst()
             let shard = ShardMap.shard(of: step.user, count: 2)
             shards.states[shard].deferReply(message, answers: false, queued: nil)
-            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2))
+            let outcome = shards.states[shard].handle(step, now: TwoShards.at(2), into: &effects)
             if let queued = outcome.queued { shards.states[shard].recordPart(queued, of: message) }
             if shard == 0, let unit = shards.states[0].takeCommitUnit() { units.append(unit) }
             pending += outcome.next

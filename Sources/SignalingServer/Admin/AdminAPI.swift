@@ -153,7 +153,8 @@ final class AdminAPI: AdminRequestHandler {
         }
         var handOff: (step: ShardStep, deferred: DeferredReply?)?
         let (immediate, effects) = context.switchboard.withState(of: sender, wall: wall) { board -> (AdminResponse?, [SwitchboardEffect]) in
-            switch board.send(message, sender: sender, senderDevice: Self.systemDevice, sendingDevice: nil, now: now) {
+            var effects: [SwitchboardEffect] = []
+            switch board.send(message, sender: sender, senderDevice: Self.systemDevice, sendingDevice: nil, now: now, into: &effects) {
             case .success(let acceptance):
                 // As for a device: "accepted" is a promise, answered once committed.
                 let deferred = board.deferReply(of: acceptance) {
@@ -163,14 +164,14 @@ final class AdminAPI: AdminRequestHandler {
                 }
                 if let step = acceptance.handOff {
                     handOff = (step, deferred)
-                    return (nil, board.takeEffects())
+                    return (nil, effects)
                 }
                 guard deferred != nil else {
-                    return (answer(.success(acceptance.serverTime), acceptance.event == nil), board.takeEffects())
+                    return (answer(.success(acceptance.serverTime), acceptance.event == nil), effects)
                 }
-                return (nil, board.takeEffects())
+                return (nil, effects)
             case .failure(let error):
-                return (answer(.failure(error), false), board.takeEffects())
+                return (answer(.failure(error), false), effects)
             }
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
@@ -199,7 +200,8 @@ final class AdminAPI: AdminRequestHandler {
 
     private func revoke(user: String, device: String) -> AdminResponse {
         let (outcome, effects) = context.switchboard.withState(of: user, wall: context.wallMilliseconds()) { board in
-            (board.revokeSession(user: user, device: device), board.takeEffects())
+            var effects: [SwitchboardEffect] = []
+            return (board.revokeSession(user: user, device: device, into: &effects), effects)
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
         switch outcome {
@@ -215,8 +217,9 @@ final class AdminAPI: AdminRequestHandler {
         let now = context.now()
         let wall = context.wallMilliseconds()
         let (outcome, next, effects) = context.switchboard.withState(of: user, wall: wall) { board in
-            let (outcome, next) = board.forgetUser(user, now: now)
-            return (outcome, next, board.takeEffects())
+            var effects: [SwitchboardEffect] = []
+            let (outcome, next) = board.forgetUser(user, now: now, into: &effects)
+            return (outcome, next, effects)
         }
         LoopDispatch.post(LoopDispatch.tasks(for: effects, context: context), to: loops)
         // The user's calls end for their other parties in their shards.

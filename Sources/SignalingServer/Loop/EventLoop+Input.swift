@@ -254,10 +254,12 @@ extension EventLoop {
             let ref = reference(slot)
             let wall = context.wallMilliseconds()
             var (outcome, receipts, effects) = switchboard.withState(of: hello.userID, wall: wall, writerWake: .afterCallback(of: self)) { board in
+                var effects: [SwitchboardEffect] = []
                 let outcome = board.attach(
-                    userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now)
+                    userID: hello.userID, deviceID: hello.deviceID, resume: hello.resume, connection: ref, now: now,
+                    into: &effects)
                 let receipts = (try? outcome.get()).flatMap { board.group(for: $0.next) }
-                return (outcome, receipts, board.takeEffects())
+                return (outcome, receipts, effects)
             }
             if case .success(let grant) = outcome {
                 // Receipts of what the resume point acknowledged, for senders of other shards
@@ -335,22 +337,23 @@ extension EventLoop {
             var deferredHandOff: DeferredReply?
             let shard = switchboard.shard(of: device.userID, connectedOn: self)
             var (stepOutcome, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board -> (StepOutcome?, [SwitchboardEffect]) in
+                var effects: [SwitchboardEffect] = []
                 let outcome: StepOutcome
                 switch request {
                 case .callInvite(let callID, let callee, let offer):
-                    outcome = board.invite(callID: callID, callee: callee, offer: offer, from: device, now: now)
+                    outcome = board.invite(callID: callID, callee: callee, offer: offer, from: device, now: now, into: &effects)
                 case .callRinging(let callID):
-                    outcome = board.ringing(callID: callID, from: device)
+                    outcome = board.ringing(callID: callID, from: device, into: &effects)
                 case .callAccept(let callID, let answer):
-                    outcome = board.accept(callID: callID, answer: answer, from: device)
+                    outcome = board.accept(callID: callID, answer: answer, from: device, into: &effects)
                 case .callReject(let callID, let reason):
-                    outcome = board.reject(callID: callID, reason: reason, from: device)
+                    outcome = board.reject(callID: callID, reason: reason, from: device, into: &effects)
                 case .callCancel(let callID):
-                    outcome = board.cancel(callID: callID, from: device)
+                    outcome = board.cancel(callID: callID, from: device, into: &effects)
                 case .callHangup(let callID):
-                    outcome = board.hangUp(callID: callID, from: device)
+                    outcome = board.hangUp(callID: callID, from: device, into: &effects)
                 case .messageSend(let message):
-                    switch board.send(message, from: device, now: now) {
+                    switch board.send(message, from: device, now: now, into: &effects) {
                     case .success(let acceptance):
                         let deferred = board.deferReply(of: acceptance) {
                             DeferredReply(
@@ -361,7 +364,7 @@ extension EventLoop {
                             deferredHandOff = deferred
                             outcome = StepOutcome(reply: nil, next: [handOff])
                         } else if deferred != nil {
-                            return (nil, board.takeEffects())
+                            return (nil, effects)
                         } else {
                             outcome = .answered(.success(acceptance.serverTime))
                         }
@@ -372,7 +375,7 @@ extension EventLoop {
                     let registration = PushRegistration(platform: platform, token: token, environment: environment ?? "", topic: topic ?? "")
                     outcome = .answered(board.registerPush(registration, for: device).map { wall })
                 }
-                return (outcome, board.takeEffects())
+                return (outcome, effects)
             }
             // A step run by another loop (the owner of its shard) answers through this loop's
             // inbox (`StepChain.requester`).

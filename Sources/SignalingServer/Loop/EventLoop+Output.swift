@@ -432,10 +432,9 @@ extension EventLoop {
         if state.pointee.flags.contains(.tls) { context.counters.establishedTLSConnections.decrement() }
         let ref = reference(slot)
         let now = context.now()
-        let effects = context.switchboard.withState(of: device.userID, wall: context.wallMilliseconds()) { board in
+        // A detach wakes no other connection: it has no effects.
+        context.switchboard.withState(of: device.userID, wall: context.wallMilliseconds()) { board in
             board.detach(device, connection: ref, now: now)
-            return board.takeEffects()
         }
-        apply(effects)
     }
 }

@@ -73,7 +73,8 @@ extension EventLoop {
         while moreDue {
             let wall = context.wallMilliseconds()
             let (pass, effects) = context.switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) { board in
-                (board.expire(now: instant), board.takeEffects())
+                var effects: [SwitchboardEffect] = []
+                return (board.expire(now: instant, into: &effects), effects)
             }
             moreDue = pass.moreDue
             apply(effects)

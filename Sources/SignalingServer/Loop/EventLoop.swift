@@ -406,13 +406,14 @@ final class EventLoop: @unchecked Sendable {
             var steps = AcknowledgementSteps(loop: self, wall: wall)
             let (violation, next, group, effects) = switchboard.withState(shard: shard, wall: wall, writerWake: .afterCallback(of: self)) {
                 board -> (ProtocolViolation?, [ShardStep], CommitGroup?, [SwitchboardEffect]) in
+                var effects: [SwitchboardEffect] = []
                 guard direct else {
-                    let (violation, next) = board.ack(device, connection: ref, through: seq)
-                    return (violation, next, board.group(for: next), board.takeEffects())
+                    let (violation, next) = board.ack(device, connection: ref, through: seq, into: &effects)
+                    return (violation, next, board.group(for: next), effects)
                 }
-                let violation = board.ack(device, connection: ref, through: seq, handingOn: &steps)
+                let violation = board.ack(device, connection: ref, through: seq, handingOn: &steps, into: &effects)
                 // With a chain made by a receipt, the rest joins it (and its group).
-                return (violation, steps.rest, steps.chain == nil ? board.group(for: steps.rest) : nil, board.takeEffects())
+                return (violation, steps.rest, steps.chain == nil ? board.group(for: steps.rest) : nil, effects)
             }
             apply(effects)
             if !next.isEmpty {

@@ -38,7 +38,9 @@ public enum AckBenchmark {
         func attach(_ user: String, slot: UInt32) -> (DeviceRecord, ConnectionRef) {
             let connection = ConnectionRef(loop: 0, slot: slot, generation: 1)
             let device = switchboard.withState(of: user, wall: 0) { board in
-                try! board.attach(userID: user, deviceID: "d", resume: nil, connection: connection, now: now).get().record
+                var effects: [SwitchboardEffect] = []
+                return try! board.attach(userID: user, deviceID: "d", resume: nil, connection: connection, now: now, into: &effects)
+                    .get().record
             }
             return (device, connection)
         }
@@ -47,9 +49,8 @@ public enum AckBenchmark {
         func acknowledge(_ device: DeviceRecord, _ connection: ConnectionRef, _ user: String, timed holds: inout HoldTimes) {
             let next = holds.timed {
                 switchboard.withState(of: user, wall: 0) { board -> [ShardStep] in
-                    let next = board.ack(device, connection: connection, through: device.lastSeq).next
-                    _ = board.takeEffects()
-                    return next
+                    var effects: [SwitchboardEffect] = []  // no connection to wake
+                    return board.ack(device, connection: connection, through: device.lastSeq, into: &effects).next
                 }
             }
             holds.run(next, on: switchboard, now: now)
@@ -62,8 +63,8 @@ public enum AckBenchmark {
                     messageID: "r\(round)m\(number)", recipient: recipient, contentType: "text/plain",
                     body: [UInt8](repeating: 1, count: 64))
                 let handOff = switchboard.withState(of: sender, wall: 0) { board -> [ShardStep] in
-                    let acceptance = try! board.send(message, from: senderDevice, now: now).get()
-                    _ = board.takeEffects()
+                    var effects: [SwitchboardEffect] = []  // no connection to wake
+                    let acceptance = try! board.send(message, from: senderDevice, now: now, into: &effects).get()
                     return acceptance.handOff.map { [$0] } ?? []
                 }
                 untimed.run(handOff, on: switchboard, now: now)

@@ -33,7 +33,10 @@ public enum FanOutBenchmark {
         func connection(_ slot: Int) -> ConnectionRef { ConnectionRef(loop: 0, slot: UInt32(slot), generation: 1) }
         func attach(_ user: String, _ device: String, slot: Int) -> DeviceRecord {
             switchboard.withState(of: user, wall: 0) { board in
-                try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection(slot), now: now).get().record
+                var effects: [SwitchboardEffect] = []
+                return try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection(slot), now: now,
+                    into: &effects)
+                    .get().record
             }
         }
         let sender = attach("sender", "d", slot: 0)
@@ -44,25 +47,24 @@ public enum FanOutBenchmark {
             holds.startOperation()
             let handOff = holds.timed {
                 switchboard.withState(of: "sender", wall: 0) { board -> [ShardStep] in
-                    let acceptance = try! board.send(message, from: sender, now: now).get()
-                    _ = board.takeEffects()
+                    var effects: [SwitchboardEffect] = []  // wakes of connections that do not exist
+                    let acceptance = try! board.send(message, from: sender, now: now, into: &effects).get()
                     return acceptance.handOff.map { [$0] } ?? []
                 }
             }
             holds.run(handOff, on: switchboard, now: now)
             let receipts = switchboard.withState(of: "fan", wall: 0) { board -> [ShardStep] in
                 var next: [ShardStep] = []
+                var effects: [SwitchboardEffect] = []
                 for (index, device) in recipients.enumerated() {
-                    next += board.ack(device, connection: connection(index + 1), through: device.lastSeq).next
+                    next += board.ack(device, connection: connection(index + 1), through: device.lastSeq, into: &effects).next
                 }
-                _ = board.takeEffects()
                 return next
             }
             _ = switchboard.run(receipts, chain: StepChain(now: now, wall: 0, requester: nil, group: nil))
             let rest = switchboard.withState(of: "sender", wall: 0) { board -> [ShardStep] in
-                let next = board.ack(sender, connection: connection(0), through: sender.lastSeq).next
-                _ = board.takeEffects()
-                return next
+                var effects: [SwitchboardEffect] = []
+                return board.ack(sender, connection: connection(0), through: sender.lastSeq, into: &effects).next
             }
             // An acknowledgement in chunks.
             _ = switchboard.run(rest, chain: StepChain(now: now, wall: 0, requester: nil, group: nil))
@@ -137,9 +139,8 @@ struct HoldTimes {
             _ = pending.pop()
             let next = timed {
                 switchboard.withState(of: step.user, wall: 0) { board -> [ShardStep] in
-                    let next = board.handle(step, now: now).next
-                    _ = board.takeEffects()
-                    return next
+                    var effects: [SwitchboardEffect] = []
+                    return board.handle(step, now: now, into: &effects).next
                 }
             }
             for step in next { pending.push(step) }

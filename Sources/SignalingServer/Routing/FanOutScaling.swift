@@ -136,7 +136,9 @@ public enum FanOutScaling {
             let connection = ConnectionRef(loop: UInt16(owner), slot: slot, generation: 1)
             slot += 1
             let record = switchboard.withState(of: user, wall: wall) { board in
-                try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now).get().record
+                var effects: [SwitchboardEffect] = []
+                return try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now, into: &effects)
+                    .get().record
             }
             return Recipient(user: user, record: record, connection: connection)
         }
@@ -365,8 +367,9 @@ public enum FanOutScaling {
             sent += 1
             let shard = switchboard.shard(of: sender.user, connectedOn: loop)
             let (effects, handOff) = switchboard.withState(shard: shard, wall: wall) { board in
-                let acceptance = try! board.send(message, from: sender.record, now: now).get()
-                return (board.takeEffects(), acceptance.handOff)
+                var effects: [SwitchboardEffect] = []
+                let acceptance = try! board.send(message, from: sender.record, now: now, into: &effects).get()
+                return (effects, acceptance.handOff)
             }
             loop.apply(effects)
             if let handOff {

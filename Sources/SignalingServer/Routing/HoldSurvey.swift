@@ -58,11 +58,10 @@ public enum HoldSurvey {
 
         /// A hold of `user`'s shard running `body`; what it would have the loops do (its
         /// effects) is dropped: the bench has no connections.
-        func hold<Result>(of user: String, _ body: (inout SwitchboardState) -> Result) -> Result {
+        func hold<Result>(of user: String, _ body: (inout SwitchboardState, inout [SwitchboardEffect]) -> Result) -> Result {
             switchboard.withState(of: user, wall: 0) { board in
-                let result = body(&board)
-                _ = board.takeEffects()
-                return result
+                var effects: [SwitchboardEffect] = []
+                return body(&board, &effects)
             }
         }
 
@@ -78,8 +77,9 @@ public enum HoldSurvey {
         mutating func attachClaiming(_ user: String, _ device: String) -> (record: DeviceRecord, claim: ShardStep?) {
             slot += 1
             let connection = ConnectionRef(loop: 0, slot: slot, generation: 1)
-            return hold(of: user) { board in
-                let grant = try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now).get()
+            return hold(of: user) { board, effects in
+                let grant = try! board.attach(userID: user, deviceID: device, resume: nil, connection: connection, now: now,
+                    into: &effects).get()
                 return (grant.record, grant.claim)
             }
         }
@@ -88,8 +88,8 @@ public enum HoldSurvey {
         func acknowledgeAll(_ devices: [DeviceRecord]) {
             var untimed = HoldTimes()
             for device in devices {
-                let next = hold(of: device.userID) { board in
-                    board.ack(device, connection: device.connection!, through: device.lastSeq).next
+                let next = hold(of: device.userID) { board, effects in
+                    board.ack(device, connection: device.connection!, through: device.lastSeq, into: &effects).next
                 }
                 untimed.run(next, on: switchboard, now: now)
             }
@@ -114,8 +114,8 @@ public enum HoldSurvey {
             let message = OutgoingMessage(messageID: "m\(round)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
             copies.startOperation()
             let handOff = copies.timed {
-                bench.hold(of: sender) { board -> ShardStep in
-                    let acceptance = try! board.send(message, from: sending, now: bench.now).get()
+                bench.hold(of: sender) { board, effects -> ShardStep in
+                    let acceptance = try! board.send(message, from: sending, now: bench.now, into: &effects).get()
                     return acceptance.handOff!
                 }
             }
@@ -123,14 +123,15 @@ public enum HoldSurvey {
                 if case .deliverMessage = step { true } else { false }
             }
             // The recipient's step (not timed), then the sender's settle step.
-            let settleSteps = bench.hold(of: recipient) { board -> [ShardStep] in
-                let next = board.handle(delivery[0], now: bench.now).next
+            let settleSteps = bench.hold(of: recipient) { board, effects -> [ShardStep] in
+                let next = board.handle(delivery[0], now: bench.now, into: &effects).next
                 return next
             }
             settle.startOperation()
             settle.run(settleSteps, on: bench.switchboard, now: bench.now)
-            let receipts = bench.hold(of: recipient) { board -> [ShardStep] in
-                let next = board.ack(recipientDevice, connection: recipientDevice.connection!, through: recipientDevice.lastSeq).next
+            let receipts = bench.hold(of: recipient) { board, effects -> [ShardStep] in
+                let next = board.ack(recipientDevice, connection: recipientDevice.connection!, through: recipientDevice.lastSeq,
+                    into: &effects).next
                 return next
             }
             receipt.startOperation()
@@ -157,23 +158,24 @@ public enum HoldSurvey {
         var ring = HoldTimes(), accept = HoldTimes()
         for round in 0..<rounds {
             let callID = "c\(round)"
-            let invite = bench.hold(of: caller) { board -> [ShardStep] in
-                let outcome = board.invite(callID: callID, callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now)
+            let invite = bench.hold(of: caller) { board, effects -> [ShardStep] in
+                let outcome = board.invite(callID: callID, callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now,
+                    into: &effects)
                 return outcome.next
             }
             ring.startOperation()
             ring.run(invite, on: bench.switchboard, now: bench.now)
             accept.startOperation()
             let answered = accept.timed {
-                bench.hold(of: callee) { board -> [ShardStep] in
-                    let outcome = board.accept(callID: callID, answer: [4], from: calleeDevices[0])
+                bench.hold(of: callee) { board, effects -> [ShardStep] in
+                    let outcome = board.accept(callID: callID, answer: [4], from: calleeDevices[0], into: &effects)
                     return outcome.next
                 }
             }
             accept.run(answered, on: bench.switchboard, now: bench.now)
             var untimed = HoldTimes()
-            let hungUp = bench.hold(of: callee) { board -> [ShardStep] in
-                let outcome = board.hangUp(callID: callID, from: calleeDevices[0])
+            let hungUp = bench.hold(of: callee) { board, effects -> [ShardStep] in
+                let outcome = board.hangUp(callID: callID, from: calleeDevices[0], into: &effects)
                 return outcome.next
             }
             untimed.run(hungUp, on: bench.switchboard, now: bench.now)
@@ -198,8 +200,9 @@ public enum HoldSurvey {
         let timeout = bench.switchboard.withState(of: callee, wall: 0) { $0.configuration.ringTimeout }
         var ended = HoldTimes()
         for round in 0..<rounds {
-            let invite = bench.hold(of: caller) { board -> [ShardStep] in
-                let outcome = board.invite(callID: "t\(round)", callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now)
+            let invite = bench.hold(of: caller) { board, effects -> [ShardStep] in
+                let outcome = board.invite(callID: "t\(round)", callee: callee, offer: [1, 2, 3], from: callingDevice, now: bench.now,
+                    into: &effects)
                 return outcome.next
             }
             var untimed = HoldTimes()
@@ -207,8 +210,8 @@ public enum HoldSurvey {
             ended.startOperation()
             let later = bench.now + timeout + .seconds(1)
             let next = ended.timed {
-                bench.hold(of: callee) { board -> [ShardStep] in
-                    let pass = board.expire(now: later)
+                bench.hold(of: callee) { board, effects -> [ShardStep] in
+                    let pass = board.expire(now: later, into: &effects)
                     return pass.next
                 }
             }
@@ -230,8 +233,8 @@ public enum HoldSurvey {
             var untimed = HoldTimes()
             for number in 0..<held {
                 let message = OutgoingMessage(messageID: "r\(round)m\(number)", recipient: recipient, contentType: "text/plain", body: [UInt8](repeating: 1, count: 64))
-                let handOff = bench.hold(of: sender) { board -> [ShardStep] in
-                    let acceptance = try! board.send(message, from: sending, now: bench.now).get()
+                let handOff = bench.hold(of: sender) { board, effects -> [ShardStep] in
+                    let acceptance = try! board.send(message, from: sending, now: bench.now, into: &effects).get()
                     return acceptance.handOff.map { [$0] } ?? []
                 }
                 untimed.run(handOff, on: bench.switchboard, now: bench.now)

@@ -202,42 +202,42 @@ extension SwitchboardState {
     /// it on unchanged. Every step an operation produces goes through here, so an operation
     /// within one shard runs whole in one hold, as it did before shards. `now` is needed by
     /// the steps that set deadlines (`ShardStep.needsClock`); the others run without it.
-    mutating func handOn(_ step: ShardStep, now: Instant? = nil) -> StepOutcome {
+    mutating func handOn(_ step: ShardStep, now: Instant? = nil, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         guard shardMap.owns(step.user) else { return StepOutcome(reply: nil, next: [step]) }
-        return handle(step, now: now)
+        return handle(step, now: now, into: &effects)
     }
 
     /// Runs a step for a user this shard holds.
-    mutating func handle(_ step: ShardStep, now: Instant?) -> StepOutcome {
+    mutating func handle(_ step: ShardStep, now: Instant?, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         // Debug builds only: the caller knows the step's shard (`PostedStep.shard`), and
         // hashing its user again for every step cost 4 % of a crossing (perf, issue 16).
         assert(shardMap.owns(step.user), "step for \(step.user) on shard \(shardMap.index)")
         precondition(now != nil || !step.needsClock, "\(step) needs the clock")
         switch step {
         case .deliverMessage(let handOff):
-            return deliverMessage(handOff, now: now!)
+            return deliverMessage(handOff, now: now!, into: &effects)
         case .continueFanOut(let user, let id):
-            return continueFanOut(user, id: id, now: now!)
+            return continueFanOut(user, id: id, now: now!, into: &effects)
         case .continueAcknowledgement(let user, let id):
-            return continueAcknowledgement(user, id: id)
+            return continueAcknowledgement(user, id: id, into: &effects)
         case .continueClaim(let user, let id):
-            return continueClaim(user, id: id)
+            return continueClaim(user, id: id, into: &effects)
         case .continueRing(let callee, let callID):
-            return continueRing(callee: callee, callID: callID)
+            return continueRing(callee: callee, callID: callID, into: &effects)
         case .continueBroadcast(let user, let id):
-            return continueBroadcast(user, id: id)
+            return continueBroadcast(user, id: id, into: &effects)
         case .settleMessage(let handOff, let accepted):
-            return settleMessage(handOff.message, accepted: accepted, now: now!)
+            return settleMessage(handOff.message, accepted: accepted, now: now!, into: &effects)
         case .receipts(let batch):
-            return deliverReceipts(batch)
+            return deliverReceipts(batch, into: &effects)
         case .invite(let invitation):
-            return ring(invitation, now: now!)
+            return ring(invitation, now: now!, into: &effects)
         case .callerRequest(let request, let callID, _, let caller):
-            return callerAsked(request, callID: callID, caller: caller)
+            return callerAsked(request, callID: callID, caller: caller, into: &effects)
         case .callerVanished(let callID, _, let caller):
-            return callerVanished(callID: callID, caller: caller)
+            return callerVanished(callID: callID, caller: caller, into: &effects)
         case .toCaller(let notice, let callID, let caller, let number):
-            receive(notice, callID: callID, caller: caller, number: number)
+            receive(notice, callID: callID, caller: caller, number: number, into: &effects)
             return StepOutcome(reply: nil)
         }
     }

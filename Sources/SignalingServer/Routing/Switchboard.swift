@@ -392,14 +392,15 @@ final class Switchboard: Sendable {
         var carried: PostedStep?
         while let first = carried.take() ?? here.pop() {
             var lastHasRest = false
-            let effects = withState(shard: first.shard, wall: first.chain.wall, writerWake: writerWake) { board in
+            // The hold's effects go straight into `ran`'s: one array for the whole drive.
+            withState(shard: first.shard, wall: first.chain.wall, writerWake: writerWake) { board in
                 // Saturating: a benchmark's chunk of `Int.max` (one hold) overflowed the sum.
                 let (sum, overflow) = board.counters.eventsQueued.addingReportingOverflow(board.configuration.fanOutChunk)
                 let budget = overflow ? Int.max : sum
                 var posted = first
                 while true {
                     board.currentWall = posted.chain.wall
-                    let outcome = run(posted, on: &board)
+                    let outcome = run(posted, on: &board, into: &ran.effects)
                     batch.append((posted.chain, outcome))
                     if case .receipts = posted.step, let rest = outcome.next.first, case .receipts = rest {
                         // Over the chunk: the hold ends, the rest comes first in the next
@@ -415,9 +416,7 @@ final class Switchboard: Sendable {
                     }
                     posted = next
                 }
-                return board.takeEffects()
             }
-            ran.effects += effects
             for (position, (chain, outcome)) in batch.enumerated() {
                 loop?.metrics.stepsRun.add(1)
                 if let reply = outcome.reply, let answer = chain.decide(reply) { ran.answers.append((chain, answer)) }
@@ -438,7 +437,9 @@ final class Switchboard: Sendable {
 
     /// Runs one step in the current hold of its shard, with what its chain ties the hold's
     /// commit unit to.
-    private func run(_ posted: PostedStep, on board: inout SwitchboardState) -> StepOutcome {
+    private func run(
+        _ posted: PostedStep, on board: inout SwitchboardState, into effects: inout [SwitchboardEffect]
+    ) -> StepOutcome {
         let chain = posted.chain
         // Tied before the step runs: a fan-out it starts keeps the message for its later
         // holds, and a hold that helps another message's fan-out ties its unit to that
@@ -452,7 +453,7 @@ final class Switchboard: Sendable {
         } else if let group = chain.group {
             board.join(group)
         }
-        let outcome = board.handle(posted.step, now: chain.now)
+        let outcome = board.handle(posted.step, now: chain.now, into: &effects)
         if let message = chain.message, journalsMessage, let queued = outcome.queued { board.recordPart(queued, of: message) }
         return outcome
     }

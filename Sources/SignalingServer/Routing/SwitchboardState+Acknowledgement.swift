@@ -140,10 +140,10 @@ extension SwitchboardState {
     /// A cumulative ACK from the device's live connection: a violation, or what it hands on
     /// (receipts for senders on other shards, the rest of a long acknowledgement).
     mutating func ack(
-        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64
+        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64, into effects: inout [SwitchboardEffect]
     ) -> (violation: ProtocolViolation?, next: [ShardStep]) {
         var next: [ShardStep] = []
-        let violation = ack(device, connection: connection, through: seq, handingOn: &next)
+        let violation = ack(device, connection: connection, through: seq, handingOn: &next, into: &effects)
         return (violation, next)
     }
 
@@ -151,14 +151,15 @@ extension SwitchboardState {
     /// ACK without a store gives its receipts for other shards' senders straight to the
     /// callback's outgoing steps (`EventLoop.acknowledge`).
     mutating func ack<Next: StepsHandedOn>(
-        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64, handingOn next: inout Next
+        _ device: DeviceRecord, connection: ConnectionRef, through seq: UInt64, handingOn next: inout Next,
+        into effects: inout [SwitchboardEffect]
     ) -> ProtocolViolation? {
         assertOwns(device)
         guard device.connection == connection else { return nil }  // a late ACK from an evicted connection
         guard seq <= device.lastSeq else {
             return ProtocolViolation(.invalidSequence, "ACK \(seq) is beyond the last event sent (\(device.lastSeq))")
         }
-        acknowledge(device, through: seq, handingOn: &next)
+        acknowledge(device, through: seq, handingOn: &next, into: &effects)
         return nil
     }
 
@@ -173,18 +174,20 @@ extension SwitchboardState {
     /// events and, when more are left, hands on the step that takes the rest (or, with one
     /// in progress already, lets that one go on to `seq`). Returns the steps to run next:
     /// the chunk's receipts for senders on other shards, then the continuation.
-    mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64) -> [ShardStep] {
+    mutating func acknowledge(_ device: DeviceRecord, through seq: UInt64, into effects: inout [SwitchboardEffect]) -> [ShardStep] {
         var next: [ShardStep] = []
-        acknowledge(device, through: seq, handingOn: &next)
+        acknowledge(device, through: seq, handingOn: &next, into: &effects)
         return next
     }
 
     /// `acknowledge(_:through:)` handing its steps to `next`, in the same order.
-    mutating func acknowledge<Next: StepsHandedOn>(_ device: DeviceRecord, through seq: UInt64, handingOn next: inout Next) {
+    mutating func acknowledge<Next: StepsHandedOn>(
+        _ device: DeviceRecord, through seq: UInt64, handingOn next: inout Next, into effects: inout [SwitchboardEffect]
+    ) {
         let inProgress = acknowledgements.of(device)
         guard seq > max(device.ackedSeq, inProgress?.through ?? 0) else { return }
         journal(.acknowledge(user: device.userID, device: device.deviceID, through: seq))
-        takeAcknowledgedChunk(of: device, through: seq, handingOn: &next)
+        takeAcknowledgedChunk(of: device, through: seq, handingOn: &next, into: &effects)
         if let inProgress {
             inProgress.through = seq  // its next hold goes on to here
         } else if device.ackedSeq < seq {
@@ -195,11 +198,11 @@ extension SwitchboardState {
 
     /// The next chunk of acknowledgement `id`, and the step for the one after, if any.
     /// Nothing when the device was forgotten meanwhile.
-    mutating func continueAcknowledgement(_ user: String, id: UInt64) -> StepOutcome {
+    mutating func continueAcknowledgement(_ user: String, id: UInt64, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         guard let acknowledgement = acknowledgements[id] else { return StepOutcome(reply: nil) }
         let device = acknowledgement.device
         var next: [ShardStep] = []
-        takeAcknowledgedChunk(of: device, through: acknowledgement.through, handingOn: &next)
+        takeAcknowledgedChunk(of: device, through: acknowledgement.through, handingOn: &next, into: &effects)
         if device.ackedSeq < acknowledgement.through {
             next.append(.continueAcknowledgement(user: user, id: id))
         } else {
@@ -224,7 +227,7 @@ extension SwitchboardState {
     /// two chunks. Hands `next` the receipts for other shards' senders and the steps of
     /// receipts whose copies take several holds, in the order of the events.
     private mutating func takeAcknowledgedChunk<Next: StepsHandedOn>(
-        of device: DeviceRecord, through seq: UInt64, handingOn next: inout Next
+        of device: DeviceRecord, through seq: UInt64, handingOn next: inout Next, into effects: inout [SwitchboardEffect]
     ) {
         let shareQueue = ShareQueue.device(ObjectIdentifier(device))
         let sharesTracked = sharesTracked(shareQueue, count: device.queue.count)
@@ -248,7 +251,7 @@ extension SwitchboardState {
             guard let receipt else { continue }
             // The sender's shard as the receipt carries it: no hash per receipt.
             if Int(receipt.senderShard) == shardMap.index {
-                let delivered = deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall)
+                let delivered = deliverReceipt(receipt, recipientDevice: device.deviceID, serverTime: currentWall, into: &effects)
                 work += delivered.copies
                 for step in delivered.next { next.handOn(step) }
             } else {
@@ -269,13 +272,13 @@ extension SwitchboardState {
     /// runner runs before anything else for this shard (`Switchboard.drive`), then the
     /// receipts' own steps: the sender's devices get the receipts in the batch's order
     /// (a receipt made while another's copies are still going out waits for them).
-    mutating func deliverReceipts(_ batch: ReceiptBatch) -> StepOutcome {
+    mutating func deliverReceipts(_ batch: ReceiptBatch, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         var work = 0
         var delivered = 0
         var broadcasts: [ShardStep] = []
         for item in batch.receipts {
             guard work < configuration.ackChunk else { break }
-            let made = deliverReceipt(item.receipt, recipientDevice: item.recipientDevice, serverTime: item.serverTime)
+            let made = deliverReceipt(item.receipt, recipientDevice: item.recipientDevice, serverTime: item.serverTime, into: &effects)
             work += max(1, made.copies)
             if !made.next.isEmpty { broadcasts += made.next }  // usually empty: no call
             delivered += 1

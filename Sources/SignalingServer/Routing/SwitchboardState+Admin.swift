@@ -43,7 +43,9 @@ extension SwitchboardState {
     /// Gives the device a new session id, so that no connection can resume the old one,
     /// and closes its live connection (CLOSE sessionUnknown, action fresh): the device must
     /// start a new session. Its pending events stay and go to the new session.
-    mutating func revokeSession(user userID: String, device deviceID: String) -> Result<Void, AdminRefusal> {
+    mutating func revokeSession(
+        user userID: String, device deviceID: String, into effects: inout [SwitchboardEffect]
+    ) -> Result<Void, AdminRefusal> {
         guard users[userID] != nil else { return .failure(.unknownUser(userID)) }
         guard let device = device(userID, deviceID) else { return .failure(.unknownDevice(user: userID, device: deviceID)) }
         var random = FastRandom()
@@ -62,7 +64,9 @@ extension SwitchboardState {
     /// peerDisconnected, as if its device had vanished and its grace had passed). Returns
     /// the number of devices removed, and the steps that end its calls in other shards.
     /// Messages it sent that wait in other users' queues stay theirs.
-    mutating func forgetUser(_ userID: String, now: Instant) -> (Result<Int, AdminRefusal>, next: [ShardStep]) {
+    mutating func forgetUser(
+        _ userID: String, now: Instant, into effects: inout [SwitchboardEffect]
+    ) -> (Result<Int, AdminRefusal>, next: [ShardStep]) {
         guard knows(userID) else { return (.failure(.unknownUser(userID)), []) }
         let removed = Array(devices(of: userID))
         // Every connection goes first, so that nothing below sees one of the user's devices
@@ -83,10 +87,10 @@ extension SwitchboardState {
         // Calls to the user: nobody is left to answer, whatever its devices were doing
         // (ringing, still to be rung in a later chunk, woken by push, or in their grace).
         for call in activities[userID]?.calls ?? [] where call.isLive {
-            ended.merge(calleeVanished(call, missedBy: []))
+            ended.merge(calleeVanished(call, missedBy: [], into: &effects))
         }
         // Calls from the user: their callees' devices are told in the callees' shards.
-        for device in removed { ended.merge(callerGone(device)) }
+        for device in removed { ended.merge(callerGone(device, into: &effects)) }
         for device in removed {
             removeDevice(device)
             journal(.removeDevice(user: userID, device: device.deviceID))

@@ -116,14 +116,15 @@ extension SwitchboardState {
     /// (none: all done). A broadcast of a chunk or fewer with none in progress for the user
     /// is queued whole now, as before chunks.
     mutating func broadcast(
-        _ event: QueuedEvent, to devices: [DeviceRecord], of user: String, skipping: DeviceRecord? = nil
+        _ event: QueuedEvent, to devices: [DeviceRecord], of user: String, skipping: DeviceRecord? = nil,
+        into effects: inout [SwitchboardEffect]
     ) -> [ShardStep] {
         guard !devices.isEmpty else { return [] }
         if !broadcastInProgress(for: user) && devices.count <= configuration.fanOutChunk {
-            for device in devices where device !== skipping { enqueue(event, to: device) }
+            for device in devices where device !== skipping { enqueue(event, to: device, into: &effects) }
             return []
         }
-        return start(event, of: user, listed: devices[...], cursor: nil, skipping: skipping)
+        return start(event, of: user, listed: devices[...], cursor: nil, skipping: skipping, into: &effects)
     }
 
     /// Queues `event` to every device of `user`, as `broadcast(_:to:of:skipping:)` does,
@@ -132,20 +133,23 @@ extension SwitchboardState {
     /// (the usual case: a handful of devices, a receipt for every message). `startsGroup`:
     /// with a store, a broadcast that takes several holds starts a commit group with the
     /// current hold's unit if it has none (`start`).
-    mutating func broadcastToEveryDevice(_ event: QueuedEvent, of user: String, startsGroup: Bool = false) -> [ShardStep] {
+    mutating func broadcastToEveryDevice(
+        _ event: QueuedEvent, of user: String, startsGroup: Bool = false, into effects: inout [SwitchboardEffect]
+    ) -> [ShardStep] {
         guard let first = users[user] else { return [] }
         guard !broadcastInProgress(for: user) else {
-            return start(event, of: user, listed: [], cursor: first, skipping: nil, startsGroup: startsGroup)
+            return start(event, of: user, listed: [], cursor: first, skipping: nil, startsGroup: startsGroup, into: &effects)
         }
         var next: DeviceRecord? = first
         var budget = configuration.fanOutChunk
         while budget > 0, let device = next {
-            enqueue(event, to: device)
+            enqueue(event, to: device, into: &effects)
             next = device.next
             budget -= 1
         }
         guard let rest = next else { return [] }
-        return start(event, of: user, listed: [], cursor: rest, skipping: nil, startsGroup: startsGroup, firstChunkDone: true)
+        return start(event, of: user, listed: [], cursor: rest, skipping: nil, startsGroup: startsGroup, firstChunkDone: true,
+            into: &effects)
     }
 
     /// Whether `user` has a broadcast in progress. Every one is in `broadcasts` too (entered
@@ -166,7 +170,7 @@ extension SwitchboardState {
     /// before it runs (`Switchboard.run`), so it starts none.
     private mutating func start(
         _ event: QueuedEvent, of user: String, listed: ArraySlice<DeviceRecord>, cursor: DeviceRecord?, skipping: DeviceRecord?,
-        startsGroup: Bool = false, firstChunkDone: Bool = false
+        startsGroup: Bool = false, firstChunkDone: Bool = false, into effects: inout [SwitchboardEffect]
     ) -> [ShardStep] {
         var group = journaling ? committingGroup : nil
         if journaling && group == nil && startsGroup {
@@ -182,7 +186,7 @@ extension SwitchboardState {
         let waits = !activity.broadcasts.isEmpty
         activity.broadcasts.push(broadcast)
         broadcasts[broadcast.id] = broadcast
-        if !waits && !firstChunkDone { broadcastChunk(of: activity) }
+        if !waits && !firstChunkDone { broadcastChunk(of: activity, into: &effects) }
         guard broadcasts[broadcast.id] != nil else { return [] }
         return [.continueBroadcast(user: user, id: broadcast.id)]
     }
@@ -190,20 +194,20 @@ extension SwitchboardState {
     /// Broadcast `id`'s step: runs the next chunk of the user's broadcast in progress (its
     /// own, or, while it waits, the one ahead of it), and returns itself again until its
     /// broadcast is finished (nothing: finished meanwhile, or its user forgotten).
-    mutating func continueBroadcast(_ user: String, id: UInt64) -> StepOutcome {
+    mutating func continueBroadcast(_ user: String, id: UInt64, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         guard broadcasts[id] != nil else { return StepOutcome(reply: nil) }
         guard let activity = activities[user], !activity.broadcasts.isEmpty else {
             broadcasts[id] = nil  // not in its user's list: cannot happen, but must not spin
             return StepOutcome(reply: nil)
         }
-        broadcastChunk(of: activity)
+        broadcastChunk(of: activity, into: &effects)
         guard broadcasts[id] != nil else { return StepOutcome(reply: nil) }
         return StepOutcome(reply: nil, next: [.continueBroadcast(user: user, id: id)])
     }
 
     /// Queues the next chunk of the user's broadcast in progress (the head of its list),
     /// its changes a unit of that broadcast's group; a finished broadcast leaves the list.
-    private mutating func broadcastChunk(of activity: UserActivity) {
+    private mutating func broadcastChunk(of activity: UserActivity, into effects: inout [SwitchboardEffect]) {
         guard let head = activity.broadcasts.first else { return }
         if let group = head.group {
             assert(deferredMessage == nil, "a message's hold ran a chunk of a broadcast")
@@ -215,12 +219,12 @@ extension SwitchboardState {
             budget -= 1
             guard device !== head.skipping else { continue }
             if !head.forgotten.isEmpty && head.forgotten.contains(ObjectIdentifier(device)) { continue }
-            enqueue(head.event, to: device)
+            enqueue(head.event, to: device, into: &effects)
         }
         while budget > 0, let device = head.cursor {
             head.cursor = device.next
             budget -= 1
-            if device !== head.skipping { enqueue(head.event, to: device) }
+            if device !== head.skipping { enqueue(head.event, to: device, into: &effects) }
         }
         guard head.isFinished else { return }
         activity.broadcasts.pop()

@@ -13,7 +13,9 @@ import SignalingSupport
 extension SwitchboardState {
     typealias Reply = Result<Void, RequestError>
 
-    mutating func invite(callID: String, callee: String, offer: [UInt8], from device: DeviceRecord, now: Instant) -> StepOutcome {
+    mutating func invite(
+        callID: String, callee: String, offer: [UInt8], from device: DeviceRecord, now: Instant, into effects: inout [SwitchboardEffect]
+    ) -> StepOutcome {
         assertOwns(device)
         guard callee != device.userID else { return .answered(.failure(RequestError(.cannotCallSelf, "you cannot call yourself"))) }
         if let existing = outgoingCall(callID, of: device.userID) {
@@ -24,12 +26,13 @@ extension SwitchboardState {
         if let refusal = admitSender(device.userID, bytes: offer.count, now: now) { return .answered(.failure(refusal)) }
         guard callDirectory.claim(callID) else { return .answered(.failure(callIDInUse(callID))) }
         activity(device.userID).outgoingCalls.append(OutgoingCall(callID: callID, callee: callee, device: device))
-        return handOn(.invite(CallInvitation(callID: callID, caller: DeviceAddress(device), callee: callee, offer: offer)), now: now)
+        return handOn(.invite(CallInvitation(callID: callID, caller: DeviceAddress(device), callee: callee, offer: offer)), now: now,
+            into: &effects)
     }
 
     /// The callee's step of an invite: rings the callee's devices, or ends the call at once
     /// when there is nobody to ring or wake.
-    mutating func ring(_ invitation: CallInvitation, now: Instant) -> StepOutcome {
+    mutating func ring(_ invitation: CallInvitation, now: Instant, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         // The id was claimed in the directory by the caller's shard: no other call has it.
         let callID = invitation.callID, callee = invitation.callee
         let invitationEvent = makeEvent(.callIncoming(
@@ -51,17 +54,17 @@ extension SwitchboardState {
             // Nobody to ring and nobody to wake: the caller learns at once.
             call.state = .ended(.unreachable)
             callDirectory.release(callID)
-            outcome.merge(toCaller(call, callEnded(call, .unreachable, peer: callee)))
-            outcome.merge(toCaller(call, .closed))
+            outcome.merge(toCaller(call, callEnded(call, .unreachable, peer: callee), into: &effects))
+            outcome.merge(toCaller(call, .closed, into: &effects))
             return outcome
         }
         calls[callID] = call
         activity(callee).calls.append(call)
         call.toRing = online[...]
         // Offline devices are rung when they connect (see `attach`); wake them now.
-        for target in wakeable { wakeUpOffline(target, .call) }
+        for target in wakeable { wakeUpOffline(target, .call, into: &effects) }
         scheduleRingTimeout(call, now: now)
-        outcome.next += ringChunk(call)
+        outcome.next += ringChunk(call, into: &effects)
         return outcome
     }
 
@@ -70,7 +73,7 @@ extension SwitchboardState {
     /// cancelled or ended meanwhile: the rest is never rung). A device that lost its
     /// connection meanwhile (or was forgotten) is skipped, rung when it connects again;
     /// one rung meanwhile because it connected again (`ringIfCalled`) is not rung twice.
-    mutating func ringChunk(_ call: CallRecord) -> [ShardStep] {
+    mutating func ringChunk(_ call: CallRecord, into effects: inout [SwitchboardEffect]) -> [ShardStep] {
         guard call.isLive, call.state.isUnanswered else {
             call.toRing = []
             return []
@@ -78,7 +81,7 @@ extension SwitchboardState {
         let end = min(call.toRing.endIndex, call.toRing.startIndex + configuration.fanOutChunk)
         // A device rung meanwhile (it connected again, `ringIfCalled`) is not rung twice.
         for target in call.toRing[..<end] where target.isOnline && call.markRung(target) {
-            enqueue(call.invitation, to: target)
+            enqueue(call.invitation, to: target, into: &effects)
         }
         call.toRing = call.toRing[end...]
         guard call.toRing.isEmpty else { return [.continueRing(callee: call.callee, callID: call.callID)] }
@@ -87,12 +90,12 @@ extension SwitchboardState {
     }
 
     /// The next chunk of call `callID`'s ringing (nothing if the call is gone).
-    mutating func continueRing(callee: String, callID: String) -> StepOutcome {
+    mutating func continueRing(callee: String, callID: String, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         guard let call = calls[callID], call.callee == callee else { return StepOutcome(reply: nil) }
-        return StepOutcome(reply: nil, next: ringChunk(call))
+        return StepOutcome(reply: nil, next: ringChunk(call, into: &effects))
     }
 
-    mutating func ringing(callID: String, from device: DeviceRecord) -> StepOutcome {
+    mutating func ringing(callID: String, from device: DeviceRecord, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         let call: CallRecord
         switch lookUp(callID, calleeDevice: device) {
         case .success(let found): call = found
@@ -102,12 +105,14 @@ extension SwitchboardState {
         var outcome = StepOutcome.answered(.success(currentWall))
         if call.state == .inviting {
             call.state = .ringing
-            outcome.merge(toCaller(call, .callRang(callID: callID, device: device.deviceID)))
+            outcome.merge(toCaller(call, .callRang(callID: callID, device: device.deviceID), into: &effects))
         }
         return outcome
     }
 
-    mutating func accept(callID: String, answer: [UInt8], from device: DeviceRecord) -> StepOutcome {
+    mutating func accept(
+        callID: String, answer: [UInt8], from device: DeviceRecord, into effects: inout [SwitchboardEffect]
+    ) -> StepOutcome {
         let call: CallRecord
         switch lookUp(callID, calleeDevice: device) {
         case .success(let found): call = found
@@ -116,12 +121,14 @@ extension SwitchboardState {
         guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "accept"))) }
         call.state = .active(answeredBy: device.deviceID)
         var outcome = StepOutcome.answered(.success(currentWall))
-        outcome.merge(toCaller(call, .callAccepted(callID: callID, device: device.deviceID, answer: answer)))
-        outcome.next += notifyOtherCalleeDevices(of: call, except: device, reason: .answeredElsewhere)
+        outcome.merge(toCaller(call, .callAccepted(callID: callID, device: device.deviceID, answer: answer), into: &effects))
+        outcome.next += notifyOtherCalleeDevices(of: call, except: device, reason: .answeredElsewhere, into: &effects)
         return outcome
     }
 
-    mutating func reject(callID: String, reason: CallEndReason, from device: DeviceRecord) -> StepOutcome {
+    mutating func reject(
+        callID: String, reason: CallEndReason, from device: DeviceRecord, into effects: inout [SwitchboardEffect]
+    ) -> StepOutcome {
         let call: CallRecord
         switch lookUp(callID, calleeDevice: device) {
         case .success(let found): call = found
@@ -129,25 +136,25 @@ extension SwitchboardState {
         }
         guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "reject"))) }
         var outcome = StepOutcome.answered(.success(currentWall))
-        outcome.merge(toCaller(call, callEnded(call, reason, peer: call.callee)))
-        outcome.next += notifyOtherCalleeDevices(of: call, except: device, reason: .declinedElsewhere)
-        outcome.merge(end(call, reason))
+        outcome.merge(toCaller(call, callEnded(call, reason, peer: call.callee), into: &effects))
+        outcome.next += notifyOtherCalleeDevices(of: call, except: device, reason: .declinedElsewhere, into: &effects)
+        outcome.merge(end(call, reason, into: &effects))
         return outcome
     }
 
-    mutating func cancel(callID: String, from device: DeviceRecord) -> StepOutcome {
+    mutating func cancel(callID: String, from device: DeviceRecord, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         guard let outgoing = outgoingCall(callID, of: device.userID) else {
             guard callDirectory.contains(callID) else { return .answered(.failure(unknown(callID))) }
             return .answered(.failure(notCaller(callID)))
         }
         guard outgoing.device === device else { return .answered(.failure(notCaller(callID))) }
-        return handOn(.callerRequest(.cancel, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)))
+        return handOn(.callerRequest(.cancel, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)), into: &effects)
     }
 
-    mutating func hangUp(callID: String, from device: DeviceRecord) -> StepOutcome {
+    mutating func hangUp(callID: String, from device: DeviceRecord, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         if let outgoing = outgoingCall(callID, of: device.userID) {
             guard outgoing.device === device else { return .answered(.failure(notParty(callID))) }
-            return handOn(.callerRequest(.hangUp, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)))
+            return handOn(.callerRequest(.hangUp, callID: callID, callee: outgoing.callee, caller: DeviceAddress(device)), into: &effects)
         }
         // Another shard's call (or one to another user of this shard): not this device's.
         guard let call = calls[callID], call.callee == device.userID else {
@@ -158,50 +165,52 @@ extension SwitchboardState {
             return .answered(.failure(RequestError(.notCallParticipant, "call \(callID) was answered on device \(answeredBy)")))
         }
         var outcome = StepOutcome.answered(.success(currentWall))
-        outcome.merge(toCaller(call, callEnded(call, .hungUp, peer: device.userID)))
-        outcome.merge(end(call, .hungUp))
+        outcome.merge(toCaller(call, callEnded(call, .hungUp, peer: device.userID), into: &effects))
+        outcome.merge(end(call, .hungUp, into: &effects))
         return outcome
     }
 
     /// The callee's step of a cancel or hang-up from the calling device.
-    mutating func callerAsked(_ request: CallerRequest, callID: String, caller: DeviceAddress) -> StepOutcome {
+    mutating func callerAsked(
+        _ request: CallerRequest, callID: String, caller: DeviceAddress, into effects: inout [SwitchboardEffect]
+    ) -> StepOutcome {
         guard let call = calls[callID], call.caller == caller else { return .answered(.failure(unknown(callID))) }
         switch request {
         case .cancel:
             guard call.state.isUnanswered else { return .answered(.failure(illegal(call, "cancel"))) }
-            let ending = notifyOtherCalleeDevices(of: call, except: nil, reason: .cancelled)
-            return .answered(.success(currentWall), next: ending + end(call, .cancelled).next)
+            let ending = notifyOtherCalleeDevices(of: call, except: nil, reason: .cancelled, into: &effects)
+            return .answered(.success(currentWall), next: ending + end(call, .cancelled, into: &effects).next)
         case .hangUp:
             guard case .active(let answeredBy) = call.state else {
                 return .answered(.failure(illegal(call, "hang up (use cancel before it is answered)")))
             }
             if let answering = self.device(call.callee, answeredBy) {
-                enqueue(callEnded(call, .hungUp, peer: caller.user), to: answering)
+                enqueue(callEnded(call, .hungUp, peer: caller.user), to: answering, into: &effects)
             }
-            return .answered(.success(currentWall), next: end(call, .hungUp).next)
+            return .answered(.success(currentWall), next: end(call, .hungUp, into: &effects).next)
         }
     }
 
     // MARK: Server-generated endings
 
     /// The ring timeout passed with nobody answering: a missed call.
-    mutating func ringTimedOut(_ call: CallRecord) -> StepOutcome {
+    mutating func ringTimedOut(_ call: CallRecord, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         let reason: CallEndReason = call.rungDevices.isEmpty ? .unreachable : .noAnswer
-        var outcome = toCaller(call, callEnded(call, reason, peer: call.callee))
+        var outcome = toCaller(call, callEnded(call, reason, peer: call.callee), into: &effects)
         // Every device of the callee learns of the missed call, connected or not (a chunk
         // a hold: `DeviceBroadcast`).
         let missed = makeEvent(callEnded(call, .noAnswer, peer: call.caller.user))
-        outcome.next += broadcastToEveryDevice(missed, of: call.callee)
-        outcome.merge(end(call, reason))
+        outcome.next += broadcastToEveryDevice(missed, of: call.callee, into: &effects)
+        outcome.merge(end(call, reason, into: &effects))
         return outcome
     }
 
     /// The callee's `device` lost its connection and did not come back within the grace
     /// period.
-    mutating func partyVanished(_ call: CallRecord, _ device: DeviceRecord) -> StepOutcome {
+    mutating func partyVanished(_ call: CallRecord, _ device: DeviceRecord, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         switch call.state {
         case .active(let answeredBy) where answeredBy == device.deviceID:
-            return calleeVanished(call, missedBy: [])
+            return calleeVanished(call, missedBy: [], into: &effects)
         case .inviting, .ringing:
             // The callee is gone only when every device that was ringing, or is still to
             // be rung, is gone: a count for the rung ones (O(1)); those still to be rung
@@ -211,7 +220,7 @@ extension SwitchboardState {
             guard call.connectedRung == 0 && !call.toRing.contains(where: \.isOnline) else {
                 return StepOutcome(reply: nil)
             }
-            return calleeVanished(call, missedBy: call.rungDevices)
+            return calleeVanished(call, missedBy: call.rungDevices, into: &effects)
         default:
             return StepOutcome(reply: nil)
         }
@@ -222,38 +231,39 @@ extension SwitchboardState {
     /// peerDisconnected to the caller, noAnswer (a missed call) to `missedBy`, and the call
     /// ends. `missedBy` is empty when there is nobody to tell (an answered call, a user
     /// forgotten: its devices are being removed).
-    mutating func calleeVanished(_ call: CallRecord, missedBy: [DeviceRecord]) -> StepOutcome {
-        var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee))
+    mutating func calleeVanished(_ call: CallRecord, missedBy: [DeviceRecord], into effects: inout [SwitchboardEffect]) -> StepOutcome {
+        var outcome = toCaller(call, callEnded(call, .peerDisconnected, peer: call.callee), into: &effects)
         if !missedBy.isEmpty {
             let missed = makeEvent(callEnded(call, .noAnswer, peer: call.caller.user))
-            outcome.next += broadcast(missed, to: missedBy, of: call.callee)
+            outcome.next += broadcast(missed, to: missedBy, of: call.callee, into: &effects)
         }
-        outcome.merge(end(call, .peerDisconnected))
+        outcome.merge(end(call, .peerDisconnected, into: &effects))
         return outcome
     }
 
     /// The calling device stayed away past its grace period (or its user was forgotten:
     /// `callerGone`): the callee's step, which ends the call for the callee's devices.
-    mutating func callerVanished(callID: String, caller: DeviceAddress) -> StepOutcome {
+    mutating func callerVanished(callID: String, caller: DeviceAddress, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         guard let call = calls[callID], call.caller == caller, call.isLive else { return StepOutcome(reply: nil) }
         var ending: [ShardStep] = []
         if case .active(let answeredBy) = call.state {
             if let answering = self.device(call.callee, answeredBy) {
-                enqueue(callEnded(call, .peerDisconnected, peer: caller.user), to: answering)
+                enqueue(callEnded(call, .peerDisconnected, peer: caller.user), to: answering, into: &effects)
             }
         } else {
-            ending = notifyOtherCalleeDevices(of: call, except: nil, reason: .peerDisconnected)
+            ending = notifyOtherCalleeDevices(of: call, except: nil, reason: .peerDisconnected, into: &effects)
         }
-        var outcome = end(call, .peerDisconnected)
+        var outcome = end(call, .peerDisconnected, into: &effects)
         outcome.next = ending + outcome.next
         return outcome
     }
 
     /// The calling device `device` is gone for good: the steps that end its calls.
-    mutating func callerGone(_ device: DeviceRecord) -> StepOutcome {
+    mutating func callerGone(_ device: DeviceRecord, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         var outcome = StepOutcome(reply: nil)
         for outgoing in activities[device.userID]?.outgoingCalls ?? [] where outgoing.device === device {
-            outcome.merge(handOn(.callerVanished(callID: outgoing.callID, callee: outgoing.callee, caller: DeviceAddress(device))))
+            outcome.merge(handOn(.callerVanished(callID: outgoing.callID, callee: outgoing.callee, caller: DeviceAddress(device)),
+                into: &effects))
         }
         return outcome
     }
@@ -272,38 +282,40 @@ extension SwitchboardState {
     }
 
     /// Tells the calling device `event` (a step when it is another shard's).
-    private mutating func toCaller(_ call: CallRecord, _ event: Event) -> StepOutcome {
-        toCaller(call, .event(event))
+    private mutating func toCaller(_ call: CallRecord, _ event: Event, into effects: inout [SwitchboardEffect]) -> StepOutcome {
+        toCaller(call, .event(event), into: &effects)
     }
 
-    private mutating func toCaller(_ call: CallRecord, _ notice: CallerNotice) -> StepOutcome {
-        handOn(.toCaller(notice, callID: call.callID, caller: call.caller, number: call.nextNoticeNumber()))
+    private mutating func toCaller(_ call: CallRecord, _ notice: CallerNotice, into effects: inout [SwitchboardEffect]) -> StepOutcome {
+        handOn(.toCaller(notice, callID: call.callID, caller: call.caller, number: call.nextNoticeNumber()), into: &effects)
     }
 
     /// The caller's step of a notice from the callee's shard: applied in the order they
     /// were numbered (one that overtook an earlier one waits for it).
-    mutating func receive(_ notice: CallerNotice, callID: String, caller: DeviceAddress, number: UInt32) {
+    mutating func receive(
+        _ notice: CallerNotice, callID: String, caller: DeviceAddress, number: UInt32, into effects: inout [SwitchboardEffect]
+    ) {
         guard let outgoing = activities[caller.user]?.outgoingCalls.first(where: { $0.callID == callID && caller.names($0.device) }) else {
             // The call is no longer known here (its caller was forgotten): nothing to order.
-            apply(notice, callID: callID, caller: caller)
+            apply(notice, callID: callID, caller: caller, into: &effects)
             return
         }
         guard number == outgoing.nextNotice else {
             outgoing.earlyNotices.append((number, notice))
             return
         }
-        apply(notice, callID: callID, caller: caller)
+        apply(notice, callID: callID, caller: caller, into: &effects)
         outgoing.nextNotice += 1
         while let index = outgoing.earlyNotices.firstIndex(where: { $0.number == outgoing.nextNotice }) {
-            apply(outgoing.earlyNotices.remove(at: index).notice, callID: callID, caller: caller)
+            apply(outgoing.earlyNotices.remove(at: index).notice, callID: callID, caller: caller, into: &effects)
             outgoing.nextNotice += 1
         }
     }
 
-    private mutating func apply(_ notice: CallerNotice, callID: String, caller: DeviceAddress) {
+    private mutating func apply(_ notice: CallerNotice, callID: String, caller: DeviceAddress, into effects: inout [SwitchboardEffect]) {
         switch notice {
         case .event(let event):
-            if let device = device(caller.user, caller.device) { enqueue(event, to: device) }
+            if let device = device(caller.user, caller.device) { enqueue(event, to: device, into: &effects) }
         case .closed:
             forgetOutgoingCall(callID, of: caller)
         }
@@ -313,26 +325,28 @@ extension SwitchboardState {
         .callEnded(callID: call.callID, reason: reason, peer: peer, serverTime: currentWall)
     }
 
-    private mutating func enqueue(_ event: Event, to device: DeviceRecord) {
-        enqueue(makeEvent(event), to: device)
+    private mutating func enqueue(_ event: Event, to device: DeviceRecord, into effects: inout [SwitchboardEffect]) {
+        enqueue(makeEvent(event), to: device, into: &effects)
     }
 
     /// CALL_ENDED `reason` to every rung device of the call but `device`, a chunk a hold
     /// (`DeviceBroadcast`); returns the step for the chunks after the first.
-    private mutating func notifyOtherCalleeDevices(of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason) -> [ShardStep] {
+    private mutating func notifyOtherCalleeDevices(
+        of call: CallRecord, except device: DeviceRecord?, reason: CallEndReason, into effects: inout [SwitchboardEffect]
+    ) -> [ShardStep] {
         let event = makeEvent(callEnded(call, reason, peer: call.caller.user))
-        return broadcast(event, to: call.rungDevices, of: call.callee, skipping: device)
+        return broadcast(event, to: call.rungDevices, of: call.callee, skipping: device, into: &effects)
     }
 
     /// Drops a call from the callee's shard; the caller's shard forgets it in the step
     /// returned (its last notice).
-    private mutating func end(_ call: CallRecord, _ reason: CallEndReason) -> StepOutcome {
+    private mutating func end(_ call: CallRecord, _ reason: CallEndReason, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         call.state = .ended(reason)
         calls[call.callID] = nil
         callDirectory.release(call.callID)
         activities[call.callee]?.calls.removeAll { $0 === call }
         compactActivity(call.callee)
-        return toCaller(call, .closed)
+        return toCaller(call, .closed, into: &effects)
     }
 
     private func lookUp(_ callID: String, calleeDevice device: DeviceRecord) -> Result<CallRecord, RequestError> {

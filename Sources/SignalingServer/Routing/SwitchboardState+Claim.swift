@@ -58,10 +58,10 @@ extension SwitchboardState {
     /// Starts `device`'s claim of the messages held for its user, if any wait and no claim
     /// is in progress: claims the first chunk in this hold and returns the step that claims
     /// the rest (nil: nothing left).
-    mutating func startClaim(_ activity: UserActivity, for device: DeviceRecord) -> ShardStep? {
+    mutating func startClaim(_ activity: UserActivity, for device: DeviceRecord, into effects: inout [SwitchboardEffect]) -> ShardStep? {
         guard !activity.held.isEmpty, activity.claim == nil else { return nil }
         beginClaim(activity, for: device)
-        return claimChunk(activity, user: device.userID)
+        return claimChunk(activity, user: device.userID, into: &effects)
     }
 
     /// Makes `device` the one claiming the user's held messages, under a new claim id.
@@ -72,9 +72,9 @@ extension SwitchboardState {
 
     /// The next chunk of claim `id` of `user`'s held messages; nothing if the claim is over
     /// (finished by the holds of messages that waited for it, or its device forgotten).
-    mutating func continueClaim(_ user: String, id: UInt64) -> StepOutcome {
+    mutating func continueClaim(_ user: String, id: UInt64, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         guard let activity = activities[user], activity.claim?.id == id else { return StepOutcome(reply: nil) }
-        return StepOutcome(reply: nil, next: claimChunk(activity, user: user).map { [$0] } ?? [])
+        return StepOutcome(reply: nil, next: claimChunk(activity, user: user, into: &effects).map { [$0] } ?? [])
     }
 
     /// Whether a message to `user` must wait for a claim of held messages: messages are
@@ -96,12 +96,12 @@ extension SwitchboardState {
     /// this hold claims the next chunk (starting a claim for the user's newest device if
     /// none is in progress), committed on its own, and the message tries again in a hold
     /// of its own.
-    mutating func helpClaim(of user: String, before message: ShardStep) -> StepOutcome {
+    mutating func helpClaim(of user: String, before message: ShardStep, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         commitsAlone()
         if let activity = activities[user] {
             if activity.claim == nil, let newest = users[user] { beginClaim(activity, for: newest) }
             // The claim's own step (if it has one) finds it over, or goes on.
-            _ = claimChunk(activity, user: user)
+            _ = claimChunk(activity, user: user, into: &effects)
         }
         return StepOutcome(reply: nil, next: [message])
     }
@@ -109,7 +109,7 @@ extension SwitchboardState {
     /// Queues the next chunk of held messages to the claiming device, from the front of the
     /// list, and releases them in the store. Returns the step for the rest, nil when the
     /// list is empty (the claim is over).
-    private mutating func claimChunk(_ activity: UserActivity, user: String) -> ShardStep? {
+    private mutating func claimChunk(_ activity: UserActivity, user: String, into effects: inout [SwitchboardEffect]) -> ShardStep? {
         guard let claim = activity.claim else { return nil }
         let count = min(activity.held.count, configuration.fanOutChunk)
         let sharesTracked = sharesTracked(.held(user), count: activity.held.count)
@@ -122,7 +122,7 @@ extension SwitchboardState {
             if event !== QueuedEvent.placeholder { counters.pendingEvents -= 1 }  // again as it is enqueued
             if !event.isCancelled {
                 event.wasClaimed = true
-                enqueue(event, to: claim.device, heldOrdinal: ordinal)
+                enqueue(event, to: claim.device, heldOrdinal: ordinal, into: &effects)
             }
             ordinal += 1
         }

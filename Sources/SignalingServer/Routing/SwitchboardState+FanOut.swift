@@ -189,7 +189,7 @@ extension SwitchboardState {
     /// the message's deferred OK already (`Switchboard.run`): the fan-out keeps it for its
     /// later holds, and its event is the message's part in this shard (`DeferredReply.add`:
     /// a refusal by the store cancels it, even while chunks are still being queued).
-    mutating func startFanOut(_ message: DeliveredMessage, now: Instant) -> StepOutcome {
+    mutating func startFanOut(_ message: DeliveredMessage, now: Instant, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         let event = messageEvent(message)
         event.awaitsDecision = true
         nextFanOutID += 1
@@ -198,7 +198,7 @@ extension SwitchboardState {
             committedWith: deferredMessage)
         fanOuts[fanOut.id] = fanOut
         activity(message.recipient).fanOut = fanOut
-        var outcome = continueFanOut(message.recipient, id: fanOut.id, now: now)
+        var outcome = continueFanOut(message.recipient, id: fanOut.id, now: now, into: &effects)
         outcome.queued = event
         return outcome
     }
@@ -210,7 +210,7 @@ extension SwitchboardState {
     /// Returns the step that queues the rest and then takes the message to the recipient's
     /// shard; or the refusal, with nothing queued, if the first chunk found a full queue.
     mutating func startCopies(
-        of message: DeliveredMessage, sending: DeviceRecord?
+        of message: DeliveredMessage, sending: DeviceRecord?, into effects: inout [SwitchboardEffect]
     ) -> Result<MessageAcceptance, RequestError> {
         let event = messageEvent(message)
         event.awaitsDecision = true
@@ -222,7 +222,7 @@ extension SwitchboardState {
         activity.copies[fanOut.id] = fanOut
         activity.syncing.push(fanOut)
         activity.undecidedMessages[message.messageID] = UndecidedMessage(serverTime: message.serverTime, copies: fanOut)
-        if activity.syncing.count == 1 { queueChunk(of: fanOut) }
+        if activity.syncing.count == 1 { queueChunk(of: fanOut, into: &effects) }
         if case .withdrawing = fanOut.phase, case .failure(let refusal)? = fanOut.reply {
             // Refused by the first chunk, which queued nothing: as one hold would.
             finish(fanOut)
@@ -245,14 +245,14 @@ extension SwitchboardState {
     /// The step that started fan-out `id` (to `user`'s devices, or of `user`'s message to
     /// its other devices) runs its next chunk, or takes its answer when another message's
     /// holds have finished it.
-    mutating func continueFanOut(_ user: String, id: UInt64, now: Instant) -> StepOutcome {
-        if let copies = activities[user]?.copies[id] { return continueCopies(copies) }
+    mutating func continueFanOut(_ user: String, id: UInt64, now: Instant, into effects: inout [SwitchboardEffect]) -> StepOutcome {
+        if let copies = activities[user]?.copies[id] { return continueCopies(copies, into: &effects) }
         guard let fanOut = fanOuts[id] else {
             return .answered(.failure(RequestError(.internalError, "fan-out \(id) to \(user) is gone")))
         }
-        advance(fanOut)
+        advance(fanOut, into: &effects)
         var outcome = StepOutcome(reply: nil)
-        if let settle = fanOut.settle.take() { outcome.merge(handOn(settle, now: now)) }
+        if let settle = fanOut.settle.take() { outcome.merge(handOn(settle, now: now, into: &effects)) }
         if case .finished = fanOut.phase {
             fanOuts[id] = nil
             outcome.reply = fanOut.reply
@@ -267,15 +267,15 @@ extension SwitchboardState {
     /// own, or the one it waits behind); once all are, the message goes to the recipient's
     /// shard (in this message's own chain, whichever step queued its last chunk); once it
     /// is decided (`settleMessage`), the next chunk to wake or withdraw.
-    private mutating func continueCopies(_ fanOut: FanOut) -> StepOutcome {
+    private mutating func continueCopies(_ fanOut: FanOut, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         var outcome = StepOutcome(reply: nil)
         switch fanOut.phase {
         case .queueing:
             // (Never itself missing from the list while queueing; if it were, it goes on alone.)
-            advance(activities[fanOut.user]?.syncing.first ?? fanOut)
+            advance(activities[fanOut.user]?.syncing.first ?? fanOut, into: &effects)
         case .awaitingDecision: break
         default:
-            advance(fanOut)
+            advance(fanOut, into: &effects)
         }
         if case .finished = fanOut.phase {
             outcome.reply = fanOut.reply
@@ -289,9 +289,9 @@ extension SwitchboardState {
 
     /// A message to a user whose fan-out is in progress waits for it: this hold runs that
     /// fan-out's next chunk, and the message tries again in a hold of its own.
-    mutating func helpFanOut(_ fanOut: FanOut, before message: ShardStep) -> StepOutcome {
+    mutating func helpFanOut(_ fanOut: FanOut, before message: ShardStep, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         // The other fan-out's answer, and its settle step, are its own step's (`continueFanOut`).
-        advance(fanOut)
+        advance(fanOut, into: &effects)
         return StepOutcome(reply: nil, next: [message])
     }
 
@@ -316,14 +316,14 @@ extension SwitchboardState {
     /// hold's changes are a unit of the fan-out's message, whichever message's step runs it
     /// (a hold that helps another message's fan-out does nothing else: that message tries
     /// again in a hold of its own).
-    private mutating func advance(_ fanOut: FanOut) {
+    private mutating func advance(_ fanOut: FanOut, into effects: inout [SwitchboardEffect]) {
         if let message = fanOut.committedWith { deferReply(message, answers: false, queued: nil) }
         switch fanOut.phase {
-        case .queueing: queueChunk(of: fanOut)
+        case .queueing: queueChunk(of: fanOut, into: &effects)
         case .announcing(let chunk):
             if chunk < fanOut.copiedTo.count {
                 for (device, seq) in fanOut.copiedTo[chunk] where isLiveCopy(of: fanOut, device, seq) {
-                    announce(device, about: fanOut.event)
+                    announce(device, about: fanOut.event, into: &effects)
                 }
                 fanOut.copiedTo[chunk] = []
             }
@@ -333,7 +333,7 @@ extension SwitchboardState {
                 for (device, seq) in fanOut.copiedTo[chunk] where isLiveCopy(of: fanOut, device, seq) {
                     // As if never queued (its number a hole); a pump stopped before it goes on.
                     withdraw(fanOut.event, seq: seq, from: device)
-                    if device.isOnline { announce(device, about: fanOut.event) }
+                    if device.isOnline { announce(device, about: fanOut.event, into: &effects) }
                 }
                 fanOut.copiedTo[chunk] = []
             }
@@ -345,7 +345,7 @@ extension SwitchboardState {
     /// Queues the copy to the next chunk of devices, all or none of them, and decides the
     /// message (the recipient's side), or ends the copying (the sender's), when it has
     /// reached the last device or found one it cannot take.
-    private mutating func queueChunk(of fanOut: FanOut) {
+    private mutating func queueChunk(of fanOut: FanOut, into effects: inout [SwitchboardEffect]) {
         let message = fanOut.message
         var chunk: [DeviceRecord] = []
         chunk.reserveCapacity(configuration.fanOutChunk)
@@ -364,7 +364,7 @@ extension SwitchboardState {
         }
         var copied: [(device: DeviceRecord, seq: UInt64)] = []
         copied.reserveCapacity(chunk.count)
-        for device in chunk where enqueue(fanOut.event, to: device) { copied.append((device, device.lastSeq)) }
+        for device in chunk where enqueue(fanOut.event, to: device, into: &effects) { copied.append((device, device.lastSeq)) }
         fanOut.copiedTo.append(copied)
         fanOut.cursor = next
         guard next == nil else { return }

@@ -32,9 +32,11 @@ struct MessageAcceptance {
 extension SwitchboardState {
     /// Accepts a message from a device and queues it to the recipient's devices and to the
     /// sender's other devices.
-    mutating func send(_ message: OutgoingMessage, from device: DeviceRecord, now: Instant) -> Result<MessageAcceptance, RequestError> {
+    mutating func send(
+        _ message: OutgoingMessage, from device: DeviceRecord, now: Instant, into effects: inout [SwitchboardEffect]
+    ) -> Result<MessageAcceptance, RequestError> {
         assertOwns(device)
-        return send(message, sender: device.userID, senderDevice: device.deviceID, sendingDevice: device, now: now)
+        return send(message, sender: device.userID, senderDevice: device.deviceID, sendingDevice: device, now: now, into: &effects)
     }
 
     /// Accepts a message from `sender` (a device of it, `sendingDevice`, or a system sender
@@ -44,7 +46,8 @@ extension SwitchboardState {
     /// event, so a cancelled message is cancelled everywhere; only the recipient's
     /// acknowledgements produce receipts (`acknowledge`).
     mutating func send(
-        _ message: OutgoingMessage, sender: String, senderDevice: String, sendingDevice: DeviceRecord?, now: Instant
+        _ message: OutgoingMessage, sender: String, senderDevice: String, sendingDevice: DeviceRecord?, now: Instant,
+        into effects: inout [SwitchboardEffect]
     ) -> Result<MessageAcceptance, RequestError> {
         // Each user's activity and device list are looked up once here, a hash of the id
         // each (the checks below looked them up again: about 1,500 instructions per message,
@@ -70,7 +73,7 @@ extension SwitchboardState {
         let senderDevices = devices(of: sender)
         // More copies than one hold takes: a chunk a hold, then the recipient's side as a step.
         if syncs && copiesInChunks(senderActivity, senderDevices, sending: sendingDevice) {
-            return startCopies(of: delivered, sending: sendingDevice)
+            return startCopies(of: delivered, sending: sendingDevice, into: &effects)
         }
         let copies = syncs ? senderDevices.filter { $0 !== sendingDevice } : []
         // The recipient's, when this shard holds it (the sender's for a note to oneself).
@@ -80,7 +83,7 @@ extension SwitchboardState {
         // side is a step of its own (`deliverMessage`).
         guard let recipient, !fansOutInChunks(recipient.activity, recipient.devices) else {
             if let full = copies.first(where: { !hasRoom($0) }) { return .failure(backlogFull(full)) }
-            let undecided = queueUndecidedCopies(of: delivered, to: copies)
+            let undecided = queueUndecidedCopies(of: delivered, to: copies, into: &effects)
             activity(sender).undecidedMessages[message.messageID] = undecided
             return .success(MessageAcceptance(
                 serverTime: delivered.serverTime, event: undecided.copy, handOff: .deliverMessage(MessageHandOff(delivered))))
@@ -91,8 +94,8 @@ extension SwitchboardState {
             return .failure(refusal)
         }
         let event = messageEvent(delivered)
-        queue(event, for: delivered.recipient, targets: targets, holdForUser: holdForUser, now: now)
-        for copy in copies { enqueue(event, to: copy) }
+        queue(event, for: delivered.recipient, targets: targets, holdForUser: holdForUser, now: now, into: &effects)
+        for copy in copies { enqueue(event, to: copy, into: &effects) }
         rememberMessageID(
             message.messageID, sender: sender, serverTime: delivered.serverTime, now: now,
             in: senderActivity ?? activity(sender))
@@ -121,17 +124,17 @@ extension SwitchboardState {
     /// A recipient with more devices than one hold takes gets them in chunks (`FanOut`), and
     /// a message to a user whose fan-out, or claim of held messages, is in progress waits
     /// for it.
-    mutating func deliverMessage(_ handOff: MessageHandOff, now: Instant) -> StepOutcome {
+    mutating func deliverMessage(_ handOff: MessageHandOff, now: Instant, into effects: inout [SwitchboardEffect]) -> StepOutcome {
         let message = handOff.message
         // The recipient's activity and devices, looked up once (as in `send`).
         let activity = activities[message.recipient]
         let devices = devices(of: message.recipient)
         // After every message held for the user (`HeldClaim`).
-        if awaitsClaim(activity, devices) { return helpClaim(of: message.recipient, before: .deliverMessage(handOff)) }
+        if awaitsClaim(activity, devices) { return helpClaim(of: message.recipient, before: .deliverMessage(handOff), into: &effects) }
         if let inProgress = activity?.fanOut {
-            return helpFanOut(inProgress, before: .deliverMessage(handOff))
+            return helpFanOut(inProgress, before: .deliverMessage(handOff), into: &effects)
         }
-        if fansOutInChunks(activity, devices) { return startFanOut(message, now: now) }
+        if fansOutInChunks(activity, devices) { return startFanOut(message, now: now, into: &effects) }
         // A note to oneself skips the sending device, as `send` does (it comes here when it
         // waited for a claim or a fan-out). The list walked, not copied into an array: an
         // array was an allocation and a retain and a release of every device per message
@@ -146,25 +149,27 @@ extension SwitchboardState {
             outcome = .answered(.failure(refusal))
         } else {
             let event = messageEvent(message)
-            queue(event, for: message.recipient, targets: targets, holdForUser: holdForUser, now: now)
+            queue(event, for: message.recipient, targets: targets, holdForUser: holdForUser, now: now, into: &effects)
             counters.messagesAccepted += 1
             accepted = true
             outcome = .answered(.success(message.serverTime))
             outcome.queued = event
         }
-        outcome.merge(handOn(.settleMessage(handOff, accepted: accepted), now: now))
+        outcome.merge(handOn(.settleMessage(handOff, accepted: accepted), now: now, into: &effects))
         return outcome
     }
 
     /// The sender's first step of a message to another shard's user: its copy queued to
     /// each of `copies` (which have room, and fit in one hold), not to be written before
     /// the decision.
-    private mutating func queueUndecidedCopies(of message: DeliveredMessage, to copies: [DeviceRecord]) -> UndecidedMessage {
+    private mutating func queueUndecidedCopies(
+        of message: DeliveredMessage, to copies: [DeviceRecord], into effects: inout [SwitchboardEffect]
+    ) -> UndecidedMessage {
         guard !copies.isEmpty else { return UndecidedMessage(serverTime: message.serverTime) }
         let copy = messageEvent(message)
         copy.awaitsDecision = true
         var copiedTo: [(device: DeviceRecord, seq: UInt64)] = []
-        for device in copies where enqueue(copy, to: device) { copiedTo.append((device, device.lastSeq)) }
+        for device in copies where enqueue(copy, to: device, into: &effects) { copiedTo.append((device, device.lastSeq)) }
         return UndecidedMessage(serverTime: message.serverTime, copy: copy, copiedTo: copiedTo)
     }
 
@@ -173,7 +178,9 @@ extension SwitchboardState {
     /// cancelled and the id is free again. Nothing if the sender was forgotten meanwhile.
     /// Copies that went in chunks are woken or withdrawn in chunks too, by the returned step
     /// (`settleCopies`).
-    mutating func settleMessage(_ message: DeliveredMessage, accepted decided: Bool, now: Instant) -> StepOutcome {
+    mutating func settleMessage(
+        _ message: DeliveredMessage, accepted decided: Bool, now: Instant, into effects: inout [SwitchboardEffect]
+    ) -> StepOutcome {
         guard let activity = activities[message.sender],
             let undecided = activity.undecidedMessages.removeValue(forKey: message.messageID)
         else { return StepOutcome(reply: nil) }
@@ -188,12 +195,12 @@ extension SwitchboardState {
             let known = KnownDevices(of: message.sender, in: self, checking: undecided.copiedTo.count)
             for (device, seq) in undecided.copiedTo where known.contains(device) {
                 if accepted {
-                    if device.queue.event(seq) === copy { announce(device, about: copy) }
+                    if device.queue.event(seq) === copy { announce(device, about: copy, into: &effects) }
                 } else {
                     // Refused: as if never queued (its number stays a hole), and the
                     // device's pump, stopped before it, goes on.
                     withdraw(copy, seq: seq, from: device)
-                    if device.isOnline { announce(device, about: copy) }
+                    if device.isOnline { announce(device, about: copy, into: &effects) }
                 }
             }
         }
@@ -244,12 +251,13 @@ extension SwitchboardState {
     /// Queues `event` to the recipient's `targets`, or holds it for the recipient, which
     /// has no device (`holdForUser`).
     private mutating func queue(
-        _ event: QueuedEvent, for recipient: String, targets: some Sequence<DeviceRecord>, holdForUser: Bool, now: Instant
+        _ event: QueuedEvent, for recipient: String, targets: some Sequence<DeviceRecord>, holdForUser: Bool, now: Instant,
+        into effects: inout [SwitchboardEffect]
     ) {
         if holdForUser {
             hold(event, for: recipient, now: now)
         } else {
-            for target in targets { enqueue(event, to: target) }
+            for target in targets { enqueue(event, to: target, into: &effects) }
         }
     }
 

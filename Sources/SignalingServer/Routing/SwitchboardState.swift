@@ -34,7 +34,9 @@ struct SwitchboardConfiguration: Sendable {
     var ackChunk = SwitchboardState.ackChunk
 }
 
-/// Something the event loops must do after the switchboard changed state.
+/// Something the event loops must do after the switchboard changed state. Operations
+/// append them to the array their caller passes (`into effects:`), which the caller carries
+/// out after the hold (`EventLoop.apply`, `LoopDispatch`).
 enum SwitchboardEffect: Equatable, Sendable {
     /// New events are ready for the device behind this connection: write them.
     case wake(ConnectionRef)
@@ -188,9 +190,13 @@ extension SwitchboardCounters {
 
 /// The routing core: users, devices, sessions, queues and calls, as a pure state machine.
 ///
-/// Every operation takes the current time as an argument and records what the event loops
-/// must do as `effects` (take them with `takeEffects()`), and, when a store is attached,
-/// what must be made durable (`takeCommitUnit()`). Nothing here does I/O or reads a clock.
+/// Every operation takes the current time as an argument and appends what the event loops
+/// must do to the caller's `effects` (its `into:` argument, in the order decided), and,
+/// when a store is attached, records what must be made durable (`takeCommitUnit()`).
+/// The effects are the caller's from the start: no operation leaves any behind in the
+/// state for the next hold to find (as a buffer kept here and emptied by a `takeEffects()`
+/// did, when a caller forgot to take them), and a caller with no connections to wake (a
+/// benchmark, a test) drops them visibly. Nothing here does I/O or reads a clock.
 /// The server keeps one instance behind the `Switchboard` lock; tests drive it directly.
 ///
 /// With a store (`journaling`), an event is written to a connected device at once
@@ -259,8 +265,6 @@ struct SwitchboardState {
     /// Session ids come from here (no system call per handshake).
     private var random = FastRandom()
 
-    /// What the loops must do (the admin operations append too; taken by `takeEffects`).
-    var effects: [SwitchboardEffect] = []
     private var unit = CommitUnit()
 
     // Deadlines. Each FIFO's kind has a constant length, so the FIFO is in deadline order.
@@ -304,11 +308,6 @@ struct SwitchboardState {
         dedupWindowNanoseconds = configuration.dedupWindow.wholeNanoseconds
         self.epoch = epoch
         self.journaling = journaling
-    }
-
-    mutating func takeEffects() -> [SwitchboardEffect] {
-        defer { effects = [] }
-        return effects
     }
 
     /// The durable changes made since the last call (nil when there are none).
@@ -462,7 +461,8 @@ struct SwitchboardState {
     /// Binds a connection to its device after a HELLO: resumes the device's session or
     /// starts a new one, and evicts an older connection of the same device.
     mutating func attach(
-        userID: String, deviceID: String, resume: ResumePoint?, connection: ConnectionRef, now: Instant
+        userID: String, deviceID: String, resume: ResumePoint?, connection: ConnectionRef, now: Instant,
+        into effects: inout [SwitchboardEffect]
     ) -> Result<AttachGrant, ProtocolViolation> {
         var device = self.device(userID, deviceID)
         var sentSeq: UInt64
@@ -482,7 +482,7 @@ struct SwitchboardState {
                     .invalidSequence,
                     "resume point \(resume.lastReceivedSeq) is beyond the last event sent (\(known.lastSeq))"))
             }
-            receipts = acknowledge(known, through: resume.lastReceivedSeq)
+            receipts = acknowledge(known, through: resume.lastReceivedSeq, into: &effects)
             sentSeq = max(acknowledgedSeq(of: known), resume.lastReceivedSeq)
             resumed = true
         } else if let known = device {
@@ -520,8 +520,8 @@ struct SwitchboardState {
         if let activity = activities[userID] {
             // Messages that waited for this user's first device: the first chunk now, the
             // rest in steps of their own (a call rings at once, ahead of the rest).
-            claim = startClaim(activity, for: record)
-            ringIfCalled(record, activity, reconnected: reconnected)
+            claim = startClaim(activity, for: record, into: &effects)
+            ringIfCalled(record, activity, reconnected: reconnected, into: &effects)
         }
         return .success(AttachGrant(
             record: record, sessionID: record.sessionID, resumed: resumed, ackedSeq: acknowledgedSeq(of: record), sentSeq: sentSeq,
@@ -532,10 +532,12 @@ struct SwitchboardState {
     /// the call's next chunk if it was still to be rung: `CallRecord.markRung`); one rung
     /// before that had lost its connection (`reconnected`) counts as connected again. Costs
     /// a set look-up per call ringing the user, whatever the number of its devices.
-    private mutating func ringIfCalled(_ device: DeviceRecord, _ activity: UserActivity, reconnected: Bool) {
+    private mutating func ringIfCalled(
+        _ device: DeviceRecord, _ activity: UserActivity, reconnected: Bool, into effects: inout [SwitchboardEffect]
+    ) {
         for call in activity.calls where call.callee == device.userID && call.state.isUnanswered {
             if call.markRung(device) {
-                enqueue(call.invitation, to: device)
+                enqueue(call.invitation, to: device, into: &effects)
             } else if reconnected {
                 call.rungDeviceConnected(device)
             }
@@ -599,7 +601,9 @@ struct SwitchboardState {
     /// `heldOrdinal`: the event was held for the device's user under this ordinal, and the
     /// store copies it from there (its body may no longer be in memory).
     @discardableResult
-    mutating func enqueue(_ event: QueuedEvent, to device: DeviceRecord, heldOrdinal: UInt64? = nil) -> Bool {
+    mutating func enqueue(
+        _ event: QueuedEvent, to device: DeviceRecord, heldOrdinal: UInt64? = nil, into effects: inout [SwitchboardEffect]
+    ) -> Bool {
         guard device.queue.count < configuration.maxPendingEvents else {
             counters.eventsDropped += 1
             return false
@@ -636,13 +640,13 @@ struct SwitchboardState {
                 // the store batch drops it before it reaches the disk). Its number is
                 // reserved, so a crash before the commit cannot make it reused.
                 device.writableSeq = seq
-                if !event.awaitsDecision { announce(device, about: event) }
+                if !event.awaitsDecision { announce(device, about: event, into: &effects) }
             } else {
                 unit.durable.append((device, seq, event))
             }
         } else {
             device.writableSeq = seq
-            if !event.awaitsDecision { announce(device, about: event) }
+            if !event.awaitsDecision { announce(device, about: event, into: &effects) }
         }
         return true
     }
@@ -682,19 +686,23 @@ struct SwitchboardState {
     }
 
     /// Events up to `seq` of `device` are committed: they may be written now.
-    mutating func markDurable(_ device: DeviceRecord, through seq: UInt64, about event: QueuedEvent) {
+    mutating func markDurable(
+        _ device: DeviceRecord, through seq: UInt64, about event: QueuedEvent, into effects: inout [SwitchboardEffect]
+    ) {
         guard seq > device.writableSeq else { return }
         device.writableSeq = seq
-        announce(device, about: event)
+        announce(device, about: event, into: &effects)
     }
 
-    mutating func announce(_ device: DeviceRecord, about event: QueuedEvent) {
-        announce(device, event.wakeUpKind, conversation: event.receipt?.sender)
+    mutating func announce(_ device: DeviceRecord, about event: QueuedEvent, into effects: inout [SwitchboardEffect]) {
+        announce(device, event.wakeUpKind, conversation: event.receipt?.sender, into: &effects)
     }
 
     /// Wakes the device's connection, or asks for a push wake-up if it has none (whether
     /// one is sent depends on the gateway; without one it is only logged).
-    private mutating func announce(_ device: DeviceRecord, _ kind: WakeUpKind, conversation: String? = nil) {
+    private mutating func announce(
+        _ device: DeviceRecord, _ kind: WakeUpKind, conversation: String? = nil, into effects: inout [SwitchboardEffect]
+    ) {
         if let connection = device.connection {
             if !device.wakePending {
                 device.wakePending = true
@@ -712,9 +720,9 @@ struct SwitchboardState {
 
     /// Asks for a push wake-up of an offline device without queueing anything (a call
     /// rings a device only once it connects).
-    mutating func wakeUpOffline(_ device: DeviceRecord, _ kind: WakeUpKind) {
+    mutating func wakeUpOffline(_ device: DeviceRecord, _ kind: WakeUpKind, into effects: inout [SwitchboardEffect]) {
         guard !device.isOnline else { return }
-        announce(device, kind)
+        announce(device, kind, into: &effects)
     }
 
     /// Hands `body` the next events to write to `connection` after `sentSeq`, with their
@@ -787,7 +795,9 @@ struct SwitchboardState {
     /// is started for the current hold if it has none: `group(for:)` takes it on), so
     /// the acknowledgement and every copy of its receipts are still committed together.
     @discardableResult
-    mutating func deliverReceipt(_ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64) -> (copies: Int, next: [ShardStep]) {
+    mutating func deliverReceipt(
+        _ receipt: DeliveryReceipt, recipientDevice: String, serverTime: UInt64, into effects: inout [SwitchboardEffect]
+    ) -> (copies: Int, next: [ShardStep]) {
         // Not counted in the memory ledger: a receipt is small and made for every
         // delivery (a fan-out makes thousands a second), and what a device can hold of
         // them is bounded by --max-pending.
@@ -797,7 +807,7 @@ struct SwitchboardState {
                 serverTime: serverTime),
             createdAt: currentWall, createdNanos: currentNanos)
         let before = counters.eventsQueued
-        let next = broadcastToEveryDevice(delivered, of: receipt.sender, startsGroup: true)
+        let next = broadcastToEveryDevice(delivered, of: receipt.sender, startsGroup: true, into: &effects)
         return (counters.eventsQueued - before, next)
     }
 
@@ -908,7 +918,7 @@ struct SwitchboardState {
     /// device expiry) still runs first. What is due but waits for the next call is late by
     /// one hold of the lock, never early.
     @discardableResult
-    mutating func expire(now: Instant, budget: Int = SwitchboardState.expiryBudget) -> ExpiryPass {
+    mutating func expire(now: Instant, budget: Int = SwitchboardState.expiryBudget, into effects: inout [SwitchboardEffect]) -> ExpiryPass {
         var budget = budget
         var outcome = StepOutcome(reply: nil)
         let nowSecond = second(now)
@@ -920,7 +930,7 @@ struct SwitchboardState {
             budget -= 1
             ringExpiry.pop()
             if entry.call.isLive && entry.call.state.isUnanswered {
-                outcome.merge(ringTimedOut(entry.call))
+                outcome.merge(ringTimedOut(entry.call, into: &effects))
                 budget = max(0, budget - (counters.eventsQueued - counted))
                 counted = counters.eventsQueued
             }
@@ -932,7 +942,7 @@ struct SwitchboardState {
             // Only the check of the party's latest disconnect acts: after a resume and
             // another loss, the earlier check would end the call early.
             if entry.call.isLive && !device.isOnline && entry.call.graceDeadline(of: device) == entry.deadline {
-                outcome.merge(partyVanished(entry.call, device))
+                outcome.merge(partyVanished(entry.call, device, into: &effects))
                 budget = max(0, budget - (counters.eventsQueued - counted))
                 counted = counters.eventsQueued
             }
@@ -945,7 +955,8 @@ struct SwitchboardState {
             if !call.device.isOnline && call.graceDeadline == entry.deadline
                 && activities[call.device.userID]?.outgoingCalls.contains(where: { $0 === call }) == true
             {
-                outcome.merge(handOn(.callerVanished(callID: call.callID, callee: call.callee, caller: DeviceAddress(call.device))))
+                outcome.merge(handOn(.callerVanished(callID: call.callID, callee: call.callee, caller: DeviceAddress(call.device)),
+                    into: &effects))
             }
         }
         while let device = takeDueExpiry(.session, at: nowSecond, budget: &budget) {

@@ -206,6 +206,7 @@ struct CommittedRelease: Sendable {
     /// confirmed; returns the effects (wakes of the devices concerned). Cost: one step per
     /// change of the units.
     func apply(to board: inout SwitchboardState) -> [SwitchboardEffect] {
+        var effects: [SwitchboardEffect] = []
         let shard = board.shardMap.index
         // Committed messages that nobody connected is about to receive leave memory.
         for message in messages where message.shard == shard {
@@ -216,9 +217,9 @@ struct CommittedRelease: Sendable {
             for (device, through) in unit.reservations { board.confirmReservation(device, through: through) }
             // A refused message's events stay unwritable (and wake nobody up).
             guard unit.reply?.isRefused != true else { continue }
-            for (device, seq, event) in unit.durable { board.markDurable(device, through: seq, about: event) }
+            for (device, seq, event) in unit.durable { board.markDurable(device, through: seq, about: event, into: &effects) }
         }
-        return board.takeEffects()
+        return effects
     }
 }
 
