@@ -39,17 +39,32 @@ struct LoopRealtimeTests {
         #expect(supervision.observe(now: start + .seconds(7), ramping: true, busiestLoopShare: 1) == nil, "already down")
     }
 
-    @Test("the loops drop back when the hypervisor steals 2 % of the host's CPU time or more, and rise again after a calm second without")
+    @Test("the loops drop back when the hypervisor steals 1 % of the host's CPU time or more, and rise again only after a calm minute without")
     func supervisionGivesWayToSteal() {
         var supervision = LoopRealtimeSupervision()
-        #expect(supervision.observe(now: start, ramping: false, busiestLoopShare: 0.3, stolenShare: 0.019) == nil)
-        #expect(supervision.observe(now: start + .seconds(1), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.019) == .raise)
-        #expect(supervision.observe(now: start + .seconds(2), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.02) == .lower(.steal))
+        #expect(supervision.observe(now: start, ramping: false, busiestLoopShare: 0.3, stolenShare: 0.009) == nil)
+        #expect(supervision.observe(now: start + .seconds(1), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.009) == .raise)
+        #expect(supervision.observe(now: start + .seconds(2), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.01) == .lower(.steal))
         #expect(supervision.observe(now: start + .seconds(3), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.05) == nil, "already down")
+        // Calm from 4 s: a second is not enough after steal, a minute is.
         #expect(supervision.observe(now: start + .seconds(4), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.001) == nil)
-        #expect(supervision.observe(now: start + .seconds(5), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.001) == .raise)
-        // A ramp counts first: the reason is the ramp, whatever the host steals.
-        #expect(supervision.observe(now: start + .seconds(6), ramping: true, busiestLoopShare: 0.3, stolenShare: 0.5) == .lower(.ramp))
+        #expect(supervision.observe(now: start + .seconds(5), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.001) == nil)
+        #expect(supervision.observe(now: start + .seconds(63), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == nil)
+        // Steal again within the minute: the minute starts over.
+        #expect(supervision.observe(now: start + .seconds(63) + .milliseconds(500), ramping: false, busiestLoopShare: 0.3, stolenShare: 0.02) == nil)
+        #expect(supervision.observe(now: start + .seconds(64), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(123) + .milliseconds(999), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(124), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == .raise)
+        // Up again, a ramp lowers for a second's calm as before.
+        #expect(supervision.observe(now: start + .seconds(125), ramping: true, busiestLoopShare: 0.3, stolenShare: 0) == .lower(.ramp))
+        #expect(supervision.observe(now: start + .seconds(126), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(127), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == .raise)
+        // A ramp counts first: the reason is the ramp, whatever the host steals; the steal
+        // still asks for the calm minute.
+        #expect(supervision.observe(now: start + .seconds(128), ramping: true, busiestLoopShare: 0.3, stolenShare: 0.5) == .lower(.ramp))
+        #expect(supervision.observe(now: start + .seconds(129), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(130), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == nil)
+        #expect(supervision.observe(now: start + .seconds(189), ramping: false, busiestLoopShare: 0.3, stolenShare: 0) == .raise)
     }
 
     @Test("the host's stolen time is read from /proc/stat's cpu line, its share taken between two readings")
@@ -159,13 +174,17 @@ struct LoopRealtimeTests {
         }
         #expect(server.server.loopThreadRealtimePriorities == [0, 0], "the hypervisor steals: back to the normal policy")
         #expect(server.server.loopRealtimeChanges.map { $0.raises == 1 && $0.loweredForSteal == 1 } == true)
-        // No more steal: up again after a calm second, once the next window has been judged.
+        // No more steal: up again after a calm minute of the server's clock, which starts
+        // once the next window of real time has been judged.
         try host(total: 3_000, steal: 50)
-        while server.server.loopThreadRealtimePriorities != [2, 2] && SystemClock().now() < deadline + .seconds(10) {
-            try server.advance(by: .milliseconds(250))
+        var calm: Duration = .zero
+        while server.server.loopThreadRealtimePriorities != [2, 2] && SystemClock().now() < deadline + .seconds(20) {
+            try server.advance(by: .seconds(5))
+            calm += .seconds(5)
             usleep(50_000)
         }
         #expect(server.server.loopThreadRealtimePriorities == [2, 2])
+        #expect(calm >= LoopRealtimeSupervision.stealCalm, "up after \(calm) without steal")
         #expect(server.server.loopRealtimeChanges.map { $0.raises == 2 } == true)
     }
 

@@ -183,7 +183,7 @@ extension AdminAPI {
         out.family("voipserver_loops_realtime", .gauge, "1 while the event loops run under SCHED_FIFO (--loop-realtime), 0 while at the normal policy (a ramp of connections, a saturated loop, the hypervisor stealing CPU time, off or not permitted).")
         out.sample("voipserver_loops_realtime", [:], context.loopPriority?.realtimeNow.load(ordering: .relaxed) == true ? 1 : 0)
         if let control = context.loopPriority {
-            out.family("voipserver_loops_realtime_changes_total", .counter, "Moves of the event loops to SCHED_FIFO after a calm second (to=\"realtime\") and back to the normal policy for a ramp of connections, a saturated loop or the hypervisor stealing 2 % or more of the host's CPU time (to=\"normal\").")
+            out.family("voipserver_loops_realtime_changes_total", .counter, "Moves of the event loops to SCHED_FIFO after a calm second, a calm minute after steal (to=\"realtime\"), and back to the normal policy for a ramp of connections, a saturated loop or the hypervisor stealing 1 % or more of the host's CPU time (to=\"normal\").")
             out.sample("voipserver_loops_realtime_changes_total", ["to": "realtime", "reason": "calm"], control.raises.load(ordering: .relaxed))
             out.sample("voipserver_loops_realtime_changes_total", ["to": "normal", "reason": "ramp"], control.loweredForRamp.load(ordering: .relaxed))
             out.sample("voipserver_loops_realtime_changes_total", ["to": "normal", "reason": "saturated"], control.loweredSaturated.load(ordering: .relaxed))

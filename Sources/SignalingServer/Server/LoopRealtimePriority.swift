@@ -102,15 +102,27 @@ struct LoopRealtimeSupervision: Equatable, Sendable {
     /// time) to count as saturated: a loop with slack sleeps in `epoll_wait` for more.
     static let saturatedShare = 0.9
     /// The share of the host's CPU time (all CPUs) stolen by the hypervisor over a window
-    /// that lowers the loops: 2 % is 4 % of a core on 2 vCPUs, where the test VM's quiet
-    /// hours steal under 1 % of a core and its bad ones 6-10 %.
-    static let stealShare = 0.02
+    /// that lowers the loops: 1 % is 2 % of a core on 2 vCPUs, where the test VM's quiet
+    /// hours steal under 1 % of a core and its bad ones 6-10 %. (2 % until 4 December 2026:
+    /// runs with 1-3 % of a core stolen, under that, already had real-time loops' paced
+    /// p99 at 418 µs against 160 µs at the normal policy, docs/LOAD-TESTING.md.)
+    static let stealShare = 0.01
+    /// How long the loops stay at the normal policy once the hypervisor was seen stealing,
+    /// with no steal since, before they rise: a VM's steal comes in episodes of minutes (a
+    /// neighbour's busy spell), whose quiet seconds `raiseAfter` alone would take for the
+    /// end, raising the loops into the next burst. A minute at the normal policy costs a
+    /// little latency while calm (tens of µs of closed-loop p99 on the test VM); a burst met
+    /// at real-time costs milliseconds.
+    static let stealCalm: Duration = .seconds(60)
 
     /// Whether the loops run at the real-time priority now.
     private(set) var realtime = false
     /// Since when every look has found no ramp, no saturation and no steal (nil: the last
     /// one did).
     private var calmSince: Instant?
+    /// The calm the loops need before they rise: `raiseAfter`, or `stealCalm` once a look
+    /// found steal (back to `raiseAfter` when they rise).
+    private var calmNeeded = Self.raiseAfter
 
     /// Loop 0's tick at `now`: whether devices are connecting in a ramp (`ConnectionRamp`),
     /// the largest share of the time since the previous look that any loop ran, and the
@@ -120,6 +132,9 @@ struct LoopRealtimeSupervision: Equatable, Sendable {
             ramping ? .ramp
             : busiestLoopShare >= Self.saturatedShare ? .saturated
             : stolenShare >= Self.stealShare ? .steal : nil
+        // Steal counts whatever else the look found (a ramp is the reason given): the
+        // loops then wait out `stealCalm`, whether they were at real-time or not.
+        if stolenShare >= Self.stealShare { calmNeeded = Self.stealCalm }
         if let reason {
             calmSince = nil
             guard realtime else { return nil }
@@ -131,8 +146,9 @@ struct LoopRealtimeSupervision: Equatable, Sendable {
             calmSince = now
             return nil
         }
-        guard now - since >= Self.raiseAfter else { return nil }
+        guard now - since >= calmNeeded else { return nil }
         realtime = true
+        calmNeeded = Self.raiseAfter
         return .raise
     }
 }

@@ -331,7 +331,7 @@ public final class SignalingServer: Sendable {
         control.control(loops)
         context.logger.info("loop_realtime", [
             "priority": control.priority,
-            "detail": "the loops run under SCHED_FIFO once connections stop ramping, while none is saturated and while the hypervisor steals under 2 % of the host's CPU time; at the normal policy until then",
+            "detail": "the loops run under SCHED_FIFO once connections stop ramping, while none is saturated and while the hypervisor steals under 1 % of the host's CPU time (a minute after it last did); at the normal policy until then",
         ])
         return "\(control.priority)"
     }
