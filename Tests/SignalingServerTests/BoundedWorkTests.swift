@@ -228,6 +228,63 @@ struct IncrementalTableTests {
         #expect(growths >= 10)
     }
 
+    @Test("a table larger than a segment gets each segment's storage at its first write, and frees a drained table's a segment at a time")
+    func segmentsAllocatedAndFreedOneAtATime() {
+        let size = SlotSegments<Int>.segmentSlots
+        let empty = Array(repeating: -1, count: size)
+        var slots = SlotSegments(count: 8 * size, sharing: empty)
+        #expect(slots.allocatedSegments(sharing: empty) == 0, "a new table is one shared segment")
+        #expect(slots[5 * size + 7] == -1)
+        slots[5 * size + 7] = 42
+        slots[5 * size + 8] = 43
+        #expect(slots.allocatedSegments(sharing: empty) == 1)
+        #expect(slots[5 * size + 7] == 42 && slots[5 * size + 8] == 43 && slots[7] == -1)
+        #expect(empty.allSatisfy { $0 == -1 }, "the shared segment is never written")
+        slots[0] = 1
+        slots.swapAt(0, 5 * size + 7)
+        #expect(slots[0] == 42 && slots[5 * size + 7] == 1 && slots.allocatedSegments(sharing: empty) == 2)
+        slots.free(before: 5 * size + 8)
+        var seen: [Int] = []
+        slots.forEach { if $0 != -1 { seen.append($0) } }
+        #expect(seen == [1, 43], "the segments before the sixth are freed, the rest kept")
+    }
+
+    @Test("a probe of the old table skips its drained part and ends where it started when the rest has no empty slot")
+    func probeOfDrainedTableEnds() throws {
+        // 48 keys whose home slots in a table of 64 are its second half: they fill slots
+        // 32-63 and wrap round into 0-15. The 49th insert grows the table; the next change
+        // drains slots 0-31 of the old one, whose rest (32-63) then has no empty slot.
+        let keys = (0...).lazy.map { "k\($0)" }.filter { $0.hashValue & 63 >= 32 }
+        var table = IncrementalHashTable<KeyedValue<String, Int>>(capacity: 48)
+        for (number, key) in keys.prefix(48).enumerated() { table.insert(KeyedValue(hashKey: key, value: number)) }
+        #expect(table.capacitySlots == 64 && !table.isGrowing)
+        table.insert(KeyedValue(hashKey: "grows", value: 48))
+        #expect(table.capacitySlots == 128 && table.isGrowing)
+        #expect(table.remove("not there") == nil)  // a change: slots 0-31 of the old table drained
+        #expect(table.isGrowing)
+        let absent = try #require(keys.first { key in !keys.prefix(48).contains(key) })
+        #expect(table[absent] == nil, "a probe of the old table's full tail ends")
+        for (number, key) in keys.prefix(48).enumerated() { #expect(table[key]?.value == number, "\(key) lost") }
+        #expect(table["grows"]?.value == 48)
+    }
+
+    @Test("tens of thousands of keys across segmented growths: every key found, removed keys gone")
+    func manyKeysAcrossSegmentedGrowths() {
+        var table = IncrementalDictionary<String, Int>()
+        for number in 0..<50_000 {
+            table["k\(number)"] = number
+            if number % 3 == 0 { table["k\(number / 2)"] = nil }
+        }
+        var expected: [String: Int] = [:]
+        for number in 0..<50_000 {
+            expected["k\(number)"] = number
+            if number % 3 == 0 { expected["k\(number / 2)"] = nil }
+        }
+        #expect(table.count == expected.count)
+        for (key, value) in expected { #expect(table[key] == value, "\(key)") }
+        #expect(table["k\(0)"] == nil && table["absent"] == nil)
+    }
+
     @Test("a sender's message ids grow with at most N/32 messages migrating a table of N slots")
     func senderMessageIDsGrowIncrementally() {
         var state = SwitchboardState(configuration: SwitchboardConfiguration(), epoch: now)

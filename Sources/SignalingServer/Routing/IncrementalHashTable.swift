@@ -23,12 +23,17 @@ protocol HashTableEntry {
 ///
 /// Cost: a lookup hashes its key once and probes one table, two while growing; an insert or
 /// removal adds at most `migrationStep` (32) visited slots and as many re-inserted entries,
-/// about a microsecond (a re-insert hashes its key). What is not bounded: allocating the
-/// new table and filling its slots (`MemoryLayout<Slot>.stride` bytes each: 8 for a class
-/// entry, 24 for a string key and a word), once per doubling: 9-44 ms for the 2 million
-/// slots of a million message ids, up to 108 ms for a million users' activity records.
-/// Memory: a slot per 3/8 to 3/4 of an entry, no storage at all until the first insert
-/// (most users' tables stay empty or tiny).
+/// about a microsecond (a re-insert hashes its key). A table larger than a segment
+/// (`SlotSegments`) is allocated a segment at a time, at the segment's first write, and a
+/// drained one freed a segment at a time as the drain passes it, so that no change
+/// allocates, fills or frees more than one (`MemoryLayout<Slot>.stride` × 4,096 bytes: 32 KB
+/// for a class entry, 96 KB for a string key and a word). Allocated and filled in one go,
+/// the new table took 9-44 ms for the 2 million slots of a million message ids, up to 108
+/// ms for a million users' activity records, and freeing the old one in the change that
+/// ended its drain 10-15 ms (`Tools/routing-bench growth`; now 0.3-3 ms at worst).
+/// Memory: a slot per 3/8 to 3/4 of an entry (less while a new table's segments are
+/// unwritten), and one shared empty segment once a table has grown past a segment; no
+/// storage at all until the first insert (most users' tables stay empty or tiny).
 ///
 /// Not thread-safe: owned like the shard state that holds it.
 struct IncrementalHashTable<Entry: HashTableEntry> {
@@ -45,9 +50,12 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
     }
 
     /// The current table: every insert goes here. Empty until the first insert.
-    private var slots: [Slot] = []
+    private var slots = SlotSegments<Slot>()
     /// While growing, the previous table, drained from `drainCursor` on; empty otherwise.
-    private var draining: [Slot] = []
+    private var draining = SlotSegments<Slot>()
+    /// A segment of empty slots that every segment of a new table shares until its first
+    /// write copies it (made at the first growth past one segment).
+    private var emptySegment: [Slot] = []
     private var drainCursor = 0
     private(set) var count = 0
     /// The current table's size at the first insert (a power of two).
@@ -65,12 +73,15 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
     }
 
     /// Whether an old table is still being drained.
-    var isGrowing: Bool { !draining.isEmpty }
+    var isGrowing: Bool { draining.count > 0 }
 
     var isEmpty: Bool { count == 0 }
 
     /// Slots in the current table (0 before the first insert).
     var capacitySlots: Int { slots.count }
+
+    /// Segments of the current table that have storage of their own (for tests).
+    var allocatedSegments: Int { slots.allocatedSegments(sharing: emptySegment) }
 
     subscript(key: Key) -> Entry? {
         guard count > 0 else { return nil }
@@ -84,7 +95,7 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
     @discardableResult
     mutating func insert(_ entry: Entry) -> Entry? {
         migrateStep()
-        if slots.isEmpty { slots = Array(repeating: .empty, count: firstSize) }
+        if slots.count == 0 { slots = table(of: firstSize) }
         let hash = entry.hashKey.hashValue
         var (index, replaced) = findCurrent(entry.hashKey, hash: hash)
         if replaced == nil {
@@ -127,7 +138,9 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
     /// Hands `body` every entry, in no particular order.
     func forEach(_ body: (Entry) throws -> Void) rethrows {
         for table in [slots, draining] {
-            for case .occupied(let entry) in table { try body(entry) }
+            try table.forEach { slot in
+                if case .occupied(let entry) = slot { try body(entry) }
+            }
         }
     }
 
@@ -141,6 +154,7 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
 
     /// The slot holding `key` in the current table and its entry, or the empty slot where
     /// it would go and nil.
+    @inline(__always)
     private func findCurrent(_ key: Key, hash: Int) -> (index: Int, entry: Entry?) {
         let mask = slots.count - 1
         var index = hash & mask
@@ -152,15 +166,25 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
     }
 
     /// The slot holding `key` in the old table, if it is still there.
+    ///
+    /// The slots before `drainCursor` are drained (moved, or empty from the start), and their
+    /// segments may be freed already, so a probe never reads them: a key still in the old
+    /// table sits at or after the cursor, and no slot between its home and it was empty, so
+    /// a probe whose home lies before the cursor starts at the cursor, and one that runs off
+    /// the table's end goes on at the cursor, not at 0. The part after the cursor may hold
+    /// no empty slot near the drain's end: a probe stops where it started.
     private func findDraining(_ key: Key, hash: Int) -> Int? {
-        guard !draining.isEmpty else { return nil }
-        let mask = draining.count - 1
-        var index = hash & mask
+        guard draining.count > 0 else { return nil }
+        let start = max(hash & (draining.count - 1), drainCursor)
+        var index = start
         while true {
             switch draining[index] {
             case .empty: return nil
             case .occupied(let entry) where entry.hashKey == key: return index
-            case .occupied, .vacated: index = (index + 1) & mask
+            case .occupied, .vacated:
+                index += 1
+                if index == draining.count { index = drainCursor }
+                if index == start { return nil }
             }
         }
     }
@@ -192,7 +216,15 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
         while isGrowing { migrateStep() }
         draining = slots
         drainCursor = 0
-        slots = Array(repeating: .empty, count: draining.count * 2)
+        slots = table(of: draining.count * 2)
+    }
+
+    /// A table of `size` empty slots: one segment of its own up to a segment's size, else
+    /// segments that share `emptySegment` (made here the first time).
+    private mutating func table(of size: Int) -> SlotSegments<Slot> {
+        guard size > SlotSegments<Slot>.segmentSlots else { return SlotSegments(Array(repeating: .empty, count: size)) }
+        if emptySegment.isEmpty { emptySegment = Array(repeating: .empty, count: SlotSegments<Slot>.segmentSlots) }
+        return SlotSegments(count: size, sharing: emptySegment)
     }
 
     /// Moves the entries of the next `migrationStep` slots of the old table to the current
@@ -207,7 +239,104 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
             draining[index] = .vacated
         }
         drainCursor = end
-        if drainCursor == draining.count { draining = [] }
+        if drainCursor == draining.count {
+            draining = SlotSegments()
+        } else {
+            // A segment at a time as the drain passes it, not the whole table at its end:
+            // destroying a million slots took 10-15 ms in the change that ended the drain.
+            draining.free(before: drainCursor)
+        }
+    }
+}
+
+/// A hash table's slots in segments of `segmentSlots` (4,096), so that a table twice as
+/// large costs, when it is made, an array of one reference per segment: every segment of it
+/// is the table's one empty segment, shared, until the first write to it copies it
+/// (copy-on-write), a segment at a time. A table of one segment or less is an array of its
+/// own size. Reads are an index into the segment list and one into the segment: two
+/// bounds checks where a flat array had one.
+struct SlotSegments<Element> {
+    static var segmentShift: Int { 12 }
+    static var segmentSlots: Int { 1 << segmentShift }
+
+    /// A table of one segment or less: its slots (empty otherwise). Read as a flat array,
+    /// as before segments: most tables never grow past one.
+    private var flat: [Element]
+    /// A larger table: its segments (empty otherwise); those before `freedSegments` are
+    /// freed (`free(before:)`).
+    private var segments: [[Element]]
+    private var freedSegments = 0
+    /// Slots in all (a power of two; 0: no storage).
+    let count: Int
+
+    init() {
+        flat = []
+        segments = []
+        count = 0
+    }
+
+    /// A table of one segment: `slots` (at most `segmentSlots`).
+    init(_ slots: [Element]) {
+        precondition(slots.count <= Self.segmentSlots)
+        flat = slots
+        segments = []
+        count = slots.count
+    }
+
+    /// A table of `count` slots (a multiple of `segmentSlots`), every segment `empty`'s
+    /// storage until it is written.
+    init(count: Int, sharing empty: [Element]) {
+        precondition(count % Self.segmentSlots == 0 && empty.count == Self.segmentSlots)
+        flat = []
+        segments = Array(repeating: empty, count: count >> Self.segmentShift)
+        self.count = count
+    }
+
+    subscript(index: Int) -> Element {
+        @inline(__always) get {
+            if count <= Self.segmentSlots { return flat[index] }
+            return segments[index &>> Self.segmentShift][index & (Self.segmentSlots - 1)]
+        }
+        @inline(__always) set {
+            if count <= Self.segmentSlots {
+                flat[index] = newValue
+            } else {
+                segments[index &>> Self.segmentShift][index & (Self.segmentSlots - 1)] = newValue
+            }
+        }
+    }
+
+    mutating func swapAt(_ first: Int, _ second: Int) {
+        if count <= Self.segmentSlots { return flat.swapAt(first, second) }
+        let kept = self[first]
+        self[first] = self[second]
+        self[second] = kept
+    }
+
+    /// Frees the segments wholly before `index` (a table of one segment keeps it): they
+    /// are never read again.
+    mutating func free(before index: Int) {
+        guard count > Self.segmentSlots else { return }
+        let end = index &>> Self.segmentShift
+        while freedSegments < end {
+            segments[freedSegments] = []
+            freedSegments += 1
+        }
+    }
+
+    func forEach(_ body: (Element) throws -> Void) rethrows {
+        for element in flat { try body(element) }
+        for segment in segments {
+            for element in segment { try body(element) }
+        }
+    }
+
+    /// Segments with storage of their own: not `empty`'s (for tests; a table of one
+    /// segment or less counts as one).
+    func allocatedSegments(sharing empty: [Element]) -> Int {
+        guard count > Self.segmentSlots else { return count > 0 ? 1 : 0 }
+        let shared = empty.withUnsafeBufferPointer { $0.baseAddress }
+        return segments.count { segment in segment.withUnsafeBufferPointer { $0.baseAddress } != shared }
     }
 }
 
