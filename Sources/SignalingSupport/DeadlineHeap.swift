@@ -6,8 +6,10 @@
 /// is then `Void`, which takes no room). Either way an owner has a bounded number of
 /// entries however often its deadline moves.
 ///
-/// Costs: O(log n) per insert and per removal. The storage shrinks when it is mostly
-/// empty, so the memory of a burst of entries is given back.
+/// Costs: O(log n) per insert and per removal; the storage (`ChunkedArray`) grows and
+/// shrinks a chunk of 4,096 entries at a time, so no insert or removal copies the heap
+/// (a flat array copied every entry in the insert that outgrew it, and again in the removal
+/// that gave a burst's memory back), and the memory of a burst of entries is given back.
 public struct DeadlineHeap<Deadline: Comparable, Key, Stamp> {
     public struct Entry {
         public var deadline: Deadline
@@ -22,10 +24,10 @@ public struct DeadlineHeap<Deadline: Comparable, Key, Stamp> {
         }
     }
 
-    @usableFromInline var storage: [Entry] = []
+    @usableFromInline var storage = ChunkedArray<Entry>()
 
     /// Every entry, in heap order.
-    @inlinable public var entries: [Entry] { storage }
+    @inlinable public var entries: [Entry] { storage.elements }
 
     public init() {}
 
@@ -61,20 +63,12 @@ public struct DeadlineHeap<Deadline: Comparable, Key, Stamp> {
             storage.swapAt(parent, smallest)
             parent = smallest
         }
-        if storage.capacity > 1024 && storage.count < storage.capacity / 4 {
-            // Mostly empty after a burst: a smaller buffer gives the memory back.
-            var smaller: [Entry] = []
-            smaller.reserveCapacity(storage.count * 2)
-            smaller.append(contentsOf: storage)
-            storage = smaller
-        }
         return first
     }
 
     /// Rebuilds from scratch (drops stale entries in bulk).
     public mutating func replaceAll(with newEntries: [Entry]) {
-        storage = []
-        storage.reserveCapacity(newEntries.count)
+        storage.removeAll()
         for entry in newEntries { insert(entry) }
     }
 

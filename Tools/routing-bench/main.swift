@@ -31,8 +31,9 @@
 // `growth`: the slowest insert while a routing table grows from empty to KEYS (default
 // 1,000,000) message-id-like keys: a Swift `Dictionary` (rehashes every key when it
 // outgrows its storage) against the incremental table the routing core uses, and the
-// core's own paths (one sender's message ids, new users' activity records); three rounds
-// (docs/LOAD-TESTING.md, "Tables that grow a few slots at a time").
+// core's own paths (one sender's message ids, new users' activity records), the dedup
+// window's queue and an expiry heap; three rounds (docs/LOAD-TESTING.md, "Tables that grow
+// a few slots at a time").
 import Foundation
 import SignalingServer
 

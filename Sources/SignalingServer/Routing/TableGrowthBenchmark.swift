@@ -23,7 +23,8 @@ public enum TableGrowthBenchmark {
     /// `SwitchboardState.rememberMessageID` (its table, the dedup expiry queue and the
     /// capacity check: what a MESSAGE_SEND's hold adds for its id), `count` users'
     /// activity records through `SwitchboardState.activity` (a user's first message), and
-    /// the dedup expiry's `FIFOQueue` filled to `count`, then one push and one pop per id.
+    /// the dedup expiry's `FIFOQueue` filled to `count`, then one push and one pop per id,
+    /// and an expiry `DeadlineHeap` filled to `count` entries and emptied.
     public static func run(count: Int) -> [Figures] {
         precondition(count > 0)
         var random = FastRandom(seed: (11, 13, 17, 19))
@@ -56,6 +57,16 @@ public enum TableGrowthBenchmark {
             queue.push(("sender", key, now))
             _ = queue.pop()
         })
+        queue = FIFOQueue()
+
+        // The session and device expiry heaps (`DeadlineHeap`, one entry per disconnected
+        // device, deadlines mostly increasing as disconnects come in): filled to `count`,
+        // then emptied, as when a day's expiries come due.
+        var heap = DeadlineHeap<UInt32, UInt64, Void>()
+        figures.append(timed("DeadlineHeap insert (expiry entries)", keys) { _, index in
+            heap.insert(.init(deadline: UInt32(index / 16), key: index, stamp: ()))
+        })
+        figures.append(timed("DeadlineHeap pop (expiries due)", keys) { _, _ in _ = heap.popFirst() })
         return figures
     }
 
