@@ -80,9 +80,6 @@ struct IncrementalHashTable<Entry: HashTableEntry> {
     /// Slots in the current table (0 before the first insert).
     var capacitySlots: Int { slots.count }
 
-    /// Segments of the current table that have storage of their own (for tests).
-    var allocatedSegments: Int { slots.allocatedSegments(sharing: emptySegment) }
-
     subscript(key: Key) -> Entry? {
         guard count > 0 else { return nil }
         let hash = key.hashValue
