@@ -71,6 +71,18 @@ struct FanOutScalingTests {
         #expect(first?.requester == nil && first?.group == nil && first?.awaitsAnswer == false)
     }
 
+    @Test("the host's ceiling: independent threads each fan out to every user on a server of their own, posting nothing and waking no one")
+    func independentThreadsShareNothing() throws {
+        let figures = try FanOutScaling.run(
+            threads: 2, users: 8, devicesPerUser: 16, messagesPerThread: 200, window: 64, independent: true)
+        // Each thread's 200 messages to users of 16 devices, counted on both servers.
+        #expect(figures.events == 2 * 200 * 16 * 2)
+        // All the users are on each thread's one shard: nothing crosses.
+        #expect(figures.stepsPosted == 0)
+        #expect(figures.threadCPUSeconds.count == 2)
+        #expect(figures.turns.map(\.wakeUpsWritten) == [0, 0])
+    }
+
     @Test("a run on one thread posts no step: everything is its own shard's")
     func oneThreadPostsNothing() throws {
         let figures = try FanOutScaling.run(threads: 1, users: 4, devicesPerUser: 2, messagesPerThread: 10, window: 2)

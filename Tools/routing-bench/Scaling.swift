@@ -3,7 +3,7 @@ import SignalingServer
 
 /// `routing-bench scaling` (see main.swift).
 func runScaling(_ arguments: [String]) {
-    var options = ["--threads": "1 2", "--users": "64", "--devices": "16", "--messages": "20000", "--window": "64", "--rounds": "3", "--busy-poll": "0"]
+    var options = ["--threads": "1 2", "--users": "64", "--devices": "16", "--messages": "20000", "--window": "64", "--rounds": "3", "--busy-poll": "0", "--ceiling": "yes"]
     var index = 0
     while index < arguments.count {
         guard options[arguments[index]] != nil, index + 1 < arguments.count else {
@@ -21,6 +21,12 @@ func runScaling(_ arguments: [String]) {
     let users = number("--users"), devices = number("--devices"), messages = number("--messages")
     let window = number("--window"), rounds = number("--rounds")
     guard let busyPoll = Int(options["--busy-poll"]!), busyPoll >= 0 else { fail("--busy-poll must be microseconds, >= 0") }
+    guard ["yes", "no"].contains(options["--ceiling"]!) else { fail("--ceiling must be yes or no") }
+    // The host's ceiling: each count above one also run as that many independent
+    // one-shard servers, one per thread, alternated with the others (`FanOutScaling.run`).
+    let ceilings = options["--ceiling"] == "yes" ? counts.filter { $0 > 1 } : []
+    let kinds = counts.map { (threads: $0, independent: false) } + ceilings.map { (threads: $0, independent: true) }
+    func label(_ kind: (threads: Int, independent: Bool)) -> String { kind.independent ? "\(kind.threads) indep" : "\(kind.threads)" }
 
     print("fan-out to \(users) users x \(devices) devices over all shards, \(messages) messages per thread, window \(window)"
         + (busyPoll > 0 ? ", busy-poll \(busyPoll) us" : ""))
@@ -28,20 +34,20 @@ func runScaling(_ arguments: [String]) {
     // whatever share of the machine the threads got); CPU share: that time over
     // threads × seconds (1: every thread had a core to itself all along).
     print("threads  round  events      seconds  events/s     per thread   per CPU s    CPU share  steps posted")
-    var runs: [Int: [FanOutScaling.Figures]] = [:]
+    var runs: [String: [FanOutScaling.Figures]] = [:]
     for round in 1...rounds {
-        for threads in round % 2 == 1 ? counts : counts.reversed() {
+        for kind in round % 2 == 1 ? kinds : kinds.reversed() {
             let figures: FanOutScaling.Figures
             do {
                 figures = try FanOutScaling.run(
-                    threads: threads, users: users, devicesPerUser: devices, messagesPerThread: messages, window: window,
-                    busyPoll: .microseconds(busyPoll))
+                    threads: kind.threads, users: users, devicesPerUser: devices, messagesPerThread: messages, window: window,
+                    busyPoll: .microseconds(busyPoll), independent: kind.independent)
             } catch {
                 fail("\(error)")
             }
-            runs[threads, default: []].append(figures)
+            runs[label(kind), default: []].append(figures)
             print(
-                String(threads).padding(toLength: 9, withPad: " ", startingAt: 0)
+                label(kind).padding(toLength: 9, withPad: " ", startingAt: 0)
                     + String(round).padding(toLength: 7, withPad: " ", startingAt: 0)
                     + String(figures.events).padding(toLength: 12, withPad: " ", startingAt: 0)
                     + String(format: "%7.2f  %11.0f  %11.0f  %11.0f  %9.2f  %12d", figures.seconds, figures.eventsPerSecond,
@@ -64,19 +70,26 @@ func runScaling(_ arguments: [String]) {
         let sorted = values.sorted()
         return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
     }
-    var medians: [Int: (wall: Double, cpu: Double)] = [:]
-    for threads in counts {
-        let figures = runs[threads] ?? []
-        medians[threads] = (median(figures.map(\.eventsPerSecond)), median(figures.map(\.eventsPerCPUSecond)))
+    var medians: [String: (wall: Double, cpu: Double)] = [:]
+    for kind in kinds {
+        let figures = runs[label(kind)] ?? []
+        let wall = median(figures.map(\.eventsPerSecond)), cpu = median(figures.map(\.eventsPerCPUSecond))
+        medians[label(kind)] = (wall, cpu)
         print(
-            String(threads).padding(toLength: 9, withPad: " ", startingAt: 0)
-                + String(format: "%15.0f  %17.0f  %16.0f  %15.0f", medians[threads]!.wall, median(figures.map(\.eventsPerSecondPerThread)),
-                    medians[threads]!.cpu, Double(threads) * medians[threads]!.cpu))
+            label(kind).padding(toLength: 9, withPad: " ", startingAt: 0)
+                + String(format: "%15.0f  %17.0f  %16.0f  %15.0f", wall, median(figures.map(\.eventsPerSecondPerThread)),
+                    cpu, Double(kind.threads) * cpu))
     }
     if let first = counts.first, let last = counts.last, first != last {
-        let (a, b) = (medians[first]!, medians[last]!)
+        let (a, b) = (medians["\(first)"]!, medians["\(last)"]!)
         print(String(format: "threads %d / threads %d: %.2fx events/s (wall); %.2fx with a core per thread (work per event: %.2fx)",
             last, first, b.wall / a.wall, Double(last) * b.cpu / (Double(first) * a.cpu), a.cpu / b.cpu))
+        // What the host gave threads that share nothing, in the same rounds: the sharded
+        // run's scaling against it is the shards' own.
+        if let c = medians["\(last) indep"] {
+            print(String(format: "host ceiling, %d independent one-shard servers / threads %d: %.2fx events/s (wall) (work per event: %.2fx); the sharded run reaches %.0f %% of it",
+                last, first, c.wall / a.wall, a.cpu / c.cpu, 100 * b.wall / c.wall))
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 // ring of 1,000 devices, an accept's answeredElsewhere and a ring timeout's noAnswer to them).
 //
 //   .build/release/routing-bench scaling [--threads "1 2"] [--users 64] [--devices 16]
-//       [--messages 20000] [--window 64] [--rounds 3] [--busy-poll 0]
+//       [--messages 20000] [--window 64] [--rounds 3] [--busy-poll 0] [--ceiling yes]
 //
 // `scaling`: whether routing scales with cores (issue 16; docs/LOAD-TESTING.md, "Routing
 // on more cores"): K threads, each owning one shard of K as a server's loops do, fan out
@@ -25,6 +25,10 @@
 // those that found nothing, its waits on the inbox's eventfd, the eventfd writes that woke
 // it, and the share of the wall it spent waiting. `--busy-poll` µs: as the server's option,
 // an idle thread keeps turning that long after its last busy turn before it waits.
+// `--ceiling yes` (the default) also runs, in the same rounds, each count above one as that
+// many independent one-shard servers, a thread each, sharing nothing ("2 indep"): what the
+// host gives that many threads, against which the sharded run's scaling is the shards' own
+// (docs/LOAD-TESTING.md, "The host's ceiling"); `no` leaves it out.
 //
 //   .build/release/routing-bench growth [KEYS]
 //

@@ -88,40 +88,54 @@ public enum FanOutScaling {
     /// device's receipt back), to the `users` users in turn, starting at a different user
     /// per thread; each of the `devicesPerUser` devices of a user acknowledges what it got
     /// on its owner's next turn. Returns when every thread's messages are complete.
+    ///
+    /// `independent`: the host's ceiling instead. Every thread drives a server of its
+    /// own (a `ServerContext` with one loop and one shard, all `users` on it), as the run
+    /// with one thread does, at the same time as the others: the threads share no state,
+    /// no inbox and no memory, so what they lose against one thread alone is the host's
+    /// (two vCPUs that are siblings of one core, a neighbour, the hypervisor), not the
+    /// shards'. Measured beside the sharded run, it tells the two apart: on this host the
+    /// same binary scaled 1.79x one hour and 1.2-1.3x the next (docs/LOAD-TESTING.md,
+    /// "The host's ceiling").
     public static func run(
         threads: Int, users userCount: Int, devicesPerUser: Int, messagesPerThread: Int, window: Int = 64,
-        busyPoll: Duration = .zero
+        busyPoll: Duration = .zero, independent: Bool = false
     ) throws -> Figures {
         precondition(threads >= 1 && userCount >= 1 && devicesPerUser >= 1 && window >= 1)
         var configuration = ServerConfiguration()
-        configuration.workers = threads
         // Room for every event in flight (the window's copies and receipts), and no
         // per-sender rate: nothing is refused.
         configuration.maxPendingEvents = 1_000_000
         // As the server's `--busy-poll`: an idle thread keeps turning this long after its
         // last busy turn before it waits on the eventfd (`EventLoop.runUntilBroken`).
         configuration.busyPoll = busyPoll
-        let context = ServerContext(
-            configuration: configuration, clock: SystemClock(), logger: .silent, journaling: false, pushGateway: nil,
-            tokenVerifier: nil)
+        // One server of `threads` loops; or, `independent`, one server of one loop per thread.
+        let servers = independent ? threads : 1
+        configuration.workers = threads / servers
+        let contexts = (0..<servers).map { _ in
+            ServerContext(
+                configuration: configuration, clock: SystemClock(), logger: .silent, journaling: false, pushGateway: nil,
+                tokenVerifier: nil)
+        }
         var loops: [EventLoop] = []
         for index in 0..<threads {
             do {
-                loops.append(try EventLoop(index: UInt16(index), context: context, listenFD: -1))
+                loops.append(try EventLoop(
+                    index: UInt16(independent ? 0 : index), context: contexts[independent ? index : 0], listenFD: -1))
             } catch {
                 throw BenchmarkFailure(error.description)
             }
         }
-        for loop in loops { loop.peers = loops }
+        for loop in loops { loop.peers = independent ? [loop] : loops }
         defer {
             for loop in loops {
                 loop.owned { loop.table.deallocate() }
                 loop.peers = []  // the loops referred to each other
             }
         }
-        let switchboard = context.switchboard
-        let now = context.now()
-        let wall = context.wallMilliseconds()
+        let shardCount = threads / servers
+        let now = contexts[0].now()
+        let wall = contexts[0].wallMilliseconds()
 
         // Devices, each attached on its owner's loop to a connection of that loop that
         // does not exist (wakes find no live slot: no encoding, no socket), by the thread
@@ -130,8 +144,8 @@ public enum FanOutScaling {
         // Made by one set-up thread (until 3 December 2026), the two shards' records lay
         // side by side in one arena, and cache lines holding records of both moved between
         // the cores with every event written to one of them.
-        let recipients = users(count: userCount, shardCount: threads)
-        @Sendable func attach(_ user: String, _ device: String, slot: inout UInt32) -> Recipient {
+        let recipients = users(count: userCount, shardCount: shardCount)
+        @Sendable func attach(_ user: String, _ device: String, on switchboard: Switchboard, slot: inout UInt32) -> Recipient {
             let owner = switchboard.shard(of: user)
             let connection = ConnectionRef(loop: UInt16(owner), slot: slot, generation: 1)
             slot += 1
@@ -159,10 +173,14 @@ public enum FanOutScaling {
                 // Its own users' devices and its sender, before any thread sends (the start
                 // below waits for every thread's).
                 var slot: UInt32 = 1
-                let devices = recipients.filter { ShardMap.shard(of: $0, count: threads) == index }.flatMap { user in
-                    (0..<devicesPerUser).map { attach(user, "d\($0)", slot: &slot) }
+                // Independent: all the users, on the one shard of this thread's own server.
+                let switchboard = loop.context.switchboard
+                let shard = independent ? 0 : index
+                let devices = recipients.filter { ShardMap.shard(of: $0, count: shardCount) == shard }.flatMap { user in
+                    (0..<devicesPerUser).map { attach(user, "d\($0)", on: switchboard, slot: &slot) }
                 }
-                let sender = attach(firstName(prefix: "sender", onShard: index, shardCount: threads), "d", slot: &slot)
+                let sender = attach(
+                    firstName(prefix: "sender", onShard: shard, shardCount: shardCount), "d", on: switchboard, slot: &slot)
                 let driver = Driver(
                     loop: loop, sender: sender, devices: devices, recipients: recipients,
                     firstRecipient: index * recipients.count / threads, devicesPerUser: devicesPerUser,
@@ -210,7 +228,8 @@ public enum FanOutScaling {
         let seconds = Double(clock.now().nanoseconds - start.nanoseconds) / 1e9
         return Figures(
             threads: threads, users: userCount, devicesPerUser: devicesPerUser, messagesPerThread: messagesPerThread,
-            events: switchboard.counters.eventsQueued, seconds: seconds, threadCPUSeconds: progress.cpuSeconds.withLock { $0 },
+            events: contexts.reduce(0) { $0 + $1.switchboard.counters.eventsQueued }, seconds: seconds,
+            threadCPUSeconds: progress.cpuSeconds.withLock { $0 },
             stepsPosted: loops.reduce(0) { $0 + Int($1.metrics.stepsPosted.value) },
             turns: zip(progress.turns.withLock { $0 }, loops).map { counts, loop in
                 var counts = counts
