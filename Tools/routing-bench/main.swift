@@ -28,7 +28,8 @@
 // `--ceiling yes` (the default) also runs, in the same rounds, each count above one as that
 // many independent one-shard servers, a thread each, sharing nothing ("2 indep"): what the
 // host gives that many threads, against which the sharded run's scaling is the shards' own
-// (docs/LOAD-TESTING.md, "The host's ceiling"); `no` leaves it out.
+// (docs/LOAD-TESTING.md, "The host's ceiling"); `no` leaves it out. The last line gives the
+// ratios within each round too (last count to first; sharded to independent).
 //
 //   .build/release/routing-bench growth [KEYS]
 //
