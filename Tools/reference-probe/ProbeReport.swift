@@ -102,6 +102,7 @@ struct ProbeReport {
             ("lost", "\(lost)"),
             ("server_cpu_pct", cpu.server.map { fixed($0, 1) } ?? "-"),
             ("other_cpu_pct", fixed(cpu.others, 1)),
+            ("steal_pct", fixed(cpu.steal, 1)),
         ]
         return "SUMMARY " + pairs.map { "\($0.0)=\($0.1)" }.joined(separator: " ")
     }
