@@ -24,7 +24,9 @@ func runScaling(_ arguments: [String]) {
     guard ["yes", "no"].contains(options["--ceiling"]!) else { fail("--ceiling must be yes or no") }
     // The host's ceiling: each count above one also run as that many independent
     // one-shard servers, one per thread, alternated with the others (`FanOutScaling.run`).
-    let ceilings = options["--ceiling"] == "yes" ? counts.filter { $0 > 1 } : []
+    // Only beside another count, which it is compared with: a single count (`--threads 2`,
+    // as `Tools/bench-fanout-callgrind` and `Tools/bench-shared-counts` run it) runs alone.
+    let ceilings = options["--ceiling"] == "yes" && counts.count > 1 ? counts.filter { $0 > 1 } : []
     let kinds = counts.map { (threads: $0, independent: false) } + ceilings.map { (threads: $0, independent: true) }
     func label(_ kind: (threads: Int, independent: Bool)) -> String { kind.independent ? "\(kind.threads) indep" : "\(kind.threads)" }
 

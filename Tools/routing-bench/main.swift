@@ -25,8 +25,8 @@
 // those that found nothing, its waits on the inbox's eventfd, the eventfd writes that woke
 // it, and the share of the wall it spent waiting. `--busy-poll` µs: as the server's option,
 // an idle thread keeps turning that long after its last busy turn before it waits.
-// `--ceiling yes` (the default) also runs, in the same rounds, each count above one as that
-// many independent one-shard servers, a thread each, sharing nothing ("2 indep"): what the
+// `--ceiling yes` (the default) also runs, in the same rounds, each count above one (when
+// `--threads` lists more than one) as that many independent one-shard servers, a thread each, sharing nothing ("2 indep"): what the
 // host gives that many threads, against which the sharded run's scaling is the shards' own
 // (docs/LOAD-TESTING.md, "The host's ceiling"); `no` leaves it out. The last line gives the
 // ratios within each round too (last count to first; sharded to independent).
