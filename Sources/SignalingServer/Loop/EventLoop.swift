@@ -673,8 +673,11 @@ final class EventLoop: @unchecked Sendable {
     private func postOutgoingSteps() {
         hasOutgoingSteps = false
         for destination in outgoingSteps.indices where !outgoingSteps[destination].isEmpty {
-            let steps = outgoingSteps[destination]
-            outgoingSteps[destination].removeAll(keepingCapacity: true)
+            // Moved out, not copied: the batch's buffer goes to the other loop whole, and the
+            // next batch starts a small one. `removeAll(keepingCapacity:)` on the shared
+            // buffer allocated a new one of the largest batch's capacity for every post.
+            var steps: [PostedStep] = []
+            swap(&steps, &outgoingSteps[destination])
             if peers[destination].post(.steps(steps, loop: UInt16(destination))) { continue }
             runsForeignWork = true
             let (replies, effects) = context.switchboard.runOrphaned(steps)
