@@ -101,7 +101,10 @@ static void touch(void *o, int n) {
   e->mask |= 1u << t; if (t == 1) e->n1 += n; else if (t == 2) e->n2 += n;
   unlock();
 }
-#define BAD(o) ((uintptr_t)(o) < 65536 || (uintptr_t)(o) > 0x00007fffffffffffull)
+// Not a heap object: a null or small value, or the bits of a small string that
+// swift_bridgeObjectRetain masked and passed on (the real entry points return for those
+// before the hooks see them; a PIE process has no object below 4 GiB).
+#define BAD(o) ((uintptr_t)(o) < 0x100000000ull || (uintptr_t)(o) > 0x00007fffffffffffull)
 static void *h_retain(void *o) { if (BAD(o)) return o; touch(o, 1); return o_retain(o); }
 static void *h_retain_n(void *o, uint32_t n) { if (BAD(o)) return o; touch(o, n); return o_retain_n(o, n); }
 static void h_release(void *o) { if (BAD(o)) return; touch(o, 1); o_release(o); }
@@ -167,7 +170,9 @@ __attribute__((destructor)) static void fini(void) {
     retire(e);
   }
   if (g) { for (int i = 0; i < nrecs; i++) { const void *md = metas[recs[i].mi].m; TypeNamePair p = ((uintptr_t)md > (1u<<30) && tn0) ? tn0(md, 1) : (TypeNamePair){"(not seen allocated: a static object)", 37};
-    fprintf(g, "%9.4f %9.4f %p %.*s\n", recs[i].n1 / ev0, recs[i].n2 / ev0, (void *)recs[i].a, (int)p.length, p.data); } fclose(g); }
+    // A static object: its symbol, when it has one (the empty array's storage, a metadata).
+    Dl_info info; const char *symbol = (uintptr_t)md <= (1u<<30) && dladdr((void *)recs[i].a, &info) && info.dli_sname ? info.dli_sname : "";
+    fprintf(g, "%9.4f %9.4f %p %.*s %s\n", recs[i].n1 / ev0, recs[i].n2 / ev0, (void *)recs[i].a, (int)p.length, p.data, symbol); } fclose(g); }
   FILE *h = getenv("RCSHIM_SITES") ? fopen(getenv("RCSHIM_SITES"), "w") : 0;
   if (h) { for (int i = 0; i < NSITE; i++) if (sites[i].k) fprintf(h, "%d %.4f %.4f %lx %lx\n", (int)sites[i].k - 1, sites[i].n[1] / ev0, sites[i].n[2] / ev0, sites[i].a1, sites[i].a2); fclose(h); }
   double ev = getenv("RCSHIM_EVENTS") ? atof(getenv("RCSHIM_EVENTS")) : 1;
