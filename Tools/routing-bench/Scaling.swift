@@ -92,18 +92,20 @@ func runScaling(_ arguments: [String]) {
             print(String(format: "host ceiling, %d independent one-shard servers / threads %d: %.2fx events/s (wall) (work per event: %.2fx); the sharded run reaches %.0f %% of it",
                 last, first, c.wall / a.wall, a.cpu / c.cpu, 100 * b.wall / c.wall))
         }
-        // The same ratios within each round, whose runs follow one another: a host whose
-        // speed changes from minute to minute moves these less than the medians above.
+        // The same ratios within each round, whose runs follow one another: each compares
+        // minutes close together, where the medians above may pair a fast minute with a
+        // slow one.
         func perRound(_ top: String, _ bottom: String) -> [Double] {
             zip(runs[top] ?? [], runs[bottom] ?? []).map { $0.eventsPerSecond / $1.eventsPerSecond }
         }
         let scaling = perRound("\(last)", "\(first)")
-        var line = String(format: "within each round: threads %d / threads %d %@ (median %.2fx)", last, first,
-            scaling.map { String(format: "%.2f", $0) }.joined(separator: " "), median(scaling))
+        var line = "within each round: threads \(last) / threads \(first) "
+            + scaling.map { String(format: "%.2f", $0) }.joined(separator: " ")
+            + String(format: " (median %.2fx)", median(scaling))
         if runs["\(last) indep"] != nil {
             let share = perRound("\(last)", "\(last) indep")
-            line += String(format: "; sharded / ceiling %@ (median %.0f %%)",
-                share.map { String(format: "%.0f %%", 100 * $0) }.joined(separator: " "), 100 * median(share))
+            line += "; sharded / ceiling " + share.map { String(format: "%.0f %%", 100 * $0) }.joined(separator: " ")
+                + String(format: " (median %.0f %%)", 100 * median(share))
         }
         print(line)
     }
