@@ -1,4 +1,5 @@
 import SignalingSupport
+import TestSupport
 import Testing
 @testable import SignalingServer
 
@@ -81,6 +82,24 @@ struct FanOutScalingTests {
         #expect(figures.stepsPosted == 0)
         #expect(figures.threadCPUSeconds.count == 2)
         #expect(figures.turns.map(\.wakeUpsWritten) == [0, 0])
+    }
+
+    @Test("routing-bench scaling runs the host's ceiling beside a second count, and a single count alone, as the callgrind and shared-count scripts run it")
+    func ceilingOnlyBesideAnotherCount() throws {
+        let small = ["--users", "4", "--devices", "2", "--messages", "40", "--rounds", "1"]
+        let pair = try ExecutableRun.run("routing-bench", ["scaling", "--threads", "1 2"] + small, timeoutSeconds: 60)
+        #expect(pair.exitCode == 0, "\(pair.stderr)")
+        #expect(pair.stdout.contains("2 indep  1"))
+        #expect(pair.stdout.contains("host ceiling, 2 independent one-shard servers / threads 1"))
+        #expect(pair.stdout.contains("within each round: threads 2 / threads 1"))
+        // `Tools/bench-fanout-callgrind` and `Tools/bench-shared-counts` divide the whole
+        // process's counts by the sharded run's events: an independent run beside it
+        // doubled them (7,043 instructions per event instead of 3,683).
+        let single = try ExecutableRun.run("routing-bench", ["scaling", "--threads", "2"] + small, timeoutSeconds: 60)
+        #expect(single.exitCode == 0, "\(single.stderr)")
+        #expect(!single.stdout.contains("indep"))
+        let off = try ExecutableRun.run("routing-bench", ["scaling", "--threads", "1 2", "--ceiling", "no"] + small, timeoutSeconds: 60)
+        #expect(off.exitCode == 0 && !off.stdout.contains("indep"))
     }
 
     @Test("a run on one thread posts no step: everything is its own shard's")
