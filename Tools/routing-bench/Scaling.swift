@@ -83,12 +83,12 @@ func runScaling(_ arguments: [String]) {
                     cpu, Double(kind.threads) * cpu))
     }
     if let first = counts.first, let last = counts.last, first != last {
-        let (a, b) = (medians["\(first)"]!, medians["\(last)"]!)
+        let (a, b) = (medians[label((first, false))]!, medians[label((last, false))]!)
         print(String(format: "threads %d / threads %d: %.2fx events/s (wall); %.2fx with a core per thread (work per event: %.2fx)",
             last, first, b.wall / a.wall, Double(last) * b.cpu / (Double(first) * a.cpu), a.cpu / b.cpu))
         // What the host gave threads that share nothing, in the same rounds: the sharded
         // run's scaling against it is the shards' own.
-        if let c = medians["\(last) indep"] {
+        if let c = medians[label((last, true))] {
             print(String(format: "host ceiling, %d independent one-shard servers / threads %d: %.2fx events/s (wall) (work per event: %.2fx); the sharded run reaches %.0f %% of it",
                 last, first, c.wall / a.wall, a.cpu / c.cpu, 100 * b.wall / c.wall))
         }
@@ -98,12 +98,12 @@ func runScaling(_ arguments: [String]) {
         func perRound(_ top: String, _ bottom: String) -> [Double] {
             zip(runs[top] ?? [], runs[bottom] ?? []).map { $0.eventsPerSecond / $1.eventsPerSecond }
         }
-        let scaling = perRound("\(last)", "\(first)")
+        let scaling = perRound(label((last, false)), label((first, false)))
         var line = "within each round: threads \(last) / threads \(first) "
             + scaling.map { String(format: "%.2f", $0) }.joined(separator: " ")
             + String(format: " (median %.2fx)", median(scaling))
-        if runs["\(last) indep"] != nil {
-            let share = perRound("\(last)", "\(last) indep")
+        if runs[label((last, true))] != nil {
+            let share = perRound(label((last, false)), label((last, true)))
             line += "; sharded / ceiling " + share.map { String(format: "%.0f %%", 100 * $0) }.joined(separator: " ")
                 + String(format: " (median %.0f %%)", 100 * median(share))
         }

@@ -109,9 +109,11 @@ public enum FanOutScaling {
         // As the server's `--busy-poll`: an idle thread keeps turning this long after its
         // last busy turn before it waits on the eventfd (`EventLoop.runUntilBroken`).
         configuration.busyPoll = busyPoll
-        // One server of `threads` loops; or, `independent`, one server of one loop per thread.
+        // One server of `threads` loops and shards; or, `independent`, one server of one
+        // loop and one shard per thread.
         let servers = independent ? threads : 1
-        configuration.workers = threads / servers
+        let shardCount = independent ? 1 : threads
+        configuration.workers = shardCount
         let contexts = (0..<servers).map { _ in
             ServerContext(
                 configuration: configuration, clock: SystemClock(), logger: .silent, journaling: false, pushGateway: nil,
@@ -133,7 +135,6 @@ public enum FanOutScaling {
                 loop.peers = []  // the loops referred to each other
             }
         }
-        let shardCount = threads / servers
         let now = contexts[0].now()
         let wall = contexts[0].wallMilliseconds()
 
